@@ -1,0 +1,138 @@
+"""Bake every combination that matters and check what comes out."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+COMMON_FILES = {
+    ".cookiecutter.json",
+    ".gitignore",
+    "README.md",
+    "pyproject.toml",
+    "train.py",
+    "configs/synthetic.yaml",
+    "src/{pkg}/__init__.py",
+    "src/{pkg}/classifier.py",
+    "src/{pkg}/cli.py",
+    "src/{pkg}/data/__init__.py",
+    "src/{pkg}/models/__init__.py",
+    "tests/conftest.py",
+    "tests/test_cli.py",
+}
+TASK_FILES = {
+    "image": {"configs/cifar10.yaml", "src/{pkg}/data/images.py", "src/{pkg}/models/cnn.py", "tests/test_images.py"},
+    "sequence": {
+        "configs/from_file.yaml",
+        "src/{pkg}/data/sequences.py",
+        "src/{pkg}/models/attention.py",
+        "tests/test_sequences.py",
+    },
+}
+# Each task with and without the workflow; the license cycles through its choices.
+COMBINATIONS = [
+    ("image", "yes", "MIT"),
+    ("image", "no", "Apache-2.0"),
+    ("sequence", "yes", "BSD-3-Clause"),
+    ("sequence", "no", "none"),
+]
+# Template syntax left behind; a GitHub Actions expression `${{ ... }}` is not.
+LEFTOVER = re.compile(r"(?<!\$)\{\{|\{%|\{#|cookiecutter\.")
+
+
+def project_files(root: Path) -> set[str]:
+    return {
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and ".pytest_cache" not in path.parts
+    }
+
+
+def expected_files(task: str, github_actions: str, license: str, pkg: str) -> set[str]:
+    files = COMMON_FILES | TASK_FILES[task]
+    if github_actions == "yes":
+        files.add(".github/workflows/ci.yml")
+    if license != "none":
+        files.add("LICENSE")
+    return {name.format(pkg=pkg) for name in files}
+
+
+def run(*command: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_defaults_give_an_image_project_with_workflow_and_mit_license(bake):
+    root = bake()
+    assert root.name == "vision_project"
+    assert project_files(root) == expected_files("image", "yes", "MIT", "vision_project")
+    assert "MIT License" in (root / "LICENSE").read_text()
+
+
+@pytest.mark.parametrize(("task", "github_actions", "license"), COMBINATIONS)
+def test_each_combination_has_exactly_its_files_and_no_template_syntax(bake, task, github_actions, license):
+    root = bake(task=task, github_actions=github_actions, license=license)
+    assert project_files(root) == expected_files(task, github_actions, license, "vision_project")
+    for name in project_files(root):
+        text = (root / name).read_text(encoding="utf-8")
+        assert not LEFTOVER.search(text), f"{name}: {LEFTOVER.search(text).group()!r} left from the template"
+        assert not text.startswith("\n"), f"{name} starts with a blank line left by a template tag"
+    git = run("git", "init", "-q", ".", cwd=root), run("git", "add", "-A", cwd=root), run("git", "ls-files", cwd=root)
+    assert set(git[-1].stdout.split()) == expected_files(task, github_actions, license, "vision_project"), (
+        "the project's .gitignore hides some of its own files"
+    )
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    assert pyproject["project"].get("license") == (None if license == "none" else license)
+    assert ("torchvision>=0.19" in pyproject["project"]["dependencies"]) == (task == "image")
+    if github_actions == "yes":
+        workflow = yaml.safe_load((root / ".github/workflows/ci.yml").read_text())
+        assert workflow["jobs"]["test"]["steps"][-1]["run"] == "python -m pytest"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "github_actions", "license"), COMBINATIONS)
+def test_each_combination_passes_lint_and_its_own_tests(bake, task, github_actions, license):
+    root = bake(task=task, github_actions=github_actions, license=license)
+    ruff = Path(sys.executable).with_name("ruff")
+    check = run(str(ruff), "check", ".", cwd=root)
+    assert check.returncode == 0, check.stdout + check.stderr
+    form = run(str(ruff), "format", "--check", ".", cwd=root)
+    assert form.returncode == 0, form.stdout + form.stderr
+    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=root)
+    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
+    assert re.search(r"\d+ passed", tests.stdout.splitlines()[-1]), tests.stdout[-2000:]
+
+
+def test_answers_are_recorded_without_the_bake_machines_paths(bake):
+    root = bake(task="sequence", license="none")
+    answers = json.loads((root / ".cookiecutter.json").read_text())
+    assert answers["task"] == "sequence" and answers["license"] == "none"
+    assert answers["project_slug"] == "vision_project"
+    assert not {"_output_dir", "_repo_dir", "_checkout", "__prompts__"} & answers.keys()
+
+
+AWKWARD = {
+    "project_name": "Café Vision",
+    "description": 'Detects "things" \\ with a backslash, an apostrophe (it\'s) and {braces}',
+    "author_name": 'Seán O\'Connor "Bob"',
+    "author_email": "sean.o'connor@example.com",
+}
+
+
+def test_quotes_backslashes_and_non_ascii_stay_data(bake):
+    """Awkward answers give valid TOML and JSON holding exactly those values, and Python that compiles."""
+    root = bake(**AWKWARD)
+    assert root.name == "cafe_vision"
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["description"] == AWKWARD["description"]
+    assert project["authors"] == [{"name": AWKWARD["author_name"], "email": AWKWARD["author_email"]}]
+    answers = json.loads((root / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert {key: answers[key] for key in AWKWARD} == AWKWARD
+    assert AWKWARD["project_name"] in (root / "README.md").read_text(encoding="utf-8")
+    assert AWKWARD["author_name"] in (root / "LICENSE").read_text(encoding="utf-8")
+    compiled = run(sys.executable, "-m", "compileall", "-q", "src", "tests", "train.py", cwd=root)
+    assert compiled.returncode == 0, compiled.stdout

@@ -1,0 +1,1 @@
+"""Networks: plain ``nn.Module`` classes that know nothing of training or devices."""

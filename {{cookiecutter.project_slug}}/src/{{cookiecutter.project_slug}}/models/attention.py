@@ -1,0 +1,80 @@
+"""A small self-attention classifier over token sequences."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over a whole sequence (no causal mask)."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        assert d_model % num_heads == 0, f"d_model={d_model} must be divisible by num_heads={num_heads}"
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape  # (batch, seq, d_model)
+        q, k, v = self.qkv(x).split(C, dim=2)
+        # (B, T, C) -> (B, heads, T, C // heads)
+        q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention, then a two-layer MLP, each residual."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, num_heads, dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model),
+            nn.GELU(),
+            nn.Linear(4 * d_model, d_model),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class AttentionClassifier(nn.Module):
+    """Embeds tokens and their positions, applies attention blocks, and classifies the mean."""
+
+    def __init__(
+        self,
+        vocab_size: int = 16,
+        num_classes: int = 2,
+        max_len: int = 32,
+        d_model: int = 64,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.max_len = max_len
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(max_len, d_model)
+        # The seed's `torch.arange(seqlen)` case: position indices are not derived
+        # from the input, so created in forward they would land on the CPU. As a
+        # buffer they are built once and Lightning moves them with the model.
+        self.register_buffer("positions", torch.arange(max_len), persistent=False)
+        self.blocks = nn.Sequential(*(Block(d_model, num_heads, dropout) for _ in range(num_layers)))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Map ``(B, T)`` token ids to ``(B, classes)`` logits."""
+        _, T = tokens.shape  # (batch, seq)
+        assert self.max_len >= T, f"sequence length {T} exceeds max_len={self.max_len}"
+        x = self.token_embedding(tokens) + self.position_embedding(self.positions[:T])
+        x = self.norm(self.blocks(x))
+        return self.head(x.mean(dim=1))

@@ -1,0 +1,27 @@
+from pathlib import Path
+
+import pytest
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in an empty folder, so runs/ and data/ are written there and nowhere else."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def fast_args() -> list[str]:
+    """Command-line flags for a short CPU run on offline data: a few batches of each stage."""
+    return [
+        "--config",
+        str(CONFIGS / "synthetic.yaml"),
+        "--accelerator",
+        "cpu",
+        "--trainer.enable_progress_bar",
+        "false",
+        *("--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"),
+        *("--trainer.limit_test_batches", "2", "--trainer.limit_predict_batches", "2"),
+    ]

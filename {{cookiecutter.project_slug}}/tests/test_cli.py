@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+from {{ cookiecutter.project_slug }}.cli import expand_shortcuts, main
+
+
+def test_shortcuts_expand_to_trainer_flags_and_fit_is_the_default():
+    assert expand_shortcuts(["--accelerator", "gpu"]) == ["fit", "--trainer.accelerator", "gpu"]
+    assert expand_shortcuts(["test", "--devices=2", "--model.lr", "1"]) == [
+        "test",
+        "--trainer.devices=2",
+        "--model.lr",
+        "1",
+    ]
+    assert expand_shortcuts([]) == ["fit"]
+    assert expand_shortcuts(["--help"]) == ["--help"]
+
+
+def test_help_lists_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("fit", "validate", "test", "predict"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")
+def test_gpu_without_a_gpu_exits_with_a_short_message(in_tmp_path, fast_args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, "--accelerator", "gpu"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error:") and "no CUDA GPU" in message and "--accelerator cpu" in message
+    assert not (in_tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_fit_then_each_subcommand_from_its_checkpoint(in_tmp_path, fast_args, capsys):
+    """fit writes a best and a last checkpoint; validate, test and predict run from it."""
+    main([*fast_args, "--max_epochs", "1"])
+    assert "fit finished" in capsys.readouterr().out
+    checkpoints = sorted(path.name for path in in_tmp_path.glob("runs/lightning_logs/version_0/checkpoints/*.ckpt"))
+    assert "last.ckpt" in checkpoints and len(checkpoints) == 2
+    last = str(in_tmp_path / "runs/lightning_logs/version_0/checkpoints/last.ckpt")
+    for subcommand in ("validate", "test", "predict"):
+        main([subcommand, *fast_args, "--ckpt_path", last])
+    out = capsys.readouterr().out
+    assert "val/acc" in out and "test/acc" in out

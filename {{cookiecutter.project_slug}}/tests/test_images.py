@@ -1,0 +1,183 @@
+import pickle
+import tarfile
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from {{ cookiecutter.project_slug }}.classifier import Classifier
+from {{ cookiecutter.project_slug }}.data import DataUnavailableError, images
+from {{ cookiecutter.project_slug }}.data.images import ImageDataModule, make_synthetic_images, random_crop_flip
+from {{ cookiecutter.project_slug }}.models.cnn import ReferenceCNN
+
+
+def test_reference_cnn_is_the_seed_network_layer_for_layer():
+    """The layers are exactly the seed's: three conv/pool pairs, flatten, two linear layers."""
+    expected = [
+        (nn.Conv2d, dict(in_channels=3, out_channels=32, kernel_size=(5, 5), stride=(1, 1), padding=(2, 2))),
+        (nn.MaxPool2d, dict(kernel_size=2)),
+        (nn.Conv2d, dict(in_channels=32, out_channels=32, kernel_size=(5, 5), stride=(1, 1), padding=(2, 2))),
+        (nn.MaxPool2d, dict(kernel_size=2)),
+        (nn.Conv2d, dict(in_channels=32, out_channels=64, kernel_size=(5, 5), stride=(1, 1), padding=(2, 2))),
+        (nn.MaxPool2d, dict(kernel_size=2)),
+        (nn.Flatten, {}),
+        (nn.Linear, dict(in_features=1024, out_features=64)),
+        (nn.Linear, dict(in_features=64, out_features=10)),
+    ]
+    layers = list(ReferenceCNN().layers)
+    assert [type(layer) for layer in layers] == [cls for cls, _ in expected]
+    for layer, (_, attributes) in zip(layers, expected, strict=True):
+        for name, value in attributes.items():
+            assert getattr(layer, name) == value, (layer, name)
+
+
+def test_reference_cnn_maps_uint8_images_to_logits():
+    """A (B, 3, 32, 32) uint8 batch gives (B, 10) finite logits; float input on the 0-255 scale gives the same."""
+    model = ReferenceCNN()
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    logits = model(images)
+    assert logits.shape == (4, 10)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(model(images.float()), logits)
+
+
+def test_normalisation_constants_are_buffers_outside_the_checkpoint():
+    """Mean and std move with the module but are not saved: they come from the constructor."""
+    model = ReferenceCNN()
+    assert {"mean", "std"} <= dict(model.named_buffers()).keys()
+    assert not {"mean", "std"} & model.state_dict().keys()
+
+
+def test_synthetic_images_are_deterministic_uint8():
+    """The same seed gives the same images; another seed gives others."""
+    images, labels = make_synthetic_images(64, seed=0)
+    again, again_labels = make_synthetic_images(64, seed=0)
+    other, _ = make_synthetic_images(64, seed=1)
+    assert images.dtype == torch.uint8 and images.shape == (64, 3, 32, 32)
+    assert labels.dtype == torch.long and labels.min() >= 0 and labels.max() < 10
+    assert torch.equal(images, again) and torch.equal(labels, again_labels)
+    assert not torch.equal(images, other)
+
+
+def test_splits_are_disjoint_and_seeded():
+    """Validation holds val_fraction of the training images; the split is the same for the same seed."""
+    first = ImageDataModule(dataset="synthetic", synthetic_size=500, val_fraction=0.2, seed=3)
+    second = ImageDataModule(dataset="synthetic", synthetic_size=500, val_fraction=0.2, seed=3)
+    for dm in (first, second):
+        dm.setup("fit")
+    train, val = first.splits["train"].tensors[0], first.splits["val"].tensors[0]
+    assert (len(train), len(val), len(first.splits["test"])) == (400, 100, 100)
+    assert torch.equal(val, second.splits["val"].tensors[0])
+    flat_train = {bytes(image.flatten().tolist()) for image in train}
+    assert not any(bytes(image.flatten().tolist()) in flat_train for image in val)
+
+
+def test_loaders_yield_full_batches_in_order():
+    """Validation batches come in order, batch_size at a time, as uint8 images and int64 labels."""
+    dm = ImageDataModule(dataset="synthetic", synthetic_size=300, batch_size=16)
+    dm.setup("fit")
+    batches = list(dm.val_dataloader())
+    images, labels = batches[0]
+    assert images.shape == (16, 3, 32, 32) and images.dtype == torch.uint8 and labels.dtype == torch.long
+    assert torch.equal(torch.cat([b[0] for b in batches]), dm.splits["val"].tensors[0])
+
+
+def test_random_crop_flip_gives_shifted_or_mirrored_crops():
+    """Each augmented image is a 32x32 window of the zero-padded input, mirrored or not; the windows vary."""
+    torch.manual_seed(0)
+    batch = torch.randint(1, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    out = random_crop_flip(batch, padding=4)
+    assert out.shape == batch.shape and out.dtype == batch.dtype
+    padded = torch.nn.functional.pad(batch, (4, 4, 4, 4))
+    found = set()
+    for i in range(len(batch)):
+        matches = [
+            (top, left, flip)
+            for top in range(9)
+            for left in range(9)
+            for flip in (False, True)
+            if torch.equal(
+                out[i], (lambda w: w.flip(-1) if flip else w)(padded[i, :, top : top + 32, left : left + 32])
+            )
+        ]
+        assert matches, f"image {i} is not a crop of its padded input"
+        found.add(matches[0])
+    assert len(found) > 4, "crops should differ between images"
+
+
+def _write_tiny_cifar10_archive(folder: Path, per_batch: int = 4) -> Path:
+    """A cifar-10-python.tar.gz laid out and pickled as the real one is, with `per_batch` images per file."""
+    rng = np.random.default_rng(0)
+    source = folder / "source" / images.CIFAR10_FOLDER
+    source.mkdir(parents=True)
+    for name in (*images.CIFAR10_TRAIN_BATCHES, images.CIFAR10_TEST_BATCH):
+        batch = {
+            "batch_label": name,
+            "labels": rng.integers(0, 10, per_batch).tolist(),
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "filenames": [f"{name}_{i}.png" for i in range(per_batch)],
+        }
+        with (source / name).open("wb") as file:
+            pickle.dump(batch, file, protocol=2)
+    archive = folder / images.CIFAR10_ARCHIVE
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source, arcname=images.CIFAR10_FOLDER)
+    return archive
+
+
+def test_cifar10_loads_from_an_archive_in_its_own_format(tmp_path):
+    """A placed archive is extracted in prepare_data and read in setup: 5 train batches, 1 test batch."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    _write_tiny_cifar10_archive(data_dir, per_batch=4)
+    dm = ImageDataModule(dataset="cifar10", data_dir=str(data_dir), val_fraction=0.25)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (15, 5, 4)
+    raw = pickle.loads((data_dir / images.CIFAR10_FOLDER / "test_batch").read_bytes(), encoding="latin1")
+    test_images, test_labels = dm.splits["test"].tensors
+    assert torch.equal(test_images[1], torch.from_numpy(raw["data"][1]).view(3, 32, 32))
+    assert test_labels.tolist() == raw["labels"]
+
+
+def test_missing_cifar10_without_network_says_what_to_do(tmp_path, monkeypatch):
+    """With no archive and no route to the download server, one error names the archive and the synthetic option."""
+    monkeypatch.setattr(images, "CIFAR10_URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")
+    dm = ImageDataModule(dataset="cifar10", data_dir=str(tmp_path / "data"))
+    with pytest.raises(DataUnavailableError, match=r"cifar-10-python\.tar\.gz.*--data\.dataset synthetic"):
+        dm.prepare_data()
+
+
+def test_cifar10_reader_refuses_pickled_code(tmp_path):
+    """A batch file that would call a function when unpickled is rejected, and the function never runs."""
+    folder = tmp_path / images.CIFAR10_FOLDER
+    folder.mkdir()
+
+    class Exploit:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    (folder / "test_batch").write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        images.read_cifar10_batches(folder, ("test_batch",))
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.slow
+def test_reference_cnn_learns_the_synthetic_images():
+    """One CPU epoch on the synthetic images reaches at least 90% validation accuracy."""
+    L.seed_everything(0)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    datamodule = ImageDataModule(dataset="synthetic")
+    trainer.fit(Classifier(ReferenceCNN(), num_classes=10), datamodule=datamodule)
+    assert trainer.callback_metrics["val/acc"] >= 0.9
