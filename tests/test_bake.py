@@ -14,6 +14,7 @@ COMMON_FILES = {
     ".cookiecutter.json",
     ".gitignore",
     "README.md",
+    "docs/device-placement.md",
     "pyproject.toml",
     "train.py",
     "configs/synthetic.yaml",
@@ -22,8 +23,10 @@ COMMON_FILES = {
     "src/{pkg}/cli.py",
     "src/{pkg}/data/__init__.py",
     "src/{pkg}/models/__init__.py",
+    "src/{pkg}/placement.py",
     "tests/conftest.py",
     "tests/test_cli.py",
+    "tests/test_placement.py",
 }
 TASK_FILES = {
     "image": {"configs/cifar10.yaml", "src/{pkg}/data/images.py", "src/{pkg}/models/cnn.py", "tests/test_images.py"},

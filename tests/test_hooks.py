@@ -24,8 +24,8 @@ REJECTED = [
 
 
 @pytest.mark.parametrize(("answers", "message"), REJECTED, ids=[message.split(" is ")[0] for _, message in REJECTED])
-def test_bad_answers_are_rejected_before_anything_is_written(cookies, template, capfd, tmp_path, answers, message):
-    result = cookies.bake(extra_context=answers, template=template)
+def test_bad_answers_are_rejected_before_anything_is_written(cookies, template_dir, capfd, tmp_path, answers, message):
+    result = cookies.bake(extra_context=answers, template=str(template_dir))
     assert result.exit_code != 0
     assert isinstance(result.exception, FailedHookException)
     errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("ERROR: ")]

@@ -13,11 +13,17 @@ def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def fast_args() -> list[str]:
+def synthetic_config() -> str:
+    """The configuration for offline training on synthetic data."""
+    return str(CONFIGS / "synthetic.yaml")
+
+
+@pytest.fixture
+def fast_args(synthetic_config: str) -> list[str]:
     """Command-line flags for a short CPU run on offline data: a few batches of each stage."""
     return [
         "--config",
-        str(CONFIGS / "synthetic.yaml"),
+        synthetic_config,
         "--accelerator",
         "cpu",
         "--trainer.enable_progress_bar",

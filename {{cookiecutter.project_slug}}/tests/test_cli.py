@@ -4,16 +4,21 @@ import torch
 from {{ cookiecutter.project_slug }}.cli import expand_shortcuts, main
 
 
-def test_shortcuts_expand_to_trainer_flags_and_fit_is_the_default():
-    assert expand_shortcuts(["--accelerator", "gpu"]) == ["fit", "--trainer.accelerator", "gpu"]
+def test_shortcuts_expand_to_trainer_flags():
+    assert expand_shortcuts(["--accelerator", "gpu"]) == ["--trainer.accelerator", "gpu"]
     assert expand_shortcuts(["test", "--devices=2", "--model.lr", "1"]) == [
         "test",
         "--trainer.devices=2",
         "--model.lr",
         "1",
     ]
-    assert expand_shortcuts([]) == ["fit"]
-    assert expand_shortcuts(["--help"]) == ["--help"]
+    assert expand_shortcuts(["--max_epochsx", "3"]) == ["--max_epochsx", "3"]
+
+
+def test_without_a_subcommand_fit_runs(in_tmp_path, fast_args, capsys):
+    """`train.py --accelerator cpu ...` trains, as `train.py fit ...` does."""
+    main([*fast_args, "--max_epochs", "1"])
+    assert "fit finished: val/loss=" in capsys.readouterr().out
 
 
 def test_help_lists_the_subcommands(capsys):

@@ -2,6 +2,8 @@
 
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -60,17 +62,17 @@ class ProjectCLI(LightningCLI):
             )
 
     def after_fit(self) -> None:
-        metrics = {name: f"{value:.4f}" for name, value in self.trainer.callback_metrics.items() if "/" in name}
-        if self.trainer.is_global_zero:
-            print(f"fit finished: {metrics}")
-            if self.trainer.checkpoint_callback is not None:
-                print(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
+        if not self.trainer.is_global_zero:
+            return
+        metrics = self.trainer.callback_metrics
+        summary = " ".join(f"{name}={metrics[name]:.4f}" for name in ("val/loss", "val/acc") if name in metrics)
+        print(f"fit finished: {summary}")
+        if self.trainer.checkpoint_callback is not None:
+            print(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
 
 
 def expand_shortcuts(args: list[str]) -> list[str]:
-    """Add the default subcommand ``fit`` and expand ``--<shortcut>`` to ``--trainer.<shortcut>``."""
-    if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
-        args = ["fit", *args]
+    """Expand ``--<shortcut>`` to ``--trainer.<shortcut>``, in both ``--flag value`` and ``--flag=value`` forms."""
     expanded = []
     for arg in args:
         name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
@@ -79,21 +81,42 @@ def expand_shortcuts(args: list[str]) -> list[str]:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Run the command line on ``args`` (default: ``sys.argv[1:]``)."""
-    args = expand_shortcuts(sys.argv[1:] if args is None else list(args))
+    """Run the command line on ``args`` (default: ``sys.argv[1:]``); without a subcommand, ``fit``."""
+    args = sys.argv[1:] if args is None else list(args)
+    if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
+        args = ["fit", *args]
+    with _errors_as_messages():
+        _make_cli(expand_shortcuts(args), run=True)
+
+
+def build(args: list[str]) -> tuple[Classifier, DataModule]:
+    """The model and data module that ``train.py fit`` would build from ``args``, without running anything."""
+    with _errors_as_messages():
+        cli = _make_cli(expand_shortcuts(args), run=False)
+    return cli.model, cli.datamodule
+
+
+def _make_cli(args: list[str], run: bool) -> ProjectCLI:
     # The expanded arguments replace the command line's, which LightningCLI would otherwise warn about.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
+    return ProjectCLI(
+        Classifier,
+        DataModule,
+        args=args,
+        run=run,
+        seed_everything_default=42,
+        trainer_defaults={
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
+            "callbacks": [ModelCheckpoint(monitor="val/acc", mode="max", save_last=True)],
+        },
+        parser_kwargs={"description": DESCRIPTION},
+    )
+
+
+@contextmanager
+def _errors_as_messages() -> Iterator[None]:
+    """Stop with one line, not a traceback, for errors the user can fix from the command line."""
     try:
-        ProjectCLI(
-            Classifier,
-            DataModule,
-            args=args,
-            seed_everything_default=42,
-            trainer_defaults={
-                "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
-                "callbacks": [ModelCheckpoint(monitor="val/acc", mode="max", save_last=True)],
-            },
-            parser_kwargs={"description": DESCRIPTION},
-        )
+        yield
     except (NoGPUError, DataUnavailableError, MisconfigurationException) as err:
         sys.exit(f"error: {err}")
