@@ -137,9 +137,9 @@ def test_network_bugs_are_caught_at_their_line(project, tmp_path, bug):
 
 
 METRICS = (
-    "        self.train_acc = MulticlassAccuracy(num_classes)\n"
-    "        self.val_acc = MulticlassAccuracy(num_classes)\n"
-    "        self.test_acc = MulticlassAccuracy(num_classes)\n"
+    '        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
+    '        self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
+    '        self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
 )
 PICK_METRIC = 'accuracy = getattr(self, f"{stage}_acc")'
 CLASSIFIER_BUGS = {

@@ -1,8 +1,12 @@
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PROJECT = Path(__file__).resolve().parents[1]
+CONFIGS = PROJECT / "configs"
 
 
 @pytest.fixture
@@ -31,3 +35,24 @@ def fast_args(synthetic_config: str) -> list[str]:
         *("--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"),
         *("--trainer.limit_test_batches", "2", "--trainer.limit_predict_batches", "2"),
     ]
+
+
+@pytest.fixture
+def train_process(in_tmp_path: Path):
+    """Start ``train.py`` with the given arguments in its own process, in the test's folder.
+
+    For what cannot run inside pytest: signals, and strategies that launch processes.
+    """
+    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
+
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(PROJECT / "train.py"), *args],
+            cwd=in_tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    return start

@@ -4,13 +4,18 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .classifier import Classifier
+from .callbacks import CSVPredictionWriter, InterruptCheckpoint, RunPlots
+from .checkpoints import CheckpointError, check_architecture, latest_checkpoint, read_checkpoint
+from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
 {%- if cookiecutter.task == "image" %}
 from .data import DataUnavailableError
 from .data.images import ImageDataModule as DataModule
@@ -36,10 +41,12 @@ class NoGPUError(RuntimeError):
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI with this project's defaults and a clear answer when no GPU is present."""
+    """LightningCLI with this project's defaults, checked checkpoints and clear answers to common mistakes."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"model.net": {"class_path": f"{Net.__module__}.{Net.__qualname__}"}})
+        # `predict` writes its probabilities here: --predictions.path out.csv
+        parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
 {%- if cookiecutter.task == "image" %}
         # The data decides the number of classes; the network's default (10) matches CIFAR-10.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -52,8 +59,20 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="parse")
 {%- endif %}
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        config = self.config.get(self.config.get("subcommand") or "", {})
+        if config.get("ckpt_path") == "last":
+            # Resolved here, so the run's saved config.yaml names the file it resumed from.
+            config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger)))
+            print(f"resuming from {config.ckpt_path}")
+        # Checked before LightningCLI reads the model's hyperparameters from it.
+        self._checkpoint_shapes = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("weights_only") is None and "weights_only" in config:
+            config.weights_only = True  # checkpoints are read as data, never run as code
         accelerator = config.trainer.accelerator
         if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
             raise NoGPUError(
@@ -61,14 +80,36 @@ class ProjectCLI(LightningCLI):
                 "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
             )
 
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        callbacks = list(self._get(self.config_init, "trainer", default={}).get("callbacks") or [])
+        bar_enabled = self._get(self.config_init, "trainer", default={}).get("enable_progress_bar")
+        if bar_enabled and not any(isinstance(callback, ProgressBar) for callback in callbacks):
+            # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
+            callbacks.append(TQDMProgressBar(refresh_rate=LOSS_ON_PROGRESS_BAR_EVERY))
+        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+
+    def after_instantiate_classes(self) -> None:
+        if self._checkpoint_shapes is not None:
+            check_architecture(self.config_init[self.subcommand].ckpt_path, self._checkpoint_shapes, self.model)
+
     def after_fit(self) -> None:
-        if not self.trainer.is_global_zero:
-            return
+        log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
         metrics = self.trainer.callback_metrics
         summary = " ".join(f"{name}={metrics[name]:.4f}" for name in ("val/loss", "val/acc") if name in metrics)
-        print(f"fit finished: {summary}")
-        if self.trainer.checkpoint_callback is not None:
+        if self.trainer.world_size > 1:
+            # Every process reports: the values are synced, so they must agree.
+            print(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
+        elif self.trainer.is_global_zero:
+            print(f"fit finished: {summary}")
+        if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
             print(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
+            print(f"run folder: {log_dir}")
+
+
+def _runs_root(logger) -> Path:
+    """The folder holding the runs of the configured CSV or TensorBoard logger (``runs/lightning_logs``)."""
+    init_args = getattr(logger, "init_args", None) or {}
+    return Path(init_args.get("save_dir") or "runs") / (init_args.get("name") or "lightning_logs")
 
 
 def expand_shortcuts(args: list[str]) -> list[str]:
@@ -91,9 +132,15 @@ def main(args: list[str] | None = None) -> None:
 
 def build(args: list[str]) -> tuple[Classifier, DataModule]:
     """The model and data module that ``train.py fit`` would build from ``args``, without running anything."""
+    model, datamodule, _ = build_all(args)
+    return model, datamodule
+
+
+def build_all(args: list[str]) -> tuple[Classifier, DataModule, L.Trainer]:
+    """The model, data module and Trainer that ``train.py fit`` would build from ``args``."""
     with _errors_as_messages():
         cli = _make_cli(expand_shortcuts(args), run=False)
-    return cli.model, cli.datamodule
+    return cli.model, cli.datamodule, cli.trainer
 
 
 def _make_cli(args: list[str], run: bool) -> ProjectCLI:
@@ -107,7 +154,15 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
         seed_everything_default=42,
         trainer_defaults={
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
-            "callbacks": [ModelCheckpoint(monitor="val/acc", mode="max", save_last=True)],
+            "callbacks": [
+                # The best epoch by validation accuracy, and the latest one, every epoch.
+                ModelCheckpoint(monitor="val/acc", mode="max", filename="best-{epoch}-{step}"),
+                ModelCheckpoint(filename="last"),
+                InterruptCheckpoint(),
+                RunPlots(),
+            ],
+            # A progress bar for people; none in CI logs and other redirected output.
+            "enable_progress_bar": sys.stderr.isatty(),
         },
         parser_kwargs={"description": DESCRIPTION},
     )
@@ -118,5 +173,7 @@ def _errors_as_messages() -> Iterator[None]:
     """Stop with one line, not a traceback, for errors the user can fix from the command line."""
     try:
         yield
-    except (NoGPUError, DataUnavailableError, MisconfigurationException) as err:
+    except (NoGPUError, DataUnavailableError, CheckpointError, MisconfigurationException) as err:
         sys.exit(f"error: {err}")
+    except SIGTERMException:
+        sys.exit("stopped by SIGTERM: resume from its checkpoint with --ckpt_path last")

@@ -8,9 +8,9 @@ from typing import ClassVar, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader
 
-from . import DataUnavailableError
+from . import DataUnavailableError, InMemoryDataset, batch_loader
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -56,7 +56,7 @@ class ImageDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
-        self.splits: dict[str, TensorDataset] = {}
+        self.splits: dict[str, InMemoryDataset] = {}
 
     def prepare_data(self) -> None:
         if self.hparams.dataset == "cifar10":
@@ -80,9 +80,9 @@ class ImageDataModule(L.LightningDataModule):
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))
         val_idx, train_idx = order[:val_size], order[val_size:]
         self.splits = {
-            "train": TensorDataset(images[train_idx], labels[train_idx]),
-            "val": TensorDataset(images[val_idx], labels[val_idx]),
-            "test": TensorDataset(*test),
+            "train": InMemoryDataset(images[train_idx], labels[train_idx]),
+            "val": InMemoryDataset(images[val_idx], labels[val_idx]),
+            "test": InMemoryDataset(*test),
         }
 
     def train_dataloader(self) -> DataLoader:
@@ -99,39 +99,47 @@ class ImageDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # Runs on the accelerator, after Lightning has moved the batch there.
+        trainer = self.trainer
+        if self.hparams.augment and trainer is not None and trainer.training:
+            return self.augment(batch, step=trainer.global_step, rank=trainer.global_rank)
+        return batch
+
+    def augment(self, batch: tuple[torch.Tensor, torch.Tensor], step: int, rank: int = 0):
+        """Random crops and flips of a training batch, where the batch is.
+
+        The random numbers are drawn from the seed, the process and the step, so a
+        resumed run augments exactly as one that never stopped.
+        """
         images, labels = batch
-        if self.hparams.augment and self.trainer is not None and self.trainer.training:
-            images = random_crop_flip(images, padding=4)
-        return images, labels
+        generator = torch.Generator(device=images.device)
+        generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
+        return random_crop_flip(images, padding=4, generator=generator), labels
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        dataset = self.splits[split]
-        # A batch sampler hands TensorDataset a whole list of indices: one slice per
-        # batch instead of one Python call and one stack per image.
-        sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
-        return DataLoader(
-            dataset,
-            sampler=BatchSampler(sampler, self.hparams.batch_size, drop_last=False),
-            batch_size=None,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
+        hp = self.hparams
+        return batch_loader(
+            self.splits[split], hp.batch_size, shuffle=shuffle, seed=hp.seed, num_workers=hp.num_workers
         )
 
 
-def random_crop_flip(images: torch.Tensor, padding: int) -> torch.Tensor:
-    """Randomly crop each image of a ``(B, C, H, W)`` batch after zero-padding, and flip half of them."""
+def random_crop_flip(images: torch.Tensor, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Randomly crop each image of a ``(B, C, H, W)`` batch after zero-padding, and mirror half of them.
+
+    One gather does both: each output pixel reads its source pixel in the padded
+    batch, so the batch is copied once, on whatever device it is.
+    """
     B, C, H, W = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding))
+    padded_width = W + 2 * padding
+    padded = F.pad(images, (padding, padding, padding, padding)).view(B, C, -1)
     # New tensors take the device of the batch, so this runs wherever the batch is.
-    top = torch.randint(0, 2 * padding + 1, (B, 1), device=images.device)
-    left = torch.randint(0, 2 * padding + 1, (B, 1), device=images.device)
-    rows = (top + torch.arange(H, device=images.device)).view(B, 1, H, 1)
-    cols = (left + torch.arange(W, device=images.device)).view(B, 1, 1, W)
-    batch_idx = torch.arange(B, device=images.device).view(B, 1, 1, 1)
-    channel_idx = torch.arange(C, device=images.device).view(1, C, 1, 1)
-    cropped = padded[batch_idx, channel_idx, rows, cols]
-    flip = torch.rand(B, 1, 1, 1, device=images.device) < 0.5
-    return torch.where(flip, cropped.flip(-1), cropped)
+    top = torch.randint(0, 2 * padding + 1, (B, 1, 1), device=images.device, generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (B, 1, 1), device=images.device, generator=generator)
+    mirror = torch.rand(B, 1, 1, device=images.device, generator=generator) < 0.5
+    rows = torch.arange(H, device=images.device).view(1, H, 1)
+    cols = torch.arange(W, device=images.device).view(1, 1, W)
+    cols = torch.where(mirror, W - 1 - cols, cols)
+    source = ((top + rows) * padded_width + left + cols).view(B, 1, H * W)  # (B, 1, H*W) flat pixel indices
+    return padded.gather(2, source.expand(B, C, H * W)).view(B, C, H, W)
 
 
 def make_synthetic_images(num_images: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

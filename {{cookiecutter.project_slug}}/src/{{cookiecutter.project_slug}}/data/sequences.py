@@ -6,9 +6,9 @@ from typing import Literal
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader
 
-from . import DataUnavailableError
+from . import DataUnavailableError, InMemoryDataset, batch_loader
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
@@ -58,7 +58,7 @@ class SequenceDataModule(L.LightningDataModule):
             )
         self.save_hyperparameters()
         self.num_classes = num_classes
-        self.splits: dict[str, TensorDataset] = {}
+        self.splits: dict[str, InMemoryDataset] = {}
 
     def setup(self, stage: str) -> None:
         if self.splits:
@@ -75,7 +75,7 @@ class SequenceDataModule(L.LightningDataModule):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(hp.seed))
         parts = order.split([n - n_val - n_test, n_val, n_test])
         self.splits = {
-            name: TensorDataset(tokens[idx], labels[idx])
+            name: InMemoryDataset(tokens[idx], labels[idx])
             for name, idx in zip(("train", "val", "test"), parts, strict=True)
         }
 
@@ -92,12 +92,7 @@ class SequenceDataModule(L.LightningDataModule):
         return self._loader("test", shuffle=False)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        dataset = self.splits[split]
-        # One slice of the in-memory tensors per batch (see ImageDataModule).
-        sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
-        return DataLoader(
-            dataset, sampler=BatchSampler(sampler, self.hparams.batch_size, drop_last=False), batch_size=None
-        )
+        return batch_loader(self.splits[split], self.hparams.batch_size, shuffle=shuffle, seed=self.hparams.seed)
 
 
 def make_order_task(num_sequences: int, seq_len: int, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
