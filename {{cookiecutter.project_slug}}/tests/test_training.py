@@ -56,13 +56,17 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, fast_args):
 @pytest.mark.slow
 def test_sigterm_mid_run_leaves_a_checkpoint_to_resume_from(train_process, synthetic_config, in_tmp_path):
     """SIGTERM (what SLURM sends before a kill) stops at a step boundary and saves on_exception.ckpt."""
-    long_run = ("--config", synthetic_config, "--accelerator", "cpu", "--data.batch_size", "4")
+    long_run = (
+        *("--config", synthetic_config, "--accelerator", "cpu", "--data.batch_size", "4"),
+        *("--trainer.limit_train_batches", "300", "--trainer.limit_val_batches", "5"),
+        *("--trainer.num_sanity_val_steps", "0"),
+    )
     process = train_process(*long_run, "--max_epochs", "20")
     config = RUNS / "version_0" / "config.yaml"
     deadline = time.monotonic() + 120
     while not config.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(2)  # into the training loop
+    time.sleep(2)  # well into the training loop: the data is ready before config.yaml is written
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=120)[0]
     assert process.returncode != 0, output
