@@ -81,9 +81,9 @@ class ProjectCLI(LightningCLI):
             )
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        callbacks = list(self._get(self.config_init, "trainer", default={}).get("callbacks") or [])
-        bar_enabled = self._get(self.config_init, "trainer", default={}).get("enable_progress_bar")
-        if bar_enabled and not any(isinstance(callback, ProgressBar) for callback in callbacks):
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = list(trainer_config.get("callbacks") or [])
+        if trainer_config.get("enable_progress_bar") and not any(isinstance(c, ProgressBar) for c in callbacks):
             # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
             callbacks.append(TQDMProgressBar(refresh_rate=LOSS_ON_PROGRESS_BAR_EVERY))
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
