@@ -1,7 +1,8 @@
 import pytest
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 
-from {{ cookiecutter.project_slug }}.cli import expand_shortcuts, main
+from {{ cookiecutter.project_slug }}.cli import build_all, expand_shortcuts, main
 
 
 def test_shortcuts_expand_to_trainer_flags():
@@ -50,3 +51,12 @@ def test_fit_then_each_subcommand_from_its_checkpoint(in_tmp_path, fast_args, ca
         main([subcommand, *fast_args, "--ckpt_path", last])
     out = capsys.readouterr().out
     assert "val/acc" in out and "test/acc" in out
+
+
+def test_the_progress_bar_redraws_every_20_steps(in_tmp_path, synthetic_config):
+    """A bar redrawn every step costs time on every step; when shown, it is redrawn every 20."""
+    _, _, trainer = build_all(["--config", synthetic_config, "--trainer.enable_progress_bar", "true"])
+    assert isinstance(trainer.progress_bar_callback, TQDMProgressBar)
+    assert trainer.progress_bar_callback.refresh_rate == 20
+    _, _, quiet = build_all(["--config", synthetic_config, "--trainer.enable_progress_bar", "false"])
+    assert quiet.progress_bar_callback is None
