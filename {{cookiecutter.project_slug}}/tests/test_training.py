@@ -54,8 +54,9 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, fast_args):
 
 
 @pytest.mark.slow
-def test_sigterm_mid_run_leaves_a_checkpoint_to_resume_from(train_process, synthetic_config, in_tmp_path):
-    """SIGTERM (what SLURM sends before a kill) stops at a step boundary and saves on_exception.ckpt."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, synthetic_config, in_tmp_path, stop):
+    """SIGTERM (what SLURM sends before a kill) or Ctrl-C stops at a step boundary and saves on_exception.ckpt."""
     long_run = (
         *("--config", synthetic_config, "--accelerator", "cpu", "--data.batch_size", "4"),
         *("--trainer.limit_train_batches", "300", "--trainer.limit_val_batches", "5"),
@@ -67,10 +68,10 @@ def test_sigterm_mid_run_leaves_a_checkpoint_to_resume_from(train_process, synth
     while not config.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # well into the training loop: the data is ready before config.yaml is written
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop)
     output = process.communicate(timeout=120)[0]
     assert process.returncode != 0, output
-    assert "stopped by SIGTERM" in output
+    assert ("stopped by SIGTERM" if stop == signal.SIGTERM else "Detected KeyboardInterrupt") in output
     saved = torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)
     assert saved["global_step"] > 0
 
