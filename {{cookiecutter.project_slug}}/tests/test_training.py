@@ -67,13 +67,17 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     deadline = time.monotonic() + 120
     while not config.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(2)  # well into the training loop: the data is ready before config.yaml is written
+    time.sleep(1.5)  # into the training loop: the data is ready before config.yaml is written
     process.send_signal(stop)
     output = process.communicate(timeout=120)[0]
     assert process.returncode != 0, output
     assert ("stopped by SIGTERM" if stop == signal.SIGTERM else "Detected KeyboardInterrupt") in output
     saved = torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)
     assert saved["global_step"] > 0
+    # Not a terminal, so no progress bar: no line per step in CI logs.
+    assert "it/s" not in output and "Epoch 0" not in output, output
+    if stop == signal.SIGINT:
+        return  # resuming is the same for both signals: tested once
 
     resume = train_process(*long_run, "--max_epochs", str(saved["epoch"] + 1), "--ckpt_path", "last")
     output = resume.communicate(timeout=300)[0]
@@ -195,13 +199,3 @@ def test_ddp_on_two_cpu_processes_syncs_metrics_and_writes_once(train_process, f
     assert sorted(path.name for path in checkpoint(0).parent.iterdir())[-1] == "last.ckpt"
     assert len(list(checkpoint(0).parent.iterdir())) == 2
     assert len(epoch_metrics(0)) == 1
-
-
-@pytest.mark.slow
-def test_progress_bar_stays_out_of_redirected_output(train_process, fast_args):
-    """With stderr not a terminal (CI, redirected logs), no progress bar: no line per step."""
-    args = [arg for arg in fast_args if arg not in ("--trainer.enable_progress_bar", "false")]
-    process = train_process(*args, "--max_epochs", "1")
-    output = process.communicate(timeout=300)[0]
-    assert process.returncode == 0, output
-    assert "it/s" not in output and "Epoch 0" not in output, output
