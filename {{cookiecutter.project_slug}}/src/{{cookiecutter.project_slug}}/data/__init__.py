@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator
 
+import lightning as L
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
@@ -43,18 +44,40 @@ class EpochShuffle(RandomSampler):
         yield from torch.randperm(len(self.data_source), generator=generator).tolist()
 
 
-def batch_loader(
-    dataset: InMemoryDataset, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0
-) -> DataLoader:
-    """A DataLoader of ``(inputs, labels)`` batches sliced from ``dataset``, shuffled per epoch if asked."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=EpochShuffle(dataset, seed) if shuffle else None,
-        collate_fn=_already_batched,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-    )
+class InMemoryDataModule(L.LightningDataModule):
+    """Serves the ``train``, ``val`` and ``test`` splits that a subclass's ``setup`` puts in ``self.splits``.
+
+    Subclasses record ``batch_size``, ``seed`` and ``num_workers`` with
+    ``save_hyperparameters()``. Training batches are shuffled per epoch; ``predict``
+    runs on the test split, in order.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.splits: dict[str, InMemoryDataset] = {}
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        dataset, hp = self.splits[split], self.hparams
+        return DataLoader(
+            dataset,
+            batch_size=hp.batch_size,
+            sampler=EpochShuffle(dataset, hp.seed) if shuffle else None,
+            collate_fn=_already_batched,
+            num_workers=hp.num_workers,
+            persistent_workers=hp.num_workers > 0,
+        )
 
 
 def _already_batched(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

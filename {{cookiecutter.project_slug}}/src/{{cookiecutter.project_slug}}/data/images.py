@@ -5,12 +5,10 @@ import urllib.error
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
-from . import DataUnavailableError, InMemoryDataset, batch_loader
+from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -23,7 +21,7 @@ NUM_CLASSES = 10
 SYNTHETIC_PATTERN_SEED = 1234
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(InMemoryDataModule):
     """CIFAR-10 (``dataset="cifar10"``) or synthetic images (``dataset="synthetic"``).
 
     Each split is one ``uint8`` tensor of shape ``(N, 3, 32, 32)``: the loaders only
@@ -56,7 +54,6 @@ class ImageDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
-        self.splits: dict[str, InMemoryDataset] = {}
 
     def prepare_data(self) -> None:
         if self.hparams.dataset == "cifar10":
@@ -85,18 +82,6 @@ class ImageDataModule(L.LightningDataModule):
             "test": InMemoryDataset(*test),
         }
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # Runs on the accelerator, after Lightning has moved the batch there.
         trainer = self.trainer
@@ -114,12 +99,6 @@ class ImageDataModule(L.LightningDataModule):
         generator = torch.Generator(device=images.device)
         generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
         return random_crop_flip(images, padding=4, generator=generator), labels
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        hp = self.hparams
-        return batch_loader(
-            self.splits[split], hp.batch_size, shuffle=shuffle, seed=hp.seed, num_workers=hp.num_workers
-        )
 
 
 def random_crop_flip(images: torch.Tensor, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -3,18 +3,16 @@
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from . import DataUnavailableError, InMemoryDataset, batch_loader
+from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
 
 
-class SequenceDataModule(L.LightningDataModule):
+class SequenceDataModule(InMemoryDataModule):
     """Fixed-length token sequences with one class label each.
 
     ``dataset="synthetic"`` generates sequences in which two marker tokens appear
@@ -35,6 +33,7 @@ class SequenceDataModule(L.LightningDataModule):
         val_fraction: Share of the sequences held out for validation.
         test_fraction: Share of the sequences held out for testing.
         batch_size: Sequences per batch, per device.
+        num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the split and of the synthetic sequences.
     """
 
@@ -49,6 +48,7 @@ class SequenceDataModule(L.LightningDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         batch_size: int = 64,
+        num_workers: int = 0,
         seed: int = 42,
     ) -> None:
         super().__init__()
@@ -58,7 +58,6 @@ class SequenceDataModule(L.LightningDataModule):
             )
         self.save_hyperparameters()
         self.num_classes = num_classes
-        self.splits: dict[str, InMemoryDataset] = {}
 
     def setup(self, stage: str) -> None:
         if self.splits:
@@ -78,21 +77,6 @@ class SequenceDataModule(L.LightningDataModule):
             name: InMemoryDataset(tokens[idx], labels[idx])
             for name, idx in zip(("train", "val", "test"), parts, strict=True)
         }
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return batch_loader(self.splits[split], self.hparams.batch_size, shuffle=shuffle, seed=self.hparams.seed)
 
 
 def make_order_task(num_sequences: int, seq_len: int, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
