@@ -63,11 +63,11 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
         *("--trainer.num_sanity_val_steps", "0"),
     )
     process = train_process(*long_run, "--max_epochs", "20")
-    config = RUNS / "version_0" / "config.yaml"
+    # Signalled as soon as the first epoch's last.ckpt appears: the run is then training, not starting up.
+    first_epoch_saved = checkpoint(0, "last.ckpt")
     deadline = time.monotonic() + 120
-    while not config.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.5)  # into the training loop: the data is ready before config.yaml is written
+    while not first_epoch_saved.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     process.send_signal(stop)
     output = process.communicate(timeout=120)[0]
     assert process.returncode != 0, output
@@ -79,11 +79,13 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     if stop == signal.SIGINT:
         return  # resuming is the same for both signals: tested once
 
-    resume = train_process(*long_run, "--max_epochs", str(saved["epoch"] + 1), "--ckpt_path", "last")
+    # Ten more steps from wherever it stopped, mid-epoch or at an epoch's end.
+    more_steps = str(saved["global_step"] + 10)
+    resume = train_process(*long_run, "--max_epochs", "20", "--trainer.max_steps", more_steps, "--ckpt_path", "last")
     output = resume.communicate(timeout=300)[0]
     assert resume.returncode == 0, output
     assert "resuming from runs/lightning_logs/version_0/checkpoints/on_exception.ckpt" in output
-    assert torch.load(checkpoint(1), weights_only=True)["global_step"] > saved["global_step"]
+    assert torch.load(checkpoint(1), weights_only=True)["global_step"] == saved["global_step"] + 10
 
 
 def _digest(path: Path) -> str:
