@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -86,6 +87,14 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     assert resume.returncode == 0, output
     assert "resuming from runs/lightning_logs/version_0/checkpoints/on_exception.ckpt" in output
     assert torch.load(checkpoint(1), weights_only=True)["global_step"] == saved["global_step"] + 10
+
+
+def test_a_ddp_run_shuts_its_process_group_down(in_tmp_path, fast_args):
+    """Lightning leaves a gloo group to interpreter shutdown, which can abort a finished run with a non-zero exit."""
+    # DDP sets MASTER_PORT, LOCAL_RANK, ... in this process: later DDP runs would take them as their own.
+    with mock.patch.dict(os.environ):
+        main([*fast_args, "--max_epochs", "1", "--strategy", "ddp", "--devices", "1"])
+        assert not torch.distributed.is_initialized()
 
 
 def _digest(path: Path) -> str:

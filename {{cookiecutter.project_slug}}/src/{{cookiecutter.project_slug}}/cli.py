@@ -133,7 +133,21 @@ def main(args: list[str] | None = None) -> None:
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
         args = ["fit", *args]
     with _errors_as_messages():
-        _make_cli(expand_shortcuts(args), run=True)
+        try:
+            _make_cli(expand_shortcuts(args), run=True)
+        finally:
+            _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Shut DDP's process group down while Python is still whole.
+
+    Lightning does this at exit for NCCL only. A gloo group (DDP on CPUs) left to interpreter
+    shutdown can abort a finished run with "terminate called without an active exception",
+    and a non-zero exit code that fails the job (pytorch/pytorch#179291).
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def build(args: list[str]) -> tuple[Classifier, DataModule]:
