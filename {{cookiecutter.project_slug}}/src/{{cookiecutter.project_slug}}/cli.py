@@ -65,7 +65,7 @@ class ProjectCLI(LightningCLI):
         if config.get("ckpt_path") == "last":
             # Resolved here, so the run's saved config.yaml names the file it resumed from.
             config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger)))
-            report(f"resuming from {config.ckpt_path}")
+            _report(f"resuming from {config.ckpt_path}")
         # Checked before LightningCLI reads the model's hyperparameters from it.
         self._checkpoint_shapes = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
 
@@ -98,15 +98,15 @@ class ProjectCLI(LightningCLI):
         summary = " ".join(f"{name}={metrics[name]:.4f}" for name in ("val/loss", "val/acc") if name in metrics)
         if self.trainer.world_size > 1:
             # Every process reports: the values are synced, so they must agree.
-            report(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
+            _report(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
         elif self.trainer.is_global_zero:
-            report(f"fit finished: {summary}")
+            _report(f"fit finished: {summary}")
         if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
-            report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
-            report(f"run folder: {log_dir}")
+            _report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
+            _report(f"run folder: {log_dir}")
 
 
-def report(line: str) -> None:
+def _report(line: str) -> None:
     """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split."""
     sys.stdout.write(f"{line}\n")
     sys.stdout.flush()
