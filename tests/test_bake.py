@@ -30,6 +30,7 @@ COMMON_FILES = {
     "src/{pkg}/models/__init__.py",
     "src/{pkg}/placement.py",
     "src/{pkg}/plots.py",
+    "src/{pkg}/simulated_gpu.py",
     "tests/conftest.py",
     "tests/test_bench.py",
     "tests/test_cli.py",
@@ -98,10 +99,12 @@ def test_each_combination_has_exactly_its_files_and_no_template_syntax(bake, tas
     )
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     assert pyproject["project"].get("license") == (None if license == "none" else license)
-    assert ("torchvision>=0.19" in pyproject["project"]["dependencies"]) == (task == "image")
+    assert ("torchvision>=0.25" in pyproject["project"]["dependencies"]) == (task == "image")
     if github_actions == "yes":
         workflow = yaml.safe_load((root / ".github/workflows/ci.yml").read_text())
-        assert workflow["jobs"]["test"]["steps"][-1]["run"] == "python -m pytest"
+        runs = [step.get("run") for step in workflow["jobs"]["test"]["steps"]]
+        assert "python -m pytest" in runs
+        assert "python -m vision_project.placement --config configs/synthetic.yaml" in runs
 
 
 @pytest.mark.slow

@@ -1,13 +1,14 @@
 """Mutation tests of the generated device audit.
 
-Each placement bug the audit must catch is applied to a copy of a real generated
-module; the audit must raise DevicePlacementError at the line where a GPU would
-fail. The clean modules, and device-agnostic code of other shapes, must pass.
+Each class of placement bug is written into a copy of a real generated project, as a
+user's edit would put it there, and the audit of that project's configured model, data
+and callbacks (what ``python -m <package>.placement`` audits) must stop at the line where
+a GPU would stop. The unedited projects, and device-agnostic code of other shapes, pass.
 """
 
 import importlib
-import importlib.util
 import itertools
+import shutil
 from pathlib import Path
 
 import lightning as L
@@ -17,12 +18,14 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+# Few data: the audit runs two short epochs whatever the data's size.
+SMALL_DATA = {"image": ["--data.synthetic_size", "200"], "sequence": ["--data.num_sequences", "400"]}
 _counter = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def project(cookies_session, template_dir):
-    """One image and one sequence project, importable as `audit_image` and `audit_sequence`."""
+def baked(cookies_session, template_dir) -> dict[str, Path]:
+    """One image and one sequence project, baked once for the module."""
     roots = {}
     for task in ("image", "sequence"):
         result = cookies_session.bake(
@@ -30,120 +33,150 @@ def project(cookies_session, template_dir):
         )
         assert result.exit_code == 0, result.exception
         roots[task] = Path(result.project_path)
+    return roots
+
+
+def project_copy(baked: dict[str, Path], task: str, edits: dict[str, list[tuple[str, str]]], tmp_path: Path):
+    """Import a copy of the task's package, under a name of its own, with each (old, new) edit applied once."""
+    name = f"mutant_{task}_{next(_counter)}"
+    package = tmp_path / name
+    shutil.copytree(baked[task] / "src" / f"audit_{task}", package)
+    for relative, changes in edits.items():
+        path = package / relative
+        source = path.read_text()
+        for old, new in changes:
+            assert source.count(old) == 1, f"{old!r} should appear once in {relative}"
+            source = source.replace(old, new)
+        path.write_text(source)
     with pytest.MonkeyPatch.context() as patch:
-        for root in roots.values():
-            patch.syspath_prepend(str(root / "src"))
-        yield {task: importlib.import_module(f"audit_{task}") for task in roots} | {"roots": roots}
+        patch.syspath_prepend(str(tmp_path))
+        return importlib.import_module(name), package
 
 
-def mutant(project, task: str, module: str, edits: list[tuple[str, str]], tmp_path: Path):
-    """Import a copy of the project's `module` with each (old, new) edit applied exactly once."""
-    source_path = project["roots"][task] / "src" / f"audit_{task}" / Path(*module.split("."))
-    source = source_path.with_suffix(".py").read_text()
-    for old, new in edits:
-        assert source.count(old) == 1, f"{old!r} should appear once in {module}"
-        source = source.replace(old, new)
-    path = tmp_path / f"mutant_{next(_counter)}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded, path
+def audit_project(baked: dict[str, Path], task: str, package):
+    """Audit what the project's command line configures: model, data module and the Trainer's callbacks."""
+    cli = importlib.import_module(f"{package.__name__}.cli")
+    placement = importlib.import_module(f"{package.__name__}.placement")
+    config = str(baked[task] / "configs" / "synthetic.yaml")
+    arguments = ["--config", config, *SMALL_DATA[task], "--trainer.accelerator", "cpu", "--trainer.logger", "false"]
+    model, datamodule, trainer = cli.build_all(arguments)
+    return placement.audit(model, datamodule, trainer=trainer)
 
 
 def line_holding(path: Path, text: str) -> int:
     return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
-def real_batch(project, task: str):
-    """A training batch from the project's own data module, as its DataLoader yields it."""
-    if task == "image":
-        datamodule = importlib.import_module("audit_image.data.images").ImageDataModule(
-            dataset="synthetic", synthetic_size=120, batch_size=8
-        )
-    else:
-        datamodule = importlib.import_module("audit_sequence.data.sequences").SequenceDataModule(
-            num_sequences=200, batch_size=8
-        )
-    datamodule.setup("fit")
-    return next(iter(datamodule.train_dataloader())), datamodule
-
-
-def classifier_with(project, task: str, net: nn.Module | None = None, classifier_module=None):
-    classifier_module = classifier_module or importlib.import_module(f"audit_{task}.classifier")
-    if net is None:
-        net = (
-            importlib.import_module("audit_image.models.cnn").ReferenceCNN()
-            if task == "image"
-            else importlib.import_module("audit_sequence.models.attention").AttentionClassifier()
-        )
-    return classifier_module.Classifier(net, num_classes=10 if task == "image" else 2)
-
-
-def assert_caught(project, task, model, path: Path, line_text: str, step: str = "training_step"):
-    error_type = importlib.import_module(f"audit_{task}.placement").DevicePlacementError
-    audit = importlib.import_module(f"audit_{task}.placement").audit
-    batch, datamodule = real_batch(project, task)
-    with pytest.raises(error_type) as caught:
-        audit(model, batch, datamodule=datamodule)
-    assert (caught.value.filename, caught.value.lineno) == (str(path), line_holding(path, line_text)), caught.value
-    assert caught.value.step == step
-    assert "Expected all tensors to be on the same device" in str(caught.value) or "different devices" in str(
-        caught.value
-    )
-
-
-NET_BUGS = {
-    "tensor created in forward without a device": (
-        "sequence",
-        "models.attention",
-        [("self.position_embedding(self.positions[:T])", "self.position_embedding(torch.arange(T))")],
-        "torch.arange(T)",
-        "AttentionClassifier",
-    ),
-    "position indices kept as a plain attribute": (
-        "sequence",
-        "models.attention",
-        [
-            (
-                'self.register_buffer("positions", torch.arange(max_len), persistent=False)',
-                "self.positions = torch.arange(max_len)",
-            )
-        ],
-        "self.position_embedding(self.positions[:T])",
-        "AttentionClassifier",
-    ),
-    "normalisation constant kept as a plain attribute": (
-        "image",
-        "models.cnn",
-        [
-            (
-                'self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255, persistent=False)',
-                "self.mean = torch.tensor(mean).view(1, 3, 1, 1) * 255",
-            )
-        ],
-        "x = (images.float() - self.mean) / self.std",
-        "ReferenceCNN",
-    ),
-}
-
-
-@pytest.mark.parametrize("bug", NET_BUGS)
-def test_network_bugs_are_caught_at_their_line(project, tmp_path, bug):
-    task, module, edits, line_text, net_class = NET_BUGS[bug]
-    mutated, path = mutant(project, task, module, edits, tmp_path)
-    model = classifier_with(project, task, net=getattr(mutated, net_class)())
-    assert_caught(project, task, model, path, line_text)
-
-
+# (task, file, edits, the text on the line the audit must name, the kind of bug, and where it shows).
+REFERENCE_CNN_MEAN = 'self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255, persistent=False)'
+NORMALISE = "x = (images.float() - self.mean) / self.std"
+POSITIONS = "self.position_embedding(self.positions[:T])"
 METRICS = (
     '        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
     '        self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
     '        self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
 )
 PICK_METRIC = 'accuracy = getattr(self, f"{stage}_acc")'
-CLASSIFIER_BUGS = {
+CONFUSION = "self.last_val_confusion = self.val_confusion.compute()"
+LOG_EPOCH = 'self.log(f"{stage}/{name}", metric.compute(), prog_bar=True, sync_dist=True)'
+TASK_BUGS = {
+    "tensor created in forward without a device": (
+        "sequence",
+        "models/attention.py",
+        [(POSITIONS, "self.position_embedding(torch.arange(T))")],
+        "torch.arange(T)",
+        "mixed devices",
+    ),
+    "position indices kept as a plain attribute": (
+        "sequence",
+        "models/attention.py",
+        [
+            (
+                'self.register_buffer("positions", torch.arange(max_len), persistent=False)',
+                "self.positions = torch.arange(max_len)",
+            )
+        ],
+        POSITIONS,
+        "mixed devices",
+    ),
+    "normalisation constant kept as a plain attribute": (
+        "image",
+        "models/cnn.py",
+        [(REFERENCE_CNN_MEAN, "self.mean = torch.tensor(mean).view(1, 3, 1, 1) * 255")],
+        NORMALISE,
+        "mixed devices",
+    ),
+    "a CPU generator for on-device augmentation": (
+        "image",
+        "data/images.py",
+        [("generator = torch.Generator(device=images.device)", "generator = torch.Generator()")],
+        "top = torch.randint(",
+        "generator",
+    ),
+    "a CPU generator for noise in forward": (
+        "sequence",
+        "models/attention.py",
+        [
+            (
+                "x = self.norm(self.blocks(x))",
+                "x = self.norm(self.blocks(x + torch.randn(x.shape, device=x.device, generator=torch.Generator())))",
+            )
+        ],
+        "generator=torch.Generator()",
+        "generator",
+    ),
+    "cuda:0 written into the network": (
+        "image",
+        "models/cnn.py",
+        [(NORMALISE, 'x = (images.float().to("cuda:0") - self.mean) / self.std')],
+        'to("cuda:0")',
+        "hard-coded device",
+    ),
+    ".cuda() in the network": (
+        "sequence",
+        "models/attention.py",
+        [(POSITIONS, "self.position_embedding(self.positions[:T].cuda())")],
+        ".cuda()",
+        "hard-coded device",
+    ),
+    "GPU 0 assumed by the augmentation": (
+        "image",
+        "data/images.py",
+        [
+            (
+                "rows = torch.arange(H, device=images.device)",
+                "rows = torch.arange(H, device=torch.device(images.device.type, 0))",
+            )
+        ],
+        "rows = torch.arange(H",
+        "another GPU",
+    ),
+    "GPU 0 assumed by the network": (
+        "sequence",
+        "models/attention.py",
+        [(POSITIONS, "self.position_embedding(self.positions[:T].to(torch.device(tokens.device.type, 0)))")],
+        "tokens.device.type, 0",
+        "another GPU",
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", TASK_BUGS)
+def test_bugs_in_the_task_code_are_caught_at_their_line(baked, tmp_path, bug):
+    task, relative, edits, line_text, kind = TASK_BUGS[bug]
+    package, folder = project_copy(baked, task, {relative: edits}, tmp_path)
+    error_type = importlib.import_module(f"{package.__name__}.placement").DevicePlacementError
+    with pytest.raises(error_type) as caught:
+        audit_project(baked, task, package)
+    error, path = caught.value, folder / relative
+    assert (Path(error.filename), error.lineno) == (path, line_holding(path, line_text)), error
+    assert error.kind == kind, error
+    assert error.rank == (1 if kind == "another GPU" else 0), "code that assumes GPU 0 fails in the second process"
+
+
+SHARED_BUGS = {
     "metrics kept in a plain dict": (
+        "classifier.py",
         [
             (
                 METRICS,
@@ -152,15 +185,21 @@ CLASSIFIER_BUGS = {
             (PICK_METRIC, "accuracy = self.accuracies[stage]"),
         ],
         "accuracy.update(logits, targets)",
+        "mixed devices",
+        "validation_step",
     ),
     "metrics kept in a plain list": (
+        "classifier.py",
         [
             (METRICS, "        self.accuracies = [MulticlassAccuracy(num_classes) for _ in range(3)]\n"),
             (PICK_METRIC, 'accuracy = self.accuracies[("train", "val", "test").index(stage)]'),
         ],
         "accuracy.update(logits, targets)",
+        "mixed devices",
+        "validation_step",
     ),
     "loss weight tensor held outside any module": (
+        "classifier.py",
         [
             ("self.loss_fn = nn.CrossEntropyLoss()", "self.class_weights = torch.ones(num_classes)"),
             (
@@ -169,32 +208,89 @@ CLASSIFIER_BUGS = {
             ),
         ],
         "weight=self.class_weights)",
+        "mixed devices",
+        "validation_step",
     ),
     ".cpu() inside a step": (
+        "classifier.py",
         [("logits = self(inputs)\n", "logits = self(inputs).cpu()\n")],
         "loss = self.loss_fn(logits, targets)",
+        "mixed devices",
+        "validation_step",
     ),
     '.to("cpu") inside a step': (
+        "classifier.py",
         [("logits = self(inputs)\n", 'logits = self(inputs).to("cpu")\n')],
         "loss = self.loss_fn(logits, targets)",
+        "mixed devices",
+        "validation_step",
+    ),
+    ".numpy() of a GPU tensor": (
+        "classifier.py",
+        [
+            (
+                'getattr(self, f"{stage}_loss").update(loss.detach())',
+                'getattr(self, f"{stage}_loss").update(loss.detach().numpy())',
+            )
+        ],
+        "loss.detach().numpy()",
+        "numpy",
+        "validation_step",
+    ),
+    "a CPU tensor added at the end of the validation epoch": (
+        "classifier.py",
+        [
+            (
+                CONFUSION,
+                f"{CONFUSION} + torch.zeros(self.hparams.num_classes, self.hparams.num_classes, dtype=torch.long)",
+            )
+        ],
+        "self.last_val_confusion = ",
+        "mixed devices",
+        "on_validation_epoch_end",
+    ),
+    "a CPU tensor in a callback after fit": (
+        "callbacks.py",
+        [
+            (
+                'confusion = getattr(pl_module, "last_val_confusion", None)',
+                "confusion = pl_module.last_val_confusion + torch.eye(pl_module.hparams.num_classes, dtype=torch.long)",
+            )
+        ],
+        "confusion = pl_module.last_val_confusion",
+        "mixed devices",
+        "on_fit_end",
+    ),
+    "a CPU value logged with sync_dist=True": (
+        "classifier.py",
+        [(LOG_EPOCH, LOG_EPOCH.replace("metric.compute()", "metric.compute().cpu()"))],
+        "metric.compute().cpu()",
+        "sync_dist",
+        "on_validation_epoch_end",
     ),
 }
 
 
 @pytest.mark.parametrize("task", ["image", "sequence"])
-@pytest.mark.parametrize("bug", CLASSIFIER_BUGS)
-def test_lightning_module_bugs_are_caught_at_their_line(project, tmp_path, bug, task):
-    edits, line_text = CLASSIFIER_BUGS[bug]
-    mutated, path = mutant(project, task, "classifier", edits, tmp_path)
-    assert_caught(project, task, classifier_with(project, task, classifier_module=mutated), path, line_text)
+@pytest.mark.parametrize("bug", SHARED_BUGS)
+def test_bugs_in_the_lightning_module_and_callbacks_are_caught_at_their_line(baked, tmp_path, bug, task):
+    relative, edits, line_text, kind, step = SHARED_BUGS[bug]
+    package, folder = project_copy(baked, task, {relative: edits}, tmp_path)
+    error_type = importlib.import_module(f"{package.__name__}.placement").DevicePlacementError
+    with pytest.raises(error_type) as caught:
+        audit_project(baked, task, package)
+    error, path = caught.value, folder / relative
+    assert (Path(error.filename), error.lineno) == (path, line_holding(path, line_text)), error
+    assert (error.kind, error.step) == (kind, step), error
+    assert error.rank == (1 if kind == "sync_dist" else 0), "sync_dist fails only under DDP"
 
 
 @pytest.mark.parametrize("task", ["image", "sequence"])
-def test_the_template_models_pass_on_real_batches(project, task):
-    audit = importlib.import_module(f"audit_{task}.placement").audit
-    batch, datamodule = real_batch(project, task)
-    steps = audit(classifier_with(project, task), batch, datamodule=datamodule)
-    assert set(steps) == {"training_step", "validation_step", "test_step", "predict_step"}
+def test_the_template_projects_pass_every_stage(baked, tmp_path, task):
+    package, _ = project_copy(baked, task, {}, tmp_path)
+    verdict = audit_project(baked, task, package)
+    stages = [(outcome.stage, outcome.rank) for outcome in verdict.outcomes]
+    assert stages == [(stage, rank) for rank in (0, 1) for stage in ("fit", "validate", "test", "predict")]
 
 
 class DeviceAgnostic(L.LightningModule):
@@ -210,6 +306,9 @@ class DeviceAgnostic(L.LightningModule):
         x = x + torch.arange(x.shape[1], device=x.device) + x.new_ones(x.shape[1]) + x.new_tensor(0.5)
         return self.loss_fn(self.linear(x), y) * torch.tensor(0.5)
 
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
 
 class ResNet(L.LightningModule):
     def __init__(self) -> None:
@@ -222,11 +321,16 @@ class ResNet(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         images, labels = batch
-        self.log("val/loss", F.cross_entropy(self.net(images), labels))
+        self.log("val/loss", F.cross_entropy(self.net(images), labels), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
 
 
-def test_device_agnostic_modules_and_resnet18_pass(project):
-    audit = importlib.import_module("audit_image.placement").audit
-    assert set(audit(DeviceAgnostic(), (torch.randn(4, 8), torch.randint(0, 3, (4,))))) == {"training_step"}
-    resnet_batch = (torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,)))
-    assert set(audit(ResNet(), resnet_batch)) == {"training_step", "validation_step"}
+def test_device_agnostic_modules_and_resnet18_pass(baked, tmp_path):
+    package, _ = project_copy(baked, "image", {}, tmp_path)
+    audit = importlib.import_module(f"{package.__name__}.placement").audit
+    verdict = audit(DeviceAgnostic(), (torch.randn(4, 8), torch.randint(0, 3, (4,))))
+    assert {outcome.stage for outcome in verdict.outcomes} == {"fit"}
+    verdict = audit(ResNet(), (torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,))))
+    assert {outcome.stage for outcome in verdict.outcomes} == {"fit", "validate"}

@@ -5,6 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from {{ cookiecutter.project_slug }} import simulated_gpu
+
+# The placement audit's simulated GPU must exist before the first backward pass of the
+# test process: PyTorch's autograd engine counts the devices then.
+simulated_gpu.enable()
+
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"
 

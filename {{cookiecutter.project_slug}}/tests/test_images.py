@@ -12,7 +12,7 @@ from {{ cookiecutter.project_slug }}.classifier import Classifier
 from {{ cookiecutter.project_slug }}.data import DataUnavailableError, images
 from {{ cookiecutter.project_slug }}.data.images import ImageDataModule, make_synthetic_images, random_crop_flip
 from {{ cookiecutter.project_slug }}.models.cnn import ReferenceCNN
-from {{ cookiecutter.project_slug }}.placement import run_on_simulated_gpu
+from {{ cookiecutter.project_slug }}.placement import SIMULATED, run_on_simulated_gpu
 
 
 def test_reference_cnn_is_the_seed_network_layer_for_layer():
@@ -112,7 +112,7 @@ def test_random_crop_flip_gives_shifted_or_mirrored_crops():
 def test_augmentation_runs_where_the_batch_is():
     """On a (simulated) GPU, the crops and flips stay on the GPU: every index they build takes the batch's device."""
     out = run_on_simulated_gpu(random_crop_flip, torch.zeros(8, 3, 32, 32, dtype=torch.uint8), padding=4)
-    assert out.device.type == "cuda" and out.shape == (8, 3, 32, 32)
+    assert out.device.type == SIMULATED and out.shape == (8, 3, 32, 32)
 
 
 def _write_tiny_cifar10_archive(folder: Path, per_batch: int = 4) -> Path:

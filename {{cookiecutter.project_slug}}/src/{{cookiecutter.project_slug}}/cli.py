@@ -3,7 +3,7 @@
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgre
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from . import simulated_gpu
 from .callbacks import CSVPredictionWriter, InterruptCheckpoint, RunPlots
 from .checkpoints import CheckpointError, check_architecture, latest_checkpoint, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
@@ -25,6 +26,7 @@ from .data import DataUnavailableError
 from .data.sequences import SequenceDataModule as DataModule
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
+from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # `train.py --accelerator gpu` is short for `train.py fit --trainer.accelerator gpu`.
@@ -33,11 +35,16 @@ TRAINER_SHORTCUTS = ("accelerator", "devices", "strategy", "num_nodes", "precisi
 DESCRIPTION = """\
 Train and evaluate the model. Without a subcommand, `fit` is run.
 Shortcuts: --accelerator, --devices, --strategy, --num_nodes, --precision and
---max_epochs stand for --trainer.<name>. Example: train.py --accelerator gpu"""
+--max_epochs stand for --trainer.<name>. Example: train.py --accelerator gpu
+--accelerator simgpu runs on a simulated GPU, to find what would fail on a real one."""
 
 
 class NoGPUError(RuntimeError):
     """A GPU was asked for on a machine that has none."""
+
+
+class SimulatedGPUError(RuntimeError):
+    """The simulated GPU was asked for with settings it cannot run."""
 
 
 class ProjectCLI(LightningCLI):
@@ -79,6 +86,9 @@ class ProjectCLI(LightningCLI):
                 f"--accelerator {accelerator} was requested but no CUDA GPU was found on this machine. "
                 "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
             )
+        if accelerator == SIMULATED:
+            _check_simulated(config.trainer)
+            _simulation.start(self.subcommand or "fit")
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})
@@ -86,6 +96,12 @@ class ProjectCLI(LightningCLI):
         if trainer_config.get("enable_progress_bar") and not any(isinstance(c, ProgressBar) for c in callbacks):
             # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
             callbacks.append(TQDMProgressBar(refresh_rate=LOSS_ON_PROGRESS_BAR_EVERY))
+        if trainer_config.get("accelerator") == SIMULATED:
+            # Lightning would pick a CPU strategy for an accelerator it does not know. The
+            # tracker names the hook in which a GPU would fail.
+            kwargs.update(accelerator="auto", strategy=SimulatedGPUStrategy())
+            if trainer_config.get("profiler") is None:
+                kwargs["profiler"] = HookTracker()
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
     def after_instantiate_classes(self) -> None:
@@ -104,6 +120,15 @@ class ProjectCLI(LightningCLI):
         if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
             _report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
             _report(f"run folder: {log_dir}")
+
+
+def _check_simulated(trainer) -> None:
+    """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
+    if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
+        raise SimulatedGPUError(
+            f"--accelerator {SIMULATED} runs one process on one simulated GPU: leave --devices, --num_nodes and "
+            "--strategy at their defaults (python -m {{ cookiecutter.project_slug }}.placement also audits DDP)"
+        )
 
 
 def _report(line: str) -> None:
@@ -132,7 +157,7 @@ def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else list(args)
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
         args = ["fit", *args]
-    with _errors_as_messages():
+    with _simulation, _errors_as_messages():
         try:
             _make_cli(expand_shortcuts(args), run=True)
         finally:
@@ -188,12 +213,39 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
     )
 
 
+class _Simulation:
+    """A run on the simulated GPU (--accelerator simgpu): from when the configuration asks for it to main()'s end."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self.stage: str | None = None  # the subcommand running on the simulated GPU, if any
+
+    def start(self, stage: str) -> None:
+        self._stack.enter_context(simulated_gpu.simulating(0, is_user_code))
+        self.stage = stage
+
+    def __enter__(self) -> "_Simulation":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stage = None
+        self._stack.close()
+
+
+_simulation = _Simulation()
+
+
 @contextmanager
 def _errors_as_messages() -> Iterator[None]:
     """Stop with one line, not a traceback, for errors the user can fix from the command line."""
     try:
         yield
-    except (NoGPUError, DataUnavailableError, CheckpointError, MisconfigurationException) as err:
+    except (NoGPUError, SimulatedGPUError, DataUnavailableError, CheckpointError, MisconfigurationException) as err:
         sys.exit(f"error: {err}")
     except SIGTERMException:
         sys.exit("stopped by SIGTERM: resume from its checkpoint with --ckpt_path last")
+    except Exception as err:
+        found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
+        if not isinstance(found, DevicePlacementError):
+            raise
+        sys.exit(f"error: this would fail on a GPU: {found}")

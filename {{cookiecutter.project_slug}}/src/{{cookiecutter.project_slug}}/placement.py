@@ -1,208 +1,823 @@
-"""The device audit: prove on a machine without a GPU that a model will run on one.
+"""The device audit: prove on a machine without a GPU that the model will run on one.
 
-``audit(model, batch)`` moves a copy of a LightningModule and a batch to a
-*simulated* CUDA device, the way Lightning would move them to a real one, and runs
-the model's steps there. The simulation is PyTorch's ``FakeTensorMode``: tensors
-carry shapes, dtypes and devices but no data, and an operation that mixes devices
-fails exactly as it would on a GPU, with the same "Expected all tensors to be on
-the same device" error. The audit turns that into a ``DevicePlacementError`` that
-names the operation and the line of your code where it happened.
+The audit trains the model for real, with Lightning's own ``Trainer``, on a simulated
+CUDA GPU (see ``simulated_gpu.py``): ``fit`` for two short epochs (sanity check,
+every hook and callback, backward, optimizer and LR scheduler steps, gradient
+clipping, checkpoint saving), then ``validate``, ``test`` and ``predict``. Then it
+does it all again as the second process of a two-GPU DDP run, on a second simulated
+GPU, where code that assumes GPU 0, and values logged with ``sync_dist=True`` that
+are not on the GPU, fail as they would under DDP. Whatever would stop a GPU run
+stops the audit at the same operation, reported with the hook, your file and line,
+what CUDA would say, and the fix.
 
-Run it on the configured model and data from the command line:
+From the command line, with the same arguments as ``train.py``:
 
     python -m {{ cookiecutter.project_slug }}.placement --config configs/synthetic.yaml
 
-This module is the one place in the project that moves tensors by hand: it plays
-the part Lightning plays in training.
+Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
+configuration is wrong; 3 no bug was found but part of the run could not be audited
+(the report says which part and why).
+
+In tests: ``audit(model, datamodule)`` (or ``audit(model, batch)``) raises
+``DevicePlacementError`` for a bug, ``AuditIncompleteError`` when part could not be
+audited, and otherwise returns the ``Verdict``.
+
+The same simulated GPU also trains from ``train.py``: ``--accelerator simgpu``.
+
+This module and ``simulated_gpu.py`` are the only places in the project that place
+tensors by hand: they play the part Lightning plays on a real GPU.
 """
 
 import copy
+import logging
+import os
+import random
 import re
 import sys
 import sysconfig
+import tempfile
 import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import lightning_fabric
+import numpy as np
 import torch
-import torchmetrics
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.data import DataLoader, Dataset
 
-SIMULATED_DEVICE = torch.device("cuda", 0)
-STEPS = ("training_step", "validation_step", "test_step", "predict_step")
-BATCH_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-# Frames in these packages are library code; the audit reports the innermost frame outside them.
-_LIBRARY_DIRS = (
-    *(str(Path(module.__file__).resolve().parent) for module in (torch, L, lightning_fabric, torchmetrics)),
-    str(Path(__file__).resolve()),
-)
-_STDLIB_DIR = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
-# PyTorch's error, its older wording for fake tensors, and torchmetrics' wrapper of it.
-_MIXED_DEVICES = re.compile(
-    "Expected all tensors to be on the same device|found two different devices|Encountered different devices"
-)
+from . import simulated_gpu
+from .simulated_gpu import SimulatedDeviceError, SimulationUnavailableError
+
+SIMULATED = simulated_gpu.DEVICE_TYPE  # --accelerator simgpu
+STAGES = ("fit", "validate", "test", "predict")
+STEP_OF_STAGE = {"fit": "training_step", "validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+LOADER_OF_STAGE = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
+# One GPU, then the second process of two under DDP.
+PASSES = ((0, 1), (1, 2))
+EPOCHS, BATCHES = 2, 2
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+
+GUIDE = "docs/device-placement.md"
+# The fix for each kind of bug, and the rule of the guide that explains it.
+FIXES = {
+    "mixed devices": (
+        "create new tensors on the input's device (torch.arange(n, device=x.device), x.new_zeros(...)), keep "
+        "constants and state as buffers, metrics and modules as attributes or in nn.ModuleDict/ModuleList, and "
+        "never .cpu() or .to('cpu') inside a step",
+        "rules 2 to 9",
+    ),
+    "another GPU": (
+        "every DDP process has its own GPU: take the device from the data or the module (x.device, self.device), "
+        "never a fixed one such as cuda:0 or device index 0",
+        "rule 11",
+    ),
+    "generator": ("make the generator on the device it draws for: torch.Generator(device=x.device)", "rule 10"),
+    "hard-coded device": (
+        "take the device from the data or the module (x.device, self.device): a device written into the code "
+        "breaks --accelerator cpu, and under DDP every process but the first would use another's GPU",
+        "rule 11",
+    ),
+    "numpy": (
+        "log tensors with self.log, which reads them when it needs to; where NumPy is really needed, "
+        "collect .detach().cpu() copies and convert them at the end of the epoch",
+        "rule 6",
+    ),
+    "sync_dist": (
+        "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
+        "rule 12",
+    ),
+}
 
 
 class DevicePlacementError(RuntimeError):
-    """An operation mixed tensors on different devices: the model would fail on a GPU.
+    """An operation that would fail on a GPU.
 
     Attributes:
-        step: The LightningModule method that was running (``"training_step"``, ...).
-        operation: The PyTorch operation that received the mixed devices, e.g. ``"aten.add.Tensor"``.
+        kind: ``"mixed devices"``, ``"another GPU"`` (another DDP process's), ``"generator"``,
+            ``"hard-coded device"``, ``"numpy"`` or ``"sync_dist"``.
+        stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
+        rank: 0 on the first simulated GPU; 1 for the second process of a DDP run.
+        hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.
+        step: The method's own name, e.g. ``"training_step"``.
+        operation: The operation that refused, e.g. ``"aten.add.Tensor"``.
         filename: The file of the line in your code where it happened.
         lineno: That line's number.
     """
 
-    def __init__(self, message: str, step: str, operation: str, filename: str, lineno: int) -> None:
+    def __init__(
+        self, message: str, *, kind: str, stage: str, rank: int, hook: str, operation: str, filename: str, lineno: int
+    ) -> None:
         super().__init__(message)
-        self.step = step
+        self.kind = kind
+        self.stage = stage
+        self.rank = rank
+        self.hook = hook
+        self.step = hook.rpartition(".")[2]
         self.operation = operation
         self.filename = filename
         self.lineno = lineno
 
 
-def audit(model: L.LightningModule, batch: Any, datamodule: L.LightningDataModule | None = None) -> dict[str, float]:
-    """Run ``model``'s steps on a simulated CUDA device; raise ``DevicePlacementError`` if any mixes devices.
+class AuditIncompleteError(RuntimeError):
+    """No bug was found, but part of the run could not be audited; ``verdict`` says which part and why."""
 
-    The audit works on a copy: ``model``, its device and the global state of
-    PyTorch (default device, deterministic mode, random generator) are left as
-    they were. It runs each of ``training_step``, ``validation_step``,
-    ``test_step`` and ``predict_step`` that the model defines, forward only: the
-    loss and metric updates are covered, the backward pass is not (the autograd
-    engine cannot run on simulated devices). Lightning's batch-transfer hooks run
-    as in training, those of ``datamodule`` taking precedence where it defines them.
+    def __init__(self, verdict: "Verdict") -> None:
+        super().__init__("\n".join(verdict.report()))
+        self.verdict = verdict
+
+
+@dataclass
+class Outcome:
+    """One stage of one pass: passed, failed with a placement bug, or not (wholly) audited."""
+
+    stage: str
+    rank: int
+    world_size: int
+    seconds: float = 0.0
+    error: DevicePlacementError | None = None
+    gap: str | None = None  # why (the rest of) the stage was not audited
+
+    @property
+    def where(self) -> str:
+        ddp = f" (DDP rank {self.rank} of {self.world_size})" if self.world_size > 1 else ""
+        return f"{self.stage} on {simulated_gpu.device(self.rank)}{ddp}"
+
+
+@dataclass
+class Verdict:
+    """What the audit ran and found."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    hooks: set[str] = field(default_factory=set)  # the hooks and loop steps that ran
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[DevicePlacementError]:
+        """Each bug once, by its line, in the order found."""
+        seen, errors = set(), []
+        for outcome in self.outcomes:
+            error = outcome.error
+            if error is not None and (error.filename, error.lineno, error.kind) not in seen:
+                seen.add((error.filename, error.lineno, error.kind))
+                errors.append(error)
+        return errors
+
+    @property
+    def gaps(self) -> list[Outcome]:
+        return [outcome for outcome in self.outcomes if outcome.gap is not None]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FAILED if self.errors else EXIT_INCOMPLETE if self.gaps else EXIT_PASSED
+
+    def report(self) -> list[str]:
+        lines = []
+        for outcome in self.outcomes:
+            status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"
+            lines.append(f"  {outcome.where:<44} {status}  ({outcome.seconds:.2f} s)")
+        for error in self.errors:
+            lines += ["", f"FAILED {error}"]
+        for outcome in self.gaps:
+            lines += ["", f"NOT AUDITED {outcome.where}: {outcome.gap}"]
+        lines += [f"note: {note}" for note in self.notes]
+        return lines
+
+
+def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None) -> "Verdict":
+    """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
-        model: The LightningModule, as constructed (on the CPU, not yet trained or attached).
-        batch: A batch as the DataLoader yields it, on the CPU.
-        datamodule: The DataModule whose batch-transfer hooks apply, if any.
+        model: The LightningModule, as constructed. It is left as it was: the audit trains copies.
+        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for
+            every stage), or None when ``model`` defines its own dataloaders.
+        trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping
+            and accumulation, and precision (mixed precision runs as float32).
 
-    Returns:
-        The steps audited, each with its seconds.
+    Raises:
+        DevicePlacementError: An operation would fail on a GPU.
+        AuditIncompleteError: No bug was found, but part of the run could not be audited.
     """
-    steps = [step for step in STEPS if is_overridden(step, model, L.LightningModule)]
-    # Copy outside the fake mode, without the Trainer a used model may hold.
-    twin = copy.deepcopy(model, memo={id(model._trainer): None} if model._trainer is not None else None)
-    timings = {}
-    with simulated_gpu():
-        twin = twin.to(SIMULATED_DEVICE)
-        for step in steps:
-            start = time.perf_counter()
-            twin.train(step == "training_step")
-            with torch.set_grad_enabled(step == "training_step"), _reporting(step):
-                on_device = _transfer(batch, model=twin, datamodule=datamodule)
-                getattr(twin, step)(on_device, 0)
-            timings[step] = time.perf_counter() - start
-    return timings
+    verdict = run_audit(model, data, trainer=trainer, stop_at_bug=True)
+    if verdict.errors:
+        raise verdict.errors[0]
+    if verdict.gaps:
+        raise AuditIncompleteError(verdict)
+    return verdict
+
+
+def run_audit(
+    model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None, stop_at_bug: bool = False
+) -> Verdict:
+    """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
+
+    With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages.
+    """
+    simulated_gpu.enable()
+    settings, callbacks, notes = _settings(trainer)
+    verdict = Verdict(notes=notes)
+    stages = [stage for stage in STAGES if _defines(stage, model, data)]
+    with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
+        for rank, world_size in PASSES:
+            twin = _copy(model)
+            tracker = HookTracker()
+            pass_folder = Path(folder) / f"rank{rank}"
+            runner = L.Trainer(
+                strategy=SimulatedGPUStrategy(rank, world_size),
+                callbacks=[_redirected(callback, pass_folder) for callback in copy.deepcopy(callbacks)],
+                logger=CSVLogger(pass_folder),
+                default_root_dir=pass_folder,
+                profiler=tracker,
+                max_epochs=EPOCHS,
+                limit_train_batches=BATCHES,
+                limit_val_batches=BATCHES,
+                limit_test_batches=BATCHES,
+                limit_predict_batches=BATCHES,
+                num_sanity_val_steps=1,
+                val_check_interval=1.0,
+                check_val_every_n_epoch=1,
+                log_every_n_steps=1,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                **settings,
+            )
+            _check_logged_values(twin, runner)
+            for stage in stages:
+                outcome = Outcome(stage, rank, world_size)
+                start = time.perf_counter()
+                try:
+                    with simulated_gpu.simulating(rank, is_user_code):
+                        getattr(runner, stage)(twin, **_data_arguments(stage, data))
+                except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
+                    raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
+                except Exception as err:
+                    explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=twin)
+                    if isinstance(explained, DevicePlacementError):
+                        outcome.error = explained
+                    else:
+                        outcome.gap = explained
+                outcome.seconds = time.perf_counter() - start
+                verdict.outcomes.append(outcome)
+                if outcome.error is not None and stop_at_bug:
+                    return verdict
+            verdict.hooks |= tracker.actions
+    return verdict
 
 
 def run_on_simulated_gpu(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``function`` with its tensor arguments on the simulated CUDA device.
+    """Call ``function`` with its tensor arguments on the simulated GPU, and return its result (there).
 
-    For code outside a LightningModule, such as a data module's on-device
-    augmentation. Returns the result, made of simulated tensors (shapes, dtypes
-    and devices, no values).
+    For code outside a LightningModule, such as a data module's on-device augmentation.
+    Raises ``DevicePlacementError`` where a GPU would fail.
     """
-    with simulated_gpu(), _reporting(getattr(function, "__qualname__", repr(function))):
-        args, kwargs = move_data_to_device((args, kwargs), SIMULATED_DEVICE)
-        return function(*args, **kwargs)
+    with simulated_gpu.simulating(0, is_user_code):
+        args, kwargs = move_data_to_device((args, kwargs), simulated_gpu.device(0))
+        try:
+            return function(*args, **kwargs)
+        except SimulatedDeviceError as err:
+            name = getattr(function, "__qualname__", repr(function))
+            raise explain(err, stage="call", rank=0, world_size=1, hook=name) from None
 
 
-@contextmanager
-def simulated_gpu() -> Iterator[None]:
-    """Simulate a CUDA device inside the ``with`` block, and restore PyTorch's global state after it."""
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    rng_state = torch.get_rng_state()
-    try:
-        # Deterministic mode sends torchmetrics' bincount down its static-shape path,
-        # which a simulated tensor can follow (it has no values to count).
-        torch.use_deterministic_algorithms(True)
-        with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
-            # Steps run without a Trainer here, so self.log() has nowhere to log to.
-            warnings.filterwarnings("ignore", message=r"You are trying to `self.log\(\)`")
-            yield
-    finally:
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-        torch.set_rng_state(rng_state)
+# ----------------------------------------------------------------------------- Lightning's side
 
 
-def _transfer(batch: Any, model: L.LightningModule, datamodule: L.LightningDataModule | None) -> Any:
-    """Move ``batch`` as Lightning does: the three batch-transfer hooks, the data module's first."""
-    for hook in BATCH_HOOKS:
-        owner = datamodule if datamodule is not None and is_overridden(hook, datamodule) else model
-        args = (batch, SIMULATED_DEVICE, 0) if hook == "transfer_batch_to_device" else (batch, 0)
-        batch = getattr(owner, hook)(*args)
+class SimulatedGPUAccelerator(Accelerator):
+    """Lightning's accelerator for the simulated GPU: ``--accelerator simgpu``."""
+
+    def setup_device(self, device: torch.device) -> None:
+        simulated_gpu.enable()
+        simulated_gpu.set_device(device)
+
+    def teardown(self) -> None:
+        pass
+
+    def get_device_stats(self, device: Any) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def parse_devices(devices: int | str | list[int]) -> list[int]:
+        if devices in ("auto", -1, "-1"):
+            return [0]
+        if isinstance(devices, str):
+            devices = [int(index) for index in devices.split(",") if index.strip()] if "," in devices else int(devices)
+        indexes = list(range(devices)) if isinstance(devices, int) else list(devices)
+        if not indexes or max(indexes) >= simulated_gpu.DEVICE_COUNT or min(indexes) < 0:
+            last = simulated_gpu.DEVICE_COUNT - 1
+            raise ValueError(f"--devices {devices}: the simulated GPU has devices 0 to {last}")
+        return indexes
+
+    @staticmethod
+    def get_parallel_devices(devices: list[int]) -> list[torch.device]:
+        return [simulated_gpu.device(index) for index in devices]
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return 1
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @classmethod
+    def name(cls) -> str:
+        return SIMULATED
+
+    @classmethod
+    def register_accelerators(cls, accelerator_registry) -> None:
+        accelerator_registry.register(SIMULATED, cls, description="A CUDA GPU simulated on the CPU (the device audit)")
+
+
+if SIMULATED not in AcceleratorRegistry:
+    SimulatedGPUAccelerator.register_accelerators(AcceleratorRegistry)
+
+
+class SimulatedGPUStrategy(ParallelStrategy):
+    """One process on ``simgpu:<rank>``; with ``world_size`` 2, it plays that rank of a DDP run.
+
+    Its data is that rank's share (Lightning's ``DistributedSampler``). Collective
+    operations act as if every process held the same values, after checking what NCCL
+    checks: that the tensors are on this process's GPU.
+    """
+
+    strategy_name = SIMULATED
+
+    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+        device = simulated_gpu.device(rank)
+        super().__init__(accelerator=SimulatedGPUAccelerator(), parallel_devices=[device])
+        self._rank, self._world_size = rank, world_size
+
+    @property
+    def root_device(self) -> torch.device:
+        return simulated_gpu.device(self._rank)
+
+    @property
+    def global_rank(self) -> int:
+        return self._rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._rank
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def is_distributed(self) -> bool:
+        return self._world_size > 1
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        return {"num_replicas": self._world_size, "rank": self._rank} if self.is_distributed else None
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        rank_zero_only.rank = self._rank
+
+    def model_to_device(self) -> None:
+        self.model.to(self.root_device)
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        if not isinstance(tensor, torch.Tensor) or not self.is_distributed:
+            return tensor
+        self.check_collective(tensor, "all_reduce")
+        return tensor * self._world_size if "sum" in str(reduce_op).lower() else tensor
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        if not self.is_distributed:
+            return tensor
+        self.check_collective(tensor, "all_gather")
+        return torch.stack([tensor] * self._world_size)
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        # What a GPU run saves, with the values the simulated tensors hold.
+        if self.is_global_zero:
+            super().save_checkpoint(simulated_gpu.to_cpu(checkpoint), filepath, storage_options)
+
+    def check_collective(self, tensor: torch.Tensor, operation: str) -> None:
+        """Raise ``SimulatedDeviceError`` where NCCL would refuse ``tensor``: off this process's GPU."""
+        if tensor.device != self.root_device:
+            device = simulated_gpu.as_cuda(tensor.device)
+            raise SimulatedDeviceError(
+                f"{operation} of a tensor on {device} in process {self._rank}, whose GPU is "
+                f"{simulated_gpu.as_cuda(self.root_device)}: NCCL refuses it "
+                f"(No backend type associated with device type {device.split(':')[0]})",
+                kind="sync_dist",
+                operation=f"torch.distributed.{operation}",
+                devices=(simulated_gpu.as_cuda(self.root_device), device),
+                culprit=tensor,
+            )
+
+
+def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
+    """Under DDP, a value logged with ``sync_dist=True`` must be on the module's device: check at the call."""
+    log = model.log
+
+    def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("sync_dist") and isinstance(value, torch.Tensor) and trainer.world_size > 1:
+            trainer.strategy.check_collective(value, "all_reduce")
+        return log(name, value, *args, **kwargs)
+
+    model.log = checked_log
+
+
+class HookTracker(Profiler):
+    """Lightning names every hook and loop step to its profiler: mark each exception with the innermost one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actions: set[str] = set()
+
+    def start(self, action_name: str) -> None:
+        pass
+
+    def stop(self, action_name: str) -> None:
+        pass
+
+    def summary(self) -> str:
+        return ""
+
+    @contextmanager
+    def profile(self, action_name: str) -> Iterator[str]:
+        self.actions.add(action_name)
+        try:
+            yield action_name
+        except BaseException as err:
+            if getattr(err, "_audit_action", None) is None:
+                err._audit_action = action_name
+            raise
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callback], list[str]]:
+    """The Trainer arguments and callbacks of ``trainer`` that the audit runs with, and notes about the rest."""
+    if trainer is None:
+        return {}, [], []
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    callbacks = [
+        callback
+        for callback in trainer.callbacks
+        if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
+    ]
+    precision, notes = trainer.precision, []
+    if "mixed" in str(precision) or precision == "transformer-engine":
+        notes.append(f"precision {precision} ran as 32-true: mixed precision does not change where tensors are")
+        precision = "32-true"
+    settings = {
+        "precision": precision,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
+    return settings, callbacks, notes
+
+
+def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
+    """Point a callback that writes files into the audit's own folder, so nothing of the user's is touched."""
+    if isinstance(callback, ModelCheckpoint):
+        callback.dirpath = str(folder / "checkpoints")
+    elif isinstance(callback, BasePredictionWriter):
+        for name in ("path", "output_dir"):
+            value = getattr(callback, name, None)
+            if isinstance(value, str | os.PathLike):
+                setattr(callback, name, str(folder / "predictions" / Path(value).name))
+    return callback
+
+
+def _defines(stage: str, model: L.LightningModule, data: Any) -> bool:
+    """Whether ``model`` has the stage's step and data to run it on."""
+    if not is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule):
+        return False
+    if stage == "fit" or not isinstance(data, L.LightningDataModule | type(None)):
+        return True
+    loader = LOADER_OF_STAGE[stage]
+    return is_overridden(loader, data, L.LightningDataModule) if data is not None else is_overridden(loader, model)
+
+
+def _data_arguments(stage: str, data: Any) -> dict[str, Any]:
+    quiet = {} if stage in ("fit", "predict") else {"verbose": False}  # no table of results
+    if data is None:
+        return quiet
+    if isinstance(data, L.LightningDataModule):
+        return {"datamodule": data, **quiet}
+    # The one batch, as every batch of every stage.
+    loader = DataLoader(_Repeated(data), batch_size=None, collate_fn=_as_is)
+    if stage == "fit":
+        return {"train_dataloaders": loader, "val_dataloaders": loader}
+    return {"dataloaders": loader, **quiet}
+
+
+class _Repeated(Dataset):
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return BATCHES
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batch
+
+
+def _as_is(batch: Any) -> Any:
     return batch
 
 
+def _copy(model: L.LightningModule) -> L.LightningModule:
+    """A copy to train, without the Trainer the model may be attached to."""
+    memo = {id(model._trainer): None} if model._trainer is not None else {}
+    return copy.deepcopy(model, memo)
+
+
 @contextmanager
-def _reporting(step: str) -> Iterator[None]:
-    """Turn a mixed-device error into a DevicePlacementError naming the operation and the user's line."""
+def _global_state_kept() -> Iterator[None]:
+    """Leave the random generators and Lightning's rank as the audit found them."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    rank = rank_zero_only.rank
     try:
         yield
-    except RuntimeError as err:
-        if not _MIXED_DEVICES.search(str(err)):
-            raise
-        frame = _user_frame(err)
-        operation = _operation(err)
-        raise DevicePlacementError(
-            f"{step}: {operation} mixed devices at {frame.filename}:{frame.lineno}\n"
-            f"    {frame.line}\n"
-            f"{err}\n"
-            "On a GPU this is the error `Expected all tensors to be on the same device`. "
-            "See docs/device-placement.md for the rules and their fixes.",
-            step=step,
-            operation=operation,
-            filename=frame.filename,
-            lineno=frame.lineno,
-        ) from None
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        rank_zero_only.rank = rank
 
 
-def _operation(err: BaseException | None) -> str:
-    """The PyTorch operation named by the error or the errors it wraps."""
-    while err is not None:
-        if getattr(err, "func", None) is not None:
-            return str(err.func)
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep Lightning's messages out of the report: its advice for a full run does not apply to two batches."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def explain(
+    err: BaseException,
+    *,
+    stage: str,
+    rank: int,
+    world_size: int,
+    model: L.LightningModule | None = None,
+    hook: str | None = None,
+) -> DevicePlacementError | str:
+    """A ``DevicePlacementError`` for what a GPU would refuse in ``err``, or else why the run stopped there."""
+    chain = _chain(err)
+    device_error = next((link for link in chain if isinstance(link, SimulatedDeviceError)), None)
+    action = next((link._audit_action for link in chain if getattr(link, "_audit_action", None)), None)
+    hook = hook or _hook(action, model)
+    frame = _user_frame(chain[: chain.index(device_error) + 1] if device_error else chain)
+    at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else "a line outside your code"
+    if device_error is None:
+        reason = _limitation(chain) or f"{type(err).__name__}: {_first_line(err)}"
+        return f"{hook} stopped at {at}: {reason}"
+    kind = device_error.kind
+    lines = [
+        f"{stage} on {simulated_gpu.device(rank)}"
+        + (f" as DDP rank {rank} of {world_size}" if world_size > 1 else "")
+        + f", {hook}: {device_error.operation} at {at}",
+    ]
+    if frame and frame.line:
+        lines.append(f"    {frame.line}")
+    if kind == "hard-coded device":
+        lines.append(f"Found: {device_error}")
+    else:
+        lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")
+    culprit = _culprit(device_error, model)
+    if culprit:
+        lines.append(culprit)
+    fix, rule = FIXES[kind]
+    lines.append(f"Fix: {fix}. See {rule} of {GUIDE}.")
+    return DevicePlacementError(
+        "\n".join(lines),
+        kind=kind,
+        stage=stage,
+        rank=rank,
+        hook=hook,
+        operation=device_error.operation,
+        filename=frame.filename if frame else "",
+        lineno=frame.lineno if frame else 0,
+    )
+
+
+def _shown(filename: str) -> str:
+    """``filename`` relative to the working folder when it is inside it, as people type paths."""
+    path = Path(filename)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or during, outermost first."""
+    chain = []
+    while err is not None and err not in chain:
+        chain.append(err)
         err = err.__cause__ or err.__context__
-    return "an operation"
+    return chain
 
 
-def _user_frame(err: BaseException) -> traceback.FrameSummary:
-    """The innermost frame of the traceback that is not PyTorch, Lightning, torchmetrics or the standard library."""
-    frames = traceback.extract_tb(err.__traceback__)
-    for frame in reversed(frames):
-        path = str(Path(frame.filename).resolve())
-        in_stdlib = path.startswith(_STDLIB_DIR) and "-packages" not in path
-        if not (in_stdlib or path.startswith(_LIBRARY_DIRS)):
-            return frame
-    return frames[-1]
+_STRATEGY_STEPS = {**{step: step for step in STEP_OF_STAGE.values()}, "backward": "backward"}
+_ACTIONS = {"run_training_epoch": "the training epoch", "save_checkpoint": "saving a checkpoint"}
+_LOOP_STEPS = {
+    "train_dataloader_next": "fetching a training batch",
+    "val_next": "fetching a validation batch",
+    "test_next": "fetching a test batch",
+    "predict_next": "fetching a prediction batch",
+}
+
+
+def _hook(action: str | None, model: L.LightningModule | None) -> str:
+    """A readable name for a Lightning profiler action.
+
+    ``[Callback]EMA{...}.on_fit_start`` -> ``callback EMA.on_fit_start``.
+    """
+    if action is None:
+        return "setting up"
+    match = re.fullmatch(r"\[(\w+)\](.*)\.(\w+)", action, flags=re.DOTALL)
+    if match is None:
+        return _ACTIONS.get(action, action)
+    kind, owner, method = match.groups()
+    owner = owner.split("{")[0]
+    model_name = type(model).__name__ if model is not None else "LightningModule"
+    if kind == "Strategy":
+        if method == "backward":
+            return f"{model_name}.training_step (backward)"
+        return f"{model_name}.{method}" if method in STEP_OF_STAGE.values() else f"Lightning's {method}"
+    if kind == "Callback":
+        return f"callback {owner}.{method}"
+    if kind.startswith("_"):
+        return _LOOP_STEPS.get(method, method)
+    return f"{owner}.{method}"
+
+
+_PACKAGE_FOLDERS = (path for path in sys.path if path.endswith(("site-packages", "dist-packages")))
+_LIBRARIES = tuple(str(Path(path).resolve()) for path in {*sysconfig.get_paths().values(), *_PACKAGE_FOLDERS} if path)
+# This module and the simulated GPU's (whose code may be another copy's: see the end of simulated_gpu.py).
+_OURS = (str(Path(__file__).resolve()), str(Path(simulated_gpu.to_cpu.__code__.co_filename).resolve()))
+_PROJECT = str(Path(__file__).resolve().parent)
+
+
+def is_user_code(filename: str) -> bool:
+    """Whether ``filename`` is the project's or the user's code, not the standard library's or a package's."""
+    path = str(Path(filename).resolve())
+    if path in _OURS or filename.startswith("<"):
+        return False
+    return path.startswith(_PROJECT) or not path.startswith(_LIBRARIES)
+
+
+def _user_frame(chain: list[BaseException]) -> traceback.FrameSummary | None:
+    """The innermost frame of your code (not PyTorch's, Lightning's or another library's) that the error passed."""
+    for err in reversed(chain):
+        for frame in reversed(traceback.extract_tb(err.__traceback__)):
+            if is_user_code(frame.filename):
+                return frame
+    return None
+
+
+_NEEDS_A_GPU = re.compile(
+    r"Found no NVIDIA driver|Torch not compiled with CUDA|No CUDA GPUs are available|CUDA driver version|"
+    r"CUDA error|cuda runtime error",
+    flags=re.IGNORECASE,
+)
+
+
+def _limitation(chain: list[BaseException]) -> str | None:
+    """What the simulation cannot do that the error shows, in words."""
+    for err in chain:
+        if _NEEDS_A_GPU.search(str(err)):
+            frames = traceback.extract_tb(err.__traceback__)
+            calls = [frame.name for frame in frames if "/torch/cuda/" in frame.filename]
+            api = f"torch.cuda.{calls[0]}()" if calls and not calls[0].startswith("_") else "a torch.cuda function"
+            return f"it calls {api}, which needs a real GPU: this part cannot be simulated"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _culprit(err: SimulatedDeviceError, model: L.LightningModule | None) -> str | None:
+    """Name the tensor that is on the wrong device, when it is an attribute of the model."""
+    tensor = err.culprit
+    if tensor is None or model is None:
+        return None
+    found = _find_attribute(model, tensor)
+    if found is None:
+        shape = tuple(tensor.shape)
+        return f"The tensor on {err.devices[-1]} is the argument `{err.argument}`, {shape} {tensor.dtype}."
+    path, holder = found
+    if holder == "attribute":
+        return f"It is `{path}`, a plain tensor attribute, which Lightning does not move: register it as a buffer."
+    return f"It belongs to `{path}`, kept in a plain {holder}, which Lightning does not move."
+
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
+    """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
+    storage = tensor.untyped_storage().data_ptr() if tensor.device.type == "cpu" else None
+
+    def same(value: Any) -> bool:
+        if not isinstance(value, torch.Tensor):
+            return False
+        if value is tensor:
+            return True
+        return storage is not None and value.device.type == "cpu" and value.untyped_storage().data_ptr() == storage
+
+    def holds(value: Any) -> bool:
+        if isinstance(value, torch.nn.Module):
+            return any(same(t) for t in (*value.parameters(), *value.buffers())) or any(
+                same(t) for t in vars(value).values()
+            )
+        return same(value)
+
+    for prefix, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name in _MODULE_INTERNALS:
+                continue  # parameters, buffers and submodules: Lightning moves those
+            path = f"{prefix}.{name}" if prefix else name
+            if same(value):
+                return path, "attribute"
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+            for key, item in items:
+                if holds(item):
+                    return f"{path}[{key!r}]", type(value).__name__
+    return None
+
+
+# ----------------------------------------------------------------------------- the command line
 
 
 def main(args: list[str] | None = None) -> None:
-    """Audit the model and data that ``train.py`` would build from the same arguments, and report."""
-    from .cli import build
+    """Audit the model, data and Trainer settings that ``train.py`` builds from the same arguments."""
+    from .cli import build_all
 
-    model, datamodule = build(sys.argv[1:] if args is None else args)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    batch = next(iter(datamodule.train_dataloader()))
-    print(f"Auditing {type(model.net).__name__} in {type(model).__name__} on a simulated {SIMULATED_DEVICE} ...")
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["fit"]:
+        args = args[1:]
+    # The Trainer is built only for its settings (callbacks, clipping, ...): on the CPU, one process, no logger.
+    settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    settings_only += ["--trainer.num_nodes", "1", "--trainer.logger", "false"]
     try:
-        timings = audit(model, batch, datamodule=datamodule)
-    except DevicePlacementError as err:
-        sys.exit(f"FAILED {err}")
-    for step, seconds in timings.items():
-        print(f"  {step:<16} ok  ({seconds:.2f} s)")
-    print("Every step keeps its tensors on one device: the model will run on a GPU.")
+        model, datamodule, trainer = build_all([*args, *settings_only])
+    except SystemExit as stop:
+        sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
+    net = getattr(model, "net", None)
+    print(
+        f"Auditing {type(model).__name__}{f' ({type(net).__name__})' if net is not None else ''} with "
+        f"{type(datamodule).__name__} on a simulated GPU, then as rank 1 of a 2-GPU DDP run ..."
+    )
+    try:
+        verdict = run_audit(model, datamodule, trainer=trainer)
+    except SimulationUnavailableError as err:
+        sys.exit(_usage(f"error: {err}"))
+    for line in verdict.report():
+        print(line)
+    if verdict.exit_code == EXIT_PASSED:
+        hooks = len(verdict.hooks)
+        print(f"Every stage ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
+    sys.exit(verdict.exit_code)
+
+
+def _usage(message: Any) -> int:
+    print(message, file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":
