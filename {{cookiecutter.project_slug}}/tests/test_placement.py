@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, StochasticWeightAveraging
 from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
@@ -111,6 +112,31 @@ def test_tensors_created_in_forward_take_the_input_device():
     error = assert_rule(Probe(PositionsWithoutDevice()), Probe(PositionsOnInputDevice()), "# created on the CPU")
     # fit's sanity check runs validation first, as it would on a GPU.
     assert (error.kind, error.stage, error.step) == ("mixed devices", "fit", "validation_step")
+
+
+class Recurrent(nn.Module):
+    """An LSTM over (B, 8) features seen as sequences of 2 steps, with an initial state of zeros."""
+
+    def __init__(self, state_on_input_device: bool) -> None:
+        super().__init__()
+        self.state_on_input_device = state_on_input_device
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        steps = x.view(x.shape[0], 2, 4)
+        if self.state_on_input_device:
+            state = (x.new_zeros(1, x.shape[0], 6), x.new_zeros(1, x.shape[0], 6))
+        else:
+            state = (torch.zeros(1, x.shape[0], 6), torch.zeros(1, x.shape[0], 6))
+        output, _ = self.lstm(steps, state)  # PyTorch checks the state's device itself
+        return self.head(output[:, -1])
+
+
+def test_pytorchs_own_device_checks_are_reported_too():
+    """An LSTM refuses a hidden state on another device with its own message: the audit reports it as a bug."""
+    error = assert_rule(Probe(Recurrent(False)), Probe(Recurrent(True)), "# PyTorch checks the state's device")
+    assert "Input and hidden tensors are not at the same device" in str(error)
 
 
 # Rule 3: constants are buffers, made once in __init__.
@@ -536,18 +562,64 @@ class AveragedWeights(L.Callback):
                 average.lerp_(weight, 0.1)
 
 
+class CheckpointsActivations(Probe):
+    def forward(self, features):
+        return torch.utils.checkpoint.checkpoint(self.net, features, use_reentrant=False)
+
+
+class GatedRecurrent(Probe):
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(5, 3))
+        self.gru = nn.GRU(4, 5, num_layers=2, batch_first=True)
+
+    def forward(self, features):
+        output, _ = self.gru(features.view(features.shape[0], 2, 4))
+        return self.net(output[:, -1])
+
+
+class PinsAndLogsToTensorBoard(Probe):
+    def train_dataloader(self):
+        pinned = [tuple(tensor.pin_memory() for tensor in BATCH)] * 2
+        return DataLoader(pinned, batch_size=None, pin_memory=True)
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if isinstance(self.logger, L.pytorch.loggers.TensorBoardLogger):
+            self.logger.experiment.add_histogram("val/logits", self(batch[0]), self.global_step)
+
+
 @pytest.mark.parametrize(
     "model",
-    [ReadsValues, UpdatesMacroAccuracy, GradientPenalty, ManualOptimization, BuildsLayersLater, NumPyAtEpochEnd],
+    [
+        ReadsValues,
+        UpdatesMacroAccuracy,
+        GradientPenalty,
+        ManualOptimization,
+        BuildsLayersLater,
+        NumPyAtEpochEnd,
+        CheckpointsActivations,
+        GatedRecurrent,
+    ],
 )
 def test_code_that_runs_on_a_gpu_passes(model):
-    """.item(), masks, nonzero, unique, autograd.grad, manual optimization, late layers: no verdict but 'passed'."""
+    """.item(), masks, nonzero, unique, autograd.grad, manual optimization, late layers, RNNs: a plain pass."""
     verdict = audit(model(), BATCH)
     assert verdict.exit_code == placement.EXIT_PASSED and not verdict.errors and not verdict.gaps
 
 
+def test_own_dataloaders_pinned_memory_and_the_logger_pass():
+    """A model's own (pinned) dataloaders, and its logger's own API, run as in training."""
+    verdict = audit(PinsAndLogsToTensorBoard(), BATCH, trainer=L.Trainer(callbacks=[LearningRateMonitor()]))
+    assert verdict.exit_code == placement.EXIT_PASSED
+
+
 def test_schedulers_clipping_compile_and_ema_callbacks_pass():
-    trainer = L.Trainer(callbacks=[AveragedWeights()], gradient_clip_val=0.5, accumulate_grad_batches=2, logger=False)
+    callbacks = [
+        AveragedWeights(),
+        EarlyStopping("val/loss"),
+        StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1),
+    ]
+    trainer = L.Trainer(callbacks=callbacks, gradient_clip_val=0.5, accumulate_grad_batches=2, logger=False)
     verdict = audit(SchedulesAndCompiles(), BATCH, trainer=trainer)
     assert any("optimizer_step" in action for action in verdict.hooks)
 
@@ -568,6 +640,20 @@ def test_what_cannot_run_is_reported_as_not_audited():
     assert verdict.exit_code == placement.EXIT_INCOMPLETE and not verdict.errors
     assert f"test_placement.py:{line_of('# not audited')}" in verdict.gaps[0].gap
     assert "Unfinished.validation_step" in verdict.gaps[0].gap and "NotImplementedError" in verdict.gaps[0].gap
+
+
+class SynchronizesTheGPU(Probe):
+    def on_train_epoch_end(self):
+        torch.cuda.synchronize()  # needs a real GPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows what happens on machines without a GPU")
+def test_a_call_that_needs_a_real_gpu_is_named_as_not_audited():
+    with pytest.raises(AuditIncompleteError) as caught:
+        audit(SynchronizesTheGPU(), BATCH)
+    gap = caught.value.verdict.gaps[0].gap
+    assert "torch.cuda.synchronize(), which needs a real GPU" in gap and "SynchronizesTheGPU.on_train_epoch_end" in gap
+    assert f"test_placement.py:{line_of('# needs a real GPU')}" in gap
 
 
 def test_a_simulated_run_computes_what_a_cpu_run_computes():

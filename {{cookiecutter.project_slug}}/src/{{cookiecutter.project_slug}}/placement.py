@@ -29,6 +29,7 @@ tensors by hand: they play the part Lightning plays on a real GPU.
 """
 
 import copy
+import importlib.util
 import logging
 import os
 import random
@@ -51,7 +52,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
@@ -237,7 +238,7 @@ def run_audit(
             runner = L.Trainer(
                 strategy=SimulatedGPUStrategy(rank, world_size),
                 callbacks=[_redirected(callback, pass_folder) for callback in copy.deepcopy(callbacks)],
-                logger=CSVLogger(pass_folder),
+                logger=_logger(trainer, pass_folder, verdict.notes),
                 default_root_dir=pass_folder,
                 profiler=tracker,
                 max_epochs=EPOCHS,
@@ -498,6 +499,24 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
     return settings, callbacks, notes
 
 
+def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | None:
+    """The logger of ``trainer``'s kind, writing into the audit's folder (Lightning's default without a Trainer).
+
+    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: a TensorBoard
+    logger, or a CSV one without TensorBoard, stands in for it.
+    """
+    kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
+    if trainer is not None and kind is None:
+        return None
+    if kind in (CSVLogger, TensorBoardLogger):
+        return kind(folder)
+    tensorboard = any(importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX"))
+    stand_in = TensorBoardLogger if tensorboard else CSVLogger
+    if kind is not None:
+        notes.append(f"{kind.__name__} was replaced by {stand_in.__name__} in a temporary folder")
+    return stand_in(folder)
+
+
 def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
     """Point a callback that writes files into the audit's own folder, so nothing of the user's is touched."""
     if isinstance(callback, ModelCheckpoint):
@@ -598,10 +617,12 @@ def explain(
 ) -> DevicePlacementError | str:
     """A ``DevicePlacementError`` for what a GPU would refuse in ``err``, or else why the run stopped there."""
     chain = _chain(err)
-    device_error = next((link for link in chain if isinstance(link, SimulatedDeviceError)), None)
+    device_error = next((_as_device_error(link) for link in chain if _as_device_error(link) is not None), None)
+    if device_error is not None:
+        chain = chain[: next(i for i, link in enumerate(chain) if _as_device_error(link) is not None) + 1]
     action = next((link._audit_action for link in chain if getattr(link, "_audit_action", None)), None)
     hook = hook or _hook(action, model)
-    frame = _user_frame(chain[: chain.index(device_error) + 1] if device_error else chain)
+    frame = _user_frame(chain)
     at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else "a line outside your code"
     if device_error is None:
         reason = _limitation(chain) or f"{type(err).__name__}: {_first_line(err)}"
@@ -639,6 +660,22 @@ def _shown(filename: str) -> str:
     """``filename`` relative to the working folder when it is inside it, as people type paths."""
     path = Path(filename)
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
+
+
+# PyTorch's own checks of devices, outside the simulated GPU's (an LSTM's hidden state, ...).
+_PYTORCH_DEVICE_CHECK = re.compile(
+    rf"device.*\b{SIMULATED}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{SIMULATED}\b", flags=re.IGNORECASE
+)
+
+
+def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
+    """``err`` if the simulated GPU refused something, or PyTorch did for mixing the simulated GPU with the CPU."""
+    if isinstance(err, SimulatedDeviceError):
+        return err
+    if isinstance(err, RuntimeError) and _PYTORCH_DEVICE_CHECK.search(str(err)):
+        message = simulated_gpu.as_cuda(_first_line(err))
+        return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
+    return None
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -718,11 +755,16 @@ _NEEDS_A_GPU = re.compile(
 def _limitation(chain: list[BaseException]) -> str | None:
     """What the simulation cannot do that the error shows, in words."""
     for err in chain:
+        frames = traceback.extract_tb(err.__traceback__)
+        if isinstance(err, simulated_gpu.NotSimulatedError):
+            return f"{err}: this part cannot be simulated"
         if _NEEDS_A_GPU.search(str(err)):
-            frames = traceback.extract_tb(err.__traceback__)
             calls = [frame.name for frame in frames if "/torch/cuda/" in frame.filename]
             api = f"torch.cuda.{calls[0]}()" if calls and not calls[0].startswith("_") else "a torch.cuda function"
             return f"it calls {api}, which needs a real GPU: this part cannot be simulated"
+        if any("/torch/jit/" in frame.filename for frame in frames):
+            reason = _first_line(err)
+            return f"a TorchScript module cannot move to the simulated GPU ({reason}): this part cannot be simulated"
     return None
 
 
@@ -791,9 +833,9 @@ def main(args: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["fit"]:
         args = args[1:]
-    # The Trainer is built only for its settings (callbacks, clipping, ...): on the CPU, one process, no logger.
+    # The Trainer is built only for its settings (callbacks, logger, clipping, ...): on the CPU, in one process.
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
-    settings_only += ["--trainer.num_nodes", "1", "--trainer.logger", "false"]
+    settings_only += ["--trainer.num_nodes", "1"]
     try:
         model, datamodule, trainer = build_all([*args, *settings_only])
     except SystemExit as stop:

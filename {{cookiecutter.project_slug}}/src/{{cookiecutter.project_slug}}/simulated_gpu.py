@@ -21,6 +21,8 @@ How it works:
   CUDA runs as a composition of others is checked through those others.
 - Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(...,
   device=...)``, ``batch.to(device)``) come through kernels registered for PrivateUse1.
+- A process has one GPU: every simulated tensor is on the current device, ``simgpu:0``
+  or ``simgpu:1``. Code of the user's that asks for another index stops there.
 - Inside ``simulating()``: ``torch.Generator(device="simgpu")`` works, a CUDA device
   written into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``)
   stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor.
@@ -33,7 +35,10 @@ nowhere else in the project (tested with torch 2.10 and 2.14):
 - ``torch.Tensor._make_wrapper_subclass``, and
   ``torch.utils._python_dispatch.return_and_correct_aliasing`` for in-place view operations;
 - ``torch.library.Library.impl`` and ``.fallback`` for the ``PrivateUse1`` key;
-- ``OpOverload._op_dk``, to run an operation's ``CompositeExplicitAutograd`` kernel;
+- ``OpOverload._op_dk``, to run an operation's ``CompositeExplicitAutograd`` kernel, and
+  ``torch._C._dispatch_has_computed_kernel_for_dispatch_key`` with
+  ``torch._decomp.decomposition_table``, for operations PyTorch runs on GPUs only (the fused
+  LSTM and GRU cells are computed here in CPU operations);
 - ``torchgen/packaged/ATen/native/native_functions.yaml``, read as text;
 - ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
   generators of its own in Python), and so is ``torch.compile``, with
@@ -51,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._decomp
 import torch._dynamo
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -63,6 +69,10 @@ _RealGenerator = torch.Generator
 
 class SimulationUnavailableError(RuntimeError):
     """This PyTorch cannot host the simulated device."""
+
+
+class NotSimulatedError(RuntimeError):
+    """An operation the simulated GPU cannot run: PyTorch has it for GPUs only."""
 
 
 class SimulatedDeviceError(RuntimeError):
@@ -143,6 +153,9 @@ class SimulatedTensor(torch.Tensor):
         """The values as Python numbers, as ``tolist()`` of a CUDA tensor gives them."""
         return self.elem.tolist()
 
+    def __format__(self, spec: str) -> str:
+        return self.elem.__format__(spec)  # f"{loss:.3f}" of a 0-dim tensor formats its value
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -165,7 +178,7 @@ def _run(func, args, kwargs):
     cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()}
     if explicit is not None and simulated:
         cpu_kwargs["device"] = _CPU
-    out = func(*cpu_args, **cpu_kwargs)
+    out = _on_the_cpu(func)(*cpu_args, **cpu_kwargs)
     if not simulated:
         return out
     if _is_view(func) and torch.is_inference_mode_enabled():
@@ -185,6 +198,78 @@ def _run(func, args, kwargs):
     arguments = func._schema.arguments
     given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
     return given[0] if len(func._schema.returns) == 1 else tuple(given)
+
+
+@functools.cache
+def _on_the_cpu(func) -> Callable[..., Any]:
+    """``func``, or for an operation PyTorch runs only on GPUs, the same computation in CPU operations."""
+    if func.namespace != "aten" or torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), "CPU"):
+        return func
+    if func in _GPU_ONLY:
+        return _GPU_ONLY[func]
+    if func in torch._decomp.decomposition_table:
+        return torch._decomp.decomposition_table[func]
+    return functools.partial(_not_simulated, func)
+
+
+def _not_simulated(func, *args, **kwargs):
+    raise NotSimulatedError(f"{func} runs only on GPUs, and no CPU computation of it is known to simulate it with")
+
+
+# LSTM and GRU cells take fused kernels on every device but the CPU. The same arithmetic
+# in CPU operations, with a workspace of our own layout that only our backward reads.
+def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    return o * cy.tanh(), cy, torch.cat([i, f, g, o], 1)
+
+
+def _lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = workspace.chunk(4, 1)
+    tanh_cy = cy.tanh()
+    grad_hy = torch.zeros_like(cy) if grad_hy is None else grad_hy
+    grad_cy = (torch.zeros_like(cy) if grad_cy is None else grad_cy) + grad_hy * o * (1 - tanh_cy**2)
+    grad_gates = torch.cat(
+        [
+            grad_cy * g * i * (1 - i),
+            grad_cy * cx * f * (1 - f),
+            grad_cy * i * (1 - g**2),
+            grad_hy * tanh_cy * o * (1 - o),
+        ],
+        1,
+    )
+    return grad_gates, grad_cy * f, grad_gates.sum(0) if has_bias else None
+
+
+def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates, hidden_gates = input_gates + input_bias, hidden_gates + hidden_bias
+    (ir, ii, in_), (hr, hi, hn) = input_gates.chunk(3, 1), hidden_gates.chunk(3, 1)
+    r, z = (ir + hr).sigmoid(), (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    return n + z * (hx - n), torch.cat([r, z, n, hx, hn], 1)
+
+
+def _gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    grad_n = grad_hy * (1 - z) * (1 - n**2)
+    grad_z = grad_hy * (hx - n) * z * (1 - z)
+    grad_r = grad_n * hn * r * (1 - r)
+    grad_input, grad_hidden = torch.cat([grad_r, grad_z, grad_n], 1), torch.cat([grad_r, grad_z, grad_n * r], 1)
+    biases = (grad_input.sum(0), grad_hidden.sum(0)) if has_bias else (None, None)
+    return grad_input, grad_hidden, grad_hy * z, *biases
+
+
+_GPU_ONLY = {
+    torch.ops.aten._thnn_fused_lstm_cell.default: _lstm_cell,
+    torch.ops.aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
+    torch.ops.aten._thnn_fused_gru_cell.default: _gru_cell,
+    torch.ops.aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
+}
 
 
 # Operations take and return tensors, numbers, and lists or tuples of them: flat and fast to walk.
@@ -404,13 +489,47 @@ class _Backend:
     def _is_in_bad_fork() -> bool:
         return False
 
+    # Random numbers on the simulated GPU come from the CPU's default generator, so its
+    # state is the device's (activation checkpointing saves and restores it, for one).
+    _initialized = True
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        """Seeded with the CPU's generator."""
+
     @staticmethod
     def manual_seed_all(seed: int) -> None:
-        """Random numbers on the simulated device come from the CPU's generators, seeded with them."""
+        """Seeded with the CPU's generator."""
+
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16]
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
         """Operations run at once: there is nothing to wait for."""
+
+    class device:  # noqa: N801 - torch.cuda.device's name and role
+        """``with torch.simgpu.device(i):`` makes ``i`` the current device inside the block."""
+
+        def __init__(self, device: Any) -> None:
+            self.index = device if isinstance(device, int) else torch.device(device).index
+
+        def __enter__(self) -> None:
+            self.previous = _state.index
+            if self.index is not None:
+                set_device(self.index)
+
+        def __exit__(self, *exc_info: Any) -> None:
+            _state.index = self.previous
 
 
 @functools.cache
@@ -514,6 +633,11 @@ class _Generator(_RealGenerator, metaclass=_GeneratorType):
 
 
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
+# Pinned memory speeds up copies to a GPU and changes no device: CPU tensors stay as they are.
+_PINNING = {
+    torch.Tensor.pin_memory: lambda tensor, *args, **kwargs: tensor,
+    torch.Tensor.is_pinned: lambda *a, **k: False,
+}
 
 
 class _CodeChecks(TorchFunctionMode):
@@ -529,6 +653,8 @@ class _CodeChecks(TorchFunctionMode):
                 operation="Tensor.numpy",
                 devices=(as_cuda(args[0].device),),
             )
+        if func in _PINNING:
+            return _PINNING[func](*args, **kwargs)
         name = getattr(func, "__name__", str(func))
         if kwargs.get("generator") is not None:
             _check_generator(name, args, kwargs)
