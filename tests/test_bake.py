@@ -27,6 +27,7 @@ COMMON_FILES = {
     "src/{pkg}/classifier.py",
     "src/{pkg}/cli.py",
     "src/{pkg}/data/__init__.py",
+    "src/{pkg}/errors.py",
     "src/{pkg}/models/__init__.py",
     "src/{pkg}/placement.py",
     "src/{pkg}/plots.py",

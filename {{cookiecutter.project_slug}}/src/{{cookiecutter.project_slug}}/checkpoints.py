@@ -5,11 +5,13 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from .errors import UserError
+
 # What `--ckpt_path last` may resume from: the end of an epoch, or an interrupted step.
 RESUMABLE = ("last.ckpt", "on_exception.ckpt")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError):
     """A checkpoint is missing, unreadable, or not one of this model."""
 
 

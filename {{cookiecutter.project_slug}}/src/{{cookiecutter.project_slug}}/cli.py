@@ -15,15 +15,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import simulated_gpu
 from .callbacks import CSVPredictionWriter, InterruptCheckpoint, RunPlots
-from .checkpoints import CheckpointError, check_architecture, latest_checkpoint, read_checkpoint
+from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
 {%- if cookiecutter.task == "image" %}
-from .data import DataUnavailableError
 from .data.images import ImageDataModule as DataModule
+from .errors import UserError
 from .models.cnn import ReferenceCNN as Net
 {%- else %}
-from .data import DataUnavailableError
 from .data.sequences import SequenceDataModule as DataModule
+from .errors import UserError
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
 from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
@@ -39,11 +39,11 @@ Shortcuts: --accelerator, --devices, --strategy, --num_nodes, --precision and
 --accelerator simgpu runs on a simulated GPU, to find what would fail on a real one."""
 
 
-class NoGPUError(RuntimeError):
+class NoGPUError(UserError):
     """A GPU was asked for on a machine that has none."""
 
 
-class SimulatedGPUError(RuntimeError):
+class SimulatedGPUError(UserError):
     """The simulated GPU was asked for with settings it cannot run."""
 
 
@@ -240,7 +240,7 @@ def _errors_as_messages() -> Iterator[None]:
     """Stop with one line, not a traceback, for errors the user can fix from the command line."""
     try:
         yield
-    except (NoGPUError, SimulatedGPUError, DataUnavailableError, CheckpointError, MisconfigurationException) as err:
+    except (UserError, MisconfigurationException) as err:
         sys.exit(f"error: {err}")
     except SIGTERMException:
         sys.exit("stopped by SIGTERM: resume from its checkpoint with --ckpt_path last")

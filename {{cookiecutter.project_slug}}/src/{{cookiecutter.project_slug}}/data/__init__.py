@@ -6,8 +6,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
+from ..errors import UserError
 
-class DataUnavailableError(RuntimeError):
+
+class DataUnavailableError(UserError):
     """The configured data set is not on disk and could not be fetched."""
 
 
