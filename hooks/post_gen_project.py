@@ -1,7 +1,16 @@
-"""Remove what the answers switched off, and record the answers for later template updates."""
+"""Remove what the answers switched off, and record the answers for later template updates.
 
+Only what the template wrote in this bake is removed. On a re-bake (`cookiecutter -f`
+over an existing project) the template has just overwritten the project's files; a
+path the pre-generation hook recorded as there before is the user's, so it gets its
+recorded bytes back instead of being removed.
+"""
+
+import base64
+import hashlib
 import json
-import shutil
+import os
+import tempfile
 from pathlib import Path
 
 TASK = {{cookiecutter.task | tojson}}
@@ -20,15 +29,58 @@ SEQUENCE_FILES = [
     Path("tests") / "test_sequences.py",
     Path("configs") / "from_file.yaml",
 ]
+GITHUB = Path(".github")
+# What the template writes and these hooks may take away again.
+TEMPLATE_FILES = {*IMAGE_FILES, *SEQUENCE_FILES, GITHUB / "workflows" / "ci.yml"}
 
 
-def remove_files(paths: list[Path]) -> None:
-    for path in paths:
+def record_path() -> Path:
+    """Where the pre-generation hook left its record: outside the project, named after its absolute path."""
+    digest = hashlib.sha256(os.fsencode(Path.cwd())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"cookiecutter-rebake-{digest}.json"
+
+
+def load_record() -> dict:
+    """Which removable paths existed before this bake, and the bytes of each file; none on a first bake."""
+    try:
+        return json.loads(record_path().read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"existed": [], "contents": {}}
+
+
+def restore(path: Path, saved: dict) -> None:
+    data = base64.b64decode(saved["data"])
+    if path.read_bytes() != data:
+        path.write_bytes(data)
+    os.chmod(path, saved["mode"])
+
+
+def remove_file(path: Path, record: dict) -> None:
+    """Remove a file this bake created, or one that was the template's own, unedited; give any other its bytes back."""
+    key = path.as_posix()
+    saved = record["contents"].get(key)
+    unedited = saved is not None and path in TEMPLATE_FILES and base64.b64decode(saved["data"]) == path.read_bytes()
+    if saved is not None and not unedited:
+        restore(path, saved)
+    elif key not in record["existed"] or unedited:
         path.unlink()
 
 
-def remove_github_actions() -> None:
-    shutil.rmtree(".github")
+def remove_files(paths: list[Path], record: dict) -> None:
+    for path in paths:
+        remove_file(path, record)
+
+
+def remove_github_actions(record: dict) -> None:
+    """Remove the workflow files and folders this bake created; keep the user's own, as they were."""
+    for root, dirs, files in os.walk(GITHUB, topdown=False):
+        for name in files:
+            remove_file(Path(root, name), record)
+        for name in dirs:
+            if Path(root, name).as_posix() not in record["existed"]:
+                Path(root, name).rmdir()
+    if GITHUB.as_posix() not in record["existed"]:
+        GITHUB.rmdir()
 
 
 def record_answers() -> None:
@@ -40,7 +92,9 @@ def record_answers() -> None:
 
 
 if __name__ == "__main__":
-    remove_files(SEQUENCE_FILES if TASK == "image" else IMAGE_FILES)
+    record = load_record()
+    remove_files(SEQUENCE_FILES if TASK == "image" else IMAGE_FILES, record)
     if GITHUB_ACTIONS != "yes":
-        remove_github_actions()
+        remove_github_actions(record)
     record_answers()
+    record_path().unlink(missing_ok=True)

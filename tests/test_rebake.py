@@ -1,0 +1,170 @@
+"""Re-baking over a project (`cookiecutter -f`) removes only what the template wrote in that bake.
+
+The user's own files survive byte for byte, whatever the new answers switch off.
+"""
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from cookiecutter.exceptions import FailedHookException
+from cookiecutter.main import cookiecutter
+
+PKG = "src/vision_project"
+TASK_FILES = {
+    "image": [f"{PKG}/models/cnn.py", f"{PKG}/data/images.py", "tests/test_images.py", "configs/cifar10.yaml"],
+    "sequence": [
+        f"{PKG}/models/attention.py",
+        f"{PKG}/data/sequences.py",
+        "tests/test_sequences.py",
+        "configs/from_file.yaml",
+    ],
+}
+OTHER = {"image": "sequence", "sequence": "image"}
+CI = ".github/workflows/ci.yml"
+MINE = ".github/workflows/mine.yml"
+# Not text the template could write, nor valid UTF-8: only a byte-exact restore gives it back.
+EDIT = b"\n# the user's own change \xff\xfe\r\n"
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every file under root, by relative path, with its bytes."""
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch) -> Path:
+    """The folder where the hooks, run as subprocesses, keep their records; this process keeps its own."""
+    folder = tmp_path / "records"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.gettempdir())
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def rebake(template_dir, tmp_path, records):
+    """Bake with `overwrite_if_exists`, as `cookiecutter -f` does, into one output folder; return the project."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"cookiecutters_dir: {tmp_path / 'cookiecutters'}\nreplay_dir: {tmp_path / 'replay'}\n")
+
+    def _rebake(output: str = "out", **answers: str) -> Path:
+        root = cookiecutter(
+            str(template_dir),
+            no_input=True,
+            overwrite_if_exists=True,
+            output_dir=str(tmp_path / output),
+            extra_context=answers,
+            config_file=str(config),
+        )
+        return Path(root)
+
+    return _rebake
+
+
+@pytest.mark.parametrize(("task", "github_actions"), [("image", "yes"), ("sequence", "no")])
+def test_a_first_bake_with_overwrite_has_exactly_the_files_of_a_fresh_bake(
+    rebake, cookies, template_dir, records, task, github_actions
+):
+    """With nothing there before, `-f` changes nothing: same files, same bytes, and no record left behind."""
+    fresh = cookies.bake(extra_context={"task": task, "github_actions": github_actions}, template=str(template_dir))
+    assert fresh.exit_code == 0, fresh.exception
+    root = rebake(task=task, github_actions=github_actions)
+    assert files(root) == files(Path(fresh.project_path))
+    assert not any(records.iterdir()), "the pre-generation hook's record outlived the bake"
+
+
+@pytest.mark.parametrize("task", ["image", "sequence"])
+def test_switching_task_keeps_the_users_files_of_the_old_task(rebake, records, task):
+    """Each edited file of the old task comes back byte for byte, with its mode; the new task's files are written."""
+    root = rebake(task=task)
+    for name in TASK_FILES[task]:
+        with (root / name).open("ab") as file:
+            file.write(EDIT)
+    (root / TASK_FILES[task][0]).chmod(0o755)
+    before = files(root)
+
+    root = rebake(task=OTHER[task])
+    after = files(root)
+    for name in TASK_FILES[task]:
+        assert after[name] == before[name], f"{name}: the user's bytes were lost"
+    assert stat.S_IMODE((root / TASK_FILES[task][0]).stat().st_mode) == 0o755
+    assert set(TASK_FILES[OTHER[task]]) <= after.keys()
+    assert not any(records.iterdir()), "the pre-generation hook's record outlived the bake"
+
+
+@pytest.mark.parametrize("task", ["image", "sequence"])
+def test_switching_task_does_not_bring_back_old_task_files_the_user_deleted(rebake, task):
+    """Files this bake wrote for a task not chosen are removed, even beside the user's own files."""
+    root = rebake(task=task)
+    for name in TASK_FILES[task]:
+        (root / name).unlink()
+
+    root = rebake(task=OTHER[task])
+    assert not set(TASK_FILES[task]) & files(root).keys()
+    assert set(TASK_FILES[OTHER[task]]) <= files(root).keys()
+
+
+def test_switching_off_github_actions_keeps_the_users_workflows_and_other_files(rebake, records):
+    """The user's edited ci.yml and their own workflow survive `github_actions=no`, as does an edited task file."""
+    root = rebake(task="image", github_actions="yes")
+    with (root / CI).open("ab") as file:
+        file.write(EDIT)
+    (root / MINE).write_bytes(b"name: mine\non: push\n" + EDIT)
+    with (root / TASK_FILES["image"][0]).open("ab") as file:
+        file.write(EDIT)
+    (root / "tests/test_images.py").unlink()
+    before = files(root)
+
+    root = rebake(task="sequence", github_actions="no")
+    after = files(root)
+    for name in (CI, MINE, TASK_FILES["image"][0]):
+        assert after[name] == before[name], f"{name}: the user's bytes were lost"
+    assert "tests/test_images.py" not in after
+    assert not any(records.iterdir()), "the pre-generation hook's record outlived the bake"
+
+
+def test_a_workflow_the_template_wrote_in_this_bake_is_removed_beside_the_users_own(rebake):
+    """With `github_actions=no` the template's fresh ci.yml goes; the user's workflow and folders stay."""
+    root = rebake(github_actions="no")
+    assert not (root / ".github").exists()
+    (root / ".github/workflows").mkdir(parents=True)
+    (root / MINE).write_bytes(b"name: mine\n")
+
+    root = rebake(github_actions="no")
+    assert sorted(name for name in files(root) if name.startswith(".github/")) == [MINE]
+    assert (root / MINE).read_bytes() == b"name: mine\n"
+
+
+def test_folders_the_template_created_in_this_bake_are_removed_and_the_users_empty_ones_kept(rebake):
+    """Only .github/workflows, created by this bake, goes: the user's other file and empty folder stay."""
+    root = rebake(github_actions="no")
+    (root / ".github/ISSUE_TEMPLATE").mkdir(parents=True)
+    (root / ".github/dependabot.yml").write_bytes(b"version: 2\n")
+
+    root = rebake(github_actions="no")
+    assert sorted(os.listdir(root / ".github")) == ["ISSUE_TEMPLATE", "dependabot.yml"]
+    assert (root / ".github/dependabot.yml").read_bytes() == b"version: 2\n"
+
+
+def test_re_baking_with_the_same_task_does_not_bring_back_the_other_tasks_files(rebake, records):
+    """The other task's files are written again by every bake, and removed again, since they are not the user's."""
+    first = files(rebake(task="image", github_actions="no"))
+    root = rebake(task="image", github_actions="no")
+    assert files(root).keys() == first.keys()
+    assert not set(TASK_FILES["sequence"]) & files(root).keys()
+    assert not any(records.iterdir()), "the pre-generation hook's record outlived the bake"
+
+
+def test_a_rejected_re_bake_leaves_the_project_as_it_was(rebake, records):
+    """A bad answer stops a re-bake before anything is written: the user's project is untouched."""
+    root = rebake(task="image")
+    with (root / TASK_FILES["image"][0]).open("ab") as file:
+        file.write(EDIT)
+    before = files(root)
+    with pytest.raises(FailedHookException):
+        rebake(task="sequence", version="one")
+    assert files(root) == before
+    assert not any(records.iterdir()), "a rejected bake left a record behind"
