@@ -1,3 +1,5 @@
+import hashlib
+import io
 import pickle
 import tarfile
 from pathlib import Path
@@ -9,8 +11,10 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.project_slug }}.classifier import Classifier
+from {{ cookiecutter.project_slug }}.cli import build
 from {{ cookiecutter.project_slug }}.data import DataUnavailableError, images
 from {{ cookiecutter.project_slug }}.data.images import ImageDataModule, make_synthetic_images, random_crop_flip
+from {{ cookiecutter.project_slug }}.errors import ConfigError
 from {{ cookiecutter.project_slug }}.models.cnn import ReferenceCNN
 from {{ cookiecutter.project_slug }}.placement import SIMULATED, run_on_simulated_gpu
 
@@ -115,11 +119,20 @@ def test_augmentation_runs_where_the_batch_is():
     assert out.device.type == SIMULATED and out.shape == (8, 3, 32, 32)
 
 
-def _write_tiny_cifar10_archive(folder: Path, per_batch: int = 4) -> Path:
-    """A cifar-10-python.tar.gz laid out and pickled as the real one is, with `per_batch` images per file."""
+def _tar_member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple:
+    """A tar member named `name`, as `tarfile.addfile` takes it."""
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, len(data)
+    return info, io.BytesIO(data) if kind == tarfile.REGTYPE else None
+
+
+def _write_tiny_cifar10_archive(folder: Path, per_batch: int = 4, extra: tuple = ()) -> Path:
+    """A cifar-10-python.tar.gz laid out and pickled as the real one is, with `per_batch` images per file.
+
+    `extra` members (from `_tar_member`) are appended after CIFAR-10's own.
+    """
     rng = np.random.default_rng(0)
-    source = folder / "source" / images.CIFAR10_FOLDER
-    source.mkdir(parents=True)
+    members = [_tar_member(images.CIFAR10_FOLDER, kind=tarfile.DIRTYPE)]
     for name in (*images.CIFAR10_TRAIN_BATCHES, images.CIFAR10_TEST_BATCH):
         batch = {
             "batch_label": name,
@@ -127,19 +140,24 @@ def _write_tiny_cifar10_archive(folder: Path, per_batch: int = 4) -> Path:
             "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
             "filenames": [f"{name}_{i}.png" for i in range(per_batch)],
         }
-        with (source / name).open("wb") as file:
-            pickle.dump(batch, file, protocol=2)
+        members.append(_tar_member(f"{images.CIFAR10_FOLDER}/{name}", pickle.dumps(batch, protocol=2)))
     archive = folder / images.CIFAR10_ARCHIVE
     with tarfile.open(archive, "w:gz") as tar:
-        tar.add(source, arcname=images.CIFAR10_FOLDER)
+        for info, data in (*members, *extra):
+            tar.addfile(info, data)
     return archive
 
 
-def test_cifar10_loads_from_an_archive_in_its_own_format(tmp_path):
+def _accept_md5_of(archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Take `archive`'s MD5 for CIFAR-10's, as the real archive's is taken."""
+    monkeypatch.setattr(images, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+
+
+def test_cifar10_loads_from_an_archive_in_its_own_format(tmp_path, monkeypatch):
     """A placed archive is extracted in prepare_data and read in setup: 5 train batches, 1 test batch."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    _write_tiny_cifar10_archive(data_dir, per_batch=4)
+    _accept_md5_of(_write_tiny_cifar10_archive(data_dir, per_batch=4), monkeypatch)
     dm = ImageDataModule(dataset="cifar10", data_dir=str(data_dir), val_fraction=0.25)
     dm.prepare_data()
     dm.setup("fit")
@@ -148,6 +166,103 @@ def test_cifar10_loads_from_an_archive_in_its_own_format(tmp_path):
     test_images, test_labels = dm.splits["test"].tensors
     assert torch.equal(test_images[1], torch.from_numpy(raw["data"][1]).view(3, 32, 32))
     assert test_labels.tolist() == raw["labels"]
+    assert {path.name for path in data_dir.iterdir()} == {images.CIFAR10_ARCHIVE, images.CIFAR10_FOLDER}
+
+
+def test_an_archive_with_another_md5_is_refused_before_extraction(tmp_path):
+    """A file that is not CIFAR-10's archive gets one line with both digests and what to do; nothing is extracted."""
+    archive = _write_tiny_cifar10_archive(tmp_path)
+    found = hashlib.md5(archive.read_bytes()).hexdigest()
+    expected = rf"its MD5 is {found}, not {images.CIFAR10_MD5}\. Download it again .*, or remove it"
+    with pytest.raises(DataUnavailableError, match=expected) as caught:
+        images.ensure_cifar10(tmp_path)
+    assert "\n" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == [archive]
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        _tar_member("../../escape", b"x"),
+        _tar_member(f"{images.CIFAR10_FOLDER}/../../../escape", b"x"),
+        _tar_member("/absolute/escape", b"x"),
+        _tar_member(f"{images.CIFAR10_FOLDER}/link", kind=tarfile.SYMTYPE, link="../../escape"),
+    ],
+    ids=["parent", "parent-inside-folder", "absolute", "symlink"],
+)
+def test_an_archive_reaching_outside_its_folder_is_refused(tmp_path, monkeypatch, member):
+    """A member that would land outside cifar-10-batches-py/ stops extraction; nothing is written or kept."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    archive = _write_tiny_cifar10_archive(data_dir, extra=(member,))
+    _accept_md5_of(archive, monkeypatch)
+    with pytest.raises(DataUnavailableError, match=rf"holds '{member[0].name}', not a file or folder inside"):
+        images.ensure_cifar10(data_dir)
+    assert sorted(tmp_path.rglob("*")) == [data_dir, archive]
+
+
+def test_a_truncated_archive_leaves_no_partial_folder(tmp_path, monkeypatch):
+    """A damaged archive stops with one line and leaves data/ as it was; a good archive then works."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    archive = _write_tiny_cifar10_archive(data_dir, per_batch=64)
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    _accept_md5_of(archive, monkeypatch)  # as if the truncated file's digest were CIFAR-10's
+    with pytest.raises(DataUnavailableError, match="could not be extracted") as caught:
+        images.ensure_cifar10(data_dir)
+    assert "\n" not in str(caught.value)
+    assert list(data_dir.iterdir()) == [archive]
+    _accept_md5_of(_write_tiny_cifar10_archive(data_dir), monkeypatch)
+    images.ensure_cifar10(data_dir)
+    assert len(list((data_dir / images.CIFAR10_FOLDER).iterdir())) == 6
+
+
+def test_an_incomplete_folder_is_extracted_again_from_the_archive(tmp_path, monkeypatch):
+    """A cifar-10-batches-py folder with batch files missing is replaced by the archive's complete one."""
+    folder = tmp_path / images.CIFAR10_FOLDER
+    folder.mkdir()
+    (folder / "data_batch_1").write_bytes(b"half written")
+    _accept_md5_of(_write_tiny_cifar10_archive(tmp_path), monkeypatch)
+    dm = ImageDataModule(dataset="cifar10", data_dir=str(tmp_path), val_fraction=0.25)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (15, 5, 4)
+    assert {path.name for path in tmp_path.iterdir()} == {images.CIFAR10_ARCHIVE, images.CIFAR10_FOLDER}
+
+
+def test_an_incomplete_folder_without_archive_names_the_missing_file(tmp_path):
+    """With no archive to extract again, one line names the first missing batch file and the two ways out."""
+    folder = tmp_path / images.CIFAR10_FOLDER
+    folder.mkdir()
+    (folder / "data_batch_1").write_bytes(b"")
+    with pytest.raises(DataUnavailableError, match=r"data_batch_2 is missing.*Remove it.*place cifar-10") as caught:
+        images.ensure_cifar10(tmp_path)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_download_lands_under_the_archive_name_only_when_complete(tmp_path, monkeypatch):
+    """A download that fails half-way leaves nothing behind; a complete one is checked and extracted."""
+    from torchvision.datasets import utils
+
+    good = _write_tiny_cifar10_archive(tmp_path).read_bytes()
+    data_dir = tmp_path / "data"
+
+    def failing_download(url, root, filename, md5):
+        Path(root, filename).write_bytes(good[:100])
+        raise OSError("connection reset")
+
+    def download(url, root, filename, md5):
+        assert md5 == images.CIFAR10_MD5 and filename != images.CIFAR10_ARCHIVE
+        Path(root, filename).write_bytes(good)
+
+    monkeypatch.setattr(images, "CIFAR10_MD5", hashlib.md5(good).hexdigest())
+    monkeypatch.setattr(utils, "download_url", failing_download)
+    with pytest.raises(DataUnavailableError, match="connection reset"):
+        images.ensure_cifar10(data_dir)
+    assert list(data_dir.iterdir()) == []
+    monkeypatch.setattr(utils, "download_url", download)
+    images.ensure_cifar10(data_dir)
+    assert {path.name for path in data_dir.iterdir()} == {images.CIFAR10_ARCHIVE, images.CIFAR10_FOLDER}
 
 
 def test_missing_cifar10_without_network_says_what_to_do(tmp_path, monkeypatch):
@@ -171,6 +286,43 @@ def test_cifar10_reader_refuses_pickled_code(tmp_path):
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
         images.read_cifar10_batches(folder, ("test_batch",))
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        ({"dataset": "imagenet"}, "dataset"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 2.5}, "batch_size"),
+        ({"num_workers": -1}, "num_workers"),
+        ({"val_fraction": 0.0}, "val_fraction"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"dataset": "synthetic", "synthetic_size": 0}, "synthetic_size"),
+        ({"dataset": "synthetic", "synthetic_size": 5}, "synthetic_size"),
+        ({"dataset": "synthetic", "synthetic_size": 100, "val_fraction": 0.001}, "synthetic_size"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_flag(arguments, flag):
+    """Each value out of range stops construction with one line that starts with its --data flag."""
+    with pytest.raises(ConfigError, match=rf"^--data\.{flag} must be ") as caught:
+        ImageDataModule(**arguments)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_smallest_synthetic_size_named_is_the_smallest_that_works():
+    """At val_fraction 0.1, 5 images are refused with "at least 6", and 6 give one validation and one test image."""
+    with pytest.raises(ConfigError, match=r"at least 6 at --data\.val_fraction 0\.1,"):
+        ImageDataModule(dataset="synthetic", synthetic_size=5)
+    dm = ImageDataModule(dataset="synthetic", synthetic_size=6)
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (5, 1, 1)
+
+
+def test_a_bad_size_on_the_command_line_is_one_line_naming_the_flag(in_tmp_path, synthetic_config):
+    """`--data.synthetic_size 0` ends in "error: --data.synthetic_size ...", not a traceback blaming val_fraction."""
+    with pytest.raises(SystemExit) as exit_info:
+        build(["--config", synthetic_config, "--data.synthetic_size", "0"])
+    assert str(exit_info.value.code).startswith("error: --data.synthetic_size must be an integer of at least 6")
 
 
 @pytest.mark.slow

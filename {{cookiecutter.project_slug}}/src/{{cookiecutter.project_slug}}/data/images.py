@@ -1,13 +1,21 @@
 """Image data: CIFAR-10, or an offline synthetic stand-in, held in memory as uint8."""
 
+import hashlib
+import math
+import numbers
 import pickle
+import shutil
+import tarfile
+import tempfile
 import urllib.error
-from pathlib import Path
+import zlib
+from pathlib import Path, PurePosixPath
 from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -16,6 +24,8 @@ CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"
 CIFAR10_FOLDER = "cifar-10-batches-py"
 CIFAR10_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_BATCH = "test_batch"
+CIFAR10_BATCHES = (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH)
+DATASETS = ("cifar10", "synthetic")
 NUM_CLASSES = 10
 # The synthetic classes' patterns are the same for every split and every seed.
 SYNTHETIC_PATTERN_SEED = 1234
@@ -33,8 +43,9 @@ class ImageDataModule(InMemoryDataModule):
             ``"synthetic"`` (generated from ``seed``, nothing read or downloaded).
         data_dir: Folder holding ``cifar-10-python.tar.gz`` or its extracted folder.
         batch_size: Images per batch, per device.
-        val_fraction: Share of the training images held out for validation, chosen with ``seed``.
-        synthetic_size: Images in the synthetic training split (the test split has a fifth of that).
+        val_fraction: Share of the training images held out for validation, chosen with ``seed``; in (0, 1).
+        synthetic_size: Images in the synthetic training split (the test split has a fifth of that);
+            enough for at least one training, validation and test image.
         augment: Random crop (4 pixels of padding) and horizontal flip on training batches.
         num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the train/validation split and of the synthetic images.
@@ -52,6 +63,18 @@ class ImageDataModule(InMemoryDataModule):
         seed: int = 42,
     ) -> None:
         super().__init__()
+        if dataset not in DATASETS:
+            raise ConfigError(f"--data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
+        _require_integer("batch_size", batch_size, minimum=1)
+        _require_integer("num_workers", num_workers, minimum=0)
+        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0 < val_fraction < 1:
+            raise ConfigError(f"--data.val_fraction must be a number in (0, 1), got {val_fraction!r}")
+        if dataset == "synthetic" and not _fills_every_split(synthetic_size, val_fraction):
+            raise ConfigError(
+                f"--data.synthetic_size must be an integer of at least {_smallest_synthetic_size(val_fraction)} "
+                f"at --data.val_fraction {val_fraction}, for a training, validation and test image each; "
+                f"got {synthetic_size!r}"
+            )
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
 
@@ -73,7 +96,11 @@ class ImageDataModule(InMemoryDataModule):
         images, labels = train
         val_size = round(self.hparams.val_fraction * len(labels))
         if not 0 < val_size < len(labels):
-            raise ValueError(f"val_fraction={self.hparams.val_fraction} leaves no training or no validation images")
+            # Synthetic sizes are checked at construction; CIFAR-10's size is known only now.
+            raise ConfigError(
+                f"--data.val_fraction must leave at least one training and one validation image of the "
+                f"{len(labels)} training images, got {self.hparams.val_fraction}"
+            )
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))
         val_idx, train_idx = order[:val_size], order[val_size:]
         self.splits = {
@@ -99,6 +126,35 @@ class ImageDataModule(InMemoryDataModule):
         generator = torch.Generator(device=images.device)
         generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
         return random_crop_flip(images, padding=4, generator=generator), labels
+
+
+def _is_integer(value) -> bool:
+    """An int or NumPy integer, not a bool (which Python counts as an int)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_integer(name: str, value, minimum: int) -> None:
+    """Refuse ``value`` for ``--data.<name>`` unless it is an integer of at least ``minimum``."""
+    if not _is_integer(value) or value < minimum:
+        accepted = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+        raise ConfigError(f"--data.{name} must be {accepted}, got {value!r}")
+
+
+def _fills_every_split(size: int, val_fraction: float) -> bool:
+    """Whether ``size`` synthetic images give a training, validation and test image each, split as in ``setup``."""
+    return _is_integer(size) and 0 < round(val_fraction * size) < size and size // 5 > 0
+
+
+def _smallest_synthetic_size(val_fraction: float) -> int:
+    """The fewest synthetic images that fill every split; any more do too."""
+    # round(f * n) >= 1 once f * n > 0.5, and n - round(f * n) >= 1 once (1 - f) * n > 0.5. Rounding
+    # half to even and floating point can move the exact answer by one either way.
+    size = max(5, math.floor(0.5 / val_fraction) + 1, math.floor(0.5 / (1 - val_fraction)) + 1)
+    while size > 5 and _fills_every_split(size - 1, val_fraction):
+        size -= 1
+    while not _fills_every_split(size, val_fraction):
+        size += 1
+    return size
 
 
 def random_crop_flip(images: torch.Tensor, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -137,23 +193,106 @@ def make_synthetic_images(num_images: int, seed: int) -> tuple[torch.Tensor, tor
 
 
 def ensure_cifar10(data_dir: Path) -> None:
-    """Make sure ``data_dir`` holds CIFAR-10's extracted batches: extract a placed archive, or download it."""
-    if (data_dir / CIFAR10_FOLDER).is_dir():
-        return
-    from torchvision.datasets.utils import download_and_extract_archive, extract_archive
+    """Make sure ``data_dir`` holds CIFAR-10's complete extracted folder.
 
-    archive = data_dir / CIFAR10_ARCHIVE
-    if archive.is_file():
-        extract_archive(str(archive), str(data_dir))
+    The archive (placed by hand, or downloaded when absent) is extracted only when its MD5
+    is CIFAR-10's. A folder with batch files missing is extracted again from the archive.
+    """
+    folder, archive = data_dir / CIFAR10_FOLDER, data_dir / CIFAR10_ARCHIVE
+    missing = [name for name in CIFAR10_BATCHES if not (folder / name).is_file()]
+    if folder.is_dir() and not missing:
         return
+    if folder.is_dir() and not archive.is_file():
+        raise DataUnavailableError(
+            f"{folder / missing[0]} is missing: {folder} is an incomplete CIFAR-10 folder. "
+            f"Remove it to have CIFAR-10 downloaded again, or place {CIFAR10_ARCHIVE} in {data_dir}/."
+        )
+    if not archive.is_file():
+        download_cifar10(data_dir)
+    extract_cifar10(archive, data_dir)
+
+
+def download_cifar10(data_dir: Path) -> None:
+    """Download CIFAR-10's archive into ``data_dir``, under its own name only once its MD5 is checked.
+
+    A download that stops half-way leaves no file that a later run would take for the archive.
+    """
+    from torchvision.datasets.utils import download_url
+
+    partial = data_dir / f"{CIFAR10_ARCHIVE}.part"
+    data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        download_and_extract_archive(CIFAR10_URL, str(data_dir), filename=CIFAR10_ARCHIVE, md5=CIFAR10_MD5)
+        download_url(CIFAR10_URL, str(data_dir), filename=partial.name, md5=CIFAR10_MD5)
+        partial.replace(data_dir / CIFAR10_ARCHIVE)
     except (urllib.error.URLError, OSError, RuntimeError) as err:
         raise DataUnavailableError(
             f"CIFAR-10 is not in {data_dir}/ and could not be downloaded ({err}). "
             f"Place {CIFAR10_ARCHIVE} from {CIFAR10_URL} in {data_dir}/, "
             "or train on offline data with --data.dataset synthetic."
         ) from err
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def extract_cifar10(archive: Path, data_dir: Path) -> None:
+    """Check ``archive``'s MD5, then extract its ``cifar-10-batches-py`` folder into ``data_dir``.
+
+    Extraction goes into a temporary folder inside ``data_dir``, removed whatever happens, and
+    the folder is renamed into place only when complete: a damaged archive or a stopped run
+    never leaves a partial folder where the next run looks. An incomplete folder is replaced.
+    """
+    found = file_md5(archive)
+    if found != CIFAR10_MD5:
+        raise DataUnavailableError(
+            f"{archive} is not the CIFAR-10 archive: its MD5 is {found}, not {CIFAR10_MD5}. "
+            f"Download it again from {CIFAR10_URL}, or remove it to have it downloaded."
+        )
+    scratch = Path(tempfile.mkdtemp(prefix=f".{CIFAR10_FOLDER}-", dir=data_dir))
+    try:
+        try:
+            _extract_members(archive, scratch)
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+            raise DataUnavailableError(
+                f"{archive} could not be extracted into {data_dir}/ ({err}), and nothing of it was kept. "
+                "Check the space and permissions there, or remove the archive to have it downloaded again."
+            ) from err
+        extracted, target = scratch / CIFAR10_FOLDER, data_dir / CIFAR10_FOLDER
+        missing = [name for name in CIFAR10_BATCHES if not (extracted / name).is_file()]
+        if missing:
+            raise DataUnavailableError(
+                f"{archive} has no {CIFAR10_FOLDER}/{missing[0]}: it is not the CIFAR-10 archive. "
+                f"Download it again from {CIFAR10_URL}, or remove it to have it downloaded."
+            )
+        if target.exists() or target.is_symlink():
+            target.rename(scratch / "incomplete")  # removed with the temporary folder
+        extracted.rename(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _extract_members(archive: Path, into: Path) -> None:
+    """Extract ``archive`` into ``into``, refusing any member but files and folders inside ``cifar-10-batches-py/``."""
+    # PEP 706's "data" filter (Python 3.10.12, 3.11.4, 3.12 and later) also refuses links
+    # out of `into` and drops special permissions; the check below covers older versions.
+    options = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar:
+            parts = PurePosixPath(member.name.replace("\\", "/")).parts
+            if parts[:1] != (CIFAR10_FOLDER,) or ".." in parts or not (member.isfile() or member.isdir()):
+                raise DataUnavailableError(
+                    f"{archive} holds {member.name!r}, not a file or folder inside {CIFAR10_FOLDER}/: "
+                    "it is not the CIFAR-10 archive, and nothing of it was kept. Remove it."
+                )
+            tar.extract(member, into, **options)
+
+
+def file_md5(path: Path) -> str:
+    """The MD5 digest of the file at ``path``, as hexadecimal."""
+    digest = hashlib.md5(usedforsecurity=False)  # a checksum, not a security measure
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_cifar10_batches(folder: Path, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:

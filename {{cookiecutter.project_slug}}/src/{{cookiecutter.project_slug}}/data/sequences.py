@@ -1,15 +1,21 @@
 """Sequence data: a synthetic task in which order matters, or token sequences from a file."""
 
+import math
+import numbers
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
+DATASETS = ("synthetic", "file")
 
 
 class SequenceDataModule(InMemoryDataModule):
@@ -20,18 +26,19 @@ class SequenceDataModule(InMemoryDataModule):
     same tokens in another order change the label, so a model must use positions.
 
     ``dataset="file"`` reads ``path``, an ``.npz`` file (``numpy.savez``) with
-    ``tokens``, integer ids of shape ``(N, seq_len)`` in ``[0, vocab_size)``, and
-    ``labels``, integers of shape ``(N,)`` in ``[0, num_classes)``.
+    ``tokens``, integer ids of shape ``(N, T)`` in ``[0, vocab_size)`` with ``T`` at
+    most ``seq_len``, and ``labels``, integers of shape ``(N,)`` in ``[0, num_classes)``.
 
     Args:
         dataset: ``"synthetic"`` or ``"file"``.
         path: The ``.npz`` file read when ``dataset="file"``.
-        vocab_size: Number of distinct token ids (must match the network's).
-        seq_len: Tokens per sequence (at most the network's ``max_len``).
-        num_classes: Number of labels (must match the network's).
-        num_sequences: Sequences generated when ``dataset="synthetic"``.
+        vocab_size: Number of distinct token ids (must match the network's); at least 3 for the synthetic task.
+        seq_len: Tokens per sequence (at most the network's ``max_len``); at least 2 for the synthetic task.
+        num_classes: Number of labels (must match the network's); at least 2.
+        num_sequences: Sequences generated when ``dataset="synthetic"``: enough for a training,
+            validation and test sequence each.
         val_fraction: Share of the sequences held out for validation.
-        test_fraction: Share of the sequences held out for testing.
+        test_fraction: Share of the sequences held out for testing (with ``val_fraction``, below 1).
         batch_size: Sequences per batch, per device.
         num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the split and of the synthetic sequences.
@@ -52,9 +59,30 @@ class SequenceDataModule(InMemoryDataModule):
         seed: int = 42,
     ) -> None:
         super().__init__()
-        if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
-            raise ValueError(
-                f"val_fraction={val_fraction} and test_fraction={test_fraction} must be positive and sum to below 1"
+        if dataset not in DATASETS:
+            raise ConfigError(f"--data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
+        if dataset == "synthetic":
+            _require_integer("vocab_size", vocab_size, 3, " for the synthetic task (two markers and a filler token)")
+            _require_integer("seq_len", seq_len, 2, " for the synthetic task (one position per marker)")
+        else:
+            _require_integer("vocab_size", vocab_size, minimum=1)
+            _require_integer("seq_len", seq_len, minimum=1)
+        _require_integer("num_classes", num_classes, minimum=2)
+        _require_integer("batch_size", batch_size, minimum=1)
+        _require_integer("num_workers", num_workers, minimum=0)
+        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+                raise ConfigError(f"--data.{name} must be a number in (0, 1), got {value!r}")
+        if val_fraction + test_fraction >= 1:
+            raise ConfigError(
+                "--data.val_fraction and --data.test_fraction must sum to below 1, "
+                f"got {val_fraction} and {test_fraction}"
+            )
+        if dataset == "synthetic" and not _fills_every_split(num_sequences, val_fraction, test_fraction):
+            raise ConfigError(
+                "--data.num_sequences must give at least one training, validation and test sequence at "
+                f"--data.val_fraction {val_fraction} and --data.test_fraction {test_fraction} "
+                f"({_enough_sequences(val_fraction, test_fraction)} or more do), got {num_sequences!r}"
             )
         self.save_hyperparameters()
         self.num_classes = num_classes
@@ -66,17 +94,56 @@ class SequenceDataModule(InMemoryDataModule):
         if hp.dataset == "synthetic":
             tokens, labels = make_order_task(hp.num_sequences, hp.seq_len, hp.vocab_size, seed=hp.seed)
         else:
-            tokens, labels = read_sequences(Path(hp.path), hp.vocab_size, hp.num_classes)
+            tokens, labels = read_sequences(Path(hp.path), hp.vocab_size, hp.num_classes, hp.seq_len)
         n = len(labels)
-        n_val, n_test = round(hp.val_fraction * n), round(hp.test_fraction * n)
-        if min(n_val, n_test, n - n_val - n_test) < 1:
-            raise ValueError(f"{n} sequences are too few to split into train, validation and test")
+        sizes = _split_sizes(n, hp.val_fraction, hp.test_fraction)
+        if min(sizes) < 1:
+            # Synthetic sizes are checked at construction; a file's is known only now.
+            raise ConfigError(
+                f"{hp.path} holds {n} sequences, too few for one training, validation and test sequence each at "
+                f"--data.val_fraction {hp.val_fraction} and --data.test_fraction {hp.test_fraction} "
+                f"({_enough_sequences(hp.val_fraction, hp.test_fraction)} or more do)"
+            )
         order = torch.randperm(n, generator=torch.Generator().manual_seed(hp.seed))
-        parts = order.split([n - n_val - n_test, n_val, n_test])
+        parts = order.split(sizes)
         self.splits = {
             name: InMemoryDataset(tokens[idx], labels[idx])
             for name, idx in zip(("train", "val", "test"), parts, strict=True)
         }
+
+
+def _is_integer(value) -> bool:
+    """An int or NumPy integer, not a bool (which Python counts as an int)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_integer(name: str, value, minimum: int, why: str = "") -> None:
+    """Refuse ``value`` for ``--data.<name>`` unless it is an integer of at least ``minimum``, saying ``why``."""
+    if not _is_integer(value) or value < minimum:
+        accepted = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+        raise ConfigError(f"--data.{name} must be {accepted}{why}, got {value!r}")
+
+
+def _split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]:
+    """The sizes of the training, validation and test splits of ``n`` sequences."""
+    n_val, n_test = round(val_fraction * n), round(test_fraction * n)
+    return [n - n_val - n_test, n_val, n_test]
+
+
+def _fills_every_split(n: int, val_fraction: float, test_fraction: float) -> bool:
+    """Whether ``n`` sequences give a training, validation and test sequence each."""
+    return _is_integer(n) and min(_split_sizes(n, val_fraction, test_fraction)) > 0
+
+
+def _enough_sequences(val_fraction: float, test_fraction: float) -> int:
+    """A number of sequences from which on every split gets at least one (some fewer may too)."""
+    # round(f * n) >= 1 once f * n > 0.5; the training split, n - round(v * n) - round(t * n),
+    # is at least n * (1 - v - t) - 1, so it is positive once n * (1 - v - t) > 1.
+    bounds = (0.5 / val_fraction, 0.5 / test_fraction, 1 / (1 - val_fraction - test_fraction))
+    n = 1 + max(math.floor(bound) for bound in bounds)
+    while not _fills_every_split(n, val_fraction, test_fraction):  # in case floating point put the bound one short
+        n += 1
+    return n
 
 
 def make_order_task(num_sequences: int, seq_len: int, vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +152,11 @@ def make_order_task(num_sequences: int, seq_len: int, vocab_size: int, seed: int
     Filler tokens are drawn from ``[2, vocab_size)``; markers 0 and 1 are put at two
     distinct random positions; the label says whether marker 0 comes first.
     """
-    assert vocab_size > 2 and seq_len >= 2, "the order task needs two markers, one filler token and two positions"
+    if vocab_size < 3 or seq_len < 2:
+        raise ValueError(
+            f"the order task needs two markers, a filler token and two positions: vocab_size {vocab_size} "
+            f"must be at least 3 and seq_len {seq_len} at least 2"
+        )
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(2, vocab_size, (num_sequences, seq_len), generator=generator)
     positions = torch.rand(num_sequences, seq_len, generator=generator).argsort(dim=1)[:, :2]  # two distinct
@@ -96,26 +167,54 @@ def make_order_task(num_sequences: int, seq_len: int, vocab_size: int, seed: int
     return tokens, labels
 
 
-def read_sequences(path: Path, vocab_size: int, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read and check an ``.npz`` file of ``tokens`` ``(N, T)`` and ``labels`` ``(N,)``."""
+def read_sequences(path: Path, vocab_size: int, num_classes: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read and check an ``.npz`` file of ``tokens`` ``(N, T)``, ``T <= seq_len``, and ``labels`` ``(N,)``.
+
+    Returns ``int64`` tensors. A file that cannot be read, or whose arrays do not fit the
+    arguments, stops with one line naming the file and what is wrong.
+    """
+    how = "Save your data with numpy.savez(path, tokens=..., labels=...)"
     if not path.is_file():
         raise DataUnavailableError(
-            f"{path} does not exist. Save your data with numpy.savez(path, tokens=..., labels=...), "
-            "or train on offline data with --data.dataset synthetic."
+            f"{path} does not exist. {how}, or train on offline data with --data.dataset synthetic."
         )
-    with np.load(path, allow_pickle=False) as archive:
-        missing = {"tokens", "labels"} - set(archive.files)
-        if missing:
-            raise ValueError(f"{path} lacks the array(s) {sorted(missing)}; it has {archive.files}")
-        tokens, labels = torch.from_numpy(archive["tokens"]), torch.from_numpy(archive["labels"])
-    if tokens.ndim != 2 or labels.shape != tokens.shape[:1]:
-        raise ValueError(
-            f"{path}: tokens must be (N, T) and labels (N,), got {tuple(tokens.shape)} and {tuple(labels.shape)}"
+    # An .npz file is a zip archive; np.load would read anything else as another format.
+    if not zipfile.is_zipfile(path):
+        what = "is empty" if path.stat().st_size == 0 else "is not an .npz file, or is damaged"
+        raise DataUnavailableError(f"{path} {what}. {how}.")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            found = archive.files
+            arrays = {name: archive[name] for name in ("tokens", "labels") if name in found}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise DataUnavailableError(f"{path} could not be read as an .npz file ({err}). {how}.") from err
+    if len(arrays) < 2:
+        missing = sorted({"tokens", "labels"} - arrays.keys())
+        raise ConfigError(f"{path} lacks the array(s) {missing}; it has {found}. {how}.")
+    tokens, labels = arrays["tokens"], arrays["labels"]
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or labels.shape != tokens.shape[:1]:
+        raise ConfigError(
+            f"{path}: tokens must be (N, T) with T >= 1 and labels (N,), "
+            f"got {tuple(tokens.shape)} and {tuple(labels.shape)}"
         )
-    if tokens.is_floating_point() or labels.is_floating_point():
-        raise ValueError(f"{path}: tokens and labels must be integers")
+    for name, array in (("tokens", tokens), ("labels", labels)):
+        if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+            raise ConfigError(f"{path}: {name} must be integers, got {array.dtype}")
+    if len(labels) == 0:
+        raise ConfigError(f"{path} holds no sequences. {how}.")
+    if tokens.shape[1] > seq_len:
+        raise ConfigError(
+            f"{path} holds sequences of {tokens.shape[1]} tokens, longer than --data.seq_len {seq_len}: "
+            f"set --data.seq_len to at least {tokens.shape[1]}"
+        )
     if tokens.min() < 0 or tokens.max() >= vocab_size:
-        raise ValueError(f"{path}: token ids must lie in [0, {vocab_size}), found [{tokens.min()}, {tokens.max()}]")
+        raise ConfigError(
+            f"{path}: token ids must lie in [0, {vocab_size}) of --data.vocab_size {vocab_size}, "
+            f"found [{tokens.min()}, {tokens.max()}]"
+        )
     if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(f"{path}: labels must lie in [0, {num_classes}), found [{labels.min()}, {labels.max()}]")
-    return tokens.long(), labels.long()
+        raise ConfigError(
+            f"{path}: labels must lie in [0, {num_classes}) of --data.num_classes {num_classes}, "
+            f"found [{labels.min()}, {labels.max()}]"
+        )
+    return torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(labels.astype(np.int64))
