@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +23,13 @@ def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def synthetic_config() -> str:
     """The configuration for offline training on synthetic data."""
     return str(CONFIGS / "synthetic.yaml")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def fast_args(synthetic_config: str) -> list[str]:
     """Command-line flags for a short CPU run on offline data: a few batches of each stage."""
     return [
@@ -43,11 +44,17 @@ def fast_args(synthetic_config: str) -> list[str]:
     ]
 
 
+def _with_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def train_process(in_tmp_path: Path):
     """Start ``train.py`` with the given arguments in its own process, in the test's folder.
 
     For what cannot run inside pytest: signals, and strategies that launch processes.
+    The process gets Ctrl-C's default handling even when the tests run as a background
+    job, whose children inherit SIGINT ignored: it stands for a run started in a terminal.
     """
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
 
@@ -56,9 +63,11 @@ def train_process(in_tmp_path: Path):
             [sys.executable, str(PROJECT / "train.py"), *args],
             cwd=in_tmp_path,
             env=env,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=_with_ctrl_c,
         )
 
     return start

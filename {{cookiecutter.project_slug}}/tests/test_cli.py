@@ -19,7 +19,7 @@ def test_shortcuts_expand_to_trainer_flags():
 def test_without_a_subcommand_fit_runs(in_tmp_path, fast_args, capsys):
     """`train.py --accelerator cpu ...` trains, as `train.py fit ...` does."""
     main([*fast_args, "--max_epochs", "1"])
-    assert "fit finished: val/loss=" in capsys.readouterr().out
+    assert "fit finished: best epoch 0: val/loss=" in capsys.readouterr().out
 
 
 def test_help_lists_the_subcommands(capsys):

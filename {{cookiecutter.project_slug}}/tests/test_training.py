@@ -4,13 +4,16 @@ import csv
 import hashlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from unittest import mock
 
+import lightning as L
 import pytest
 import torch
 
+from {{ cookiecutter.project_slug }}.checkpoints import TEMPORARY_PREFIX, AtomicCheckpointIO, latest_checkpoint
 from {{ cookiecutter.project_slug }}.cli import build, main
 
 RUNS = Path("runs/lightning_logs")
@@ -20,44 +23,89 @@ def checkpoint(run: int, name: str = "last.ckpt") -> Path:
     return RUNS / f"version_{run}" / "checkpoints" / name
 
 
-def epoch_metrics(run: int) -> dict[int, dict[str, str]]:
-    """{epoch: {column: value}} of a run's metrics.csv, merging the rows of each epoch."""
+def epoch_metrics(run: int, evaluation: str | None = None) -> dict[int, dict[str, str]]:
+    """{epoch: {column: value}} of a run's metrics.csv (or of an evaluation of it), merging the rows of each epoch."""
     merged: dict[int, dict[str, str]] = {}
-    with (RUNS / f"version_{run}" / "metrics.csv").open() as file:
+    folder = RUNS / f"version_{run}" / (f"{evaluation}/version_0" if evaluation else "")
+    with (folder / "metrics.csv").open() as file:
         for row in csv.DictReader(file):
             merged.setdefault(int(row["epoch"]), {}).update({key: value for key, value in row.items() if value})
     return merged
 
 
-@pytest.mark.slow
-def test_resume_continues_exactly(tmp_path, monkeypatch, fast_args):
-    """Training 2 epochs equals training 1, stopping, and resuming for 1: same weights, same validation metrics."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    straight.mkdir(), resumed.mkdir()
-    monkeypatch.chdir(straight)
-    main([*fast_args, "--max_epochs", "2"])
-    monkeypatch.chdir(resumed)
-    main([*fast_args, "--max_epochs", "1"])
-    main([*fast_args, "--max_epochs", "2", "--ckpt_path", "last"])
+class SignalAt(L.Callback):
+    """Send this process a signal after a given training or validation batch: a scheduler's SIGTERM, or Ctrl-C."""
 
-    monkeypatch.chdir(straight)
-    expected = torch.load(checkpoint(0), weights_only=True)
-    expected_metrics = epoch_metrics(0)[1]
-    monkeypatch.chdir(resumed)
-    found = torch.load(checkpoint(1), weights_only=True)
-    assert found["global_step"] == expected["global_step"]
-    assert found["state_dict"].keys() == expected["state_dict"].keys()
+    def __init__(self, epoch: int = 0, train_batch: int = -1, val_batch: int = -1, signum: int = 15) -> None:
+        self.epoch, self.train_batch, self.val_batch, self.signum = epoch, train_batch, val_batch, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.train_batch):
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking and (trainer.current_epoch, batch_idx) == (self.epoch, self.val_batch):
+            os.kill(os.getpid(), self.signum)
+
+
+# Six training and three validation batches an epoch{% if cookiecutter.task == "sequence" %}, and dropout, so that the random stream matters too{% endif %}.
+RESUMABLE = [
+    *("--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3", "--data.batch_size", "16"),
+{%- if cookiecutter.task == "sequence" %}
+    *("--model.net.init_args.dropout", "0.1"),
+{%- endif %}
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, fast_args) -> dict:
+    """Two epochs without a stop: the final weights and every epoch's metrics."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        main([*fast_args, *RESUMABLE, "--max_epochs", "2"])
+        return {"weights": torch.load(checkpoint(0), weights_only=True), "metrics": epoch_metrics(0)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("epoch", "train_batch", "val_batch", "signum"),
+    [(0, 2, -1, signal.SIGTERM), (0, 5, -1, signal.SIGTERM), (0, -1, 1, signal.SIGTERM), (1, 0, -1, signal.SIGINT)],
+    ids=["mid-epoch", "last-batch", "mid-validation", "ctrl-c-next-epoch"],
+)
+def test_resume_from_anywhere_continues_exactly(
+    in_tmp_path, fast_args, uninterrupted, epoch, train_batch, val_batch, signum
+):
+    """Stopped by a signal mid-epoch, at an epoch's last batch or during validation, then resumed: the weights
+    are the uninterrupted run's, bit for bit, and so is every epoch's metrics (the resumed epoch's are whole)."""
+    stop = [f"--trainer.callbacks+={__name__}.SignalAt", "--trainer.callbacks.init_args.epoch", str(epoch)]
+    stop += ["--trainer.callbacks.init_args.train_batch", str(train_batch), "--trainer.callbacks.init_args.val_batch"]
+    stop += [str(val_batch), "--trainer.callbacks.init_args.signum", str(int(signum))]
+    with pytest.raises(SystemExit, match="stopped by Ctrl-C or SIGTERM"):
+        main([*fast_args, *RESUMABLE, "--max_epochs", "2", *stop])
+    assert torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)["global_step"] > 0
+    main([*fast_args, *RESUMABLE, "--max_epochs", "2", "--ckpt_path", "last"])
+
+    resumed = torch.load(checkpoint(1), weights_only=True)
+    expected = uninterrupted["weights"]
+    assert resumed["global_step"] == expected["global_step"]
+    assert resumed["state_dict"].keys() == expected["state_dict"].keys()
     for name, tensor in expected["state_dict"].items():
-        assert torch.equal(found["state_dict"][name], tensor), name
-    found_metrics = epoch_metrics(1)[1]
-    for name in ("val/loss", "val/acc"):
-        assert found_metrics[name] == expected_metrics[name], name
+        assert torch.equal(resumed["state_dict"][name], tensor), name
+    metrics = epoch_metrics(0) if checkpoint(0).parent.parent.joinpath("metrics.csv").exists() else {}
+    for run_epoch, values in epoch_metrics(1).items():
+        metrics.setdefault(run_epoch, {}).update(values)
+    assert metrics == uninterrupted["metrics"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, synthetic_config, in_tmp_path, stop):
-    """SIGTERM (what SLURM sends before a kill) or Ctrl-C stops at a step boundary and saves on_exception.ckpt."""
+    """SIGTERM (what SLURM sends before a kill) or Ctrl-C stops at a step boundary and saves on_exception.ckpt.
+
+    In its own process, as a terminal's Ctrl-C or a scheduler's signal reaches it, also when the tests
+    themselves run as a background job.
+    """
     long_run = (
         *("--config", synthetic_config, "--accelerator", "cpu", "--data.batch_size", "4"),
         *("--trainer.limit_train_batches", "300", "--trainer.limit_val_batches", "5"),
@@ -72,7 +120,7 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     process.send_signal(stop)
     output = process.communicate(timeout=120)[0]
     assert process.returncode != 0, output
-    assert ("stopped by SIGTERM" if stop == signal.SIGTERM else "Detected KeyboardInterrupt") in output
+    assert "stopped by Ctrl-C or SIGTERM: runs/lightning_logs/version_0/checkpoints/on_exception.ckpt saved" in output
     saved = torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)
     assert saved["global_step"] > 0
     # Not a terminal, so no progress bar: no line per step in CI logs.
@@ -126,8 +174,10 @@ class Exploit:
             "holds another model",
         ),
         (lambda good, bad: torch.save({"state_dict": Exploit()}, bad), "cannot be read"),
+        (lambda good, bad: bad.write_bytes(b""), "is empty"),
+        (lambda good, bad: bad.mkdir(), "is a folder"),
     ],
-    ids=["missing", "truncated", "not-lightning", "other-model", "pickled-code"],
+    ids=["missing", "truncated", "not-lightning", "other-model", "pickled-code", "empty", "folder"],
 )
 def test_bad_checkpoints_are_refused_with_one_message(trained_run, fast_args, make, message):
     """A missing, truncated or foreign checkpoint stops with one line; nothing runs and nothing is overwritten."""
@@ -143,10 +193,164 @@ def test_bad_checkpoints_are_refused_with_one_message(trained_run, fast_args, ma
 
 
 @pytest.mark.slow
+def test_a_checkpoint_naming_foreign_code_is_refused_before_anything_is_imported(trained_run, fast_args, monkeypatch):
+    """Hyperparameters naming a class outside the project would be imported to rebuild the model: refused first."""
+    Path("sneaky.py").write_text("open('imported', 'w').close()\nclass Net: ...\n")
+    monkeypatch.syspath_prepend(".")
+    tampered = torch.load(trained_run, weights_only=True)
+    tampered["hyper_parameters"]["net"] = {"class_path": "sneaky.Net"}
+    torch.save(tampered, "tampered.ckpt")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", *fast_args, "--ckpt_path", "tampered.ckpt"])
+    assert "names code outside this project" in str(exit_info.value.code) and "sneaky.Net" in str(exit_info.value.code)
+    assert not Path("imported").exists()
+
+
+def test_checkpoints_are_renamed_into_place_whole(tmp_path):
+    """A save that fails half-way leaves the previous checkpoint as it was and no partial file; a killed save's
+    leftover is removed by the next save in that folder."""
+    target = tmp_path / "last.ckpt"
+    writer = AtomicCheckpointIO()
+    writer.save_checkpoint({"step": 1}, target)
+    abandoned = tmp_path / f"{TEMPORARY_PREFIX}999999999.last.ckpt"  # a process that no longer exists
+    abandoned.write_bytes(b"partial")
+
+    def half_written(obj, file, *args, **kwargs):
+        file.write(b"partial")
+        raise OSError("No space left on device")
+
+    with mock.patch("torch.save", half_written), pytest.raises(OSError, match="No space left"):
+        writer.save_checkpoint({"step": 2}, target)
+    assert torch.load(target, weights_only=True) == {"step": 1}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_last_passes_over_checkpoints_that_hold_no_training(in_tmp_path, capsys):
+    """--ckpt_path last takes the newest checkpoint of a run that trained, saying what it passed over."""
+    good, untrained, truncated = (checkpoint(run) for run in (0, 1, 2))
+    for path, steps in ((good, 5), (untrained, 0)):
+        path.parent.mkdir(parents=True)
+        torch.save({"global_step": steps}, path)
+        time.sleep(0.01)
+    truncated.parent.mkdir(parents=True)
+    truncated.write_bytes(good.read_bytes()[:20])
+    assert latest_checkpoint(RUNS) == good
+    out = capsys.readouterr().out
+    assert f"passing over {truncated}: it cannot be read" in out
+    assert f"passing over {untrained}: it was saved before any training step" in out
+
+
+@pytest.mark.slow
+def test_a_run_that_diverges_stops_with_one_line_and_saves_nothing_diverged(in_tmp_path, fast_args):
+    """A learning rate of 1e10 drives the loss to NaN: the run stops, non-zero, and no checkpoint holds a NaN."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, "--max_epochs", "3", "--model.lr", "1e10"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: training diverged") and "--model.lr" in message
+    for saved in RUNS.rglob("*.ckpt"):
+        weights = torch.load(saved, weights_only=True)["state_dict"].values()
+        assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), saved
+
+
+@pytest.mark.slow
+def test_nothing_existing_is_overwritten(trained_run, fast_args):
+    """An earlier run's folder is never reused, and predictions replace a file only when asked to."""
+    metrics_before = _digest(RUNS / "version_0" / "metrics.csv")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, "--max_epochs", "1", "--trainer.logger.init_args.version", "0"])
+    assert "holds an earlier run" in str(exit_info.value.code)
+    assert _digest(RUNS / "version_0" / "metrics.csv") == metrics_before
+
+    predict = ["predict", *fast_args, "--ckpt_path", str(trained_run), "--predictions.path", "out.csv"]
+    main(predict)
+    Path("out.csv").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(predict)
+    assert "out.csv exists" in str(exit_info.value.code) and Path("out.csv").read_text() == "mine\n"
+    main([*predict, "--predictions.overwrite", "true"])
+    assert Path("out.csv").read_text().startswith("index,")
+
+
+@pytest.mark.slow
+def test_evaluating_a_checkpoint_uses_its_runs_settings(in_tmp_path, fast_args, capsys):
+    """validate --ckpt_path, with no --config, evaluates the data the checkpoint was trained on, and writes its
+    logs into that run's folder; a flag that changes the data is allowed, and said loudly."""
+    trained_with = ["--data.seed", "7", "--data.batch_size", "32"]
+    main([*fast_args, "--max_epochs", "1", *trained_with])
+    final = epoch_metrics(0)[0]
+    run = RUNS / "version_0"
+    evaluate = ["validate", "--accelerator", "cpu", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+    main(evaluate)
+    with (run / "validate" / "version_0" / "metrics.csv").open() as file:
+        evaluated = next(csv.DictReader(file))
+    assert float(evaluated["val/acc"]) == pytest.approx(float(final["val/acc"]), abs=1e-6)
+    assert sorted(path.name for path in RUNS.iterdir()) == ["version_0"], "no new, empty run folder"
+    main([*evaluate, "--data.seed", "8"])
+    assert "warning: --data.seed 8 differs from the 7 the checkpoint was trained with" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_resumed_run_takes_the_learning_rate_it_is_given(in_tmp_path, fast_args):
+    main([*fast_args, "--max_epochs", "1", "--model.lr", "0.001"])
+    main([*fast_args, "--max_epochs", "2", "--model.lr", "0.0003", "--ckpt_path", "last"])
+    groups = torch.load(checkpoint(1), weights_only=True)["optimizer_states"][0]["param_groups"]
+    assert [group["lr"] for group in groups] == [0.0003]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--accelerator", "tpu"], "--accelerator tpu needs torch_xla"),
+        (["--accelerator", "cpu", "--devices", "64"], "--devices 64 on the CPU would start 64 processes"),
+        (["--model.lr", "-1"], "--model.lr must be a positive number"),
+        (["--model.weight_decay", "-0.1"], "--model.weight_decay must be a number of at least 0"),
+    ],
+    ids=["tpu", "too-many-processes", "negative-lr", "negative-weight-decay"],
+)
+def test_mistakes_on_the_command_line_are_one_line(in_tmp_path, synthetic_config, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", synthetic_config, *flags])
+    assert str(exit_info.value.code).startswith(f"error: {message}")
+    assert not Path("runs").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/sys refuses new files on Linux, to root too")
+def test_an_output_folder_that_cannot_be_written_is_one_line(in_tmp_path, fast_args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, "--max_epochs", "1", "--trainer.logger.init_args.save_dir", "/sys/runs"])
+    assert str(exit_info.value.code).startswith("error: cannot write /sys/runs")
+
+
+def test_plots_of_a_damaged_metrics_file_are_one_line_and_never_fail_a_fit(tmp_path, in_tmp_path, fast_args, capsys):
+    from {{ cookiecutter.project_slug }} import callbacks
+    from {{ cookiecutter.project_slug }}.plots import main as plots_main
+
+    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss\n0,9,not-a-number\n")
+    with pytest.raises(SystemExit) as exit_info:
+        plots_main([str(tmp_path)])
+    assert exit_info.value.code == 1 and "line 2, is not a metrics row" in capsys.readouterr().err
+
+    with mock.patch.object(callbacks, "plot_run", side_effect=ValueError("damaged")):
+        main([*fast_args, "--max_epochs", "1"])
+    captured = capsys.readouterr()
+    assert "fit finished" in captured.out and "warning: the plots of" in captured.err
+
+
+@pytest.mark.slow
+def test_fit_reports_the_best_epoch(in_tmp_path, fast_args, capsys):
+    """The end of fit prints the best checkpoint's validation metrics, not the last epoch's."""
+    main([*fast_args, "--max_epochs", "3"])
+    per_epoch = epoch_metrics(0)
+    best = max(per_epoch, key=lambda epoch: float(per_epoch[epoch]["val/acc"]))
+    expected = f"fit finished: best epoch {best}: val/loss={float(per_epoch[best]['val/loss']):.4f}"
+    assert expected in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_predictions_agree_with_test_accuracy(trained_run, fast_args, synthetic_config):
     """predict writes one row per input; its predicted classes score the accuracy that test reports."""
     main(["test", *fast_args, "--ckpt_path", str(trained_run)])
-    test_accuracy = float(epoch_metrics(1)[0]["test/acc"])
+    test_accuracy = float(epoch_metrics(0, evaluation="test")[0]["test/acc"])
     main(["predict", *fast_args, "--ckpt_path", str(trained_run), "--predictions.path", "out/predictions.csv"])
     with open("out/predictions.csv") as file:
         rows = list(csv.DictReader(file))
@@ -187,7 +391,7 @@ def test_plots_redraw_from_a_run_folder_and_refuse_an_empty_one(tmp_path, capsys
 @pytest.mark.slow
 def test_bf16_mixed_precision_trains_on_the_cpu(in_tmp_path, fast_args, capsys):
     main([*fast_args, "--max_epochs", "1", "--precision", "bf16-mixed"])
-    assert "fit finished: val/loss=" in capsys.readouterr().out
+    assert "fit finished: best epoch 0: val/loss=" in capsys.readouterr().out
 
 
 @pytest.mark.slow

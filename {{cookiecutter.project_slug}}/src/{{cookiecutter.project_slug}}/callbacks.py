@@ -1,37 +1,254 @@
 """Callbacks this project adds to Lightning's: interruption checkpoints, plots, prediction files."""
 
 import csv
+import os
+import random
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .errors import UserError
 from .plots import CONFUSION_FILE, plot_run
 
 
 class InterruptCheckpoint(L.Callback):
-    """Save ``on_exception.ckpt`` beside the run's other checkpoints when ``fit`` stops early.
+    """Stop ``fit`` cleanly on Ctrl-C or SIGTERM, and save ``on_exception.ckpt`` to resume from.
 
-    Ctrl-C, and SIGTERM (what SLURM sends before it kills a job), stop Lightning at the
-    next step boundary; this checkpoint then holds everything up to that step, and
-    ``--ckpt_path last`` resumes from it. (Lightning's own ``OnExceptionCheckpoint``
-    is not used: with it installed, every new ``fit`` silently resumes from the last
-    checkpoint it can find.)
+    SIGTERM is what SLURM and most schedulers send before they kill a job. Either
+    signal, received by any process of a DDP run, asks every process to stop: after
+    the training step under way, or, during validation, once the validation has
+    finished. A run resumed with ``--ckpt_path last`` then continues exactly as one
+    that never stopped. A second Ctrl-C stops at once, without a checkpoint. Nothing
+    is saved by a run that stopped before it trained a step, or that failed.
+
+    (Lightning's own ``OnExceptionCheckpoint`` is not used: with it installed, every
+    new ``fit`` silently resumes from the last checkpoint it can find.)
     """
 
     FILENAME = "on_exception.ckpt"
+    # The checkpoint the last stop saved (None: nothing was trained yet), for the command line's message.
+    saved: Path | None = None
+
+    def __init__(self) -> None:
+        InterruptCheckpoint.saved = None
+        self._asked = False  # a signal arrived in this process
+        self._held = False  # a stop waits for the validation under way to finish
+        self._previous_handlers: dict[int, Any] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Installed after Lightning's own SIGTERM handler, which would stop in the middle of
+        # a validation, and under DDP broadcast from whichever process received the signal.
+        self._asked = self._held = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(signum)
+            if signum == signal.SIGINT and handler in (signal.SIG_IGN, None):
+                continue  # started as a background job: Ctrl-C belongs to the shell's foreground
+            self._previous_handlers[signum] = handler
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._asked and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self._asked = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._stop_asked(trainer):
+            _ask_lightning_to_stop(trainer, True)  # it stops at its next safe point
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            # Lightning would stop after any validation batch; a run resumed there is not exact.
+            self._held = _ask_lightning_to_stop(trainer, False)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if not trainer.sanity_checking:
+            self._held = self._stop_asked(trainer) or self._held
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._held:
+            _ask_lightning_to_stop(trainer, True)
+
+    def _stop_asked(self, trainer: L.Trainer) -> bool:
+        # Every process takes part, so a signal to any one of them stops all of them.
+        return trainer.strategy.reduce_boolean_decision(self._asked, all=False)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         checkpoint_dir = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback is not None else None
-        if trainer.state.fn == TrainerFn.FITTING and checkpoint_dir:
+        # SIGTERMException is Lightning's stop at a safe point; any other exception may strike mid-step.
+        graceful = isinstance(exception, SIGTERMException)
+        if graceful and trainer.state.fn == TrainerFn.FITTING and trainer.global_step > 0 and checkpoint_dir:
             trainer.save_checkpoint(Path(checkpoint_dir) / self.FILENAME)
+            InterruptCheckpoint.saved = Path(checkpoint_dir) / self.FILENAME
+
+
+class ProcessWatch(L.Callback):
+    """End every process of a DDP run on one machine when one of them dies, with one line.
+
+    Otherwise the others wait for the dead one in their next collective operation until
+    the process group's timeout, half an hour. Lightning starts the processes of
+    ``--devices N --strategy ddp`` itself: the first watches the others' exit codes,
+    the others watch for the first to go. (torchrun and SLURM watch their processes
+    themselves.)
+    """
+
+    POLL_SECONDS = 1.0
+    _done: threading.Event | None = None  # made when watching starts: a callback must stay copyable
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        children = getattr(trainer.strategy.launcher, "procs", None)  # in the first process only
+        started_by_lightning = isinstance(getattr(trainer.strategy, "cluster_environment", None), LightningEnvironment)
+        if trainer.world_size > 1 and started_by_lightning and (children or trainer.local_rank > 0):
+            self._done = threading.Event()
+            threading.Thread(target=self._watch, args=(self._done, children, os.getppid()), daemon=True).start()
+
+    def _watch(self, done: threading.Event, children: list | None, parent: int) -> None:
+        while not done.wait(self.POLL_SECONDS):
+            for rank, child in enumerate(children or [], start=1):
+                if child.poll() not in (None, 0):
+                    _exit_now(f"error: the process of rank {rank} ended with exit code {child.returncode}")
+            if not children and os.getppid() != parent:
+                _exit_now("error: the process of rank 0 ended")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._done is not None:
+            self._done.set()
+
+
+def _exit_now(message: str) -> None:
+    """Leave at once: the main thread may be blocked in a collective operation that never returns."""
+    sys.stderr.write(f"{message}; stopping this process too (resume with --ckpt_path last)\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _ask_lightning_to_stop(trainer: L.Trainer, stop: bool) -> bool:
+    """Set Lightning's own stop request (what its SIGTERM handler sets); return the previous one."""
+    connector = trainer._signal_connector
+    previous, connector.received_sigterm = connector.received_sigterm, stop
+    return previous
+
+
+class RandomState(L.Callback):
+    """Keep the random generators' state in every checkpoint, and restore it on resume.
+
+    So dropout and any other random draw continue, after an interruption, exactly as
+    they would have in a run that never stopped.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        # Tensors and plain Python values only: checkpoints are read with weights_only=True.
+        kind, keys, position, has_gauss, gauss = np.random.get_state()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kind, keys, position, has_gauss, gauss = state["numpy"]
+        torch.set_rng_state(state["torch"])
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+        random.setstate(state["python"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class DivergenceError(UserError):
+    """The training loss became NaN or infinite."""
+
+
+class StopOnDivergence(L.Callback):
+    """Stop ``fit`` when the training loss becomes NaN or infinite, before such a model is saved.
+
+    The check runs every ``check_every`` steps and before each epoch's checkpoints are
+    written (checkpoint callbacks run after this one), so no step waits for it and no
+    diverged model becomes ``best`` or ``last``; the last good checkpoints stay as they are.
+    """
+
+    def __init__(self, check_every: int = 20) -> None:
+        self.check_every = check_every
+        self._finite: torch.Tensor | None = None  # stays on the device: no step waits for the host
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *args: Any) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            finite = torch.isfinite(loss.detach()).all()
+            self._finite = finite if self._finite is None else self._finite & finite
+        if trainer.global_step % self.check_every == 0:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        if self._finite is not None and not trainer.strategy.reduce_boolean_decision(bool(self._finite), all=True):
+            raise DivergenceError(
+                f"training diverged: the training loss became NaN or infinite by epoch {trainer.current_epoch}, "
+                f"step {trainer.global_step}. Nothing was saved from then on; try a lower --model.lr"
+            )
+
+
+class BestEpoch(L.Callback):
+    """Remember the validation metrics of the epoch the checkpoint callback judges best, for the end of ``fit``.
+
+    Kept in checkpoints, so a resumed run still knows the best epoch of the runs it continues.
+    """
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.metrics: dict[str, float] = {}
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        judge = trainer.checkpoint_callback
+        if trainer.sanity_checking or judge is None or judge.monitor not in trainer.callback_metrics:
+            return
+        score = float(trainer.callback_metrics[judge.monitor])
+        best = self.metrics.get(judge.monitor)
+        if best is None or (score > best if judge.mode == "max" else score < best):
+            self.epoch = trainer.current_epoch
+            self.metrics = {
+                name: float(value)
+                for name, value in trainer.callback_metrics.items()
+                if name.startswith("val/") and value.numel() == 1
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "metrics": self.metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.metrics = state["epoch"], dict(state["metrics"])
 
 
 class RunPlots(L.Callback):
-    """After ``fit``, save the validation confusion matrix and draw the run's plots into its folder."""
+    """After ``fit``, save the validation confusion matrix and draw the run's plots into its folder.
+
+    A plot that cannot be drawn (a damaged metrics file, say) is reported in one line and
+    does not fail the run it belongs to.
+    """
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_dir = trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
@@ -45,28 +262,39 @@ class RunPlots(L.Callback):
                 csv.writer(file).writerows(confusion.tolist())
         if trainer.logger is not None:
             trainer.logger.save()
-        plot_run(run_dir)
+        try:
+            plot_run(run_dir, confusion_epoch=getattr(pl_module, "last_val_confusion_epoch", None))
+        except (OSError, ValueError, csv.Error) as err:
+            sys.stderr.write(f"warning: the plots of {run_dir} were not drawn: {err}\n")
 
 
 class CSVPredictionWriter(BasePredictionWriter):
     """Write ``predict``'s output to a CSV file: input index, predicted class, then each class's probability.
 
+    The file is written beside its final name and renamed when complete, so a run that
+    fails leaves no partial file; an existing file is replaced only when asked to.
+
     Args:
         path: The CSV file to write. Under several processes, each writes its own
             file, with ``.rank<N>`` before the extension.
+        overwrite: Replace ``path`` if it exists (otherwise the run stops before predicting).
     """
 
-    def __init__(self, path: str = "predictions.csv") -> None:
+    def __init__(self, path: str = "predictions.csv", overwrite: bool = False) -> None:
         super().__init__(write_interval="batch")
         self.path = path
+        self.overwrite = overwrite
         self._file = None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(self.path)
         if trainer.world_size > 1:
             path = path.with_suffix(f".rank{trainer.global_rank}{path.suffix}")
+        if path.exists() and not self.overwrite:
+            raise UserError(f"{path} exists: give another --predictions.path, or --predictions.overwrite true")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w", newline="")
+        self._target, self._temporary = path, path.with_name(f".writing.{os.getpid()}.{path.name}")
+        self._file = self._temporary.open("w", newline="")
         self._writer = csv.writer(self._file)
         self._header_written = False
 
@@ -91,3 +319,10 @@ class CSVPredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+            os.replace(self._temporary, self._target)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self._temporary.unlink(missing_ok=True)

@@ -1,9 +1,12 @@
-"""Finding and checking checkpoints before a run trusts them."""
+"""Writing checkpoints safely, and finding and checking them before a run trusts them."""
 
+import os
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import UserError
 
@@ -15,23 +18,89 @@ class CheckpointError(UserError):
     """A checkpoint is missing, unreadable, or not one of this model."""
 
 
-def latest_checkpoint(runs_root: str | Path) -> Path:
-    """The newest ``last.ckpt`` or ``on_exception.ckpt`` of any run under ``runs_root``."""
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file beside it, then rename it into place.
+
+    A run killed while saving leaves the previous checkpoint whole, never a truncated
+    one; its temporary file is removed when the next save in that folder finds it.
+    (Lightning's own writer goes through a temporary file in ``$TMPDIR``, which is
+    copied, not renamed, when it is on another file system.)
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_files(path.parent)
+        temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
+        try:
+            with temporary.open("wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
+
+TEMPORARY_PREFIX = ".saving."
+
+
+def _remove_abandoned_files(folder: Path) -> None:
+    """Remove temporary files of saves that were killed: those of processes that no longer exist."""
+    for path in folder.glob(f"{TEMPORARY_PREFIX}*"):
+        pid = path.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
+    """The newest ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root`` of a run that trained.
+
+    Checkpoints that cannot be read, or that hold no training step, are passed over,
+    and ``report`` is told about each.
+    """
     candidates = [path for name in RESUMABLE for path in Path(runs_root).glob(f"*/checkpoints/{name}")]
     if not candidates:
         raise CheckpointError(f"--ckpt_path last: no run under {runs_root}/ has a last.ckpt or on_exception.ckpt")
-    return max(candidates, key=lambda path: path.stat().st_mtime_ns)
+    for path in sorted(candidates, key=lambda path: path.stat().st_mtime_ns, reverse=True):
+        try:
+            # Memory-mapped: only the few values read here are loaded, not the weights.
+            steps = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", 0)
+        except Exception:
+            report(f"passing over {path}: it cannot be read (truncated?)")
+            continue
+        if steps > 0:
+            return path
+        report(f"passing over {path}: it was saved before any training step")
+    raise CheckpointError(f"--ckpt_path last: no checkpoint under {runs_root}/ holds a trained model to resume")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, torch.Size]:
-    """Check that ``path`` is a readable Lightning checkpoint; return the shapes of its weights by name.
+    """Check that ``path`` is a readable Lightning checkpoint of this project; return its weights' shapes by name.
 
     The file is read with ``weights_only=True``: tensors and plain data only, so a
-    tampered checkpoint cannot run code.
+    tampered checkpoint cannot run code. Its hyperparameters may name classes that the
+    command line would import to rebuild the model: only this project's are accepted,
+    checked before anything is imported.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"--ckpt_path {path} is a folder: give a .ckpt file, e.g. {path}/last.ckpt")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (its save was interrupted?)")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -45,7 +114,29 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Size]:
         or "pytorch-lightning_version" not in checkpoint
     ):
         raise CheckpointError(f"{path} is not a Lightning checkpoint")
+    for section in ("hyper_parameters", "datamodule_hyper_parameters"):
+        foreign = [name for name in _class_paths(checkpoint.get(section)) if not name.startswith(_OWN_CLASSES)]
+        if foreign:
+            raise CheckpointError(
+                f"{path} names code outside this project in its {section} ({', '.join(foreign[:3])}): "
+                "refused, nothing was imported"
+            )
     return {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
+
+
+# What a checkpoint's hyperparameters may name: this project's classes, and Lightning's instantiator.
+_OWN_CLASSES = (f"{__package__}.", "lightning.pytorch.cli.instantiate_module")
+_CLASS_KEYS = ("class_path", "_class_path", "_instantiator")
+
+
+def _class_paths(value: Any) -> list[str]:
+    """Every class path named in ``value``, a checkpoint's hyperparameters, however nested."""
+    if isinstance(value, dict):
+        found = [value[key] for key in _CLASS_KEYS if isinstance(value.get(key), str)]
+        return found + [name for item in value.values() for name in _class_paths(item)]
+    if isinstance(value, list | tuple):
+        return [name for item in value for name in _class_paths(item)]
+    return []
 
 
 def check_architecture(path: str | Path, shapes: dict[str, torch.Size], model: L.LightningModule) -> None:

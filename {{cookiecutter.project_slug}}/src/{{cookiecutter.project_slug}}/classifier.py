@@ -1,10 +1,15 @@
 """The LightningModule: loss, accuracy, optimizer and logging around any classification network."""
 
+import math
+
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from .errors import ConfigError
 
 # Showing the training loss every step would cost a call into Lightning's logging
 # per step; every 20 is enough to watch it move.
@@ -30,6 +35,12 @@ class Classifier(L.LightningModule):
         self, net: nn.Module, num_classes: int, lr: float = 1e-3, weight_decay: float = 0.0, compile: bool = False
     ) -> None:
         super().__init__()
+        if not (isinstance(num_classes, int) and num_classes >= 2):
+            raise ConfigError(f"--model.num_classes must be an integer of at least 2, got {num_classes!r}")
+        if not (math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"--model.lr must be a positive number, got {lr!r}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0):
+            raise ConfigError(f"--model.weight_decay must be a number of at least 0, got {weight_decay!r}")
         self.save_hyperparameters(ignore=["net"])
         self.net = net
         # Holds no tensors, so it needs no placing; a loss with class weights would
@@ -49,6 +60,12 @@ class Classifier(L.LightningModule):
         # Rows are true classes, columns predicted ones; kept for the plots after fit.
         self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.last_val_confusion: torch.Tensor | None = None
+        self.last_val_confusion_epoch: int | None = None
+        # The training metrics' running sums go into checkpoints, so a run interrupted
+        # mid-epoch reports the whole epoch after resuming. (Validation and test start
+        # over on resume: theirs are recomputed from the first batch.)
+        self.train_acc.persistent(True)
+        self.train_loss.persistent(True)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs)
@@ -81,9 +98,20 @@ class Classifier(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
 
+    def on_train_start(self) -> None:
+        # A resumed run's optimizer comes back with the checkpoint's learning rate: the
+        # configured one (saved in the run's config.yaml) is the one it goes on with.
+        for group in self.trainer.optimizers[0].param_groups if self.trainer.ckpt_path else ():
+            if group["lr"] != self.hparams.lr:
+                rank_zero_info(f"learning rate {self.hparams.lr:g} from now on (the checkpoint's was {group['lr']:g})")
+                group["lr"] = self.hparams.lr
+                if "initial_lr" in group:
+                    group["initial_lr"] = self.hparams.lr
+
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
         self.last_val_confusion = self.val_confusion.compute()
+        self.last_val_confusion_epoch = self.current_epoch
         self.val_confusion.reset()
 
     def on_test_epoch_end(self) -> None:

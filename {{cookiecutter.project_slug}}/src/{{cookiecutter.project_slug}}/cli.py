@@ -1,5 +1,7 @@
 """The command line: LightningCLI, with the everyday Trainer flags as top-level shortcuts."""
 
+import importlib.util
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -8,22 +10,32 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import simulated_gpu
-from .callbacks import CSVPredictionWriter, InterruptCheckpoint, RunPlots
-from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint
+from .callbacks import (
+    BestEpoch,
+    CSVPredictionWriter,
+    InterruptCheckpoint,
+    ProcessWatch,
+    RandomState,
+    RunPlots,
+    StopOnDivergence,
+)
+from .checkpoints import AtomicCheckpointIO, check_architecture, latest_checkpoint, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
 {%- if cookiecutter.task == "image" %}
 from .data.images import ImageDataModule as DataModule
-from .errors import UserError
+from .errors import ConfigError, UserError
 from .models.cnn import ReferenceCNN as Net
 {%- else %}
 from .data.sequences import SequenceDataModule as DataModule
-from .errors import UserError
+from .errors import ConfigError, UserError
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
 from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
@@ -68,13 +80,26 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
-        config = self.config.get(self.config.get("subcommand") or "", {})
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
         if config.get("ckpt_path") == "last":
             # Resolved here, so the run's saved config.yaml names the file it resumed from.
-            config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger)))
-            _report(f"resuming from {config.ckpt_path}")
+            config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger), report=_report))
+            _report(f"{'resuming' if subcommand == 'fit' else 'evaluating'} from {config.ckpt_path}")
+        ckpt_path = config.get("ckpt_path")
+        logger = config.trainer.logger
+        settings = _checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args) if ckpt_path else []
+        if settings:
+            # Parsed again, the checkpoint run's settings first: the flags given still win.
+            super().parse_arguments(parser, [args[0], *settings, *args[1:], "--ckpt_path", ckpt_path])
+            config = self.config[subcommand]
         # Checked before LightningCLI reads the model's hyperparameters from it.
         self._checkpoint_shapes = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
+
+    def _parse_ckpt_path(self) -> None:
+        """Not LightningCLI's: there the checkpoint's hyperparameters override the flags given (a new
+        --model.lr on resume was silently dropped). The checkpoint's run folder's config.yaml gives
+        the settings instead, under the flags given (``parse_arguments``)."""
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -89,6 +114,10 @@ class ProjectCLI(LightningCLI):
         if accelerator == SIMULATED:
             _check_simulated(config.trainer)
             _simulation.start(self.subcommand or "fit")
+        _check_accelerator(accelerator)
+        _check_cpu_processes(config.trainer)
+        if self.subcommand == "fit":
+            _check_new_log_dir(config.trainer.logger)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})
@@ -96,6 +125,11 @@ class ProjectCLI(LightningCLI):
         if trainer_config.get("enable_progress_bar") and not any(isinstance(c, ProgressBar) for c in callbacks):
             # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
             callbacks.append(TQDMProgressBar(refresh_rate=LOSS_ON_PROGRESS_BAR_EVERY))
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            # Checkpoints written beside their final name and renamed: never left truncated.
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         if trainer_config.get("accelerator") == SIMULATED:
             # Lightning would pick a CPU strategy for an accelerator it does not know. The
             # tracker names the hook in which a GPU would fail.
@@ -110,8 +144,12 @@ class ProjectCLI(LightningCLI):
 
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
-        metrics = self.trainer.callback_metrics
+        best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
+        # The best checkpoint's numbers, not the last epoch's, when there is a best.
+        metrics = best.metrics if best is not None and best.epoch is not None else self.trainer.callback_metrics
         summary = " ".join(f"{name}={metrics[name]:.4f}" for name in ("val/loss", "val/acc") if name in metrics)
+        if best is not None and best.epoch is not None:
+            summary = f"best epoch {best.epoch}: {summary}"
         if self.trainer.world_size > 1:
             # Every process reports: the values are synced, so they must agree.
             _report(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
@@ -120,6 +158,104 @@ class ProjectCLI(LightningCLI):
         if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
             _report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
             _report(f"run folder: {log_dir}")
+
+
+def _checkpoint_run_settings(subcommand: str, ckpt_path: Path, logger, args: list[str]) -> list[str]:
+    """Flags that give a run from a checkpoint the settings of the run that saved it.
+
+    Without ``--config``, the run's own ``config.yaml`` decides the model and the data (the
+    data source, normalisation and class count the weights were trained with). An
+    evaluation also writes its logs and predictions into that run's folder.
+    """
+    run_dir, settings = ckpt_path.parent.parent, []
+    if not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
+        if (run_dir / "config.yaml").is_file():
+            _warn_about_changes(run_dir / "config.yaml", args[1:])
+            settings = ["--config", str(run_dir / "config.yaml")]
+            trained = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+            logger = (trained.get("trainer") or {}).get("logger")
+        else:
+            _report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
+    if subcommand != "fit" and ckpt_path.parent.name == "checkpoints":
+        settings += _evaluation_outputs(subcommand, run_dir, logger)
+    return settings
+
+
+def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
+    """Flags that put an evaluation's logs (and predictions) in its checkpoint's run folder, beside the training's.
+
+    ``runs/lightning_logs/version_3/validate/version_0/metrics.csv``, not a new, mostly empty
+    ``version_4``; flags given on the command line still win.
+    """
+    class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
+    outputs = []
+    if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger"):
+        outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
+    if subcommand == "predict":
+        outputs += ["--predictions.path", str(run_dir / "predictions.csv")]
+    return outputs
+
+
+def _warn_about_changes(run_config: Path, args: list[str]) -> None:
+    """Say loudly when a flag changes the model or the data a checkpoint was trained with."""
+    trained = yaml.safe_load(run_config.read_text()) or {}
+    for flag, value in _flag_values(args):
+        if not flag.startswith(("--model.", "--data.")):
+            continue
+        keys, recorded = flag[2:].split("."), trained
+        for key in keys:
+            recorded = recorded.get(key) if isinstance(recorded, dict) else None
+        if recorded is not None and yaml.safe_load(value) != recorded:
+            _report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
+
+
+def _flag_values(args: list[str]) -> list[tuple[str, str]]:
+    """``(--flag, value)`` pairs, in both ``--flag value`` and ``--flag=value`` forms."""
+    pairs = []
+    for position, arg in enumerate(args):
+        if arg.startswith("--") and "=" in arg:
+            pairs.append(tuple(arg.split("=", 1)))
+        elif arg.startswith("--") and position + 1 < len(args) and not args[position + 1].startswith("--"):
+            pairs.append((arg, args[position + 1]))
+    return pairs
+
+
+def _check_new_log_dir(logger) -> None:
+    """A run never writes into an earlier run's folder: Lightning's CSV logger would delete its metrics."""
+    init_args = getattr(logger, "init_args", None) or {}
+    version = init_args.get("version")
+    if version is None:
+        return
+    run_dir = _runs_root(logger) / (version if isinstance(version, str) else f"version_{version}")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"{run_dir} holds an earlier run: choose another --trainer.logger.init_args.version, "
+            "or leave it unset for a new one"
+        )
+
+
+def _check_accelerator(accelerator) -> None:
+    """An accelerator whose software is missing stops with one line, not a traceback from deep in Lightning."""
+    needs = {"tpu": "torch_xla", "xla": "torch_xla", "hpu": "lightning_habana"}.get(accelerator)
+    if needs and importlib.util.find_spec(needs) is None:
+        raise ConfigError(
+            f"--accelerator {accelerator} needs {needs}, which is not installed: use cpu, gpu, mps, auto or simgpu"
+        )
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise NoGPUError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
+
+
+def _check_cpu_processes(trainer) -> None:
+    """DDP on the CPU starts one process per device: more than the machine's CPUs only slows it down, or hangs it."""
+    on_cpu = trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
+    devices = trainer.devices
+    count = devices if isinstance(devices, int) else int(devices) if str(devices).isdigit() else None
+    cpus = os.cpu_count() or 1
+    if on_cpu and count is not None and count > cpus:
+        raise ConfigError(
+            f"--devices {devices} on the CPU would start {count} processes on a machine with {cpus} CPUs: "
+            f"use at most --devices {cpus} (or a GPU machine)"
+        )
 
 
 def _check_simulated(trainer) -> None:
@@ -204,6 +340,10 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
                 ModelCheckpoint(monitor="val/acc", mode="max", filename="best-{epoch}-{step}"),
                 ModelCheckpoint(filename="last"),
                 InterruptCheckpoint(),
+                StopOnDivergence(check_every=LOSS_ON_PROGRESS_BAR_EVERY),
+                BestEpoch(),
+                ProcessWatch(),
+                RandomState(),
                 RunPlots(),
             ],
             # A progress bar for people; none in CI logs and other redirected output.
@@ -242,8 +382,13 @@ def _errors_as_messages() -> Iterator[None]:
         yield
     except (UserError, MisconfigurationException) as err:
         sys.exit(f"error: {err}")
+    except PermissionError as err:
+        sys.exit(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)")
     except SIGTERMException:
-        sys.exit("stopped by SIGTERM: resume from its checkpoint with --ckpt_path last")
+        saved = InterruptCheckpoint.saved
+        if saved is None:
+            sys.exit("stopped by Ctrl-C or SIGTERM before a training step was done: nothing to resume")
+        sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
     except Exception as err:
         found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
         if not isinstance(found, DevicePlacementError):

@@ -21,8 +21,12 @@ CURVES = (
 )
 
 
-def plot_run(run_dir: str | Path) -> list[Path]:
-    """Draw the plots of the run in ``run_dir`` from its ``metrics.csv`` and confusion matrix; return their paths."""
+def plot_run(run_dir: str | Path, confusion_epoch: int | None = None) -> list[Path]:
+    """Draw the plots of the run in ``run_dir`` from its ``metrics.csv`` and confusion matrix; return their paths.
+
+    The confusion matrix is the last validation's; ``confusion_epoch`` names its epoch
+    (by default, the last epoch with validation metrics in ``metrics.csv``).
+    """
     plt = _pyplot()
     run_dir = Path(run_dir)
     written = []
@@ -50,7 +54,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         for row, counts in enumerate(matrix):
             for column, count in enumerate(counts):
                 axes.text(column, row, str(count), ha="center", va="center", fontsize=7)
-        axes.set(title="Validation confusion matrix", xlabel="predicted class", ylabel="true class")
+        validated = sorted(per_epoch.get("val/acc", {}))
+        epoch = confusion_epoch if confusion_epoch is not None else validated[-1] if validated else None
+        # Epochs count from 1 on the curves, as here.
+        title = "Validation confusion matrix" + (f", epoch {epoch + 1} (the last)" if epoch is not None else "")
+        axes.set(title=title, xlabel="predicted class", ylabel="true class")
         axes.set(xticks=range(len(matrix)), yticks=range(len(matrix)))
         written.append(_save(figure, run_dir / "confusion_matrix.png"))
     return written
@@ -80,13 +88,16 @@ def read_epoch_metrics(path: Path) -> dict[str, dict[int, float]]:
     """Read a CSVLogger ``metrics.csv`` into ``{column: {epoch: value}}``, keeping each epoch's last value."""
     values: dict[str, dict[int, float]] = defaultdict(dict)
     with path.open() as file:
-        for row in csv.DictReader(file):
+        for line, row in enumerate(csv.DictReader(file), start=2):
             if not row.get("epoch"):
                 continue
-            epoch = int(float(row["epoch"]))
-            for column, value in row.items():
-                if value and column not in ("epoch", "step"):
-                    values[column][epoch] = float(value)
+            try:
+                epoch = int(float(row["epoch"]))
+                for column, value in row.items():
+                    if value and column not in ("epoch", "step"):
+                        values[column][epoch] = float(value)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{path}, line {line}, is not a metrics row ({err})") from None
     return values
 
 
@@ -111,7 +122,10 @@ def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Redraw the plots of a run from its logs.")
     parser.add_argument("run_dir", help="a run's folder, e.g. runs/lightning_logs/version_0")
     options = parser.parse_args(args)
-    paths = plot_run(options.run_dir)
+    try:
+        paths = plot_run(options.run_dir)
+    except (OSError, ValueError, csv.Error) as err:
+        parser.exit(1, f"error: the plots of {options.run_dir} cannot be drawn: {err}\n")
     if not paths:
         parser.exit(1, f"error: {options.run_dir} holds neither {METRICS_FILE} nor {CONFUSION_FILE}\n")
     for path in paths:

@@ -72,14 +72,45 @@ class InMemoryDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         dataset, hp = self.splits[split], self.hparams
-        return DataLoader(
+        return ResumableLoader(
             dataset,
             batch_size=hp.batch_size,
             sampler=EpochShuffle(dataset, hp.seed) if shuffle else None,
             collate_fn=_already_batched,
             num_workers=hp.num_workers,
             persistent_workers=hp.num_workers > 0,
+            # Its own generator: making an iterator must not draw from the global one,
+            # or a resumed run's random numbers (dropout, ...) would drift from an uninterrupted run's.
+            generator=torch.Generator().manual_seed(hp.seed),
         )
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader that resumes mid-epoch: Lightning saves its position in each checkpoint.
+
+    With it, a run resumed from a checkpoint taken in the middle of an epoch goes on
+    with the batches the interrupted run had not yet seen, in the same order (the
+    order depends only on the seed and the epoch), instead of starting the epoch over.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._taken = 0  # batches taken from the current pass over the data
+        self._resume_at = 0
+
+    def __iter__(self) -> Iterator:
+        skip, self._resume_at = self._resume_at, 0
+        self._taken = 0
+        for batch in super().__iter__():
+            self._taken += 1
+            if self._taken > skip:
+                yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"taken": self._taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_at = state["taken"]
 
 
 def _already_batched(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
