@@ -57,9 +57,10 @@ def train_process(in_tmp_path: Path):
     job, whose children inherit SIGINT ignored: it stands for a run started in a terminal.
     """
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
+    started = []
 
     def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, str(PROJECT / "train.py"), *args],
             cwd=in_tmp_path,
             env=env,
@@ -69,5 +70,11 @@ def train_process(in_tmp_path: Path):
             text=True,
             preexec_fn=_with_ctrl_c,
         )
+        started.append(process)
+        return process
 
-    return start
+    yield start
+    for process in started:  # a failed test leaves no run behind (the others of a DDP run follow it)
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -108,10 +108,10 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     """
     long_run = (
         *("--config", synthetic_config, "--accelerator", "cpu", "--data.batch_size", "4"),
-        *("--trainer.limit_train_batches", "300", "--trainer.limit_val_batches", "5"),
-        *("--trainer.num_sanity_val_steps", "0"),
+        *("--trainer.limit_train_batches", "30", "--trainer.limit_val_batches", "2"),
+        *("--trainer.num_sanity_val_steps", "0", "--max_epochs", "1000"),
     )
-    process = train_process(*long_run, "--max_epochs", "20")
+    process = train_process(*long_run)
     # Signalled as soon as the first epoch's last.ckpt appears: the run is then training, not starting up.
     first_epoch_saved = checkpoint(0, "last.ckpt")
     deadline = time.monotonic() + 120
@@ -130,7 +130,7 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
 
     # Ten more steps from wherever it stopped, mid-epoch or at an epoch's end.
     more_steps = str(saved["global_step"] + 10)
-    resume = train_process(*long_run, "--max_epochs", "20", "--trainer.max_steps", more_steps, "--ckpt_path", "last")
+    resume = train_process(*long_run, "--trainer.max_steps", more_steps, "--ckpt_path", "last")
     output = resume.communicate(timeout=300)[0]
     assert resume.returncode == 0, output
     assert "resuming from runs/lightning_logs/version_0/checkpoints/on_exception.ckpt" in output
@@ -414,3 +414,56 @@ def test_ddp_on_two_cpu_processes_syncs_metrics_and_writes_once(train_process, f
     assert sorted(path.name for path in checkpoint(0).parent.iterdir())[-1] == "last.ckpt"
     assert len(list(checkpoint(0).parent.iterdir())) == 2
     assert len(epoch_metrics(0)) == 1
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _start_ddp_and_wait_for_training(train_process, synthetic_config):
+    """Two CPU processes of a long DDP run, returned once the first epoch is saved (so both are training)."""
+    process = train_process(
+        *("--config", synthetic_config, "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp"),
+        *("--data.batch_size", "4", "--trainer.limit_train_batches", "10", "--trainer.limit_val_batches", "2"),
+        *("--trainer.num_sanity_val_steps", "0", "--max_epochs", "1000"),
+    )
+    deadline = time.monotonic() + 240
+    while not checkpoint(0).exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    children = _children(process.pid)
+    assert len(children) == 1, f"expected Lightning's process for rank 1, found {children}"
+    return process, children[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the second process through /proc")
+def test_a_signal_to_any_ddp_process_stops_them_all_with_one_checkpoint(train_process, synthetic_config):
+    """A scheduler may signal any process: SIGTERM to rank 1 stops both, within a step, and one checkpoint is saved."""
+    process, rank_1 = _start_ddp_and_wait_for_training(train_process, synthetic_config)
+    os.kill(rank_1, signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 1, output
+    assert "stopped by Ctrl-C or SIGTERM: runs/lightning_logs/version_0/checkpoints/on_exception.ckpt saved" in output
+    assert torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)["global_step"] > 0
+    assert "Traceback" not in output, output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the second process through /proc")
+def test_when_a_ddp_process_dies_the_others_end_with_one_line(train_process, synthetic_config):
+    """A killed rank would leave the other waiting in its next collective for half an hour: it ends at once."""
+    process, rank_1 = _start_ddp_and_wait_for_training(train_process, synthetic_config)
+    os.kill(rank_1, signal.SIGKILL)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 1, output
+    assert "error: the process of rank 1 ended with exit code -9" in output
+    assert "Traceback" not in output, output

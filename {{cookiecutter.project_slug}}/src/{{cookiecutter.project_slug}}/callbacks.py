@@ -7,13 +7,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -109,22 +110,41 @@ class ProcessWatch(L.Callback):
     """
 
     POLL_SECONDS = 1.0
+    # Whether this process is one Lightning started for another rank: after a stop asked for by a
+    # signal, it leaves with status 0, or Lightning's own watch of the first process would kill it.
+    started_by_lightning = False
+    _children: ClassVar[list] = []  # the processes of the other ranks, in the first process
     _done: threading.Event | None = None  # made when watching starts: a callback must stay copyable
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        children = getattr(trainer.strategy.launcher, "procs", None)  # in the first process only
-        started_by_lightning = isinstance(getattr(trainer.strategy, "cluster_environment", None), LightningEnvironment)
-        if trainer.world_size > 1 and started_by_lightning and (children or trainer.local_rank > 0):
+        launcher = getattr(trainer.strategy, "launcher", None)
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        by_lightning = isinstance(launcher, _SubprocessScriptLauncher) and isinstance(environment, LightningEnvironment)
+        if trainer.world_size > 1 and by_lightning:
+            children = launcher.procs  # in the first process only
+            ProcessWatch.started_by_lightning = trainer.local_rank > 0
+            ProcessWatch._children = list(children or [])
             self._done = threading.Event()
             threading.Thread(target=self._watch, args=(self._done, children, os.getppid()), daemon=True).start()
 
     def _watch(self, done: threading.Event, children: list | None, parent: int) -> None:
         while not done.wait(self.POLL_SECONDS):
-            for rank, child in enumerate(children or [], start=1):
-                if child.poll() not in (None, 0):
-                    _exit_now(f"error: the process of rank {rank} ended with exit code {child.returncode}")
+            if children and self.ended():
+                _exit_now(f"error: {self.ended()}")
             if not children and os.getppid() != parent:
                 _exit_now("error: the process of rank 0 ended")
+
+    @classmethod
+    def ended(cls) -> str | None:
+        """Which other process ended before its time, and how, as the first process sees it."""
+        for rank, child in enumerate(cls._children, start=1):
+            if child.poll() not in (None, 0):
+                return f"the process of rank {rank} ended with exit code {child.returncode}"
+        return None
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and self._done is not None:
+            self._done.set()  # every process stops now: the others' exits are no accident
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._done is not None:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -293,9 +294,10 @@ def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else list(args)
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
         args = ["fit", *args]
-    with _simulation, _errors_as_messages():
+    with _simulation:
         try:
-            _make_cli(expand_shortcuts(args), run=True)
+            with _errors_as_messages():  # inside: it tells a lost DDP process by the live process group
+                _make_cli(expand_shortcuts(args), run=True)
         finally:
             _leave_process_group()
 
@@ -339,10 +341,11 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
                 # The best epoch by validation accuracy, and the latest one, every epoch.
                 ModelCheckpoint(monitor="val/acc", mode="max", filename="best-{epoch}-{step}"),
                 ModelCheckpoint(filename="last"),
+                # Before InterruptCheckpoint: the watch ends before a stop's checkpoint is written.
+                ProcessWatch(),
                 InterruptCheckpoint(),
                 StopOnDivergence(check_every=LOSS_ON_PROGRESS_BAR_EVERY),
                 BestEpoch(),
-                ProcessWatch(),
                 RandomState(),
                 RunPlots(),
             ],
@@ -375,6 +378,21 @@ class _Simulation:
 _simulation = _Simulation()
 
 
+# How gloo and NCCL report that another process of the run went away mid-collective.
+_LOST_CONNECTION = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted|ncclRemoteError|"
+    r"remote process exited|Socket Timeout",
+    re.IGNORECASE,
+)
+
+
+def _lost_a_process(err: BaseException) -> bool:
+    """Whether ``err`` is a collective failing because another process of the run ended."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return False
+    return isinstance(err, torch.distributed.DistError) or bool(_LOST_CONNECTION.search(str(err)))
+
+
 @contextmanager
 def _errors_as_messages() -> Iterator[None]:
     """Stop with one line, not a traceback, for errors the user can fix from the command line."""
@@ -386,10 +404,15 @@ def _errors_as_messages() -> Iterator[None]:
         sys.exit(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)")
     except SIGTERMException:
         saved = InterruptCheckpoint.saved
+        if ProcessWatch.started_by_lightning:
+            sys.exit(0)  # the first process reports the stop, and its status is the run's
         if saved is None:
             sys.exit("stopped by Ctrl-C or SIGTERM before a training step was done: nothing to resume")
         sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
     except Exception as err:
+        if _lost_a_process(err):
+            ended = ProcessWatch.ended() or "another process of the DDP run stopped"
+            sys.exit(f"error: {ended}; this one stops too (resume with --ckpt_path last)")
         found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
         if not isinstance(found, DevicePlacementError):
             raise
