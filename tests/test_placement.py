@@ -68,7 +68,7 @@ def line_holding(path: Path, text: str) -> int:
 
 
 # (task, file, edits, the text on the line the audit must name, the kind of bug, and where it shows).
-REFERENCE_CNN_MEAN = 'self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255, persistent=False)'
+REFERENCE_CNN_MEAN = 'self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255)'
 NORMALISE = "x = (images.float() - self.mean) / self.std"
 POSITIONS = "self.position_embedding(self.positions[:T])"
 METRICS = (
@@ -77,6 +77,7 @@ METRICS = (
     '        self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)\n'
 )
 PICK_METRIC = 'accuracy = getattr(self, f"{stage}_acc")'
+KEEP_TRAIN_ACC = ("        self.train_acc.persistent(True)\n", "")  # no attribute once the metrics move
 CONFUSION = "self.last_val_confusion = self.val_confusion.compute()"
 LOG_EPOCH = 'self.log(f"{stage}/{name}", metric.compute(), prog_bar=True, sync_dist=True)'
 TASK_BUGS = {
@@ -183,6 +184,7 @@ SHARED_BUGS = {
                 '        self.accuracies = {s: MulticlassAccuracy(num_classes) for s in ("train", "val", "test")}\n',
             ),
             (PICK_METRIC, "accuracy = self.accuracies[stage]"),
+            KEEP_TRAIN_ACC,
         ],
         "accuracy.update(logits, targets)",
         "mixed devices",
@@ -193,6 +195,7 @@ SHARED_BUGS = {
         [
             (METRICS, "        self.accuracies = [MulticlassAccuracy(num_classes) for _ in range(3)]\n"),
             (PICK_METRIC, 'accuracy = self.accuracies[("train", "val", "test").index(stage)]'),
+            KEEP_TRAIN_ACC,
         ],
         "accuracy.update(logits, targets)",
         "mixed devices",

@@ -49,11 +49,14 @@ def test_reference_cnn_maps_uint8_images_to_logits():
     torch.testing.assert_close(model(images.float()), logits)
 
 
-def test_normalisation_constants_are_buffers_outside_the_checkpoint():
-    """Mean and std move with the module but are not saved: they come from the constructor."""
-    model = ReferenceCNN()
-    assert {"mean", "std"} <= dict(model.named_buffers()).keys()
-    assert not {"mean", "std"} & model.state_dict().keys()
+def test_normalisation_statistics_are_buffers_saved_in_the_checkpoint():
+    """Mean and std move with the module, and a checkpoint restores the ones it was trained with."""
+    trained = ReferenceCNN(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
+    assert {"mean", "std"} <= dict(trained.named_buffers()).keys()
+    restored = ReferenceCNN()
+    restored.load_state_dict(trained.state_dict())
+    torch.testing.assert_close(restored.mean, trained.mean)
+    torch.testing.assert_close(restored.std, trained.std)
 
 
 def test_synthetic_images_are_deterministic_uint8():

@@ -26,9 +26,10 @@ class ReferenceCNN(nn.Module):
         super().__init__()
         self.num_classes = num_classes
         # Constants used in forward are buffers, so Lightning places them with the
-        # parameters. They are derived from the arguments, so not checkpointed.
-        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255, persistent=False)
-        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255, persistent=False)
+        # parameters. They are statistics measured on the training data, so they are saved
+        # in checkpoints: a checkpoint evaluates with the normalisation it was trained with.
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255)
         self.layers = nn.Sequential(
             nn.Conv2d(3, 32, 5, 1, 2),
             nn.MaxPool2d(2),
