@@ -162,15 +162,21 @@ TASK_BUGS = {
 }
 
 
-@pytest.mark.parametrize("bug", TASK_BUGS)
-def test_bugs_in_the_task_code_are_caught_at_their_line(baked, tmp_path, bug):
-    task, relative, edits, line_text, kind = TASK_BUGS[bug]
+def audit_with_bug(baked, task, relative, edits, line_text, tmp_path):
+    """Audit a copy of the project with ``edits`` to ``relative``: the error must name ``line_text``'s line."""
     package, folder = project_copy(baked, task, {relative: edits}, tmp_path)
     error_type = importlib.import_module(f"{package.__name__}.placement").DevicePlacementError
     with pytest.raises(error_type) as caught:
         audit_project(baked, task, package)
     error, path = caught.value, folder / relative
     assert (Path(error.filename), error.lineno) == (path, line_holding(path, line_text)), error
+    return error
+
+
+@pytest.mark.parametrize("bug", TASK_BUGS)
+def test_bugs_in_the_task_code_are_caught_at_their_line(baked, tmp_path, bug):
+    task, relative, edits, line_text, kind = TASK_BUGS[bug]
+    error = audit_with_bug(baked, task, relative, edits, line_text, tmp_path)
     assert error.kind == kind, error
     assert error.rank == (1 if kind == "another GPU" else 0), "code that assumes GPU 0 fails in the second process"
 
@@ -278,12 +284,7 @@ SHARED_BUGS = {
 @pytest.mark.parametrize("bug", SHARED_BUGS)
 def test_bugs_in_the_lightning_module_and_callbacks_are_caught_at_their_line(baked, tmp_path, bug, task):
     relative, edits, line_text, kind, step = SHARED_BUGS[bug]
-    package, folder = project_copy(baked, task, {relative: edits}, tmp_path)
-    error_type = importlib.import_module(f"{package.__name__}.placement").DevicePlacementError
-    with pytest.raises(error_type) as caught:
-        audit_project(baked, task, package)
-    error, path = caught.value, folder / relative
-    assert (Path(error.filename), error.lineno) == (path, line_holding(path, line_text)), error
+    error = audit_with_bug(baked, task, relative, edits, line_text, tmp_path)
     assert (error.kind, error.step) == (kind, step), error
     assert error.rank == (1 if kind == "sync_dist" else 0), "sync_dist fails only under DDP"
 
