@@ -121,18 +121,21 @@ class ProcessWatch(L.Callback):
         environment = getattr(trainer.strategy, "cluster_environment", None)
         by_lightning = isinstance(launcher, _SubprocessScriptLauncher) and isinstance(environment, LightningEnvironment)
         if trainer.world_size > 1 and by_lightning:
-            children = launcher.procs  # in the first process only
             ProcessWatch.started_by_lightning = trainer.local_rank > 0
-            ProcessWatch._children = list(children or [])
+            ProcessWatch._children = list(launcher.procs)  # in the first process only
             self._done = threading.Event()
-            threading.Thread(target=self._watch, args=(self._done, children, os.getppid()), daemon=True).start()
+            threading.Thread(target=self._watch, args=(self._done, os.getppid()), daemon=True).start()
 
-    def _watch(self, done: threading.Event, children: list | None, parent: int) -> None:
+    def _watch(self, done: threading.Event, parent: int) -> None:
         while not done.wait(self.POLL_SECONDS):
-            if children and self.ended():
-                _exit_now(f"error: {self.ended()}")
-            if not children and os.getppid() != parent:
-                _exit_now("error: the process of rank 0 ended")
+            ended = self.ended()
+            if ended is None and self.started_by_lightning and os.getppid() != parent:
+                ended = "the process of rank 0 ended"
+            if ended is not None:
+                # Leave at once: the main thread may be blocked in a collective that never returns.
+                sys.stderr.write(f"{lost_process_line(ended)}\n")
+                sys.stderr.flush()
+                os._exit(1)
 
     @classmethod
     def ended(cls) -> str | None:
@@ -151,11 +154,9 @@ class ProcessWatch(L.Callback):
             self._done.set()
 
 
-def _exit_now(message: str) -> None:
-    """Leave at once: the main thread may be blocked in a collective operation that never returns."""
-    sys.stderr.write(f"{message}; stopping this process too (resume with --ckpt_path last)\n")
-    sys.stderr.flush()
-    os._exit(1)
+def lost_process_line(ended: str) -> str:
+    """The one line a process of a DDP run leaves with when another process of it ``ended``."""
+    return f"error: {ended}; this process stops too (resume with --ckpt_path last)"
 
 
 def _ask_lightning_to_stop(trainer: L.Trainer, stop: bool) -> bool:

@@ -27,6 +27,7 @@ from .callbacks import (
     RandomState,
     RunPlots,
     StopOnDivergence,
+    lost_process_line,
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, latest_checkpoint, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
@@ -171,9 +172,9 @@ def _checkpoint_run_settings(subcommand: str, ckpt_path: Path, logger, args: lis
     run_dir, settings = ckpt_path.parent.parent, []
     if not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
         if (run_dir / "config.yaml").is_file():
-            _warn_about_changes(run_dir / "config.yaml", args[1:])
-            settings = ["--config", str(run_dir / "config.yaml")]
             trained = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+            _warn_about_changes(trained, args[1:])
+            settings = ["--config", str(run_dir / "config.yaml")]
             logger = (trained.get("trainer") or {}).get("logger")
         else:
             _report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
@@ -197,9 +198,8 @@ def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
     return outputs
 
 
-def _warn_about_changes(run_config: Path, args: list[str]) -> None:
-    """Say loudly when a flag changes the model or the data a checkpoint was trained with."""
-    trained = yaml.safe_load(run_config.read_text()) or {}
+def _warn_about_changes(trained: dict, args: list[str]) -> None:
+    """Say loudly when a flag changes the model or the data a checkpoint was trained with (``trained``: its config)."""
     for flag, value in _flag_values(args):
         if not flag.startswith(("--model.", "--data.")):
             continue
@@ -411,8 +411,7 @@ def _errors_as_messages() -> Iterator[None]:
         sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
     except Exception as err:
         if _lost_a_process(err):
-            ended = ProcessWatch.ended() or "another process of the DDP run stopped"
-            sys.exit(f"error: {ended}; this one stops too (resume with --ckpt_path last)")
+            sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
         found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
         if not isinstance(found, DevicePlacementError):
             raise
