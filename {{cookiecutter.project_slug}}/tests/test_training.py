@@ -81,8 +81,13 @@ def test_resume_from_anywhere_continues_exactly(
     stop = [f"--trainer.callbacks+={__name__}.SignalAt", "--trainer.callbacks.init_args.epoch", str(epoch)]
     stop += ["--trainer.callbacks.init_args.train_batch", str(train_batch), "--trainer.callbacks.init_args.val_batch"]
     stop += [str(val_batch), "--trainer.callbacks.init_args.signum", str(int(signum))]
-    with pytest.raises(SystemExit, match="stopped by Ctrl-C or SIGTERM"):
-        main([*fast_args, *RESUMABLE, "--max_epochs", "2", *stop])
+    # Ctrl-C handled as in a terminal, also when the tests run as a background job (SIGINT ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit, match="stopped by Ctrl-C or SIGTERM"):
+            main([*fast_args, *RESUMABLE, "--max_epochs", "2", *stop])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)["global_step"] > 0
     main([*fast_args, *RESUMABLE, "--max_epochs", "2", "--ckpt_path", "last"])
 
