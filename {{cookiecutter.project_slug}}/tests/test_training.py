@@ -362,12 +362,15 @@ def test_predictions_agree_with_test_accuracy(trained_run, fast_args, synthetic_
     _, datamodule = build(["--config", synthetic_config])
     datamodule.setup("test")
     labels = datamodule.test_dataloader().dataset.tensors[1]
+    names = datamodule.class_names
     assert [int(row["index"]) for row in rows] == list(range(len(rows)))
-    correct = sum(int(row["predicted"]) == labels[int(row["index"])] for row in rows)
+    assert all(row["label"] == names[labels[int(row["index"])]] for row in rows)
+    correct = sum(row["predicted"] == row["label"] for row in rows)
     assert correct / len(rows) == pytest.approx(test_accuracy, abs=1e-6)
-    probabilities = [float(value) for key, value in rows[0].items() if key[0] == "p" and key[1:].isdigit()]
+    probabilities = [float(rows[0][f"p_{name}"]) for name in names]
+    assert list(rows[0]) == ["index", "predicted", "label", *(f"p_{name}" for name in names)]
     assert sum(probabilities) == pytest.approx(1, abs=1e-4)
-    assert max(range(len(probabilities)), key=probabilities.__getitem__) == int(rows[0]["predicted"])
+    assert names[max(range(len(probabilities)), key=probabilities.__getitem__)] == rows[0]["predicted"]
 
 
 @pytest.mark.slow

@@ -290,10 +290,13 @@ class RunPlots(L.Callback):
 
 
 class CSVPredictionWriter(BasePredictionWriter):
-    """Write ``predict``'s output to a CSV file: input index, predicted class, then each class's probability.
+    """Write ``predict``'s output to a CSV file, one row per input, in the order of the inputs.
 
-    The file is written beside its final name and renamed when complete, so a run that
-    fails leaves no partial file; an existing file is replaced only when asked to.
+    Columns: ``file`` (or ``index`` for inputs that are not files), ``predicted`` (the class
+    name), ``label`` (the true class name, when the inputs have labels), then ``p_<class>``,
+    each class's probability. The file is written beside its final name and renamed when
+    complete, so a run that fails leaves no partial file; an existing file is replaced only
+    when asked to.
 
     Args:
         path: The CSV file to write. Under several processes, each writes its own
@@ -317,6 +320,11 @@ class CSVPredictionWriter(BasePredictionWriter):
         self._target, self._temporary = path, path.with_name(f".writing.{os.getpid()}.{path.name}")
         self._file = self._temporary.open("w", newline="")
         self._writer = csv.writer(self._file)
+        self._rows = 0
+        datamodule = trainer.datamodule
+        self._names = getattr(datamodule, "predict_names", None)
+        self._labelled = getattr(datamodule, "predict_labelled", False)
+        self._classes = getattr(pl_module, "class_names", None)
         self._header_written = False
 
     def write_on_batch_end(
@@ -329,18 +337,27 @@ class CSVPredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        predicted = prediction.argmax(dim=1).tolist()
+        classes = self._classes or [str(k) for k in range(prediction.shape[1])]
         if not self._header_written:
-            self._writer.writerow(["index", "predicted", *(f"p{k}" for k in range(prediction.shape[1]))])
+            first = "file" if self._names is not None else "index"
+            label = ["label"] if self._labelled else []
+            self._writer.writerow([first, "predicted", *label, *(f"p_{name}" for name in classes)])
             self._header_written = True
-        for index, label, row in zip(batch_indices, predicted, prediction.float().tolist(), strict=True):
-            self._writer.writerow([index, label, *(f"{p:.6f}" for p in row)])
+        predicted = prediction.argmax(dim=1).tolist()
+        labels = batch[1].tolist() if self._labelled else [None] * len(predicted)
+        for index, guess, label, row in zip(batch_indices, predicted, labels, prediction.float().tolist(), strict=True):
+            name = self._names[index] if self._names is not None else index
+            true = [classes[label]] if self._labelled else []
+            self._writer.writerow([name, classes[guess], *true, *(f"{p:.6f}" for p in row)])
+        self._rows += len(predicted)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
             os.replace(self._temporary, self._target)
+            sys.stdout.write(f"predictions for {self._rows} inputs written to {self._target}\n")
+            sys.stdout.flush()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self._file is not None:

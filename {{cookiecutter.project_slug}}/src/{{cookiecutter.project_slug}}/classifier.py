@@ -24,7 +24,9 @@ class Classifier(L.LightningModule):
 
     Args:
         net: The network, a plain ``nn.Module`` returning ``(B, num_classes)`` logits.
-        num_classes: Number of classes the accuracy is measured over.
+        num_classes: Number of classes the accuracy is measured over (set by the data).
+        class_names: The classes' names, in label order (set by the data); kept in checkpoints,
+            for predictions and exported models.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         compile: Compile the network with ``torch.compile`` before training (see the README's
@@ -32,16 +34,29 @@ class Classifier(L.LightningModule):
     """
 
     def __init__(
-        self, net: nn.Module, num_classes: int, lr: float = 1e-3, weight_decay: float = 0.0, compile: bool = False
+        self,
+        net: nn.Module,
+        num_classes: int,
+        class_names: list[str] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         if not (isinstance(num_classes, int) and num_classes >= 2):
             raise ConfigError(f"--model.num_classes must be an integer of at least 2, got {num_classes!r}")
+        if class_names is not None:
+            class_names = [str(name) for name in class_names]
+            if len(class_names) != num_classes or len(set(class_names)) != num_classes:
+                raise ConfigError(
+                    f"the data's class_names must be {num_classes} different names, one per class, got {class_names}"
+                )
         if not (math.isfinite(lr) and lr > 0):
             raise ConfigError(f"--model.lr must be a positive number, got {lr!r}")
         if not (math.isfinite(weight_decay) and weight_decay >= 0):
             raise ConfigError(f"--model.weight_decay must be a number of at least 0, got {weight_decay!r}")
         self.save_hyperparameters(ignore=["net"])
+        self.class_names = class_names or [str(label) for label in range(num_classes)]
         self.net = net
         # Holds no tensors, so it needs no placing; a loss with class weights would
         # keep them as a buffer, and as a submodule here it would move with the model.
@@ -94,6 +109,16 @@ class Classifier(L.LightningModule):
     def configure_model(self) -> None:
         if self.hparams.compile and not isinstance(self.net, torch._dynamo.OptimizedModule):
             self.net = torch.compile(self.net)
+{%- if cookiecutter.task == "image" %}
+
+    def setup(self, stage: str) -> None:
+        # Per-channel statistics that the data measured on its training split (image folders)
+        # become the network's buffers, so they are saved with it. A resumed run's checkpoint,
+        # loaded after this, brings back the statistics it was trained with.
+        normalization = getattr(self.trainer.datamodule, "normalization", None)
+        if stage == "fit" and normalization is not None and hasattr(self.net, "normalize_with"):
+            self.net.normalize_with(*normalization)
+{%- endif %}
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -65,23 +66,26 @@ class ProjectCLI(LightningCLI):
     """LightningCLI with this project's defaults, checked checkpoints and clear answers to common mistakes."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"model.net": {"class_path": f"{Net.__module__}.{Net.__qualname__}"}})
+        parser.set_defaults(
+            {"model.net": {"class_path": _class_path(Net)}, "data": {"class_path": _class_path(DataModule)}}
+        )
         # `predict` writes its probabilities here: --predictions.path out.csv
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
-{%- if cookiecutter.task == "image" %}
-        # The data decides the number of classes; the network's default (10) matches CIFAR-10.
+        # The data decides the class count, its names and the input size, so the network and
+        # the Classifier cannot disagree with it. Each link applies when the data module has
+        # the attribute and the network takes the argument: a network without one is left as is.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
+{%- if cookiecutter.task == "image" %}
+        parser.link_arguments("data.image_size", "model.net.init_args.image_size", apply_on="instantiate")
 {%- else %}
-        # The data decides these sizes, so model and data cannot disagree. A network
-        # without these arguments needs its own links here.
-        parser.link_arguments("data.vocab_size", "model.net.init_args.vocab_size", apply_on="parse")
-        parser.link_arguments("data.seq_len", "model.net.init_args.max_len", apply_on="parse")
-        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="parse")
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="parse")
+        parser.link_arguments("data.vocab_size", "model.net.init_args.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.seq_len", "model.net.init_args.max_len", apply_on="instantiate")
 {%- endif %}
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
+        self._parse_with_class_defaults(parser, args)
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         if config.get("ckpt_path") == "last":
@@ -93,10 +97,30 @@ class ProjectCLI(LightningCLI):
         settings = _checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args) if ckpt_path else []
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.
-            super().parse_arguments(parser, [args[0], *settings, *args[1:], "--ckpt_path", ckpt_path])
+            self._parse_with_class_defaults(parser, [args[0], *settings, *args[1:], "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
         # Checked before LightningCLI reads the model's hyperparameters from it.
         self._checkpoint_shapes = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
+
+    def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
+        """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
+
+        jsonargparse keeps the default class's values for the arguments that the chosen class
+        also takes (``--data my_project.data.digits.Digits`` got ImageDataModule's batch size,
+        not its own). Parsed again with the chosen classes as the defaults, it does not.
+        """
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        target = parser._subcommands_action._name_parser_map[subcommand] if subcommand else parser
+        chosen = {}
+        for key in ("data", "model.net"):
+            class_path = config.get(key).class_path
+            if class_path != target.get_default(key).class_path:
+                chosen[key] = {"class_path": class_path}
+        if chosen:
+            target.set_defaults(chosen)
+            super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         """Not LightningCLI's: there the checkpoint's hyperparameters override the flags given (a new
@@ -205,6 +229,8 @@ def _warn_about_changes(trained: dict, args: list[str]) -> None:
             continue
         keys, recorded = flag[2:].split("."), trained
         for key in keys:
+            if isinstance(recorded, dict) and key not in recorded and "init_args" in recorded:
+                recorded = recorded["init_args"]  # --data.batch_size is data.init_args.batch_size
             recorded = recorded.get(key) if isinstance(recorded, dict) else None
         if recorded is not None and yaml.safe_load(value) != recorded:
             _report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
@@ -266,6 +292,61 @@ def _check_simulated(trainer) -> None:
             f"--accelerator {SIMULATED} runs one process on one simulated GPU: leave --devices, --num_nodes and "
             "--strategy at their defaults (python -m {{ cookiecutter.project_slug }}.placement also audits DDP)"
         )
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# Where this project's choices for --data and --model.net live.
+_OWN_CHOICES = {"data": f"{__package__}.data.", "model.net": f"{__package__}.models."}
+
+
+class _HelpFormatter(DefaultHelpFormatter):
+    """Lists only this project's classes as choices for ``--data`` and ``--model.net``.
+
+    jsonargparse lists every imported subclass: for ``--model.net``, each ``nn.Module`` of
+    PyTorch and its libraries, some hundreds of lines that bury the options people look for.
+    """
+
+    def _get_help_string(self, action) -> str:
+        help_string = super()._get_help_string(action)
+        if action.dest not in _OWN_CHOICES:
+            return help_string
+        head, found, listed = help_string.partition(", known subclasses: ")
+        if not found:
+            return help_string
+        listed, _, tail = listed.rpartition(")")
+        own = [name for name in listed.split(", ") if name.startswith(_OWN_CHOICES[action.dest])]
+        return f"{head}, this project's: {', '.join(own)}; or any other importable class){tail}"
+
+
+class ProjectArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with shorter help and one-line errors."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None):
+        """Exit with one line naming the flag, what it accepts and what was given, instead of the usage and a nest."""
+        if not self.exit_on_error:
+            super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
+        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        self.exit(2, f"error: {_one_line(message)} (options: {prog} --help)\n")
+
+
+# Lines of jsonargparse's nested messages that say nothing about the mistake.
+_NOISE = re.compile(r"Does not validate against|Subtypes:|Errors:|Expected a <class 'NoneType'>|Given value")
+
+
+def _one_line(message: str) -> str:
+    """``Parser key "model.net": ... Parser key "width": Expected a <class 'int'>. Got value: x`` as one line."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    text = re.sub(r"""Parser key "[^"]+":|Problem with given class_path '[^']+':""", "", message)
+    reasons = [line.strip(" -") for line in text.splitlines() if line.strip(" -") and not _NOISE.search(line)]
+    reason = " ".join(reasons) or message.strip()
+    return f"--{'.'.join(keys)}: {reason}" if keys else reason
 
 
 def _report(line: str) -> None:
@@ -331,7 +412,8 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
     return ProjectCLI(
         Classifier,
-        DataModule,
+        L.LightningDataModule,
+        subclass_mode_data=True,
         args=args,
         run=run,
         seed_everything_default=42,
@@ -352,6 +434,7 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
             # A progress bar for people; none in CI logs and other redirected output.
             "enable_progress_bar": sys.stderr.isatty(),
         },
+        parser_class=ProjectArgumentParser,
         parser_kwargs={"description": DESCRIPTION},
     )
 
@@ -393,6 +476,17 @@ def _lost_a_process(err: BaseException) -> bool:
     return isinstance(err, torch.distributed.DistError) or bool(_LOST_CONNECTION.search(str(err)))
 
 
+def _user_error_behind(err: BaseException) -> UserError | None:
+    """The user's mistake that caused ``err``, if one did."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__
+    return None
+
+
 @contextmanager
 def _errors_as_messages() -> Iterator[None]:
     """Stop with one line, not a traceback, for errors the user can fix from the command line."""
@@ -410,6 +504,8 @@ def _errors_as_messages() -> Iterator[None]:
             sys.exit("stopped by Ctrl-C or SIGTERM before a training step was done: nothing to resume")
         sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
     except Exception as err:
+        if (mistake := _user_error_behind(err)) is not None:
+            sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
         if _lost_a_process(err):
             sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
         found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None

@@ -1,5 +1,6 @@
 """LightningDataModules: where data comes from, how it is split and batched."""
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 import lightning as L
@@ -46,17 +47,31 @@ class EpochShuffle(RandomSampler):
         yield from torch.randperm(len(self.data_source), generator=generator).tolist()
 
 
-class InMemoryDataModule(L.LightningDataModule):
+class InMemoryDataModule(L.LightningDataModule, ABC):
     """Serves the ``train``, ``val`` and ``test`` splits that a subclass's ``setup`` puts in ``self.splits``.
 
-    Subclasses record ``batch_size``, ``seed`` and ``num_workers`` with
-    ``save_hyperparameters()``. Training batches are shuffled per epoch; ``predict``
-    runs on the test split, in order.
+    Each split is an ``InMemoryDataset`` of (inputs, labels) tensors. Subclasses record
+    ``batch_size``, ``seed`` and ``num_workers`` with ``save_hyperparameters()``, and set
+    in ``__init__`` what the model takes from the data: ``num_classes`` and ``class_names``
+    (the name of each label, in order). Training batches are shuffled per epoch.
+
+    ``predict`` runs, in order, on a ``predict`` split when ``setup`` made one (your files),
+    otherwise on the test split. For the predictions CSV, ``predict_names`` names each
+    input (a file; ``None``: its index) and ``predict_labelled`` says whether the labels
+    are true ones (otherwise they are -1).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.splits: dict[str, InMemoryDataset] = {}
+        self.num_classes: int | None = None
+        self.class_names: list[str] | None = None
+        self.predict_names: list[str] | None = None
+        self.predict_labelled = True
+
+    @abstractmethod
+    def setup(self, stage: str) -> None:
+        """Put the splits that ``stage`` needs in ``self.splits`` (``fit``: train and val)."""
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
@@ -68,7 +83,7 @@ class InMemoryDataModule(L.LightningDataModule):
         return self._loader("test", shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._loader("predict" if "predict" in self.splits else "test", shuffle=False)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         dataset, hp = self.splits[split], self.hparams

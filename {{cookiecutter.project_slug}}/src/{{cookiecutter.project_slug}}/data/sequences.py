@@ -42,6 +42,8 @@ class SequenceDataModule(InMemoryDataModule):
         batch_size: Sequences per batch, per device.
         num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the split and of the synthetic sequences.
+        predict_path: What ``predict`` runs on: an ``.npz`` file with ``tokens`` (and, if known,
+            ``labels``), as for ``dataset="file"``. By default the test split.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class SequenceDataModule(InMemoryDataModule):
         batch_size: int = 64,
         num_workers: int = 0,
         seed: int = 42,
+        predict_path: str | None = None,
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
@@ -85,12 +88,25 @@ class SequenceDataModule(InMemoryDataModule):
                 f"({_enough_sequences(val_fraction, test_fraction)} or more do), got {num_sequences!r}"
             )
         self.save_hyperparameters()
-        self.num_classes = num_classes
+        # What the network and the Classifier take from the data (the links in cli.py).
+        self.vocab_size, self.seq_len, self.num_classes = vocab_size, seq_len, num_classes
+        if dataset == "synthetic":
+            self.class_names = ["1 before 0", "0 before 1"]  # which marker comes first
+        else:
+            self.class_names = [str(label) for label in range(num_classes)]
 
     def setup(self, stage: str) -> None:
-        if self.splits:
-            return
         hp = self.hparams
+        if stage == "predict" and hp.predict_path and "predict" not in self.splits:
+            path = Path(hp.predict_path)
+            tokens, labels = read_sequences(path, hp.vocab_size, hp.num_classes, hp.seq_len, labels_required=False)
+            self.splits["predict"] = InMemoryDataset(
+                tokens, labels if labels is not None else torch.full_like(tokens[:, 0], -1)
+            )
+            self.predict_names = [f"{path.name}[{index}]" for index in range(len(tokens))]
+            self.predict_labelled = labels is not None
+        if "train" in self.splits:
+            return
         if hp.dataset == "synthetic":
             tokens, labels = make_order_task(hp.num_sequences, hp.seq_len, hp.vocab_size, seed=hp.seed)
         else:
@@ -167,11 +183,14 @@ def make_order_task(num_sequences: int, seq_len: int, vocab_size: int, seed: int
     return tokens, labels
 
 
-def read_sequences(path: Path, vocab_size: int, num_classes: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def read_sequences(
+    path: Path, vocab_size: int, num_classes: int, seq_len: int, labels_required: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Read and check an ``.npz`` file of ``tokens`` ``(N, T)``, ``T <= seq_len``, and ``labels`` ``(N,)``.
 
-    Returns ``int64`` tensors. A file that cannot be read, or whose arrays do not fit the
-    arguments, stops with one line naming the file and what is wrong.
+    Returns ``int64`` tensors; the labels are ``None`` when the file has none and they are
+    not required (inputs to predict on). A file that cannot be read, or whose arrays do not
+    fit the arguments, stops with one line naming the file and what is wrong.
     """
     how = "Save your data with numpy.savez(path, tokens=..., labels=...)"
     if not path.is_file():
@@ -188,19 +207,20 @@ def read_sequences(path: Path, vocab_size: int, num_classes: int, seq_len: int) 
             arrays = {name: archive[name] for name in ("tokens", "labels") if name in found}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise DataUnavailableError(f"{path} could not be read as an .npz file ({err}). {how}.") from err
-    if len(arrays) < 2:
-        missing = sorted({"tokens", "labels"} - arrays.keys())
+    needed = {"tokens", "labels"} if labels_required else {"tokens"}
+    if not needed <= arrays.keys():
+        missing = sorted(needed - arrays.keys())
         raise ConfigError(f"{path} lacks the array(s) {missing}; it has {found}. {how}.")
-    tokens, labels = arrays["tokens"], arrays["labels"]
-    if tokens.ndim != 2 or tokens.shape[1] == 0 or labels.shape != tokens.shape[:1]:
+    tokens, labels = arrays["tokens"], arrays.get("labels")
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or (labels is not None and labels.shape != tokens.shape[:1]):
         raise ConfigError(
             f"{path}: tokens must be (N, T) with T >= 1 and labels (N,), "
-            f"got {tuple(tokens.shape)} and {tuple(labels.shape)}"
+            f"got {tuple(tokens.shape)} and {tuple(labels.shape) if labels is not None else 'no labels'}"
         )
     for name, array in (("tokens", tokens), ("labels", labels)):
-        if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        if array is not None and not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
             raise ConfigError(f"{path}: {name} must be integers, got {array.dtype}")
-    if len(labels) == 0:
+    if len(tokens) == 0:
         raise ConfigError(f"{path} holds no sequences. {how}.")
     if tokens.shape[1] > seq_len:
         raise ConfigError(
@@ -212,9 +232,10 @@ def read_sequences(path: Path, vocab_size: int, num_classes: int, seq_len: int) 
             f"{path}: token ids must lie in [0, {vocab_size}) of --data.vocab_size {vocab_size}, "
             f"found [{tokens.min()}, {tokens.max()}]"
         )
-    if labels.min() < 0 or labels.max() >= num_classes:
+    if labels is not None and (labels.min() < 0 or labels.max() >= num_classes):
         raise ConfigError(
             f"{path}: labels must lie in [0, {num_classes}) of --data.num_classes {num_classes}, "
             f"found [{labels.min()}, {labels.max()}]"
         )
-    return torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(labels.astype(np.int64))
+    tokens = torch.from_numpy(tokens.astype(np.int64))
+    return tokens, torch.from_numpy(labels.astype(np.int64)) if labels is not None else None

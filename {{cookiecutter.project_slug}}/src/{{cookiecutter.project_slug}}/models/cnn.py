@@ -1,7 +1,11 @@
-"""The reference CNN for CIFAR-10 (3x32x32 images, 10 classes)."""
+"""The reference CNN for CIFAR-10 (3x32x32 images, 10 classes), and for square RGB images of other sizes."""
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+from ..errors import ConfigError
 
 # Per-channel statistics of the CIFAR-10 training images, in [0, 1] units.
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -15,16 +19,28 @@ class ReferenceCNN(nn.Module):
     raw ``uint8`` images and normalises them itself, so batches cross to the
     accelerator at a quarter of the size of ``float32`` ones, and the statistics
     live in buffers that move with the module.
+
+    Args:
+        num_classes: Outputs, one logit per class (set by the data).
+        image_size: Height and width of the input images, at least 8 (set by the data); the
+            first linear layer's size follows from it (32, CIFAR-10's, gives the reference).
+        mean: Per-channel mean of the training images in [0, 1] units. Data that measures
+            its own (image folders) replaces it when training starts (``normalize_with``).
+        std: Per-channel standard deviation, likewise.
     """
 
     def __init__(
         self,
         num_classes: int = 10,
+        image_size: int = 32,
         mean: tuple[float, float, float] = CIFAR10_MEAN,
         std: tuple[float, float, float] = CIFAR10_STD,
     ) -> None:
         super().__init__()
+        if not (isinstance(image_size, int) and image_size >= 8):
+            raise ConfigError(f"--model.net.init_args.image_size must be an integer of at least 8, got {image_size!r}")
         self.num_classes = num_classes
+        self.image_size = image_size
         # Constants used in forward are buffers, so Lightning places them with the
         # parameters. They are statistics measured on the training data, so they are saved
         # in checkpoints: a checkpoint evaluates with the normalisation it was trained with.
@@ -38,12 +54,20 @@ class ReferenceCNN(nn.Module):
             nn.Conv2d(32, 64, 5, 1, 2),
             nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(64 * 4 * 4, 64),
+            nn.Linear(64 * (image_size // 8) ** 2, 64),
             nn.Linear(64, num_classes),
         )
 
+    @torch.no_grad()
+    def normalize_with(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """Normalise with these per-channel statistics (in [0, 1] units) from now on."""
+        # copy_ writes into the buffers wherever they are: no device named here.
+        self.mean.copy_(torch.tensor(mean).view(1, 3, 1, 1) * 255)
+        self.std.copy_(torch.tensor(std).view(1, 3, 1, 1) * 255)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Map ``(B, 3, 32, 32)`` images (``uint8`` 0-255, or floats on that scale) to ``(B, classes)`` logits."""
-        assert images.shape[1:] == (3, 32, 32), f"expected (B, 3, 32, 32) images, got {tuple(images.shape)}"
+        """Map ``(B, 3, S, S)`` images (``uint8`` 0-255, or floats on that scale) to ``(B, classes)`` logits."""
+        size = self.image_size
+        assert images.shape[1:] == (3, size, size), f"expected (B, 3, {size}, {size}) images, got {tuple(images.shape)}"
         x = (images.float() - self.mean) / self.std
         return self.layers(x)
