@@ -20,7 +20,9 @@ PACKAGE = Path("src") / {{cookiecutter.project_slug | tojson}}
 IMAGE_FILES = [
     PACKAGE / "models" / "cnn.py",
     PACKAGE / "data" / "images.py",
+    PACKAGE / "data" / "folders.py",
     Path("tests") / "test_images.py",
+    Path("tests") / "test_folders.py",
     Path("configs") / "cifar10.yaml",
 ]
 SEQUENCE_FILES = [
