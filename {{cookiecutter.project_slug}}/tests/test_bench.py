@@ -24,3 +24,16 @@ def test_benchmark_reports_every_measurement(in_tmp_path, synthetic_config, caps
     assert len(ratios) == 3 and all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), out
     per_step = [float(value) for value in re.findall(r"([\d.]+) ms", out)]
     assert len(per_step) == 3 and all(value > 0 for value in per_step), out
+{%- if cookiecutter.task == "image" %}
+
+
+def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
+    bench.main(["--image_folder", "40"])
+    out = capsys.readouterr().out
+    assert out.startswith("image folder: 40 images (20 JPEG, 20 PNG)"), out
+    [(first, rate)] = re.findall(r"^first load: .*? ([\d.]+) s +([\d,]+) images/s$", out, re.M)
+    [cached] = re.findall(r"^cached load: .*? ([\d.]+) s$", out, re.M)
+    [ratio] = re.findall(r"^ +ratio first/cached +([\d.]+)$", out, re.M)
+    values = [float(first), float(rate.replace(",", "")), float(cached), float(ratio)]
+    assert all(math.isfinite(value) and value > 0 for value in values), out
+{%- endif %}

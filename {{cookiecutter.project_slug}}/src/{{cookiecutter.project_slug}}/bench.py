@@ -2,6 +2,9 @@
 
     python -m {{ cookiecutter.project_slug }}.bench --config configs/synthetic.yaml --accelerator cpu
     python -m {{ cookiecutter.project_slug }}.bench --config configs/synthetic.yaml --accelerator gpu
+{%- if cookiecutter.task == "image" %}
+    python -m {{ cookiecutter.project_slug }}.bench --image_folder 10000
+{%- endif %}
 
 Measured in one process, on the same batches, alternating the contenders and
 reporting medians, because timings on a shared machine drift between runs:
@@ -16,20 +19,48 @@ reporting medians, because timings on a shared machine drift between runs:
 
 This is measurement code: unlike the project, it moves tensors and synchronises
 the device itself, as a hand-written loop must.
+{%- if cookiecutter.task == "image" %}
+
+With `--image_folder N` it measures reading an image folder instead: N generated
+JPEG and PNG images of 48-128 px, like small photos, are listed, decoded and
+resized to 32x32 with the cache written, then read again from the cache. The
+files were just written, so the operating system has them in memory: this times
+decoding and the cache, not the disk.
+{%- endif %}
 """
 
 import argparse
 import copy
+{%- if cookiecutter.task == "image" %}
+import os
+{%- endif %}
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+{%- if cookiecutter.task == "image" %}
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+{%- endif %}
 
 import lightning as L
+{%- if cookiecutter.task == "image" %}
+import numpy as np
+{%- endif %}
 import torch
+{%- if cookiecutter.task == "image" %}
+from PIL import Image
+{%- endif %}
 from torch import nn
 
 from .cli import build_all
+{%- if cookiecutter.task == "image" %}
+from .data.folders import list_labelled_images, load_images
+
+IMAGE_FOLDER_CLASSES = 10
+IMAGE_FOLDER_SIDES = (48, 128)  # smallest and largest side, in pixels
+IMAGE_FOLDER_SIZE = 32  # the side the images are resized to, as CIFAR-10's
+{%- endif %}
 
 
 class NearZeroNet(nn.Module):
@@ -133,6 +164,63 @@ def data_pipeline(make, batches: int) -> tuple[float, int]:
         return time.perf_counter() - start, samples
     finally:
         torch.set_num_threads(threads)
+{%- if cookiecutter.task == "image" %}
+
+
+def write_image_folder(root: Path, count: int, seed: int = 0) -> None:
+    """Write ``count`` images like small photos into ``root/<class>/``: half JPEG, half PNG, each its own size.
+
+    Each is a smooth random colour field with fine grain, so that both formats
+    compress it about as much as they would a photograph. Threads write them, as
+    creating many small files is slow on some file systems; each image has its own
+    random numbers, so the folder is the same however the threads take turns.
+    """
+    folders = [root / f"class_{label}" for label in range(IMAGE_FOLDER_CLASSES)]
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def write(index: int) -> None:
+        rng = np.random.default_rng([seed, index])
+        width, height = (int(side) for side in rng.integers(IMAGE_FOLDER_SIDES[0], IMAGE_FOLDER_SIDES[1] + 1, 2))
+        field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+        field = np.asarray(field.resize((width, height), Image.Resampling.BILINEAR))
+        pixels = (field + rng.normal(0, 12, field.shape)).clip(0, 255).astype(np.uint8)
+        path = folders[index // 2 % IMAGE_FOLDER_CLASSES] / f"{index:06d}{'.jpg' if index % 2 else '.png'}"
+        Image.fromarray(pixels).save(path, quality=90)
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(write, range(count)))
+
+
+def image_folder_benchmark(count: int) -> None:
+    """Time listing and decoding ``count`` generated images with the cache written, then reading them from it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root, cache = Path(scratch, "images"), Path(scratch, "cache")
+        write_image_folder(root, count)
+        seconds, results = [], []
+        for _ in ("first", "cached"):
+            start = time.perf_counter()
+            results.append(load_images(list_labelled_images(root).files, IMAGE_FOLDER_SIZE, cache_dir=cache))
+            seconds.append(time.perf_counter() - start)
+    (first, _), (cached, _) = results
+    if not torch.equal(first, cached):
+        raise RuntimeError("the images read from the cache differ from the decoded ones")
+    jpeg = count // 2
+    print(
+        f"image folder: {count:,} images ({jpeg:,} JPEG, {count - jpeg:,} PNG) of {IMAGE_FOLDER_SIDES[0]}-"
+        f"{IMAGE_FOLDER_SIDES[1]} px in {IMAGE_FOLDER_CLASSES} classes, resized to "
+        f"{IMAGE_FOLDER_SIZE}x{IMAGE_FOLDER_SIZE} in {os.cpu_count()} threads, torch {torch.__version__}"
+    )
+    print(f"first load: list, decode, resize, write cache {seconds[0]:>9.3f} s {count / seconds[0]:>12,.0f} images/s")
+    print(f"cached load: list, check, read cache          {seconds[1]:>9.3f} s")
+    print(f"    ratio first/cached                        {seconds[0] / seconds[1]:>9.1f}")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of images, got {text!r}")
+    return int(text)
+{%- endif %}
 
 
 def _forever(loader) -> Iterator:
@@ -151,7 +239,22 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=50, help="timed training steps per run (default 50)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps before them (default 10)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs of each contender (default 5)")
+{%- if cookiecutter.task == "image" %}
+    parser.add_argument(
+        "--image_folder",
+        type=_positive_int,
+        metavar="N",
+        help="instead, time reading a folder of N generated JPEG and PNG images, then reading them from the cache",
+    )
+{%- endif %}
     options, train_args = parser.parse_known_args(args)
+{%- if cookiecutter.task == "image" %}
+    if options.image_folder is not None:
+        if train_args:
+            parser.error(f"--image_folder takes no training arguments, got {' '.join(train_args)}")
+        image_folder_benchmark(options.image_folder)
+        return
+{%- endif %}
     warmup, steps = options.warmup, options.steps
 
     with tempfile.TemporaryDirectory() as runs:
