@@ -293,11 +293,12 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
 
 # Decoding.
 
-# Pillow decodes every format here, in threads: it releases the GIL while decoding and resizing. Measured on
-# these 2 cores with 10,000 JPEG and PNG images of 48-128 px to 32x32, torchvision.io.decode_image was faster
-# (about 7,500 images/s against Pillow's 4,700 at 2 threads), but torchvision 0.29 deprecates its decoders for
-# removal, warns on every call, and reads neither BMP nor TIFF; Pillow is maintained, reads them all, and its JPEG
-# draft mode decodes large photos at 1/2, 1/4 or 1/8 scale, which makes them up to twice as fast.
+# Pillow decodes every format here, in threads: it releases the GIL while decoding and resizing. On 2 cores,
+# with 10,000 JPEG and PNG images of 48-128 px resized to 32x32, torchvision.io.decode_image was faster (about
+# 6,000 images/s against Pillow's 4,000-4,700), but torchvision 0.29 deprecates its decoders for removal and warns
+# on every call, and they read neither BMP nor TIFF. Pillow is maintained, reads them all, and its JPEG draft mode
+# decodes large photos at 1/2 to 1/8 scale, up to twice as fast. At this image size the Python work around each
+# image holds the GIL most of the time, so a second thread adds only 5-10%; large images gain more.
 _ORIENTATION = 0x0112  # the EXIF tag saying how a camera held the picture
 
 
