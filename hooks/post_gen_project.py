@@ -24,6 +24,7 @@ IMAGE_FILES = [
     Path("tests") / "test_images.py",
     Path("tests") / "test_folders.py",
     Path("configs") / "cifar10.yaml",
+    Path("configs") / "image_folder.yaml",
 ]
 SEQUENCE_FILES = [
     PACKAGE / "models" / "attention.py",

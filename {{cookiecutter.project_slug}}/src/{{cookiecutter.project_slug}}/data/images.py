@@ -1,4 +1,4 @@
-"""Image data: CIFAR-10, or an offline synthetic stand-in, held in memory as uint8."""
+"""Image data: CIFAR-10, an offline synthetic stand-in, or folders of your own images, held in memory as uint8."""
 
 import hashlib
 import math
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+from .folders import ImageFiles, channel_stats, find_classes, list_images, list_labelled_images, load_images
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -27,11 +28,53 @@ CIFAR10_TEST_BATCH = "test_batch"
 CIFAR10_BATCHES = (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH)
 DATASETS = ("cifar10", "synthetic")
 NUM_CLASSES = 10
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+SPLIT_FOLDERS = ("train", "val", "test")
 # The synthetic classes' patterns are the same for every split and every seed.
 SYNTHETIC_PATTERN_SEED = 1234
 
 
-class ImageDataModule(InMemoryDataModule):
+class ImageSplits(InMemoryDataModule):
+    """What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator,
+    and predictions on image files (``predict_path``).
+
+    Subclasses set ``image_size`` and call ``self.setup_predict(stage)`` from their ``setup``.
+    """
+
+    def setup_predict(self, stage: str) -> None:
+        """Read ``predict_path``'s images, when set, for ``predict``."""
+        path = self.hparams.get("predict_path")
+        if stage == "predict" and path and "predict" not in self.splits:
+            found = list_images(Path(path), self.class_names)
+            images, kept = load_images(
+                found.files, self.image_size, skip_unreadable=self.hparams.get("skip_unreadable", False)
+            )
+            labels = torch.tensor([found.labels[i] for i in kept] if found.labels else [-1] * len(kept))
+            self.splits["predict"] = InMemoryDataset(images, labels)
+            self.predict_names = [str(found.files[i]) for i in kept]
+            self.predict_labelled = found.labels is not None
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        # Runs on the accelerator, after Lightning has moved the batch there.
+        trainer = self.trainer
+        if self.hparams.augment and trainer is not None and trainer.training:
+            return self.augment(batch, step=trainer.global_step, rank=trainer.global_rank)
+        return batch
+
+    def augment(self, batch: tuple[torch.Tensor, torch.Tensor], step: int, rank: int = 0):
+        """Random crops (padding of an eighth of the size: 4 pixels at 32) and flips of a training batch, where it is.
+
+        The random numbers are drawn from the seed, the process and the step, so a
+        resumed run augments exactly as one that never stopped.
+        """
+        images, labels = batch
+        generator = torch.Generator(device=images.device)
+        generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
+        padding = max(1, images.shape[-1] // 8)
+        return random_crop_flip(images, padding=padding, generator=generator), labels
+
+
+class ImageDataModule(ImageSplits):
     """CIFAR-10 (``dataset="cifar10"``) or synthetic images (``dataset="synthetic"``).
 
     Each split is one ``uint8`` tensor of shape ``(N, 3, 32, 32)``: the loaders only
@@ -49,6 +92,9 @@ class ImageDataModule(InMemoryDataModule):
         augment: Random crop (4 pixels of padding) and horizontal flip on training batches.
         num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the train/validation split and of the synthetic images.
+        predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when
+            its subfolders are class names), or a ``.txt`` list of image paths; resized to 32x32.
+            By default the test split.
     """
 
     def __init__(
@@ -61,6 +107,7 @@ class ImageDataModule(InMemoryDataModule):
         augment: bool = True,
         num_workers: int = 0,
         seed: int = 42,
+        predict_path: str | None = None,
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
@@ -77,13 +124,18 @@ class ImageDataModule(InMemoryDataModule):
             )
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
+        self.image_size = 32
+        self.class_names = (
+            list(CIFAR10_CLASSES) if dataset == "cifar10" else [f"pattern {k}" for k in range(NUM_CLASSES)]
+        )
 
     def prepare_data(self) -> None:
         if self.hparams.dataset == "cifar10":
             ensure_cifar10(Path(self.hparams.data_dir))
 
     def setup(self, stage: str) -> None:
-        if self.splits:
+        self.setup_predict(stage)
+        if "train" in self.splits:
             return
         if self.hparams.dataset == "cifar10":
             folder = Path(self.hparams.data_dir) / CIFAR10_FOLDER
@@ -109,23 +161,148 @@ class ImageDataModule(InMemoryDataModule):
             "test": InMemoryDataset(*test),
         }
 
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        # Runs on the accelerator, after Lightning has moved the batch there.
-        trainer = self.trainer
-        if self.hparams.augment and trainer is not None and trainer.training:
-            return self.augment(batch, step=trainer.global_step, rank=trainer.global_rank)
-        return batch
 
-    def augment(self, batch: tuple[torch.Tensor, torch.Tensor], step: int, rank: int = 0):
-        """Random crops and flips of a training batch, where the batch is.
+class ImageFolderDataModule(ImageSplits):
+    """Your own images: one folder per class of image files (torchvision's ``ImageFolder`` layout).
 
-        The random numbers are drawn from the seed, the process and the step, so a
-        resumed run augments exactly as one that never stopped.
-        """
-        images, labels = batch
-        generator = torch.Generator(device=images.device)
-        generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
-        return random_crop_flip(images, padding=4, generator=generator), labels
+    ``root`` is either ``root/<class>/*.jpg`` (validation images drawn from it with
+    ``val_fraction``; no test split), or ``root/train/<class>/...`` with optional
+    ``root/val/<class>/...`` and ``root/test/<class>/...``. Class names are the training
+    folder's subfolder names, sorted; label ``k`` is the ``k``-th. Files are taken by
+    extension (PNG, JPEG, BMP, GIF, WebP, TIFF); hidden files are skipped.
+
+    Images are decoded once, in parallel, converted to RGB and resized to ``image_size``
+    squared (the whole image, not a crop), then cached in ``cache_dir`` as the ``uint8``
+    tensors the loaders slice: the next run with the same files starts in seconds. The
+    per-channel mean and standard deviation of the training split become the network's
+    normalisation, saved in its checkpoints.
+
+    A file that cannot be decoded stops the run with a message naming it, unless
+    ``skip_unreadable`` is set: then each one skipped is reported by name.
+
+    Args:
+        root: The image folder (see above).
+        image_size: Height and width the images are resized to; the network takes it from here.
+        val_fraction: Share of the training images held out for validation when there is no ``val/`` folder.
+        batch_size: Images per batch, per device.
+        augment: Random crop (an eighth of the size as padding) and horizontal flip on training batches.
+        skip_unreadable: Skip files that cannot be decoded (each reported) instead of stopping.
+        cache_dir: Folder for the decoded images; ``null`` decodes on every run.
+        predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when its
+            subfolders are class names), or a ``.txt`` list of image paths. By default the test split.
+        num_workers: Loader processes; slicing in-memory tensors needs none.
+        seed: Seed of the train/validation split.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int = 32,
+        val_fraction: float = 0.1,
+        batch_size: int = 64,
+        augment: bool = True,
+        skip_unreadable: bool = False,
+        cache_dir: str | None = "data/cache",
+        predict_path: str | None = None,
+        num_workers: int = 0,
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        _require_integer("image_size", image_size, minimum=8)
+        _require_integer("batch_size", batch_size, minimum=1)
+        _require_integer("num_workers", num_workers, minimum=0)
+        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0 < val_fraction < 1:
+            raise ConfigError(f"--data.val_fraction must be a number in (0, 1), got {val_fraction!r}")
+        self.save_hyperparameters()
+        self.folders = split_folders(Path(root))
+        self.class_names = list(find_classes(self.folders["train"]))
+        if len(self.class_names) < 2:
+            raise ConfigError(
+                f"{self.folders['train']} holds {len(self.class_names)} class folder(s) "
+                f"({', '.join(self.class_names) or 'none'}): a classifier needs at least 2"
+            )
+        self.num_classes = len(self.class_names)
+        self.image_size = image_size
+        # Per-channel (mean, std) of the training images, in [0, 1] units, once read.
+        self.normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+
+    def prepare_data(self) -> None:
+        # Decoded once per machine, by one process; the others read the cache in setup.
+        if self.hparams.cache_dir is not None:
+            for split in ("train", "val", "test"):
+                self._files(split)  # checks the layout before the slow part
+            for split in ("train", "val", "test"):
+                if (files := self._files(split)) is not None:
+                    self._decode(files)
+
+    def setup(self, stage: str) -> None:
+        self.setup_predict(stage)
+        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
+        if stage == "predict" and "predict" not in self.splits:
+            needed = ("test",)
+        for split in needed:
+            if split in self.splits:
+                continue
+            files = self._files(split)
+            if files is None:
+                raise ConfigError(
+                    f"{self.hparams.root} has no {split} split: put its images in {self.hparams.root}/{split}/<class>/ "
+                    "(beside train/)" + (", or give --data.predict_path for predict" if stage == "predict" else "")
+                )
+            images, labels = self._decode(files)
+            self.splits[split] = InMemoryDataset(images, labels)
+            if split == "train":
+                self.normalization = channel_stats(images)
+
+    def _files(self, split: str) -> ImageFiles | None:
+        """The files of ``split`` with their labels; ``None`` for a test split the folder does not have."""
+        folder = self.folders[split]
+        if split == "test":
+            return list_labelled_images(folder, self.class_names) if folder is not None else None
+        if self.folders["val"] is not None:
+            return list_labelled_images(folder, None if split == "train" else self.class_names)
+        # No val/ folder: a seeded share of the training files, the same on every run and process.
+        found = list_labelled_images(self.folders["train"])
+        count = len(found.files)
+        val_size = round(self.hparams.val_fraction * count)
+        if not 0 < val_size < count:
+            raise ConfigError(
+                f"--data.val_fraction {self.hparams.val_fraction} of the {count} images in {self.folders['train']} "
+                "leaves no training or no validation image: add images, or a val/ folder"
+            )
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+        chosen = sorted(order[:val_size] if split == "val" else order[val_size:])
+        return ImageFiles(
+            files=tuple(found.files[i] for i in chosen),
+            labels=tuple(found.labels[i] for i in chosen),
+            class_names=found.class_names,
+        )
+
+    def _decode(self, found: ImageFiles) -> tuple[torch.Tensor, torch.Tensor]:
+        cache_dir = self.hparams.cache_dir
+        images, kept = load_images(
+            found.files,
+            self.image_size,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
+            skip_unreadable=self.hparams.skip_unreadable,
+        )
+        return images, torch.tensor([found.labels[i] for i in kept], dtype=torch.long)
+
+
+def split_folders(root: Path) -> dict[str, Path | None]:
+    """Where ``root``'s splits are: ``{"train": ..., "val": ... or None, "test": ... or None}``.
+
+    ``root`` holds the splits when it has a ``train`` folder and no folders other than
+    ``train``, ``val`` and ``test``; otherwise its folders are the classes.
+    """
+    if not root.is_dir():
+        raise DataUnavailableError(
+            f"--data.root {root} is not a folder: give a folder holding one folder of images per class"
+        )
+    names = {path.name for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")}
+    if "train" in names and names <= set(SPLIT_FOLDERS):
+        return {split: root / split if split in names else None for split in SPLIT_FOLDERS}
+    return {"train": root, "val": None, "test": None}
 
 
 def _is_integer(value) -> bool:
