@@ -28,6 +28,7 @@ COMMON_FILES = {
     "src/{pkg}/cli.py",
     "src/{pkg}/data/__init__.py",
     "src/{pkg}/errors.py",
+    "src/{pkg}/export.py",
     "src/{pkg}/models/__init__.py",
     "src/{pkg}/placement.py",
     "src/{pkg}/plots.py",
@@ -35,11 +36,20 @@ COMMON_FILES = {
     "tests/conftest.py",
     "tests/test_bench.py",
     "tests/test_cli.py",
+    "tests/test_export.py",
     "tests/test_placement.py",
     "tests/test_training.py",
 }
 TASK_FILES = {
-    "image": {"configs/cifar10.yaml", "src/{pkg}/data/images.py", "src/{pkg}/models/cnn.py", "tests/test_images.py"},
+    "image": {
+        "configs/cifar10.yaml",
+        "configs/image_folder.yaml",
+        "src/{pkg}/data/folders.py",
+        "src/{pkg}/data/images.py",
+        "src/{pkg}/models/cnn.py",
+        "tests/test_folders.py",
+        "tests/test_images.py",
+    },
     "sequence": {
         "configs/from_file.yaml",
         "src/{pkg}/data/sequences.py",

@@ -1,0 +1,86 @@
+"""An exported model loads without this project and gives the checkpoint's outputs."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from {{ cookiecutter.project_slug }}.cli import main
+from {{ cookiecutter.project_slug }}.export import load_trained
+from {{ cookiecutter.project_slug }}.export import main as export
+
+# Run in a fresh interpreter in which this project cannot be imported: the file must be enough.
+LOAD_ALONE = """
+import json, sys, torch
+sys.modules["{{ cookiecutter.project_slug }}"] = None
+names = {"class_names.json": "", "input.json": ""}
+model = torch.export.load(sys.argv[1], extra_files=names).module()
+torch.save(model(torch.load("inputs.pt")), "outputs.pt")
+json.dump({key: json.loads(value) for key, value in names.items()}, open("extra.json", "w"))
+"""
+
+ONNX_ALONE = """
+import json, sys, onnx, onnxruntime, torch
+sys.modules["{{ cookiecutter.project_slug }}"] = None
+session = onnxruntime.InferenceSession(sys.argv[1])
+(outputs,) = session.run(None, {"inputs": torch.load("inputs.pt").numpy()})
+torch.save(torch.from_numpy(outputs), "outputs.pt")
+metadata = {prop.key: prop.value for prop in onnx.load(sys.argv[1]).metadata_props}
+json.dump({"class_names.json": json.loads(metadata["class_names"])}, open("extra.json", "w"))
+"""
+
+
+@pytest.fixture
+def trained(in_tmp_path, fast_args):
+    """A checkpoint of a short run, its model and data, and a batch of test inputs."""
+    main([*fast_args, "--max_epochs", "1"])
+    checkpoint = in_tmp_path / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
+    model, datamodule = load_trained(checkpoint, [])
+    datamodule.setup("test")
+    inputs = next(iter(datamodule.test_dataloader()))[0][:5]
+    torch.save(inputs, in_tmp_path / "inputs.pt")
+    with torch.no_grad():
+        expected = model(inputs).softmax(dim=-1)
+    return checkpoint, model, expected
+
+
+def run_alone(script: str, path) -> tuple[torch.Tensor, dict]:
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, stdin=subprocess.DEVNULL)
+    with open("extra.json") as file:
+        return torch.load("outputs.pt"), json.load(file)
+
+
+@pytest.mark.slow
+def test_the_exported_program_matches_the_checkpoint_without_the_project(trained, in_tmp_path, capsys):
+    checkpoint, model, expected = trained
+    export(["--ckpt_path", "last", "--onnx", "no"])
+    written = in_tmp_path / "runs/lightning_logs/version_0/model.pt2"
+    out = capsys.readouterr().out
+    assert f"exported {checkpoint.relative_to(in_tmp_path)} to {written.relative_to(in_tmp_path)}" in out
+    outputs, extra = run_alone(LOAD_ALONE, written)
+    torch.testing.assert_close(outputs, expected, rtol=1e-5, atol=1e-6)
+    assert extra["class_names.json"] == model.class_names
+    inputs = torch.load("inputs.pt")
+    assert extra["input.json"]["dtype"] == str(inputs.dtype).removeprefix("torch.")
+    # Nothing is replaced without --overwrite.
+    with pytest.raises(SystemExit, match=re.escape("model.pt2 exists: give another --output, or --overwrite")):
+        export(["--ckpt_path", str(checkpoint), "--onnx", "no"])
+
+
+@pytest.mark.slow
+def test_the_onnx_file_matches_the_checkpoint(trained, in_tmp_path):
+    pytest.importorskip("onnxscript", reason="ONNX export needs: pip install onnx onnxscript")
+    pytest.importorskip("onnxruntime", reason="checking the ONNX file needs: pip install onnxruntime")
+    checkpoint, model, expected = trained
+    export(["--ckpt_path", str(checkpoint), "--output", "exported/model.pt2", "--onnx", "yes"])
+    outputs, extra = run_alone(ONNX_ALONE, in_tmp_path / "exported/model.onnx")
+    torch.testing.assert_close(outputs, expected, rtol=1e-4, atol=1e-5)
+    assert extra["class_names.json"] == model.class_names
+
+
+def test_an_output_that_is_not_pt2_is_one_line(in_tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: --output model\.onnx must end in \.pt2"):
+        export(["--ckpt_path", "x.ckpt", "--output", "model.onnx"])
