@@ -33,18 +33,28 @@ json.dump({"class_names.json": json.loads(metadata["class_names"])}, open("extra
 """
 
 
-@pytest.fixture
-def trained(in_tmp_path, fast_args):
-    """A checkpoint of a short run, its model and data, and a batch of test inputs."""
-    main([*fast_args, "--max_epochs", "1"])
-    checkpoint = in_tmp_path / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
-    model, datamodule = load_trained(checkpoint, [])
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, fast_args):
+    """A folder with a checkpoint of a short run and a batch of test inputs; its model, and the outputs."""
+    folder = tmp_path_factory.mktemp("export")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        main([*fast_args, "--max_epochs", "1"])
+        checkpoint = folder / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
+        model, datamodule = load_trained(checkpoint, [])
     datamodule.setup("test")
     inputs = next(iter(datamodule.test_dataloader()))[0][:5]
-    torch.save(inputs, in_tmp_path / "inputs.pt")
+    torch.save(inputs, folder / "inputs.pt")
     with torch.no_grad():
         expected = model(inputs).softmax(dim=-1)
-    return checkpoint, model, expected
+    return folder, checkpoint, model, expected
+
+
+@pytest.fixture
+def in_trained(trained, monkeypatch):
+    """``trained``, run in its folder."""
+    monkeypatch.chdir(trained[0])
+    return trained
 
 
 def run_alone(script: str, path) -> tuple[torch.Tensor, dict]:
@@ -54,8 +64,8 @@ def run_alone(script: str, path) -> tuple[torch.Tensor, dict]:
 
 
 @pytest.mark.slow
-def test_the_exported_program_matches_the_checkpoint_without_the_project(trained, in_tmp_path, capsys):
-    checkpoint, model, expected = trained
+def test_the_exported_program_matches_the_checkpoint_without_the_project(in_trained, capsys):
+    in_tmp_path, checkpoint, model, expected = in_trained
     export(["--ckpt_path", "last", "--onnx", "no"])
     written = in_tmp_path / "runs/lightning_logs/version_0/model.pt2"
     out = capsys.readouterr().out
@@ -71,10 +81,10 @@ def test_the_exported_program_matches_the_checkpoint_without_the_project(trained
 
 
 @pytest.mark.slow
-def test_the_onnx_file_matches_the_checkpoint(trained, in_tmp_path):
+def test_the_onnx_file_matches_the_checkpoint(in_trained):
     pytest.importorskip("onnxscript", reason="ONNX export needs: pip install onnx onnxscript")
     pytest.importorskip("onnxruntime", reason="checking the ONNX file needs: pip install onnxruntime")
-    checkpoint, model, expected = trained
+    in_tmp_path, checkpoint, model, expected = in_trained
     export(["--ckpt_path", str(checkpoint), "--output", "exported/model.pt2", "--onnx", "yes"])
     outputs, extra = run_alone(ONNX_ALONE, in_tmp_path / "exported/model.onnx")
     torch.testing.assert_close(outputs, expected, rtol=1e-4, atol=1e-5)

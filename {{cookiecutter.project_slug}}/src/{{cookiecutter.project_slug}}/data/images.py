@@ -41,10 +41,12 @@ class ImageSplits(InMemoryDataModule):
     Subclasses set ``image_size`` and call ``self.setup_predict(stage)`` from their ``setup``.
     """
 
-    def setup_predict(self, stage: str) -> None:
-        """Read ``predict_path``'s images, when set, for ``predict``."""
+    def setup_predict(self, stage: str) -> bool:
+        """Read ``predict_path``'s images for ``predict``; whether it did (then no other split is needed)."""
         path = self.hparams.get("predict_path")
-        if stage == "predict" and path and "predict" not in self.splits:
+        if stage != "predict" or not path:
+            return False
+        if "predict" not in self.splits:
             found = list_images(Path(path), self.class_names)
             images, kept = load_images(
                 found.files, self.image_size, skip_unreadable=self.hparams.get("skip_unreadable", False)
@@ -53,6 +55,12 @@ class ImageSplits(InMemoryDataModule):
             self.splits["predict"] = InMemoryDataset(images, labels)
             self.predict_names = [str(found.files[i]) for i in kept]
             self.predict_labelled = found.labels is not None
+        return True
+
+    def predicting_files(self) -> bool:
+        """Whether this run is ``predict`` on ``predict_path``'s files, which needs no other data."""
+        trainer = self.trainer
+        return bool(self.hparams.get("predict_path")) and trainer is not None and trainer.state.fn == "predict"
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # Runs on the accelerator, after Lightning has moved the batch there.
@@ -130,12 +138,11 @@ class ImageDataModule(ImageSplits):
         )
 
     def prepare_data(self) -> None:
-        if self.hparams.dataset == "cifar10":
+        if self.hparams.dataset == "cifar10" and not self.predicting_files():
             ensure_cifar10(Path(self.hparams.data_dir))
 
     def setup(self, stage: str) -> None:
-        self.setup_predict(stage)
-        if "train" in self.splits:
+        if self.setup_predict(stage) or "train" in self.splits:
             return
         if self.hparams.dataset == "cifar10":
             folder = Path(self.hparams.data_dir) / CIFAR10_FOLDER
@@ -155,11 +162,11 @@ class ImageDataModule(ImageSplits):
             )
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))
         val_idx, train_idx = order[:val_size], order[val_size:]
-        self.splits = {
-            "train": InMemoryDataset(images[train_idx], labels[train_idx]),
-            "val": InMemoryDataset(images[val_idx], labels[val_idx]),
-            "test": InMemoryDataset(*test),
-        }
+        self.splits.update(
+            train=InMemoryDataset(images[train_idx], labels[train_idx]),
+            val=InMemoryDataset(images[val_idx], labels[val_idx]),
+            test=InMemoryDataset(*test),
+        )
 
 
 class ImageFolderDataModule(ImageSplits):
@@ -228,19 +235,17 @@ class ImageFolderDataModule(ImageSplits):
 
     def prepare_data(self) -> None:
         # Decoded once per machine, by one process; the others read the cache in setup.
-        if self.hparams.cache_dir is not None:
-            for split in ("train", "val", "test"):
-                self._files(split)  # checks the layout before the slow part
-            for split in ("train", "val", "test"):
-                if (files := self._files(split)) is not None:
+        if self.hparams.cache_dir is not None and not self.predicting_files():
+            needed = _SPLITS_OF[self.trainer.state.fn.value if self.trainer is not None else "fit"]
+            found = [self._files(split) for split in needed]  # the layout is checked before the slow part
+            for files in found:
+                if files is not None:
                     self._decode(files)
 
     def setup(self, stage: str) -> None:
-        self.setup_predict(stage)
-        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
-        if stage == "predict" and "predict" not in self.splits:
-            needed = ("test",)
-        for split in needed:
+        if self.setup_predict(stage):
+            return
+        for split in _SPLITS_OF[stage]:
             if split in self.splits:
                 continue
             files = self._files(split)
@@ -287,6 +292,10 @@ class ImageFolderDataModule(ImageSplits):
             skip_unreadable=self.hparams.skip_unreadable,
         )
         return images, torch.tensor([found.labels[i] for i in kept], dtype=torch.long)
+
+
+# The splits each stage reads (predict: unless given --data.predict_path).
+_SPLITS_OF = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
 
 
 def split_folders(root: Path) -> dict[str, Path | None]:

@@ -97,14 +97,15 @@ class SequenceDataModule(InMemoryDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
-        if stage == "predict" and hp.predict_path and "predict" not in self.splits:
-            path = Path(hp.predict_path)
-            tokens, labels = read_sequences(path, hp.vocab_size, hp.num_classes, hp.seq_len, labels_required=False)
-            self.splits["predict"] = InMemoryDataset(
-                tokens, labels if labels is not None else torch.full_like(tokens[:, 0], -1)
-            )
-            self.predict_names = [f"{path.name}[{index}]" for index in range(len(tokens))]
-            self.predict_labelled = labels is not None
+        if stage == "predict" and hp.predict_path:
+            if "predict" not in self.splits:  # your file, and nothing else
+                path = Path(hp.predict_path)
+                tokens, labels = read_sequences(path, hp.vocab_size, hp.num_classes, hp.seq_len, labels_required=False)
+                unknown = torch.full((len(tokens),), -1)
+                self.splits["predict"] = InMemoryDataset(tokens, labels if labels is not None else unknown)
+                self.predict_names = [f"{path.name}[{index}]" for index in range(len(tokens))]
+                self.predict_labelled = labels is not None
+            return
         if "train" in self.splits:
             return
         if hp.dataset == "synthetic":
@@ -122,10 +123,10 @@ class SequenceDataModule(InMemoryDataModule):
             )
         order = torch.randperm(n, generator=torch.Generator().manual_seed(hp.seed))
         parts = order.split(sizes)
-        self.splits = {
-            name: InMemoryDataset(tokens[idx], labels[idx])
+        self.splits.update(
+            (name, InMemoryDataset(tokens[idx], labels[idx]))
             for name, idx in zip(("train", "val", "test"), parts, strict=True)
-        }
+        )
 
 
 def _is_integer(value) -> bool:
