@@ -457,3 +457,7 @@ def test_fit_on_a_folder_keeps_its_statistics_then_predicts_on_new_files(in_tmp_
     assert len(rows) == 6 and all(row["label"] == Path(row["file"]).parent.name for row in rows)
     assert sum(row["predicted"] == row["label"] for row in rows) >= 4  # colours this far apart are learnt
     assert abs(sum(float(rows[0][f"p_{name}"]) for name in CLASS_COLOURS) - 1) < 1e-4
+    # A class folder renamed since training would name every prediction wrongly: refused.
+    (root / "owl").rename(root / "bird")
+    with pytest.raises(SystemExit, match=r"trained on the classes cat, dog, owl, but the data now has bird, cat, dog"):
+        main(["validate", "--ckpt_path", "last"])

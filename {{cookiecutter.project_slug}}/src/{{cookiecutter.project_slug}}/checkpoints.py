@@ -1,6 +1,7 @@
 """Writing checkpoints safely, and finding and checking them before a run trusts them."""
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,16 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
     raise CheckpointError(f"--ckpt_path last: no checkpoint under {runs_root}/ holds a trained model to resume")
 
 
-def read_checkpoint(path: str | Path) -> dict[str, torch.Size]:
-    """Check that ``path`` is a readable Lightning checkpoint of this project; return its weights' shapes by name.
+@dataclass(frozen=True)
+class Trained:
+    """What a checkpoint says about the model it holds: its weights' shapes by name, and its class names."""
+
+    shapes: dict[str, torch.Size]
+    class_names: list[str] | None
+
+
+def read_checkpoint(path: str | Path) -> Trained:
+    """Check that ``path`` is a readable Lightning checkpoint of this project; return what it holds.
 
     The file is read with ``weights_only=True``: tensors and plain data only, so a
     tampered checkpoint cannot run code. Its hyperparameters may name classes that the
@@ -121,7 +130,9 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Size]:
                 f"{path} names code outside this project in its {section} ({', '.join(foreign[:3])}): "
                 "refused, nothing was imported"
             )
-    return {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
+    shapes = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
+    class_names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
+    return Trained(shapes, list(class_names) if isinstance(class_names, list | tuple) else None)
 
 
 # What a checkpoint's hyperparameters may name: this project's classes, and Lightning's instantiator.
@@ -139,8 +150,13 @@ def _class_paths(value: Any) -> list[str]:
     return []
 
 
-def check_architecture(path: str | Path, shapes: dict[str, torch.Size], model: L.LightningModule) -> None:
-    """Raise ``CheckpointError`` unless the weights ``shapes`` read from ``path`` fit ``model``."""
+def check_architecture(path: str | Path, trained: Trained, model: L.LightningModule) -> None:
+    """Raise ``CheckpointError`` unless the weights and classes ``trained`` read from ``path`` fit ``model``.
+
+    Classes in another order, or renamed, would fit the weights and silently name every
+    prediction wrongly: the data's class names must be the checkpoint's.
+    """
+    shapes = trained.shapes
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()}
     if expected != shapes:
         missing = sorted(expected.keys() - shapes.keys())
@@ -150,3 +166,13 @@ def check_architecture(path: str | Path, shapes: dict[str, torch.Size], model: L
             f"{path} holds another model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
             f"different shapes {resized[:3]} (of {len(missing)}, {len(unexpected)} and {len(resized)})"
         )
+    now = list(getattr(model, "class_names", None) or [])
+    if trained.class_names is not None and now and now != trained.class_names:
+        raise CheckpointError(
+            f"{path} was trained on the classes {_listed(trained.class_names)}, but the data now has "
+            f"{_listed(now)}: its predictions would be named wrongly. Use the data it was trained on."
+        )
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")

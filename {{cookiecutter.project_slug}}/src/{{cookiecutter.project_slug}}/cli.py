@@ -100,7 +100,7 @@ class ProjectCLI(LightningCLI):
             self._parse_with_class_defaults(parser, [args[0], *settings, *args[1:], "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
         # Checked before LightningCLI reads the model's hyperparameters from it.
-        self._checkpoint_shapes = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
+        self._trained = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
 
     def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
         """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
@@ -165,8 +165,8 @@ class ProjectCLI(LightningCLI):
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
     def after_instantiate_classes(self) -> None:
-        if self._checkpoint_shapes is not None:
-            check_architecture(self.config_init[self.subcommand].ckpt_path, self._checkpoint_shapes, self.model)
+        if self._trained is not None:
+            check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0

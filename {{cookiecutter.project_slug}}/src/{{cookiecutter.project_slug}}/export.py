@@ -69,14 +69,14 @@ def load_trained(ckpt_path: Path, args: list[str]) -> tuple[nn.Module, object]:
     given = any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args)
     if not given and not config.is_file():
         raise ConfigError(f"no config.yaml in {config.parent}: give the run's settings with --config")
-    shapes = read_checkpoint(ckpt_path)
+    trained = read_checkpoint(ckpt_path)
     settings = []
     if not given:
         # The run's settings, without those of `fit` itself (ckpt_path, ...), which building the model does not take.
-        trained = yaml.safe_load(config.read_text()) or {}
-        settings = ["--config", yaml.safe_dump({key: trained[key] for key in RUN_SETTINGS if key in trained})]
+        run = yaml.safe_load(config.read_text()) or {}
+        settings = ["--config", yaml.safe_dump({key: run[key] for key in RUN_SETTINGS if key in run})]
     model, datamodule = build([*settings, *args])
-    check_architecture(ckpt_path, shapes, model)
+    check_architecture(ckpt_path, trained, model)
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval(), datamodule
