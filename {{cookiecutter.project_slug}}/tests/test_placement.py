@@ -8,7 +8,6 @@ would stop at, and the right version passes. Tests marked ``gpu`` run the same
 versions on a real GPU and check that it agrees with the audit.
 """
 
-import ast
 import copy
 import inspect
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from {{ cookiecutter.project_slug }} import placement, simulated_gpu
+from {{ cookiecutter.project_slug }} import lint_placement, placement, simulated_gpu
 from {{ cookiecutter.project_slug }}.cli import build_all
 from {{ cookiecutter.project_slug }}.cli import main as train
 from {{ cookiecutter.project_slug }}.placement import AuditIncompleteError, DevicePlacementError, audit
@@ -777,27 +776,12 @@ def test_the_shipped_model_trains_on_a_gpu(in_tmp_path, fast_args, precision, ca
     assert "fit finished: best epoch 0: val/loss=" in capsys.readouterr().out
 
 
-# No manual placement anywhere in the project.
+# No manual placement anywhere in the project: the same check as the pre-commit hook's.
 
 
 def manual_placements(source: str) -> list[int]:
-    """Lines that place tensors by hand: .cuda(), .cpu(), .to(<device>) or torch.device("cuda...")."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-            continue
-        name, args = node.func.attr, [*node.args, *(keyword.value for keyword in node.keywords)]
-        mentions_device = any(
-            "device" in ast.unparse(arg).lower() or "cuda" in ast.unparse(arg) or "'cpu'" in ast.unparse(arg)
-            for arg in args
-        ) or any(keyword.arg == "device" for keyword in node.keywords)
-        if (
-            name in ("cuda", "cpu")
-            or (name == "to" and mentions_device)
-            or (name == "device" and ast.unparse(node.func.value) == "torch" and "cuda" in ast.unparse(node))
-        ):
-            found.append(node.lineno)
-    return found
+    """Lines that place tensors by hand: .cuda(), .cpu(), .to(<device>), torch.device("cuda...") or device="cuda"."""
+    return [finding.line for finding in lint_placement.manual_placements(source)]
 
 
 @pytest.mark.parametrize(
@@ -810,6 +794,8 @@ def manual_placements(source: str) -> list[int]:
         "x = x.to('cpu')",
         "x = x.to(device='cuda:0')",
         "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')",
+        "x = torch.zeros(3, device='cuda')",
+        "x = torch.arange(8, device=0)",
     ],
 )
 def test_the_placement_check_finds_manual_placement(source):
@@ -836,15 +822,20 @@ def test_project_code_places_no_tensors_by_hand():
     Three modules stand in for Lightning and are exempt: the audit and the simulated
     GPU, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
     """
-    exempt = ("placement.py", "simulated_gpu.py", "bench.py")
-    files = [path for path in (PROJECT / "src").rglob("*.py") if path.name not in exempt]
-    files.append(PROJECT / "train.py")
-    offenders = [
-        f"{path.relative_to(PROJECT)}:{line}"
-        for path in files
-        for line in manual_placements(path.read_text(encoding="utf-8"))
-    ]
-    assert not offenders, f"manual placement at {offenders}: docs/device-placement.md says what to do instead"
+    files = lint_placement.project_files(PROJECT)
+    assert PROJECT / "train.py" in files and PROJECT / "src" / "{{ cookiecutter.project_slug }}" / "cli.py" in files
+    offenders = lint_placement.check(files)
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_placement_check_names_file_line_and_fix(tmp_path, capsys):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import torch\n\nx = torch.zeros(3).cuda()\n", encoding="utf-8")
+    assert lint_placement.main([str(planted), str(PROJECT / "train.py")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{planted}:3: `.cuda()` — delete it") and "docs/device-placement.md" in out
+    assert len(out.splitlines()) == 1
+    assert lint_placement.main([str(PROJECT / "train.py")]) == 0
 
 
 def test_the_audit_module_names_each_private_api_it_uses():
