@@ -1,6 +1,7 @@
 """Bake every combination that matters and check what comes out."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import yaml
 COMMON_FILES = {
     ".cookiecutter.json",
     ".gitignore",
+    ".pre-commit-config.yaml",
     "README.md",
     "docs/device-placement.md",
     "pyproject.toml",
@@ -29,6 +31,7 @@ COMMON_FILES = {
     "src/{pkg}/data/__init__.py",
     "src/{pkg}/errors.py",
     "src/{pkg}/export.py",
+    "src/{pkg}/lint_placement.py",
     "src/{pkg}/models/__init__.py",
     "src/{pkg}/placement.py",
     "src/{pkg}/plots.py",
@@ -116,6 +119,63 @@ def test_each_combination_has_exactly_its_files_and_no_template_syntax(bake, tas
         runs = [step.get("run") for step in workflow["jobs"]["test"]["steps"]]
         assert "python -m pytest" in runs
         assert "python -m vision_project.placement --config configs/synthetic.yaml" in runs
+        # Lint is pre-commit's hooks, ruff among them; the GPU job is there to uncomment.
+        assert "pre-commit run --all-files --show-diff-on-failure" in runs
+        assert not any("ruff" in (run or "") for run in runs)
+        assert list(workflow["jobs"]) == ["test"]
+        assert "#   runs-on: [self-hosted, gpu]" in (root / ".github/workflows/ci.yml").read_text()
+
+
+def pre_commit(root: Path, *args: str, home: Path) -> subprocess.CompletedProcess:
+    """`pre-commit ARGS` in ``root``, a git repository, with this environment's tools first on PATH.
+
+    The hooks are local and run `ruff`, pre-commit-hooks' scripts and `python` from PATH; the
+    store pre-commit keeps (a database, even for local hooks) goes to ``home``, not ~/.cache.
+    """
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PRE_COMMIT_HOME": str(home),
+        "GIT_AUTHOR_NAME": "Template Test",
+        "GIT_AUTHOR_EMAIL": "test@example.com",
+        "GIT_COMMITTER_NAME": "Template Test",
+        "GIT_COMMITTER_EMAIL": "test@example.com",
+    }
+    command = [str(bin_dir / "pre-commit"), *args]
+    return subprocess.run(
+        command, cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
+
+
+def git_init(root: Path) -> None:
+    for command in (("git", "init", "-q", "."), ("git", "add", "-A")):
+        done = run(*command, cwd=root)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("task", "github_actions", "license"), COMBINATIONS)
+def test_each_combination_is_clean_under_its_own_pre_commit_hooks(bake, tmp_path, task, github_actions, license):
+    root = bake(task=task, github_actions=github_actions, license=license)
+    git_init(root)
+    hooks = pre_commit(root, "run", "--all-files", home=tmp_path / "pre-commit")
+    assert hooks.returncode == 0, hooks.stdout + hooks.stderr
+    hook_ids = re.findall(r"^\s+- id: (\S+)$", (root / ".pre-commit-config.yaml").read_text(), flags=re.MULTILINE)
+    assert len(hook_ids) == 8 and "no-manual-placement" in hook_ids
+    passed = re.findall(r"\.Passed$", hooks.stdout, flags=re.MULTILINE)
+    assert len(passed) == len(hook_ids), f"each hook checks some file of a fresh project:\n{hooks.stdout}"
+    assert run("git", "diff", "--quiet", cwd=root).returncode == 0, "a hook changed a file of the fresh project"
+
+
+def test_the_placement_hook_names_a_planted_cuda_call(bake, tmp_path):
+    root = bake()
+    git_init(root)
+    planted = Path("src/vision_project/planted.py")
+    (root / planted).write_text("import torch\n\nmodel = torch.nn.Linear(2, 2).cuda()\n", encoding="utf-8")
+    run("git", "add", str(planted), cwd=root)
+    hook = pre_commit(root, "run", "no-manual-placement", "--files", str(planted), home=tmp_path / "pre-commit")
+    assert hook.returncode == 1, hook.stdout + hook.stderr
+    assert f"{planted.as_posix()}:3: `.cuda()` — delete it" in hook.stdout, hook.stdout
 
 
 @pytest.mark.slow
