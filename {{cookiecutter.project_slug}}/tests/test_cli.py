@@ -1,5 +1,11 @@
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
+from conftest import PROJECT
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from {{ cookiecutter.project_slug }}.cli import build, build_all, expand_shortcuts, main
@@ -140,3 +146,34 @@ def test_fit_help_lists_this_projects_classes_only(capsys):
     assert "torchvision.models" not in out and "torch.nn.modules" not in out
     assert "{{ cookiecutter.project_slug }}.models." in out and "{{ cookiecutter.project_slug }}.data." in out
     assert len(out.splitlines()) < 700, len(out.splitlines())  # 1,240 when every nn.Module was listed
+
+
+WARNS_LIKE_OLD_CODE = """
+import warnings
+
+from {{ cookiecutter.project_slug }}.cli import Net
+
+
+class OldNet(Net):
+    def forward(self, inputs):
+        warnings.warn("old_api() is deprecated: use new_api()", FutureWarning, stacklevel=1)
+        return super().forward(inputs)
+"""
+# Lines of Lightning's model summary (rich's table, or the plain one) and its totals.
+MODEL_SUMMARY = re.compile(r"^\s*[┏┃┡│└|]|^-{3,}|^\s*\d+\s+\||^(Trainable|Non-trainable|Total|Modules in) ")
+
+
+@pytest.mark.slow
+def test_a_short_fit_prints_only_lines_a_user_can_act_on(in_tmp_path, fast_args):
+    """The project's own lines, the model summary, why fit stopped and the metrics; a user's warning still shows."""
+    (in_tmp_path / "old_code.py").write_text(WARNS_LIKE_OLD_CODE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT / "src"), str(in_tmp_path)])}
+    command = [sys.executable, str(PROJECT / "train.py"), *fast_args, "--model.net", "old_code.OldNet"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    own = ("fit finished: best epoch 0: ", "best checkpoint: ", "run folder: ", "`Trainer.fit` stopped: ")
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    warned = [line for line in lines if "FutureWarning: old_api() is deprecated: use new_api()" in line]
+    rest = [line for line in lines if not (MODEL_SUMMARY.match(line) or line.startswith(own)) and line not in warned]
+    source = '  warnings.warn("old_api() is deprecated: use new_api()", FutureWarning, stacklevel=1)'
+    assert warned and rest == [source], lines  # Python prints the warning's source line after it

@@ -1,6 +1,7 @@
 """The command line: LightningCLI, with the everyday Trainer flags as top-level shortcuts."""
 
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -14,6 +15,7 @@ import torch
 import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -407,9 +409,43 @@ def build_all(args: list[str]) -> tuple[Classifier, DataModule, L.Trainer]:
     return cli.model, cli.datamodule, cli.trainer
 
 
+# What Lightning prints that a user of this project cannot act on, silenced here and nowhere
+# else, each by its message (and category), with the reason. Every other warning still shows.
+_UNACTIONABLE_WARNINGS = (
+    # train.py hands LightningCLI the arguments after expanding --accelerator & co: intended.
+    ("LightningCLI's args parameter is intended to run from within Python", UserWarning),
+    # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
+    # nothing in this project calls it.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # Only epoch-level metrics are logged (the step loss goes to the progress bar), so the
+    # logging interval does not matter however few batches an epoch has.
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
+)
+_UNACTIONABLE_INFO = (
+    # An advertisement for a cloud service, printed by every run.
+    "💡 Tip: For seamless cloud logging",
+    # The seed is in the run's config.yaml; a GPU present but unused gets its own warning, and
+    # --accelerator gpu without one stops with a message.
+    "Seed set to ",
+    "GPU available: ",
+    "TPU available: ",
+    "HPU available: ",
+)
+
+
+def _keep_actionable(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_UNACTIONABLE_INFO)
+
+
+def _silence_the_unactionable() -> None:
+    for message, category in _UNACTIONABLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed"):
+        logging.getLogger(name).addFilter(_keep_actionable)  # added once, however often called
+
+
 def _make_cli(args: list[str], run: bool) -> ProjectCLI:
-    # The expanded arguments replace the command line's, which LightningCLI would otherwise warn about.
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
+    _silence_the_unactionable()
     return ProjectCLI(
         Classifier,
         L.LightningDataModule,
