@@ -4,18 +4,36 @@ Only what the template wrote in this bake is removed. On a re-bake (`cookiecutte
 over an existing project) the template has just overwritten the project's files; a
 path the pre-generation hook recorded as there before is the user's, so it gets its
 recorded bytes back instead of being removed.
+
+A plain `cookiecutter` bake also gets the `.cruft.json` that `cruft create` would have
+written: the template's source and commit, and the answers, so that `cruft update` can
+bring the template's later changes. One already there (a re-bake) is the project's and
+stays as it is; under cruft itself (create, update), cruft writes it.
 """
 
 import base64
 import hashlib
 import json
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
 TASK = {{cookiecutter.task | tojson}}
 GITHUB_ACTIONS = {{cookiecutter.github_actions | tojson}}
 PACKAGE = Path("src") / {{cookiecutter.project_slug | tojson}}
+# The template as the user named it, its folder on this machine (as typed, maybe relative) and the git reference
+# asked for; cruft gives neither folder nor reference ("").
+TEMPLATE = {{cookiecutter._template | tojson}}
+TEMPLATE_FOLDER = {{(cookiecutter.get("_repo_dir") or "") | tojson}}
+CHECKOUT = {{(cookiecutter.get("_checkout") or "") | tojson}}
+# Cruft renders with the commit in `_commit` and writes .cruft.json itself, after this hook.
+UNDER_CRUFT = {{"_commit" in cookiecutter}}
+CRUFT_FILE = Path(".cruft.json")
+# The questions in cookiecutter.json's order, which is cruft's; .cookiecutter.json has them sorted.
+QUESTIONS = {{cookiecutter.keys() | list | tojson}}
+# Never changed by `cruft update`: the project's git folder, and the data and runs that are the user's alone.
+CRUFT_SKIP = [".git", "data/", "runs/"]
 
 IMAGE_FILES = [
     PACKAGE / "models" / "cnn.py",
@@ -86,12 +104,106 @@ def remove_github_actions(record: dict) -> None:
         GITHUB.rmdir()
 
 
-def record_answers() -> None:
-    """Keep the user's answers, not the paths of the machine that baked the project."""
+def git(folder: Path, *args: str) -> str | None:
+    """The output of a git command in folder, or None where git is missing or fails there."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), *args], capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def template_folder() -> Path | None:
+    """The template's folder as an absolute path, or None where it cannot be told.
+
+    Cookiecutter gives the folder as typed: relative to where it was run, which is not
+    this hook's folder (the project's). It runs its hooks from inside the template's
+    folder, which Linux shows as the parent's working folder; elsewhere the shell's
+    $PWD is the fallback. Either counts only if it holds a cookiecutter.json.
+    """
+    if not TEMPLATE_FOLDER:
+        return None
+    folder = Path(TEMPLATE_FOLDER)
+    if folder.is_absolute():
+        return folder
+    candidates = [Path("/proc", str(os.getppid()), "cwd")]
+    if os.environ.get("PWD"):
+        candidates.append(Path(os.environ["PWD"], folder))
+    for candidate in candidates:
+        try:
+            resolved = candidate.resolve(strict=True)
+        except OSError:
+            continue
+        if (resolved / "cookiecutter.json").is_file():
+            return resolved
+    return None
+
+
+def template_source() -> tuple[str, str, str | None] | None:
+    """Where cruft finds the template again, its commit and its folder in that repository; None if not a git checkout.
+
+    A local template is named by the absolute path of its repository; one cookiecutter
+    cloned (a URL, `gh:org/name`) by the URL it was cloned from, which cruft can clone.
+    """
+    folder = template_folder()
+    if folder is None:
+        return None
+    commit = git(folder, "rev-parse", "HEAD")
+    top = git(folder, "rev-parse", "--show-toplevel")
+    prefix = git(folder, "rev-parse", "--show-prefix")
+    # A template folder inside someone else's repository, not committed there, is no checkout of the template.
+    if not (commit and top and git(folder, "ls-files", "cookiecutter.json")):
+        return None
+    local = TEMPLATE_FOLDER == TEMPLATE or TEMPLATE_FOLDER.startswith(os.path.join(TEMPLATE, ""))
+    source = top if local else (git(top, "remote", "get-url", "origin") or TEMPLATE)
+    return source, commit, prefix.rstrip("/") or None
+
+
+def record_answers(source: str | None) -> dict:
+    """Keep the user's answers, not the paths of the machine that baked the project; return them.
+
+    `_template` becomes the source cruft records, where there is one: the template's
+    later versions, rendered by cruft, write the same line, so it never differs in an update.
+    """
     path = Path(".cookiecutter.json")
     answers = json.loads(path.read_text(encoding="utf-8"))
     kept = {key: value for key, value in answers.items() if not key.startswith("_") or key == "_template"}
+    if source is not None:
+        kept["_template"] = source
     path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return kept
+
+
+def recorded_template() -> str | None:
+    """The template source in the project's own .cruft.json, kept through a re-bake; None if it has none."""
+    try:
+        template = json.loads(CRUFT_FILE.read_text(encoding="utf-8")).get("template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) else None
+
+
+def record_cruft_state(answers: dict, source: tuple[str, str, str | None] | None) -> None:
+    """Write .cruft.json as `cruft create` does, with the skip list; without a commit, say how to link later."""
+    if source is None:
+        print(
+            f"note: no .cruft.json: no git commit found for the template {TEMPLATE} "
+            "(not a git checkout, or git is missing); "
+            "to take its later changes, run `cruft link <the template's git URL>` in the project"
+        )
+        return
+    template, commit, directory = source
+    state = {
+        "template": template,
+        "commit": commit,
+        "checkout": CHECKOUT or None,
+        "context": {"cookiecutter": {**{key: answers[key] for key in QUESTIONS if key in answers}, "_commit": commit}},
+        "directory": directory,
+        "skip": CRUFT_SKIP,
+    }
+    CRUFT_FILE.write_text(json.dumps(state, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
@@ -99,5 +211,11 @@ if __name__ == "__main__":
     remove_files(SEQUENCE_FILES if TASK == "image" else IMAGE_FILES, record)
     if GITHUB_ACTIONS != "yes":
         remove_github_actions(record)
-    record_answers()
+    if UNDER_CRUFT:
+        record_answers(None)
+    elif CRUFT_FILE.exists():
+        record_answers(recorded_template())
+    else:
+        source = template_source()
+        record_cruft_state(record_answers(source[0] if source else None), source)
     record_path().unlink(missing_ok=True)

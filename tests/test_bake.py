@@ -13,6 +13,7 @@ import yaml
 
 COMMON_FILES = {
     ".cookiecutter.json",
+    ".cruft.json",
     ".gitignore",
     ".pre-commit-config.yaml",
     "README.md",
