@@ -58,8 +58,11 @@ PACKAGE = Path("src") / PROJECT_SLUG
 REMOVABLE_FILES = [
     PACKAGE / "models" / "cnn.py",
     PACKAGE / "data" / "images.py",
+    PACKAGE / "data" / "folders.py",
     Path("tests") / "test_images.py",
+    Path("tests") / "test_folders.py",
     Path("configs") / "cifar10.yaml",
+    Path("configs") / "image_folder.yaml",
     PACKAGE / "models" / "attention.py",
     PACKAGE / "data" / "sequences.py",
     Path("tests") / "test_sequences.py",

@@ -1,6 +1,7 @@
 """The pre-generation hook rejects bad answers with one clear line, and nothing is left on disk."""
 
 import pytest
+from conftest import TEMPLATE
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
@@ -87,3 +88,16 @@ def test_answers_that_look_like_code_are_never_run(bake, tmp_path):
     root = bake(project_name=name, project_slug="safe_name")
     assert not marker.exists()
     assert name in (root / "README.md").read_text(encoding="utf-8")
+
+
+def _listed(hook: str, name: str) -> set[str]:
+    """The paths in the list ``name = [...]`` of a hook's source, as written (``PACKAGE / "data" / "images.py"``)."""
+    text = (TEMPLATE / "hooks" / hook).read_text()
+    block = text.split(f"{name} = [", 1)[1].split("]", 1)[0]
+    return {line.strip().rstrip(",") for line in block.splitlines() if line.strip()}
+
+
+def test_the_pre_bake_record_covers_every_file_the_post_bake_hook_may_remove():
+    """A re-bake restores only what the pre-generation hook recorded: the two lists must not drift apart."""
+    removable = _listed("post_gen_project.py", "IMAGE_FILES") | _listed("post_gen_project.py", "SEQUENCE_FILES")
+    assert _listed("pre_gen_project.py", "REMOVABLE_FILES") == removable

@@ -14,7 +14,15 @@ from cookiecutter.main import cookiecutter
 
 PKG = "src/vision_project"
 TASK_FILES = {
-    "image": [f"{PKG}/models/cnn.py", f"{PKG}/data/images.py", "tests/test_images.py", "configs/cifar10.yaml"],
+    "image": [
+        f"{PKG}/models/cnn.py",
+        f"{PKG}/data/images.py",
+        f"{PKG}/data/folders.py",
+        "tests/test_images.py",
+        "tests/test_folders.py",
+        "configs/cifar10.yaml",
+        "configs/image_folder.yaml",
+    ],
     "sequence": [
         f"{PKG}/models/attention.py",
         f"{PKG}/data/sequences.py",
