@@ -160,7 +160,8 @@ class OldNet(Net):
         return super().forward(inputs)
 """
 # Lines of Lightning's model summary (rich's table, or the plain one) and its totals.
-MODEL_SUMMARY = re.compile(r"^\s*[┏┃┡│└|]|^-{3,}|^\s*\d+\s+\||^(Trainable|Non-trainable|Total|Modules in) ")
+TOTALS = r"(Trainable|Non-trainable|Total|Modules in) "
+MODEL_SUMMARY = re.compile(r"^\s*[┏┃┡│└|]|^---|^\s*\d+\s+\||^" + TOTALS + r"|^[\d.]+( [KMGT])?\s+" + TOTALS)
 
 
 @pytest.mark.slow
