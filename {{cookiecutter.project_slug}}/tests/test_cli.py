@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from conftest import PROJECT
 from lightning.pytorch.callbacks import TQDMProgressBar
 
@@ -102,6 +103,13 @@ def test_any_data_module_from_the_command_line_starts_from_its_own_defaults(user
     assert model.class_names == ["red", "green", "blue"]
     _, chosen = build(["--data", user_data, "--data.batch_size", "5"])
     assert chosen.hparams.batch_size == 5
+
+
+def test_print_config_shows_the_chosen_classs_own_defaults(user_data, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--data", user_data, "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"] == {"class_path": user_data, "init_args": {"batch_size": 8, "seed": 0, "num_workers": 0}}
 
 
 def test_a_data_module_from_a_config_file(user_data, tmp_path):

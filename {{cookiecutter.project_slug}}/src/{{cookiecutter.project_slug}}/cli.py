@@ -111,7 +111,8 @@ class ProjectCLI(LightningCLI):
         also takes (``--data my_project.data.digits.Digits`` got ImageDataModule's batch size,
         not its own). Parsed again with the chosen classes as the defaults, it does not.
         """
-        super().parse_arguments(parser, args)
+        printing = _without_print_config(args)
+        super().parse_arguments(parser, printing or args)  # --print_config would print before the second parse
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         target = parser._subcommands_action._name_parser_map[subcommand] if subcommand else parser
@@ -122,6 +123,7 @@ class ProjectCLI(LightningCLI):
                 chosen[key] = {"class_path": class_path}
         if chosen:
             target.set_defaults(chosen)
+        if chosen or printing:
             super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -294,6 +296,12 @@ def _check_simulated(trainer) -> None:
             f"--accelerator {SIMULATED} runs one process on one simulated GPU: leave --devices, --num_nodes and "
             "--strategy at their defaults (python -m {{ cookiecutter.project_slug }}.placement also audits DDP)"
         )
+
+
+def _without_print_config(args: list[str]) -> list[str] | None:
+    """``args`` without ``--print_config[=flags]``; None when it is not there."""
+    kept = [arg for arg in args if arg != "--print_config" and not arg.startswith("--print_config=")]
+    return kept if len(kept) < len(args) else None
 
 
 def _class_path(cls: type) -> str:
