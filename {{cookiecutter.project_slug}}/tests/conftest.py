@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.project_slug }} import simulated_gpu
+from {{ cookiecutter.project_slug }}.cli import main
 
 # The placement audit's simulated GPU must exist before the first backward pass of the
 # test process: PyTorch's autograd engine counts the devices then.
@@ -42,6 +43,16 @@ def fast_args(synthetic_config: str) -> list[str]:
         *("--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"),
         *("--trainer.limit_test_batches", "2", "--trainer.limit_predict_batches", "2"),
     ]
+
+
+@pytest.fixture(scope="session")
+def trained_once(tmp_path_factory, fast_args) -> Path:
+    """A folder holding the ``runs/`` of one short fit, trained once for every test that only reads it."""
+    folder = tmp_path_factory.mktemp("trained")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        main([*fast_args, "--max_epochs", "1"])
+    return folder
 
 
 def _with_ctrl_c() -> None:

@@ -2,13 +2,13 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from {{ cookiecutter.project_slug }}.cli import main
 from {{ cookiecutter.project_slug }}.export import load_trained
 from {{ cookiecutter.project_slug }}.export import main as export
 
@@ -34,13 +34,13 @@ json.dump({"class_names.json": json.loads(metadata["class_names"])}, open("extra
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, fast_args):
-    """A folder with a checkpoint of a short run and a batch of test inputs; its model, and the outputs."""
+def trained(trained_once, tmp_path_factory):
+    """A folder with a copy of a short run and a batch of its test inputs; its model, and the outputs."""
     folder = tmp_path_factory.mktemp("export")
+    shutil.copytree(trained_once / "runs", folder / "runs")
+    checkpoint = folder / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        main([*fast_args, "--max_epochs", "1"])
-        checkpoint = folder / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
         model, datamodule = load_trained(checkpoint, [])
     datamodule.setup("test")
     inputs = next(iter(datamodule.test_dataloader()))[0][:5]

@@ -3,6 +3,7 @@
 import csv
 import hashlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -155,8 +156,9 @@ def _digest(path: Path) -> str:
 
 
 @pytest.fixture
-def trained_run(in_tmp_path, fast_args) -> Path:
-    main([*fast_args, "--max_epochs", "1"])
+def trained_run(trained_once, in_tmp_path) -> Path:
+    """The last checkpoint of a short fit, in a copy of its run folder in the test's own folder."""
+    shutil.copytree(trained_once / "runs", in_tmp_path / "runs")
     return checkpoint(0)
 
 
