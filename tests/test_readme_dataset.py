@@ -104,48 +104,48 @@ def make_lines(path: Path) -> None:
     path.write_text("".join(lines))
 
 
+def follow_the_readme(bake, task: str, make_data, saved: list[str], predicted: int) -> tuple[Path, list[str]]:
+    """Bake ``task``, make its data, follow "Adding a dataset" and check what every project's steps give.
+
+    The section's commands are: fit, evaluate, predict and export on the data without code,
+    then the new module's test, a fit on it and an evaluation.
+    """
+    root = bake(task=task, github_actions="no")
+    (root / "data").mkdir()
+    make_data(root / "data")
+    steps = dataset_steps((root / "README.md").read_text())
+    assert [target for kind, target, _ in steps if kind == "save"] == saved
+    outputs = follow(root, steps)
+    first_fit, _, predict, export, _, own_fit, own_test = outputs
+    assert "fit finished: best epoch" in first_fit and "fit finished: best epoch" in own_fit
+    assert f"predictions for {predicted} inputs written to runs/lightning_logs/version_0/predictions.csv" in predict
+    assert "to runs/lightning_logs/version_0/model.pt2" in export
+    assert "test/acc" in own_test
+    lint = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "."], cwd=root, capture_output=True)
+    assert lint.returncode == 0, lint.stdout.decode()
+    return root, outputs
+
+
+def make_image_data(folder: Path) -> None:
+    make_flowers(folder / "flowers")
+    make_arrays(folder / "arrays.npz")
+
+
+def make_sequence_data(folder: Path) -> None:
+    make_sequences(folder / "sequences.npz")
+    make_lines(folder / "lines.tsv")
+
+
 @pytest.mark.slow
 def test_an_image_project_trains_on_folders_and_on_its_own_data_module_from_the_readme(bake):
-    root = bake(task="image", github_actions="no")
-    (root / "data").mkdir()
-    make_flowers(root / "data" / "flowers")
-    make_arrays(root / "data" / "arrays.npz")
-    steps = dataset_steps((root / "README.md").read_text())
-    assert [target for kind, target, _ in steps if kind == "save"] == [
-        "src/vision_project/data/arrays.py",
-        "configs/arrays.yaml",
-        "tests/test_arrays.py",
-    ]
-    outputs = follow(root, steps)
-    folder_fit, _, predict, export, _, arrays_fit, arrays_test = outputs
-    assert "fit finished: best epoch" in folder_fit and "fit finished: best epoch" in arrays_fit
-    assert "predictions for 12 inputs written to runs/lightning_logs/version_0/predictions.csv" in predict
-    assert "to runs/lightning_logs/version_0/model.pt2" in export
-    assert "test/acc" in arrays_test
+    saved = ["src/vision_project/data/arrays.py", "configs/arrays.yaml", "tests/test_arrays.py"]
+    root, _ = follow_the_readme(bake, "image", make_image_data, saved, predicted=12)
     rows = (root / "runs/lightning_logs/version_0/predictions.csv").read_text().splitlines()
     assert rows[0] == "file,predicted,p_daisy,p_rose,p_tulip"
     assert sum(row.split(",")[1] == "rose" for row in rows[1:]) >= 9  # colours this far apart are learnt
-    lint = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "."], cwd=root, capture_output=True)
-    assert lint.returncode == 0, lint.stdout.decode()
 
 
 @pytest.mark.slow
 def test_a_sequence_project_trains_on_its_file_and_on_its_own_data_module_from_the_readme(bake):
-    root = bake(task="sequence", github_actions="no")
-    (root / "data").mkdir()
-    make_sequences(root / "data" / "sequences.npz")
-    make_lines(root / "data" / "lines.tsv")
-    steps = dataset_steps((root / "README.md").read_text())
-    assert [target for kind, target, _ in steps if kind == "save"] == [
-        "src/vision_project/data/text.py",
-        "configs/text.yaml",
-        "tests/test_text.py",
-    ]
-    outputs = follow(root, steps)
-    file_fit, _, predict, export, _, text_fit, text_test = outputs
-    assert "fit finished: best epoch" in file_fit and "fit finished: best epoch" in text_fit
-    assert "predictions for 300 inputs written to runs/lightning_logs/version_0/predictions.csv" in predict
-    assert "to runs/lightning_logs/version_0/model.pt2" in export
-    assert "test/acc" in text_test
-    lint = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "."], cwd=root, capture_output=True)
-    assert lint.returncode == 0, lint.stdout.decode()
+    saved = ["src/vision_project/data/text.py", "configs/text.yaml", "tests/test_text.py"]
+    follow_the_readme(bake, "sequence", make_sequence_data, saved, predicted=300)

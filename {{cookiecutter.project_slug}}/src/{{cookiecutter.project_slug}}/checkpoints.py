@@ -1,6 +1,8 @@
 """Writing checkpoints safely, and finding and checking them before a run trusts them."""
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,19 +31,28 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned_files(path.parent)
-        temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
-        try:
-            with temporary.open("wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        with written_whole(Path(path)) as temporary, temporary.open("wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+
+
+@contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to: renamed to ``path`` when the block ends, removed if it fails.
+
+    A process killed while writing leaves ``path`` as it was; its temporary file is removed
+    by the next write in that folder.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_files(path.parent)
+    temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 TEMPORARY_PREFIX = ".saving."

@@ -23,7 +23,6 @@ PyTorch alone::
 import argparse
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 import yaml
 from torch import nn
 
-from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint
+from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint, written_whole
 from .cli import build, expand_shortcuts
 from .errors import ConfigError, UserError
 
@@ -96,33 +95,16 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     class_names = list(model.class_names)
     description = {"dtype": str(inputs.dtype).removeprefix("torch."), "shape": list(inputs.shape), "varies": list(dims)}
     extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(description)}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with _written_whole(output) as temporary:
+    with written_whole(output) as temporary:
         torch.export.save(program, temporary, extra_files=extra_files)
     if len(targets) > 1:
         onnx_program = torch.onnx.export(
             wrapped, (inputs,), dynamic_shapes={"inputs": dims}, input_names=["inputs"], dynamo=True
         )
         onnx_program.model.metadata_props["class_names"] = json.dumps(class_names)
-        with _written_whole(targets[1]) as temporary:
+        with written_whole(targets[1]) as temporary:
             onnx_program.save(temporary)
     return targets
-
-
-class _written_whole:  # noqa: N801 (used as a context manager, like open)
-    """A temporary path beside ``target``, renamed to it when the block succeeds and removed when it fails."""
-
-    def __init__(self, target: Path) -> None:
-        self.target, self.temporary = target, target.with_name(f".writing.{os.getpid()}.{target.name}")
-
-    def __enter__(self) -> Path:
-        return self.temporary
-
-    def __exit__(self, kind, *_) -> None:
-        if kind is None:
-            os.replace(self.temporary, self.target)
-        else:
-            self.temporary.unlink(missing_ok=True)
 
 
 def _has_onnx() -> bool:

@@ -1,4 +1,4 @@
-"""Find manual device placement in Python files: ``.cuda()``, ``.cpu()``, ``.to(device)`` and devices written in.
+"""Find manual device placement in Python files: calls that move tensors or modules, and devices written in.
 
 Lightning places the model and the batches; docs/device-placement.md gives the rules for the
 rest. This check reads the source (nothing is imported or run), prints

@@ -232,6 +232,7 @@ class ImageFolderDataModule(ImageSplits):
         self.image_size = image_size
         # Per-channel (mean, std) of the training images, in [0, 1] units, once read.
         self.normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+        self._listed: ImageFiles | None = None
 
     def prepare_data(self) -> None:
         # Decoded once per machine, by one process; the others read the cache in setup.
@@ -259,15 +260,23 @@ class ImageFolderDataModule(ImageSplits):
             if split == "train":
                 self.normalization = channel_stats(images)
 
+    def _training_folder(self) -> ImageFiles:
+        """Every file of the training folder, listed once: the train and val splits both draw from it."""
+        if self._listed is None:
+            self._listed = list_labelled_images(self.folders["train"])
+        return self._listed
+
     def _files(self, split: str) -> ImageFiles | None:
         """The files of ``split`` with their labels; ``None`` for a test split the folder does not have."""
         folder = self.folders[split]
+        if split == "train" and self.folders["val"] is not None:
+            return self._training_folder()
+        if split != "train" and folder is not None:  # a val/ or test/ folder
+            return list_labelled_images(folder, self.class_names)
         if split == "test":
-            return list_labelled_images(folder, self.class_names) if folder is not None else None
-        if self.folders["val"] is not None:
-            return list_labelled_images(folder, None if split == "train" else self.class_names)
+            return None
         # No val/ folder: a seeded share of the training files, the same on every run and process.
-        found = list_labelled_images(self.folders["train"])
+        found = self._training_folder()
         count = len(found.files)
         val_size = round(self.hparams.val_fraction * count)
         if not 0 < val_size < count:
