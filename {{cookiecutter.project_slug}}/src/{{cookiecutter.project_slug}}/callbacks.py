@@ -6,6 +6,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -138,12 +139,20 @@ class ProcessWatch(L.Callback):
                 os._exit(1)
 
     @classmethod
-    def ended(cls) -> str | None:
-        """Which other process ended before its time, and how, as the first process sees it."""
-        for rank, child in enumerate(cls._children, start=1):
-            if child.poll() not in (None, 0):
-                return f"the process of rank {rank} ended with exit code {child.returncode}"
-        return None
+    def ended(cls, within: float = 0.0) -> str | None:
+        """Which other process ended before its time, and how, as the first process sees it.
+
+        ``within``: seconds to wait for one to end. A collective can fail as soon as a killed
+        process's sockets close, a moment before its exit code can be read.
+        """
+        deadline = time.monotonic() + within
+        while True:
+            for rank, child in enumerate(cls._children, start=1):
+                if child.poll() not in (None, 0):
+                    return f"the process of rank {rank} ended with exit code {child.returncode}"
+            if not cls._children or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException) and self._done is not None:
