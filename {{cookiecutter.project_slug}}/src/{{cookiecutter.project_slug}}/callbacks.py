@@ -133,10 +133,7 @@ class ProcessWatch(L.Callback):
             if ended is None and self.started_by_lightning and os.getppid() != parent:
                 ended = "the process of rank 0 ended"
             if ended is not None:
-                # Leave at once: the main thread may be blocked in a collective that never returns.
-                sys.stderr.write(f"{lost_process_line(ended)}\n")
-                sys.stderr.flush()
-                os._exit(1)
+                _leave_at_once(ended)  # the main thread may be blocked in a collective that never returns
 
     @classmethod
     def ended(cls, within: float = 0.0) -> str | None:
@@ -155,12 +152,24 @@ class ProcessWatch(L.Callback):
             time.sleep(0.05)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException) and self._done is not None:
+        if self._done is None:
+            return
+        if isinstance(exception, SIGTERMException):
             self._done.set()  # every process stops now: the others' exits are no accident
+        elif (ended := self.ended(within=2)) is not None:
+            # A collective failed because another process died. Said now, before Lightning's
+            # teardown: its own watch of the processes would kill this one without a word.
+            _leave_at_once(ended)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._done is not None:
             self._done.set()
+
+
+def _leave_at_once(ended: str) -> None:
+    sys.stderr.write(f"{lost_process_line(ended)}\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def lost_process_line(ended: str) -> str:

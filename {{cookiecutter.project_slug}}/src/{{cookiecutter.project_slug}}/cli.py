@@ -551,7 +551,7 @@ def _errors_as_messages() -> Iterator[None]:
         if (mistake := _user_error_behind(err)) is not None:
             sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
         if _lost_a_process(err):
-            sys.exit(lost_process_line(ProcessWatch.ended(within=5) or "another process of the DDP run stopped"))
+            sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
         found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
         if not isinstance(found, DevicePlacementError):
             raise
