@@ -6,7 +6,6 @@ import random
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -124,42 +123,40 @@ class ProcessWatch(L.Callback):
         if trainer.world_size > 1 and by_lightning:
             ProcessWatch.started_by_lightning = trainer.local_rank > 0
             ProcessWatch._children = list(launcher.procs)  # in the first process only
-            self._done = threading.Event()
-            threading.Thread(target=self._watch, args=(self._done, os.getppid()), daemon=True).start()
+            self._done = done = threading.Event()
+            if self.started_by_lightning:
+                threading.Thread(target=self._watch_first, args=(done, os.getppid()), daemon=True).start()
+            for rank, child in enumerate(self._children, start=1):
+                threading.Thread(target=self._watch_child, args=(done, rank, child), daemon=True).start()
 
-    def _watch(self, done: threading.Event, parent: int) -> None:
+    def _watch_first(self, done: threading.Event, parent: int) -> None:
+        """In a process Lightning started: the first process is gone when this one's parent changes."""
         while not done.wait(self.POLL_SECONDS):
-            ended = self.ended()
-            if ended is None and self.started_by_lightning and os.getppid() != parent:
-                ended = "the process of rank 0 ended"
-            if ended is not None:
-                _leave_at_once(ended)  # the main thread may be blocked in a collective that never returns
+            if os.getppid() != parent:
+                _leave_at_once("the process of rank 0 ended")
+
+    @staticmethod
+    def _watch_child(done: threading.Event, rank: int, child) -> None:
+        """In the first process: learn the moment another rank's process ends.
+
+        Waiting, not polling: Lightning's own watch polls every 5 seconds and then kills this
+        process without a word, and while this thread waits its polls see nothing.
+        """
+        code = child.wait()
+        if code != 0 and not done.is_set():
+            _leave_at_once(f"the process of rank {rank} ended with exit code {code}")
 
     @classmethod
-    def ended(cls, within: float = 0.0) -> str | None:
-        """Which other process ended before its time, and how, as the first process sees it.
-
-        ``within``: seconds to wait for one to end. A collective can fail as soon as a killed
-        process's sockets close, a moment before its exit code can be read.
-        """
-        deadline = time.monotonic() + within
-        while True:
-            for rank, child in enumerate(cls._children, start=1):
-                if child.poll() not in (None, 0):
-                    return f"the process of rank {rank} ended with exit code {child.returncode}"
-            if not cls._children or time.monotonic() >= deadline:
-                return None
-            time.sleep(0.05)
+    def ended(cls) -> str | None:
+        """Which other process ended before its time, and how, as the first process sees it."""
+        for rank, child in enumerate(cls._children, start=1):
+            if child.poll() not in (None, 0):
+                return f"the process of rank {rank} ended with exit code {child.returncode}"
+        return None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self._done is None:
-            return
-        if isinstance(exception, SIGTERMException):
+        if isinstance(exception, SIGTERMException) and self._done is not None:
             self._done.set()  # every process stops now: the others' exits are no accident
-        elif (ended := self.ended(within=2)) is not None:
-            # A collective failed because another process died. Said now, before Lightning's
-            # teardown: its own watch of the processes would kill this one without a word.
-            _leave_at_once(ended)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._done is not None:
@@ -167,6 +164,7 @@ class ProcessWatch(L.Callback):
 
 
 def _leave_at_once(ended: str) -> None:
+    """Leave with the line at once: the main thread may be blocked in a collective that never returns."""
     sys.stderr.write(f"{lost_process_line(ended)}\n")
     sys.stderr.flush()
     os._exit(1)
