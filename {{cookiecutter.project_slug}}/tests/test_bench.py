@@ -1,19 +1,41 @@
 """The benchmark runs and prints sane numbers. It asserts no timings: those belong in its report, not in tests."""
 
 import math
+{%- if cookiecutter.task == "image" %}
+import pickle
+{%- endif %}
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import CONFIGS
 
 from {{ cookiecutter.project_slug }} import bench
+{%- if cookiecutter.task == "image" %}
+from {{ cookiecutter.project_slug }}.data import images
+{%- endif %}
 
 
-@pytest.mark.slow
-def test_benchmark_reports_every_measurement(in_tmp_path, synthetic_config, capsys):
-    bench.main(
-        ["--config", synthetic_config, "--accelerator", "cpu", "--steps", "4", "--warmup", "2", "--repeats", "1"]
-    )
-    out = capsys.readouterr().out
+def write_the_data_of_every_config(folder: Path) -> None:
+    """The data the shipped configs read, tiny, where they read it (data/ under the working folder)."""
+    rng = np.random.default_rng(0)
+{%- if cookiecutter.task == "image" %}
+    cifar = folder / "data" / images.CIFAR10_FOLDER  # extracted, as after the first download
+    cifar.mkdir(parents=True)
+    for name in images.CIFAR10_BATCHES:
+        batch = {"labels": rng.integers(0, 10, 8).tolist(), "data": rng.integers(0, 256, (8, 3072), dtype=np.uint8)}
+        (cifar / name).write_bytes(pickle.dumps(batch, protocol=2))
+    bench.write_image_folder(folder / "data" / "images", count=40)
+{%- else %}
+    tokens, labels = rng.integers(0, 16, (64, 32)), rng.integers(0, 2, 64)
+    (folder / "data").mkdir()
+    np.savez(folder / "data" / "sequences.npz", tokens=tokens, labels=labels)
+{%- endif %}
+
+
+def measured(out: str) -> None:
+    """Every measurement of the report is there, positive and finite."""
     rates = {
         label: float(value.replace(",", ""))
         for label, value in re.findall(r"^\((\w)\) .*?([\d,]+) samples/s", out, re.M)
@@ -24,6 +46,35 @@ def test_benchmark_reports_every_measurement(in_tmp_path, synthetic_config, caps
     assert len(ratios) == 3 and all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), out
     per_step = [float(value) for value in re.findall(r"([\d.]+) ms", out)]
     assert len(per_step) == 3 and all(value > 0 for value in per_step), out
+
+
+@pytest.mark.slow
+def test_benchmark_reports_every_measurement(in_tmp_path, synthetic_config, capsys):
+    bench.main(
+        ["--config", synthetic_config, "--accelerator", "cpu", "--steps", "4", "--warmup", "2", "--repeats", "1"]
+    )
+    measured(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", sorted(path.name for path in CONFIGS.glob("*.yaml")))
+def test_the_benchmark_runs_with_every_shipped_config(in_tmp_path, config, capsys):
+    """Each config the project ships, alone, as its own comment shows it used, with its data in place."""
+    write_the_data_of_every_config(in_tmp_path)
+    tiny = ["--steps", "2", "--warmup", "1", "--repeats", "1", "--data.batch_size", "4"]
+    bench.main(["--config", str(CONFIGS / config), "--accelerator", "cpu", *tiny])
+    measured(capsys.readouterr().out)
+
+
+def test_a_missing_data_folder_is_one_line(in_tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+{%- if cookiecutter.task == "image" %}
+        bench.main(["--config", str(CONFIGS / "image_folder.yaml"), "--accelerator", "cpu"])
+    assert str(exit_info.value.code).startswith("error: --data.root data/images is not a folder")
+{%- else %}
+        bench.main(["--config", str(CONFIGS / "from_file.yaml"), "--accelerator", "cpu", "--repeats", "1"])
+    assert str(exit_info.value.code).startswith("error: ") and "data/sequences.npz" in str(exit_info.value.code)
+{%- endif %}
 {%- if cookiecutter.task == "image" %}
 
 

@@ -641,6 +641,57 @@ def test_what_cannot_run_is_reported_as_not_audited():
     assert "Unfinished.validation_step" in verdict.gaps[0].gap and "NotImplementedError" in verdict.gaps[0].gap
 
 
+class WithTestStep(Probe):
+    def test_step(self, batch, batch_idx):
+        features, labels = batch
+        self.log("test/loss", F.cross_entropy(self(features), labels))
+
+
+class NoTestSplit(L.LightningDataModule):
+    """Training and validation data, and a test loader for a test split it says it does not have."""
+
+    def train_dataloader(self):
+        return DataLoader([BATCH, BATCH], batch_size=None)
+
+    def val_dataloader(self):
+        return DataLoader([BATCH, BATCH], batch_size=None)
+
+    def test_dataloader(self):
+        raise FileNotFoundError("no test/ folder")  # not audited
+
+    def has_data_for(self, stage):
+        return stage != "test"
+
+
+class BrokenTestSplit(NoTestSplit):
+    def has_data_for(self, stage):
+        return True
+
+
+class NoTestLoader(L.LightningDataModule):
+    train_dataloader = NoTestSplit.train_dataloader
+    val_dataloader = NoTestSplit.val_dataloader
+
+
+@pytest.mark.parametrize("data", [NoTestSplit, NoTestLoader])
+def test_a_stage_the_data_has_nothing_for_is_skipped_with_a_note(data):
+    """The model has a test step, the data no test split (or no test loader): audited are the stages it defines."""
+    verdict = audit(WithTestStep(), data())
+    assert verdict.exit_code == placement.EXIT_PASSED and not verdict.gaps
+    assert {outcome.stage for outcome in verdict.outcomes} == {"fit", "validate"}
+    assert f"note: test skipped: {data.__name__} has no data for it" in verdict.report()
+
+
+def test_a_stage_the_data_defines_but_cannot_run_is_not_audited():
+    """A data module that says it has a test split which then fails leaves a gap: exit status 3, never a pass."""
+    with pytest.raises(AuditIncompleteError) as caught:
+        audit(WithTestStep(), BrokenTestSplit())
+    verdict = caught.value.verdict
+    assert verdict.exit_code == placement.EXIT_INCOMPLETE and not verdict.skipped
+    assert [outcome.stage for outcome in verdict.gaps] == ["test", "test"]
+    assert "FileNotFoundError: no test/ folder" in verdict.gaps[0].gap
+
+
 class SynchronizesTheGPU(Probe):
     def on_train_epoch_end(self):
         torch.cuda.synchronize()  # needs a real GPU
@@ -692,6 +743,40 @@ def test_the_command_line_audit_reports_every_stage(in_tmp_path, synthetic_confi
         assert f"{stage} on simgpu:0 " in out and f"{stage} on simgpu:1 (DDP rank 1 of 2)" in out
     assert "the model will run on a GPU" in out
     assert not list(in_tmp_path.iterdir()), "the audit writes nothing where it runs"
+
+
+{%- if cookiecutter.task == "image" %}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["flat", "train-val"])
+def test_the_command_line_audit_passes_an_image_folder_without_a_test_split(in_tmp_path, layout, capsys):
+    """configs/image_folder.yaml on the documented layouts without test/: fit and validate pass, exit 0,
+    and the report says test and predict were skipped; with a test/ folder they are audited too."""
+    from test_images import write_images
+
+    root = in_tmp_path / "images"
+    for split in ("train", "val") if layout == "train-val" else ("",):
+        write_images(root / split, per_class=6)
+    args = ["--config", str(PROJECT / "configs" / "image_folder.yaml"), "--data.root", str(root)]
+    args += ["--data.image_size", "16", "--data.batch_size", "4"]
+    with pytest.raises(SystemExit) as exit_info:
+        placement.main(args)
+    out = capsys.readouterr().out
+    assert exit_info.value.code == placement.EXIT_PASSED, out
+    assert "note: test skipped: ImageFolderDataModule has no data for it" in out
+    assert "note: predict skipped: ImageFolderDataModule has no data for it" in out
+    assert "validate on simgpu:1 (DDP rank 1 of 2)" in out and "test on simgpu" not in out
+    assert "Every stage the data defines ran on the simulated GPUs" in out
+
+    if layout == "train-val":
+        write_images(root / "test", per_class=2)
+        with pytest.raises(SystemExit) as exit_info:
+            placement.main(args)
+        out = capsys.readouterr().out
+        assert exit_info.value.code == placement.EXIT_PASSED and "skipped" not in out, out
+        assert "test on simgpu:1 (DDP rank 1 of 2)" in out and "predict on simgpu:0" in out
+{%- endif %}
 
 
 class PlainAttributeNet(nn.Module):

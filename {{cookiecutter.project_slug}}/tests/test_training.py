@@ -259,6 +259,92 @@ def test_a_run_that_diverges_stops_with_one_line_and_saves_nothing_diverged(in_t
         assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), saved
 
 
+class PoisonAt(L.Callback):
+    """Make the network's weights NaN before a given step: from that step on, the loss is NaN."""
+
+    def __init__(self, step: int = 3) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+
+
+class SaveAt(L.Callback):
+    """Call ``trainer.save_checkpoint`` after a given step, as any code may."""
+
+    def __init__(self, step: int = 5) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint("saved_by_hand.ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "save",
+    [
+        [f"--trainer.callbacks+={__name__}.SignalAt", "--trainer.callbacks.init_args.train_batch", "4"],
+        [f"--trainer.callbacks+={__name__}.SaveAt", "--trainer.callbacks.init_args.step", "5"],
+    ],
+    ids=["SIGTERM", "save_checkpoint"],
+)
+def test_no_save_writes_a_diverged_model_between_the_periodic_checks(in_tmp_path, fast_args, save):
+    """The loss turns NaN at step 3, a save is asked for at step 5, long before the check every 20 steps:
+    the save is refused, the run stops with one line, and no checkpoint anywhere holds a non-finite weight."""
+    poison = [f"--trainer.callbacks+={__name__}.PoisonAt", "--trainer.callbacks.init_args.step", "3"]
+    steps = ["--trainer.limit_train_batches", "10", "--data.batch_size", "8", "--max_epochs", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, *steps, *poison, *save])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: training diverged") and "step 5" in message, message
+    assert len(message.splitlines()) == 1
+    assert not Path("saved_by_hand.ckpt").exists() and not checkpoint(0, "on_exception.ckpt").exists()
+    for saved in Path().rglob("*.ckpt"):
+        weights = torch.load(saved, weights_only=True)["state_dict"].values()
+        assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), saved
+
+
+class RightOnlyIn(L.Callback):
+    """Force the validation predictions: all right in epoch ``best``, all wrong in every other."""
+
+    def __init__(self, best: int = 0) -> None:
+        self.best = best
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        labels, right = batch[1], trainer.current_epoch == self.best
+
+        def forced(module, inputs, logits):
+            wanted = labels if right else (labels + 1) % logits.shape[-1]
+            return 10 * torch.nn.functional.one_hot(wanted, logits.shape[-1]).to(logits.dtype)
+
+        self._hook = pl_module.net.register_forward_hook(forced)
+
+    def on_validation_batch_end(self, trainer, pl_module, *args):
+        self._hook.remove()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_names_the_checkpoint_of_the_best_metrics(in_tmp_path, fast_args, capsys):
+    """Best in epoch 0, stopped in epoch 1 and resumed: the resumed run's best epoch, its metrics and the
+    best checkpoint it names are all epoch 0's, in the first run's folder, kept there."""
+    best = [f"--trainer.callbacks+={__name__}.RightOnlyIn", "--trainer.callbacks.init_args.best", "0"]
+    stop = [f"--trainer.callbacks+={__name__}.SignalAt", "--trainer.callbacks.init_args.epoch", "1"]
+    stop += ["--trainer.callbacks.init_args.train_batch", "1"]
+    with pytest.raises(SystemExit, match="stopped by Ctrl-C or SIGTERM"):
+        main([*fast_args, "--max_epochs", "3", *best, *stop])
+    capsys.readouterr()
+    main([*fast_args, "--max_epochs", "3", *best, "--ckpt_path", "last"])
+    out = capsys.readouterr().out
+    assert "fit finished: best epoch 0: val/loss=" in out and "val/acc=1.0000" in out, out
+    named = out.partition("best checkpoint: ")[2].splitlines()[0]
+    assert Path(named).parent == checkpoint(0).parent and Path(named).name.startswith("best-epoch=0-"), out
+    assert Path(named).is_file()
+    assert torch.load(named, weights_only=True)["epoch"] == 0
+
+
 @pytest.mark.slow
 def test_nothing_existing_is_overwritten(trained_run, fast_args):
     """An earlier run's folder is never reused, and predictions replace a file only when asked to."""

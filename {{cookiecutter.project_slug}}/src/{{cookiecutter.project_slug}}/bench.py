@@ -18,7 +18,9 @@ reporting medians, because timings on a shared machine drift between runs:
       path against `Trainer(barebones=True)` and a hand-written loop.
 
 This is measurement code: unlike the project, it moves tensors and synchronises
-the device itself, as a hand-written loop must.
+the device itself, as a hand-written loop must. It runs with any configuration
+`train.py` takes; callbacks that would end training before the timed steps
+(`EarlyStopping`, `Timer`) are left out, as validation is.
 {%- if cookiecutter.task == "image" %}
 
 With `--image_folder N` it measures reading an image folder instead: N generated
@@ -31,6 +33,7 @@ decoding and the cache, not the disk.
 
 import argparse
 import copy
+import math
 {%- if cookiecutter.task == "image" %}
 import os
 {%- endif %}
@@ -48,15 +51,21 @@ import lightning as L
 import numpy as np
 {%- endif %}
 import torch
+from lightning.pytorch.callbacks import EarlyStopping, Timer
 {%- if cookiecutter.task == "image" %}
 from PIL import Image
 {%- endif %}
 from torch import nn
 
-from .cli import build_all
+from .cli import _errors_as_messages, build_all
 {%- if cookiecutter.task == "image" %}
 from .data.folders import list_labelled_images, load_images
+{%- endif %}
+from .errors import UserError
 
+# Callbacks that end training early: they would stop a run before its timed steps.
+STOPPING_CALLBACKS = (EarlyStopping, Timer)
+{%- if cookiecutter.task == "image" %}
 IMAGE_FOLDER_CLASSES = 10
 IMAGE_FOLDER_SIDES = (48, 128)  # smallest and largest side, in pixels
 IMAGE_FOLDER_SIZE = 32  # the side the images are resized to, as CIFAR-10's
@@ -113,6 +122,11 @@ def lightning_path(make, warmup: int, steps: int, net: nn.Module | None = None, 
     else:
         trainer.callbacks.append(window)
     trainer.fit(model, datamodule=datamodule)
+    if math.isnan(window.seconds):
+        raise UserError(
+            f"training stopped at step {trainer.global_step}, before the {warmup + steps} steps the benchmark "
+            "runs: leave out the callbacks or settings that end it early"
+        )
     return window.seconds
 
 
@@ -125,6 +139,7 @@ def hand_written_loop(make, warmup: int, steps: int, net: nn.Module | None = Non
     model.net = net
     optimizer = model.configure_optimizers()
     augment = getattr(datamodule, "augment", None)
+    datamodule.prepare_data()
     datamodule.setup("fit")
     batches = _forever(datamodule.train_dataloader())
     for step in range(warmup + steps):
@@ -148,6 +163,7 @@ def data_pipeline(make, batches: int) -> tuple[float, int]:
     device = trainer.strategy.root_device
     synchronize = _synchronizer(device)
     augment = getattr(datamodule, "augment", None)
+    datamodule.prepare_data()
     datamodule.setup("fit")
     loader = _forever(datamodule.train_dataloader())
     threads = torch.get_num_threads()
@@ -255,6 +271,12 @@ def main(args: list[str] | None = None) -> None:
         image_folder_benchmark(options.image_folder)
         return
 {%- endif %}
+    with _errors_as_messages():  # a missing data folder, say: one line
+        training_benchmark(options, train_args)
+
+
+def training_benchmark(options: argparse.Namespace, train_args: list[str]) -> None:
+    """Measure (a) to (e) on the model and data that ``train_args`` configure."""
     warmup, steps = options.warmup, options.steps
 
     with tempfile.TemporaryDirectory() as runs:
@@ -267,7 +289,9 @@ def main(args: list[str] | None = None) -> None:
         ]  # fmt: skip
 
         def make():
-            return build_all([*train_args, *fixed])
+            model, datamodule, trainer = build_all([*train_args, *fixed])
+            trainer.callbacks[:] = [c for c in trainer.callbacks if not isinstance(c, STOPPING_CALLBACKS)]
+            return model, datamodule, trainer
 
         model, datamodule, trainer = make()
         batch_size = datamodule.hparams.batch_size

@@ -13,7 +13,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -95,7 +95,14 @@ class InterruptCheckpoint(L.Callback):
         # SIGTERMException is Lightning's stop at a safe point; any other exception may strike mid-step.
         graceful = isinstance(exception, SIGTERMException)
         if graceful and trainer.state.fn == TrainerFn.FITTING and trainer.global_step > 0 and checkpoint_dir:
-            trainer.save_checkpoint(Path(checkpoint_dir) / self.FILENAME)
+            try:
+                trainer.save_checkpoint(Path(checkpoint_dir) / self.FILENAME)
+            except DivergenceError:
+                # StopOnDivergence refused the save: a stop it did not see coming (Lightning's own SIGTERM
+                # handler, in a thread). The run ends with that line instead, its signal handlers put back.
+                self.teardown(trainer, pl_module, "fit")
+                trainer._signal_connector.teardown()
+                raise
             InterruptCheckpoint.saved = Path(checkpoint_dir) / self.FILENAME
 
 
@@ -215,11 +222,17 @@ class DivergenceError(UserError):
 
 
 class StopOnDivergence(L.Callback):
-    """Stop ``fit`` when the training loss becomes NaN or infinite, before such a model is saved.
+    """Stop ``fit`` when the training loss or the weights become NaN or infinite, before such a model is saved.
 
-    The check runs every ``check_every`` steps and before each epoch's checkpoints are
-    written (checkpoint callbacks run after this one), so no step waits for it and no
-    diverged model becomes ``best`` or ``last``; the last good checkpoints stay as they are.
+    Every save is checked before it is written, whoever asks for it: the checkpoint callbacks
+    (best and last), the interruption checkpoint, a ``trainer.save_checkpoint`` call. The check
+    covers the loss of every step so far (kept on the device, so no step waits for it) and the
+    weights being saved. Between saves it runs every ``check_every`` steps, and at once when a
+    stop is asked for (Ctrl-C, SIGTERM: a checkpoint is saved next), so a diverged run stops
+    with one line, and the last good checkpoints stay as they are.
+
+    ``InterruptCheckpoint`` must come before it in the callbacks: its stop is then seen in the
+    same step.
     """
 
     def __init__(self, check_every: int = 20) -> None:
@@ -231,7 +244,7 @@ class StopOnDivergence(L.Callback):
         if isinstance(loss, torch.Tensor):
             finite = torch.isfinite(loss.detach()).all()
             self._finite = finite if self._finite is None else self._finite & finite
-        if trainer.global_step % self.check_every == 0:
+        if trainer.global_step % self.check_every == 0 or trainer.received_sigterm:
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -241,43 +254,72 @@ class StopOnDivergence(L.Callback):
         if not trainer.sanity_checking:
             self._check(trainer)
 
-    def _check(self, trainer: L.Trainer) -> None:
-        if self._finite is not None and not trainer.strategy.reduce_boolean_decision(bool(self._finite), all=True):
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Raised here, before the checkpoint is written: nothing non-finite reaches the disk.
+        weights = [value for value in checkpoint.get("state_dict", {}).values() if isinstance(value, torch.Tensor)]
+        self._check(trainer, all(bool(torch.isfinite(value).all()) for value in weights if value.is_floating_point()))
+
+    def _check(self, trainer: L.Trainer, weights_finite: bool = True) -> None:
+        finite = weights_finite and (self._finite is None or bool(self._finite))
+        if not trainer.strategy.reduce_boolean_decision(finite, all=True):
             raise DivergenceError(
-                f"training diverged: the training loss became NaN or infinite by epoch {trainer.current_epoch}, "
-                f"step {trainer.global_step}. Nothing was saved from then on; try a lower --model.lr"
+                f"training diverged: the training loss or the weights became NaN or infinite by epoch "
+                f"{trainer.current_epoch}, step {trainer.global_step}. Nothing was saved from then on; "
+                "try a lower --model.lr"
             )
 
 
-class BestEpoch(L.Callback):
-    """Remember the validation metrics of the epoch the checkpoint callback judges best, for the end of ``fit``.
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, which goes on judging across a resume.
 
-    Kept in checkpoints, so a resumed run still knows the best epoch of the runs it continues.
+    A resumed run writes into a new run folder, and for a new folder Lightning's own forgets
+    the scores so far: the first epoch after the resume became the best, however it scored.
+    This one keeps the best checkpoints' scores and paths (in the earlier run's folder) and
+    saves a new best only when it beats them. Lightning never deletes a checkpoint outside
+    the callback's own folder, so the earlier run's stay as they are.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict({**state_dict, "dirpath": self.dirpath})
+
+
+class BestEpoch(L.Callback):
+    """The epoch and validation metrics of the checkpoint callback's best checkpoint, for the end of ``fit``.
+
+    Taken from the checkpoint callback itself: when it saves a new best checkpoint (its
+    ``best_model_path`` changes), the metrics of that moment are recorded with the path, so
+    the metrics printed belong to the checkpoint it names. Kept in checkpoints, so a resumed
+    run still knows the best epoch of the runs it continues.
     """
 
     def __init__(self) -> None:
         self.epoch: int | None = None
         self.metrics: dict[str, float] = {}
+        self.path: str | None = None  # the best checkpoint these metrics belong to
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        judge = trainer.checkpoint_callback
-        if trainer.sanity_checking or judge is None or judge.monitor not in trainer.callback_metrics:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.path is None and self.epoch is not None and trainer.checkpoint_callback is not None:
+            self.path = trainer.checkpoint_callback.best_model_path  # resumed from a checkpoint without the path
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        path = getattr(trainer.checkpoint_callback, "best_model_path", None)
+        if not path or path == self.path:
             return
-        score = float(trainer.callback_metrics[judge.monitor])
-        best = self.metrics.get(judge.monitor)
-        if best is None or (score > best if judge.mode == "max" else score < best):
-            self.epoch = trainer.current_epoch
-            self.metrics = {
-                name: float(value)
-                for name, value in trainer.callback_metrics.items()
-                if name.startswith("val/") and value.numel() == 1
-            }
+        # The checkpoint callback has just chosen a new best, and this is that checkpoint being saved.
+        self.epoch, self.path = trainer.current_epoch, path
+        self.metrics = {
+            name: float(value)
+            for name, value in trainer.callback_metrics.items()
+            if name.startswith("val/") and value.numel() == 1
+        }
+        if "callbacks" in checkpoint:
+            checkpoint["callbacks"][self.state_key] = self.state_dict()  # written before this hook ran
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "metrics": self.metrics}
+        return {"epoch": self.epoch, "metrics": self.metrics, "path": self.path}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.metrics = state["epoch"], dict(state["metrics"])
+        self.epoch, self.metrics, self.path = state["epoch"], dict(state["metrics"]), state.get("path")
 
 
 class RunPlots(L.Callback):

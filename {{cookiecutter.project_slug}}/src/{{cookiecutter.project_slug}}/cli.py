@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import simulated_gpu
 from .callbacks import (
+    BestCheckpoint,
     BestEpoch,
     CSVPredictionWriter,
     InterruptCheckpoint,
@@ -465,7 +466,7 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
             "callbacks": [
                 # The best epoch by validation accuracy, and the latest one, every epoch.
-                ModelCheckpoint(monitor="val/acc", mode="max", filename="best-{epoch}-{step}"),
+                BestCheckpoint(monitor="val/acc", mode="max", filename="best-{epoch}-{step}"),
                 ModelCheckpoint(filename="last"),
                 # Before InterruptCheckpoint: the watch ends before a stop's checkpoint is written.
                 ProcessWatch(),

@@ -16,7 +16,9 @@ From the command line, with the same arguments as ``train.py``:
 
 Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
 configuration is wrong; 3 no bug was found but part of the run could not be audited
-(the report says which part and why).
+(the report says which part and why). A stage the data has nothing for (an image folder
+without a ``test/`` split, a data module without a ``test_dataloader``) is skipped, with
+a note: the audit covers what the model and the data define.
 
 In tests: ``audit(model, datamodule)`` (or ``audit(model, batch)``) raises
 ``DevicePlacementError`` for a bug, ``AuditIncompleteError`` when part could not be
@@ -164,6 +166,7 @@ class Verdict:
     outcomes: list[Outcome] = field(default_factory=list)
     hooks: set[str] = field(default_factory=set)  # the hooks and loop steps that ran
     notes: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # a stage the data has nothing for: why
 
     @property
     def errors(self) -> list[DevicePlacementError]:
@@ -193,6 +196,7 @@ class Verdict:
             lines += ["", f"FAILED {error}"]
         for outcome in self.gaps:
             lines += ["", f"NOT AUDITED {outcome.where}: {outcome.gap}"]
+        lines += [f"note: {stage} skipped: {why}" for stage, why in self.skipped.items()]
         lines += [f"note: {note}" for note in self.notes]
         return lines
 
@@ -229,7 +233,14 @@ def run_audit(
     simulated_gpu.enable()
     settings, callbacks, notes = _settings(trainer)
     verdict = Verdict(notes=notes)
-    stages = [stage for stage in STAGES if _defines(stage, model, data)]
+    stages = []
+    for stage in STAGES:
+        if not _defines(stage, model):
+            continue  # the model has no such step: nothing of it would run on a GPU either
+        if _has_data_for(stage, model, data):
+            stages.append(stage)
+        else:
+            verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
             twin = _copy(model)
@@ -529,11 +540,20 @@ def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
     return callback
 
 
-def _defines(stage: str, model: L.LightningModule, data: Any) -> bool:
-    """Whether ``model`` has the stage's step and data to run it on."""
-    if not is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule):
+def _defines(stage: str, model: L.LightningModule) -> bool:
+    """Whether ``model`` has the stage's step."""
+    return is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule)
+
+
+def _has_data_for(stage: str, model: L.LightningModule, data: Any) -> bool:
+    """Whether the data defines ``stage``: its dataloader, and, where the data module says which stages
+    it has data for (``has_data_for(stage)``, as an image folder without a test split does), that one."""
+    if not isinstance(data, L.LightningDataModule | type(None)):
+        return True  # one batch, for every stage
+    has_data_for = getattr(data, "has_data_for", None)
+    if callable(has_data_for) and not has_data_for(stage):
         return False
-    if stage == "fit" or not isinstance(data, L.LightningDataModule | type(None)):
+    if stage == "fit":
         return True
     loader = LOADER_OF_STAGE[stage]
     return is_overridden(loader, data, L.LightningDataModule) if data is not None else is_overridden(loader, model)
@@ -852,8 +872,9 @@ def main(args: list[str] | None = None) -> None:
     for line in verdict.report():
         print(line)
     if verdict.exit_code == EXIT_PASSED:
+        stages = "Every stage the data defines" if verdict.skipped else "Every stage"
         hooks = len(verdict.hooks)
-        print(f"Every stage ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
+        print(f"{stages} ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
     sys.exit(verdict.exit_code)
 
 

@@ -234,6 +234,13 @@ class ImageFolderDataModule(ImageSplits):
         self.normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
         self._listed: ImageFiles | None = None
 
+    def has_data_for(self, stage: str) -> bool:
+        """Whether ``stage`` has images here: ``test`` (and ``predict`` without ``predict_path``) needs a ``test/``
+        folder. The device audit skips a stage that has none."""
+        if stage == "predict" and self.hparams.predict_path:
+            return True
+        return "test" not in _SPLITS_OF[stage] or self.folders["test"] is not None
+
     def prepare_data(self) -> None:
         # Decoded once per machine, by one process; the others read the cache in setup.
         if self.hparams.cache_dir is not None and not self.predicting_files():
