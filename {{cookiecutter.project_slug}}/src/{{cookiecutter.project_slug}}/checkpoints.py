@@ -1,7 +1,9 @@
 """Writing checkpoints safely, and finding and checking them before a run trusts them."""
 
 import os
-from collections.abc import Iterator
+import stat
+import zipfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import UserError
+from .trust import check_trusted
 
 # What `--ckpt_path last` may resume from: the end of an epoch, or an interrupted step.
 RESUMABLE = ("last.ckpt", "on_exception.ckpt")
@@ -80,15 +83,24 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
     """The newest ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root`` of a run that trained.
 
     Checkpoints that cannot be read, or that hold no training step, are passed over,
-    and ``report`` is told about each.
+    and ``report`` is told about each; a FIFO or device by that name is never opened.
     """
-    candidates = [path for name in RESUMABLE for path in Path(runs_root).glob(f"*/checkpoints/{name}")]
+    candidates = {}
+    for path in (path for name in RESUMABLE for path in Path(runs_root).glob(f"*/checkpoints/{name}")):
+        try:
+            candidates[path] = path.stat().st_mtime_ns
+        except OSError:
+            report(f"passing over {path}: it cannot be read (a broken link?)")
     if not candidates:
         raise CheckpointError(f"--ckpt_path last: no run under {runs_root}/ has a last.ckpt or on_exception.ckpt")
-    for path in sorted(candidates, key=lambda path: path.stat().st_mtime_ns, reverse=True):
+    for path in sorted(candidates, key=candidates.get, reverse=True):
         try:
+            check_file(path)
             # Memory-mapped: only the few values read here are loaded, not the weights.
             steps = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", 0)
+        except CheckpointError as err:
+            report(f"passing over {path}: {err}")
+            continue
         except Exception:
             report(f"passing over {path}: it cannot be read (truncated?)")
             continue
@@ -96,6 +108,55 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
             return path
         report(f"passing over {path}: it was saved before any training step")
     raise CheckpointError(f"--ckpt_path last: no checkpoint under {runs_root}/ holds a trained model to resume")
+
+
+# torch.save stores a checkpoint's records uncompressed, so reading one takes about its size on disk.
+# An archive whose records would inflate to more than this many times its size was not written by
+# torch.save: a few megabytes of compressed zeros can inflate to gigabytes and exhaust the memory.
+INFLATION_LIMIT = 10
+
+
+def check_file(path: str | Path) -> None:
+    """Raise ``CheckpointError`` unless ``path`` is a regular, non-empty file that reading cannot blow up.
+
+    Decided from the file's metadata and its zip archive's directory alone: a FIFO, a device or
+    a folder is never opened, and no record is inflated.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror}") from err
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(f"--ckpt_path {path} is a folder: give a .ckpt file, e.g. {path}/last.ckpt")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise CheckpointError(f"checkpoint {path} is {kind}, not a file: refused unopened; give a .ckpt file")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (its save was interrupted?)")
+    if not zipfile.is_zipfile(path):
+        return  # PyTorch's legacy format is read as stored: no more than the file's size
+    try:
+        with zipfile.ZipFile(path) as archive:
+            inflated = sum(entry.file_size for entry in archive.infolist())
+    except (zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read (truncated?): {err}") from err
+    if inflated > INFLATION_LIMIT * size:
+        raise CheckpointError(
+            f"checkpoint {path} would inflate from {_size(size)} on disk to {_size(inflated)}, more than "
+            f"{INFLATION_LIMIT} times its size: refused unread (torch.save stores checkpoints uncompressed)"
+        )
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -106,21 +167,16 @@ class Trained:
     class_names: list[str] | None
 
 
-def read_checkpoint(path: str | Path) -> Trained:
+def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
     """Check that ``path`` is a readable Lightning checkpoint of this project; return what it holds.
 
-    The file is read with ``weights_only=True``: tensors and plain data only, so a
-    tampered checkpoint cannot run code. Its hyperparameters may name classes that the
-    command line would import to rebuild the model: only this project's are accepted,
-    checked before anything is imported.
+    The file is checked by ``check_file`` first, then read with ``weights_only=True``:
+    tensors and plain data only, so a tampered checkpoint cannot run code. Its
+    hyperparameters may name classes: each must be one ``trust.check_trusted`` admits for
+    the command line ``args``, decided before anything is imported.
     """
     path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"--ckpt_path {path} is a folder: give a .ckpt file, e.g. {path}/last.ckpt")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (its save was interrupted?)")
+    check_file(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -134,31 +190,11 @@ def read_checkpoint(path: str | Path) -> Trained:
         or "pytorch-lightning_version" not in checkpoint
     ):
         raise CheckpointError(f"{path} is not a Lightning checkpoint")
-    for section in ("hyper_parameters", "datamodule_hyper_parameters"):
-        foreign = [name for name in _class_paths(checkpoint.get(section)) if not name.startswith(_OWN_CLASSES)]
-        if foreign:
-            raise CheckpointError(
-                f"{path} names code outside this project in its {section} ({', '.join(foreign[:3])}): "
-                "refused, nothing was imported"
-            )
+    sections = ("hyper_parameters", "datamodule_hyper_parameters")
+    check_trusted({section: checkpoint.get(section) for section in sections}, path, args, [path.parent.parent])
     shapes = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
     class_names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
     return Trained(shapes, list(class_names) if isinstance(class_names, list | tuple) else None)
-
-
-# What a checkpoint's hyperparameters may name: this project's classes, and Lightning's instantiator.
-_OWN_CLASSES = (f"{__package__}.", "lightning.pytorch.cli.instantiate_module")
-_CLASS_KEYS = ("class_path", "_class_path", "_instantiator")
-
-
-def _class_paths(value: Any) -> list[str]:
-    """Every class path named in ``value``, a checkpoint's hyperparameters, however nested."""
-    if isinstance(value, dict):
-        found = [value[key] for key in _CLASS_KEYS if isinstance(value.get(key), str)]
-        return found + [name for item in value.values() for name in _class_paths(item)]
-    if isinstance(value, list | tuple):
-        return [name for item in value for name in _class_paths(item)]
-    return []
 
 
 def check_architecture(path: str | Path, trained: Trained, model: L.LightningModule) -> None:

@@ -45,8 +45,17 @@ from .errors import ConfigError, UserError
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
 from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
+from .trust import check_command_line, check_trusted, config_files, in_run_folder, read_config
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# What each evaluation runs on, and the Trainer flag that limits it.
+EVALUATIONS = {
+    "validate": ("validation set", "limit_val_batches"),
+    "test": ("test set", "limit_test_batches"),
+    "predict": ("prediction data", "limit_predict_batches"),
+}
+# Evaluating a model that was never trained must be asked for by name.
+UNTRAINED_FLAG = "--untrained_weights"
 # `train.py --accelerator gpu` is short for `train.py fit --trainer.accelerator gpu`.
 TRAINER_SHORTCUTS = ("accelerator", "devices", "strategy", "num_nodes", "precision", "max_epochs")
 
@@ -87,23 +96,45 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.seq_len", "model.net.init_args.max_len", apply_on="instantiate")
 {%- endif %}
 
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand in EVALUATIONS:
+            parser.add_argument(
+                UNTRAINED_FLAG,
+                type=bool,
+                default=False,
+                help=f"{subcommand} the model's fresh, untrained weights: without it, {subcommand} needs --ckpt_path",
+            )
+        return parser
+
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        self._parse_with_class_defaults(parser, args)
+        # Before any parsing: jsonargparse imports the classes it is given.
+        check_command_line(args)
+        # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
+        run_configs, args = _split_run_configs(args)
+        subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
+        rest = args[len(subcommand_given) :]
+        self._parse_with_class_defaults(parser, [*subcommand_given, *_config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        given = _given_ckpt_path(args)
+        if given is not None:
+            config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
         if config.get("ckpt_path") == "last":
             # Resolved here, so the run's saved config.yaml names the file it resumed from.
             config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger), report=_report))
             _report(f"{'resuming' if subcommand == 'fit' else 'evaluating'} from {config.ckpt_path}")
         ckpt_path = config.get("ckpt_path")
+        # Checked before anything its run folder names is imported, and before the Trainer loads it.
+        self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
         logger = config.trainer.logger
-        settings = _checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args) if ckpt_path else []
+        settings = _checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args, run_configs) if ckpt_path else []
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.
-            self._parse_with_class_defaults(parser, [args[0], *settings, *args[1:], "--ckpt_path", ckpt_path])
+            self._parse_with_class_defaults(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
-        # Checked before LightningCLI reads the model's hyperparameters from it.
-        self._trained = read_checkpoint(config.ckpt_path) if config.get("ckpt_path") else None
+        if subcommand in EVALUATIONS:
+            _check_evaluation(subcommand, config, args)
 
     def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
         """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
@@ -147,8 +178,11 @@ class ProjectCLI(LightningCLI):
             _simulation.start(self.subcommand or "fit")
         _check_accelerator(accelerator)
         _check_cpu_processes(config.trainer)
-        if self.subcommand == "fit":
+        if self.subcommand:
             _check_new_log_dir(config.trainer.logger)
+        if self.subcommand == "predict":
+            # Before the data is read and the model run: a path that cannot be written would waste that work.
+            CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})
@@ -191,17 +225,22 @@ class ProjectCLI(LightningCLI):
             _report(f"run folder: {log_dir}")
 
 
-def _checkpoint_run_settings(subcommand: str, ckpt_path: Path, logger, args: list[str]) -> list[str]:
+def _checkpoint_run_settings(
+    subcommand: str, ckpt_path: Path, logger, args: list[str], run_configs: list[Path]
+) -> list[str]:
     """Flags that give a run from a checkpoint the settings of the run that saved it.
 
     Without ``--config``, the run's own ``config.yaml`` decides the model and the data (the
-    data source, normalisation and class count the weights were trained with). An
-    evaluation also writes its logs and predictions into that run's folder.
+    data source, normalisation and class count the weights were trained with); a run's
+    config.yaml given with --config (``run_configs``) takes its place. An evaluation also
+    writes its logs and predictions into that run's folder.
     """
-    run_dir, settings = ckpt_path.parent.parent, []
-    if not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
+    run_dir, settings = ckpt_path.parent.parent, _config_flags(run_configs)
+    if not run_configs and not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
         if (run_dir / "config.yaml").is_file():
-            trained = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+            trained = read_config(run_dir / "config.yaml") or {}
+            # Read as data: what it names is imported only when check_trusted admits it.
+            check_trusted(trained, run_dir / "config.yaml", args, [run_dir])
             _warn_about_changes(trained, args[1:])
             settings = ["--config", str(run_dir / "config.yaml")]
             logger = (trained.get("trainer") or {}).get("logger")
@@ -222,9 +261,84 @@ def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
     outputs = []
     if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger"):
         outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
+        outputs += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
     if subcommand == "predict":
         outputs += ["--predictions.path", str(run_dir / "predictions.csv")]
     return outputs
+
+
+def _split_run_configs(args: list[str]) -> tuple[list[Path], list[str]]:
+    """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
+    found, kept, position = [], [], 0
+    while position < len(args):
+        arg = args[position]
+        if arg in ("-c", "--config") and position + 1 < len(args):
+            value, width = args[position + 1], 2
+        elif arg.startswith("--config="):
+            value, width = arg.partition("=")[2], 1
+        else:
+            value, width = None, 1
+        if value is not None and config_files(["--config", value]) and in_run_folder(Path(value)):
+            found.append(Path(value))
+        else:
+            kept += args[position : position + width]
+        position += width
+    return found, kept
+
+
+def _config_flags(paths: list[Path]) -> list[str]:
+    return [flag for path in paths for flag in ("--config", str(path))]
+
+
+def _given_ckpt_path(args: list[str]) -> str | None:
+    """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
+    given = [value for flag, value in _flag_values(args) if flag == "--ckpt_path"]
+    if not given:
+        return None
+    return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
+
+
+def _check_evaluation(subcommand: str, config, args: list[str]) -> None:
+    """An evaluation says what it evaluates: a checkpoint it loads, on the whole split unless told otherwise.
+
+    A limit on the batches counts when given on the command line, directly or in a --config
+    file of the person's; one only in a run's saved config.yaml (a training's two validation
+    batches) is not applied.
+    """
+    split, limit = EVALUATIONS[subcommand]
+    untrained = config.get(UNTRAINED_FLAG[2:])
+    if config.get("ckpt_path") is None and not untrained:
+        raise ConfigError(
+            f"{subcommand} needs --ckpt_path (a .ckpt file, or last for the newest run's): without one it would "
+            f"score untrained weights; to do that on purpose, give {UNTRAINED_FLAG} true"
+        )
+    if config.get("ckpt_path") is not None and untrained:
+        raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
+    whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
+    given = [key for key in whole if _limit_given(key, args)]
+    for key in whole.keys() - given:
+        setattr(config.trainer, key, whole[key])
+    values = {key: getattr(config.trainer, key) for key in given}
+    applied = [f"--trainer.{key} {value}" for key, value in values.items() if _limits(value)]
+    if applied:
+        _report(f"{subcommand} on part of the {split} only ({', '.join(applied)}): leave it out for the whole {split}")
+
+
+def _limits(value) -> bool:
+    """Whether a Trainer limit of ``value`` leaves batches out (``1.0``, a fraction, is all of them; ``1`` is one batch)."""
+    return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
+
+
+def _limit_given(key: str, args: list[str]) -> bool:
+    """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
+    if any(flag == f"--trainer.{key}" for flag, _ in _flag_values(args)):
+        return True
+    for config in config_files(args):
+        settings = read_config(config) if not in_run_folder(config) else None
+        trainer = settings.get("trainer") if isinstance(settings, dict) else None
+        if isinstance(trainer, dict) and key in trainer:
+            return True
+    return False
 
 
 def _warn_about_changes(trained: dict, args: list[str]) -> None:

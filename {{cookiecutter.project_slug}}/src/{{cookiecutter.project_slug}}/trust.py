@@ -1,0 +1,266 @@
+"""Which code a configuration or a checkpoint may make this project import: decided here, before anything is imported.
+
+A run folder (its ``config.yaml``, its checkpoints) and a data folder are data. The class
+paths they name are imported only when the code is
+
+- this project's own package, or a library it is built on (``BUILT_ON``);
+- named by the person on the current command line (``--data mymodule.MyData``), or in a
+  configuration file they pass with ``--config`` that is not itself in a run folder;
+- in a module listed in ``TRUSTED_MODULES`` below: a team's shared code, trusted once here.
+
+Code that lives in a run folder or a data folder is never imported, even when named: a
+shared run folder must not be able to run code by being evaluated. Where a module lives is
+found without importing it or the packages above it (no ``__init__.py`` runs).
+"""
+
+import importlib.util
+import pkgutil
+import re
+import stat
+from collections.abc import Iterable, Iterator, Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+
+# Modules whose classes a run's config.yaml or a checkpoint may name, e.g. ("our_team.datasets",):
+# each entry also admits the modules below it. Add a module here when its code is trusted
+# and it is used by many runs; for one command, naming the class (--data x.Y) is enough.
+TRUSTED_MODULES: tuple[str, ...] = ()
+
+# The libraries this project is built on: their classes (loggers, callbacks, optimizers) appear in every run's config.
+BUILT_ON = ("lightning", "torch", "torchvision", "torchmetrics")
+
+# Folders that hold runs and data (relative to where the command runs): never code.
+DATA_FOLDERS = ("runs", "data")
+# Keys whose values name a folder of runs or data.
+_FOLDER_KEYS = ("save_dir", "data_dir", "root", "default_root_dir")
+_CLASS_KEYS = ("class_path", "_class_path", "_instantiator")
+# A dotted name, as jsonargparse imports one: ``package.module.Class``.
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+class UntrustedCodeError(UserError):
+    """A configuration or a checkpoint names code that may not be imported."""
+
+
+def check_trusted(settings: Any, source: str | Path, args: Sequence[str] = (), folders: Iterable[Path] = ()) -> None:
+    """Raise ``UntrustedCodeError`` unless every module ``settings`` would make us import may be imported.
+
+    ``settings`` is what was read, as data, from ``source`` (a run's config.yaml, a
+    checkpoint's hyperparameters); ``args`` is the current command line, whose named
+    classes are trusted; ``folders`` are further run or data folders (the checkpoint's run).
+    Every command that builds objects from a file it did not get from the person calls this.
+    """
+    kept_out = _kept_out_folders([*folders, *_folder_values(settings)])
+    named = named_modules(args, kept_out)
+    for keys, name in _dotted_strings(settings):
+        found = _locate(name)
+        if found is None:
+            continue  # nothing importable by that name: no code would run
+        module, places = found
+        inside = next((folder for folder in kept_out for place in places if place.is_relative_to(folder)), None)
+        if inside is not None:
+            raise UntrustedCodeError(
+                f"{source} names {name}, code in the run or data folder {_shown(inside)}: refused, nothing was "
+                "imported (code in a run or data folder is never imported: move the module out of it, beside "
+                f"train.py or into src/, and name its class with {_flag(keys)})"
+            )
+        if not (_within(module, (__package__, *BUILT_ON, *TRUSTED_MODULES)) or module in named):
+            raise UntrustedCodeError(
+                f"{source} names code outside this project ({name}): refused, nothing was imported. If you trust "
+                f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to TRUSTED_MODULES in "
+                f"{_shown(Path(__file__))}"
+            )
+
+
+def check_command_line(args: Sequence[str]) -> None:
+    """Check, before it is parsed, the classes the command line names and the files it passes with --config.
+
+    A configuration file passed from a run folder is data like any other file of the run.
+    """
+    kept_out = _kept_out_folders([])
+    check_trusted(_flag_values(args), "the command line", args)
+    for config in config_files(args):
+        # named_modules() does not count what a run's config.yaml names as named by the person.
+        check_trusted(read_config(config), config, args, [config.parent] if in_run_folder(config, kept_out) else [])
+
+
+def named_modules(args: Sequence[str], kept_out: Sequence[Path] = ()) -> set[str]:
+    """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
+    values: list[Any] = list(_flag_values(args))
+    for config in config_files(args):
+        if not in_run_folder(config, kept_out or _kept_out_folders([])):
+            values.append(read_config(config))
+    return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
+
+
+def config_files(args: Sequence[str]) -> list[Path]:
+    """The files given with ``--config``/``-c`` (a value that is not a file is YAML text, typed by the person)."""
+    files = []
+    for flag, value in _pairs(args):
+        if flag in ("--config", "-c") and "\n" not in value and _exists(value):
+            files.append(Path(value))
+    return files
+
+
+def _exists(path: str) -> bool:
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # a name too long or with a NUL: YAML text
+        return False
+
+
+def read_config(path: Path) -> Any:
+    """A configuration file as data (``yaml.safe_load``); a FIFO or device is refused unopened."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise UserError(f"--config {path} is not a regular file: give a .yaml file")
+    try:
+        return yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        reason = str(err).strip().splitlines()[0]
+        raise UserError(f"--config {path} cannot be read as YAML: {reason}") from err
+
+
+def in_run_folder(path: Path, kept_out: Sequence[Path] = ()) -> bool:
+    """Whether ``path`` is in a folder of runs or data, or beside a run's checkpoints or logged hyperparameters."""
+    folder = path.resolve().parent
+    if any(folder.is_relative_to(root) for root in kept_out or _kept_out_folders([])):
+        return True
+    return (folder / "checkpoints").is_dir() or (folder / "hparams.yaml").is_file()
+
+
+def _kept_out_folders(extra: Iterable[Path]) -> list[Path]:
+    """The run and data folders, resolved: ``runs/`` and ``data/`` where the command runs, and ``extra``."""
+    folders = [Path(name) for name in DATA_FOLDERS] + [Path(folder) for folder in extra]
+    cwd = Path.cwd().resolve()
+    # A run folder that holds the working folder (a checkpoint given as checkpoints/last.ckpt) is not kept out whole.
+    return [resolved for resolved in (folder.resolve() for folder in folders) if not cwd.is_relative_to(resolved)]
+
+
+def _locate(name: str) -> tuple[str, list[Path]] | None:
+    """The deepest module that importing ``name`` would run, and every file and folder it would read; found
+    without importing anything. None when importing ``name`` would run no code (nothing by that name, or only
+    namespace folders: ``data.csv`` with a ``data/`` folder)."""
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    module, specs = parts[0], [spec]
+    for part in parts[1:]:
+        if spec.submodule_search_locations is None:
+            break
+        child = _find_in(f"{module}.{part}", list(spec.submodule_search_locations))
+        if child is None:
+            break
+        module, spec = f"{module}.{part}", child
+        specs.append(child)
+    if not any(_runs_code(found) for found in specs):
+        return None
+    places = [Path(found.origin).resolve() for found in specs if found.has_location and found.origin]
+    places += [Path(location).resolve() for found in specs for location in found.submodule_search_locations or ()]
+    return module, places
+
+
+def _find_in(name: str, locations: list[str]) -> ModuleSpec | None:
+    """The spec of the module ``name`` in a package's ``locations``, as ``PathFinder`` finds it, without importing.
+
+    (``PathFinder.find_spec`` itself needs the parent package imported when ``name`` is a namespace package.)
+    """
+    portions = []
+    for location in locations:
+        finder = pkgutil.get_importer(location)
+        spec = finder.find_spec(name) if finder is not None and hasattr(finder, "find_spec") else None
+        if spec is not None and spec.loader is not None:
+            return spec
+        if spec is not None:
+            portions += spec.submodule_search_locations or []
+    if not portions:
+        return None
+    namespace = ModuleSpec(name, None, is_package=True)
+    namespace.submodule_search_locations = portions
+    return namespace
+
+
+def _runs_code(spec: ModuleSpec) -> bool:
+    return spec.origin is not None and spec.origin != "namespace"
+
+
+def _within(module: str, packages: Iterable[str]) -> bool:
+    return any(module == package or module.startswith(f"{package}.") for package in packages)
+
+
+def _dotted_strings(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Each ``(keys, string)`` in ``value`` that jsonargparse could import: class paths and any other dotted name.
+
+    Shared objects (YAML anchors) are visited once, so a file of nested aliases cannot make this walk explode.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[tuple[str, ...], Any]] = [(keys, value)]
+    while stack:
+        keys, value = stack.pop()
+        if isinstance(value, str):
+            if _DOTTED.fullmatch(value.strip()):
+                yield keys, value.strip()
+        elif isinstance(value, dict | list | tuple) and id(value) not in seen:
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+            for key, item in items:
+                inner = keys if key is None or key in _CLASS_KEYS or key == "init_args" else (*keys, str(key))
+                stack.append((inner, item))
+
+
+def _folder_values(settings: Any) -> list[Path]:
+    """Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir or root)."""
+    found, seen, stack = [], set(), [settings]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict | list | tuple) and id(value) not in seen:
+            seen.add(id(value))
+            if isinstance(value, dict):
+                found += [Path(value[key]) for key in _FOLDER_KEYS if isinstance(value.get(key), str) and value[key]]
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    return found
+
+
+def _flag(keys: tuple[str, ...]) -> str:
+    """The flag that names a class at ``keys``: ``--data``, ``--model.net``; in a checkpoint, its section's."""
+    sections = {"hyper_parameters": ("model",), "datamodule_hyper_parameters": ("data",)}
+    if keys and keys[0] in sections:
+        keys = sections[keys[0]] + keys[1:]
+    return f"--{'.'.join(keys)}" if keys else "--data"
+
+
+def _flag_values(args: Sequence[str]) -> list[Any]:
+    """The values given to flags in ``args``, each read as YAML (``--data '{class_path: x.Y}'`` is a dict)."""
+    values = []
+    for _, value in _pairs(args):
+        try:
+            values.append(yaml.safe_load(value))
+        except yaml.YAMLError:
+            values.append(value)
+    return values
+
+
+def _pairs(args: Sequence[str]) -> list[tuple[str, str]]:
+    """``(flag, value)`` pairs of ``args``, in both ``--flag value`` and ``--flag=value`` forms."""
+    pairs = []
+    for position, arg in enumerate(args):
+        if arg.startswith("-") and "=" in arg:
+            pairs.append(tuple(arg.split("=", 1)))
+        elif arg.startswith("-") and position + 1 < len(args) and not args[position + 1].startswith("--"):
+            pairs.append((arg, args[position + 1]))
+    return pairs
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder where it is inside it, for a shorter line."""
+    resolved, cwd = path.resolve(), Path.cwd().resolve()
+    return str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(path)
