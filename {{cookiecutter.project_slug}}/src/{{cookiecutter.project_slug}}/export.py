@@ -33,6 +33,7 @@ from torch import nn
 from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint, written_whole
 from .cli import build, expand_shortcuts
 from .errors import ConfigError, UserError
+from .trust import check_trusted, read_config
 
 # What of a run's config.yaml builds its model and data.
 RUN_SETTINGS = ("seed_everything", "model", "data")
@@ -68,11 +69,12 @@ def load_trained(ckpt_path: Path, args: list[str]) -> tuple[nn.Module, object]:
     given = any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args)
     if not given and not config.is_file():
         raise ConfigError(f"no config.yaml in {config.parent}: give the run's settings with --config")
-    trained = read_checkpoint(ckpt_path)
+    trained = read_checkpoint(ckpt_path, args)
     settings = []
     if not given:
         # The run's settings, without those of `fit` itself (ckpt_path, ...), which building the model does not take.
-        run = yaml.safe_load(config.read_text()) or {}
+        run = read_config(config) or {}
+        check_trusted(run, config, args, [config.parent])  # read as data: built only from code it may import
         settings = ["--config", yaml.safe_dump({key: run[key] for key in RUN_SETTINGS if key in run})]
     model, datamodule = build([*settings, *args])
     check_architecture(ckpt_path, trained, model)
