@@ -41,6 +41,7 @@ COMMON_FILES = {
     "tests/test_bench.py",
     "tests/test_cli.py",
     "tests/test_export.py",
+    "tests/test_lint_placement.py",
     "tests/test_placement.py",
     "tests/test_training.py",
 }

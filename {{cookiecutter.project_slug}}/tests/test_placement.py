@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from {{ cookiecutter.project_slug }} import lint_placement, placement, simulated_gpu
+from {{ cookiecutter.project_slug }} import placement, simulated_gpu
 from {{ cookiecutter.project_slug }}.cli import build_all
 from {{ cookiecutter.project_slug }}.cli import main as train
 from {{ cookiecutter.project_slug }}.placement import AuditIncompleteError, DevicePlacementError, audit
@@ -859,68 +859,6 @@ def test_a_real_gpu_agrees_with_the_audit(rule):
 def test_the_shipped_model_trains_on_a_gpu(in_tmp_path, fast_args, precision, capsys):
     train([*fast_args, "--accelerator", "gpu", "--max_epochs", "1", "--precision", precision])
     assert "fit finished: best epoch 0: val/loss=" in capsys.readouterr().out
-
-
-# No manual placement anywhere in the project: the same check as the pre-commit hook's.
-
-
-def manual_placements(source: str) -> list[int]:
-    """Lines that place tensors by hand: .cuda(), .cpu(), .to(<device>), torch.device("cuda...") or device="cuda"."""
-    return [finding.line for finding in lint_placement.manual_placements(source)]
-
-
-@pytest.mark.parametrize(
-    "source",
-    [
-        "model.cuda()",
-        "x = batch.cpu()",
-        "x = x.to(device)",
-        "x = x.to(self.device)",
-        "x = x.to('cpu')",
-        "x = x.to(device='cuda:0')",
-        "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')",
-        "x = torch.zeros(3, device='cuda')",
-        "x = torch.arange(8, device=0)",
-    ],
-)
-def test_the_placement_check_finds_manual_placement(source):
-    assert manual_placements(source) == [1]
-
-
-@pytest.mark.parametrize(
-    "source",
-    [
-        "x = torch.arange(n, device=x.device)",
-        "x = x.new_zeros(3)",
-        "x = x.to(torch.float16)",
-        "self.register_buffer('positions', torch.arange(8))",
-        "ok = torch.cuda.is_available()",
-    ],
-)
-def test_the_placement_check_allows_device_agnostic_code(source):
-    assert manual_placements(source) == []
-
-
-def test_project_code_places_no_tensors_by_hand():
-    """Lightning places everything; see docs/device-placement.md.
-
-    Three modules stand in for Lightning and are exempt: the audit and the simulated
-    GPU, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
-    """
-    files = lint_placement.project_files(PROJECT)
-    assert PROJECT / "train.py" in files and PROJECT / "src" / "{{ cookiecutter.project_slug }}" / "cli.py" in files
-    offenders = lint_placement.check(files)
-    assert not offenders, "\n".join(offenders)
-
-
-def test_the_placement_check_names_file_line_and_fix(tmp_path, capsys):
-    planted = tmp_path / "planted.py"
-    planted.write_text("import torch\n\nx = torch.zeros(3).cuda()\n", encoding="utf-8")
-    assert lint_placement.main([str(planted), str(PROJECT / "train.py")]) == 1
-    out = capsys.readouterr().out
-    assert out.startswith(f"{planted}:3: `.cuda()` — delete it") and "docs/device-placement.md" in out
-    assert len(out.splitlines()) == 1
-    assert lint_placement.main([str(PROJECT / "train.py")]) == 0
 
 
 def test_the_audit_module_names_each_private_api_it_uses():

@@ -4,10 +4,29 @@ Lightning places the model and the batches; docs/device-placement.md gives the r
 rest. This check reads the source (nothing is imported or run), prints
 ``path:line: <what> — <the fix>`` for each placement it finds and exits 1, or exits 0 when
 there is none. The pre-commit hook ``no-manual-placement`` runs it on every changed file in
-``src/`` and ``train.py``, and ``tests/test_placement.py`` runs it on the whole project::
+``src/`` and ``train.py``, and ``tests/test_lint_placement.py`` runs it on the whole project::
 
     python -m {{ cookiecutter.project_slug }}.lint_placement FILES...   # no FILES: src/ and train.py here
     python src/{{ cookiecutter.project_slug }}/lint_placement.py FILES...  # the same, before `pip install -e .`
+
+It finds the ways of naming a device in code: ``.cuda()`` and ``.cpu()`` (also passed on as
+functions, or through ``getattr``); ``.to(...)`` with a device (``"cuda"``, ``0``, ``device``,
+``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index; a device
+written into a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``,
+``torch.autocast("cuda")``); ``map_location`` onto an accelerator; ``non_blocking``
+transfers; the global default (``torch.set_default_device``, ``torch.set_default_tensor_type``,
+``torch.cuda.set_device``, ``torch.cuda.device``, ``torch.cuda.current_device``); and the
+legacy CUDA tensor types (``torch.cuda.FloatTensor``, also as the string
+``"torch.cuda.FloatTensor"``).
+
+It leaves alone what takes the device from the data: ``device=x.device``, ``x.new_zeros(...)``,
+``.type_as(x)``, buffers; dtype conversions (``.to(torch.float16)``, ``.to(x.dtype)``);
+``map_location="cpu"`` (Lightning moves the model afterwards); ``.to(device)`` inside
+``transfer_batch_to_device``, where Lightning hands over the device (rule 1); and
+``pin_memory``: pinned memory is still host memory, it only makes Lightning's own copy to
+the GPU faster, and on a machine without one it does nothing. Reading alone cannot tell a
+device from a dtype in a variable of any other name (``.to(d)``), or in another tensor
+(``.to(other)``): the device audit finds what those do wrong.
 
 Three modules of the package stand in for Lightning and are exempt: the audit and the
 simulated GPU, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
@@ -15,6 +34,7 @@ It needs the standard library only, so that it runs as a script too.
 """
 
 import ast
+import re
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -28,7 +48,33 @@ FIXES = {
     "cpu": f"keep tensors where Lightning put them: log them with self.log ({DOCS}, rule 6)",
     "to": f"{MOVED}, and constants as registered buffers ({DOCS}, rules 1 to 3)",
     "device": f"take the device from the data or the module: x.device, self.device, pl_module.device ({DOCS}, rule 11)",
+    "default": f"delete it: Lightning gives each process its device; a default moves every tensor ({DOCS}, rule 11)",
+    "legacy": f"name a dtype, not a CUDA tensor type: .float(), torch.float16; .type_as(x) follows x ({DOCS}, rule 11)",
+    "non_blocking": f"delete the transfer: Lightning moves the batches, overlapping the copies ({DOCS}, rule 1)",
+    "map_location": f'load onto the CPU (map_location="cpu"): Lightning moves the model afterwards ({DOCS}, rule 1)',
 }
+
+# Methods that move a tensor or module to a device, and the fix for each.
+MOVES = {"cuda": "cuda", "cpu": "cpu", "xpu": "cuda", "mps": "cuda", "hpu": "cuda", "ipu": "cuda", "mtia": "cuda"}
+# Device types: a string naming one, with or without an index, is a device written in.
+DEVICE_TYPES = "cpu|cuda|mps|xpu|xla|hpu|ipu|npu|mtia|hip|meta|lazy|vulkan|privateuseone"
+DEVICE = re.compile(rf"^({DEVICE_TYPES})(:\d+)?$")
+DEVICE_PREFIX = re.compile(rf"^({DEVICE_TYPES})(:|$)")  # of an f-string: f"cuda:{rank}"
+HOST = ("cpu", "meta")  # devices that a checkpoint may be loaded onto, or a torch.device may name
+LEGACY_TYPE = re.compile(r"^torch\.cuda\.\w*Tensor$")
+# Global device settings; any call of them is placement by hand.
+DEFAULTS = ("torch.set_default_device", "torch.set_default_tensor_type", "torch.cuda.set_device", "torch.cuda.device")
+DEFAULTS += ("torch.cuda.current_device",)
+# Keywords that put what a call makes on a device (or run it for one: autocast's device_type).
+DEVICE_KEYWORDS = ("device", "output_device", "device_ids", "device_type")
+# Calls whose first argument is a device type: torch.autocast("cuda").
+DEVICE_TYPE_FIRST = ("torch.autocast", "torch.amp.autocast")
+# Names of variables that hold a device (or an index of one): device, dev, gpu, local_rank, ...
+DEVICE_NAME = re.compile(r"(^|_)(device|devices|dev|gpu|gpus|cuda|rank)($|_)", re.IGNORECASE)
+# Of those, the ones that hold an index or a GPU rather than a device taken from the data.
+DEVICE_INDEX_NAME = re.compile(r"(^|_)(gpu|gpus|cuda|rank)($|_)", re.IGNORECASE)
+# Modules whose attributes named `cuda` or `cpu` are modules, not methods (torch.cuda, torch.backends.cpu).
+MODULES = ("torch", "lightning", "L", "pl", "pytorch_lightning")
 
 
 class Finding(NamedTuple):
@@ -37,41 +83,161 @@ class Finding(NamedTuple):
     fix: str
 
 
-def _mentions_device(node: ast.Call) -> bool:
-    args = [*node.args, *(keyword.value for keyword in node.keywords)]
-    return any(
-        "device" in ast.unparse(arg).lower() or "cuda" in ast.unparse(arg) or "'cpu'" in ast.unparse(arg)
-        for arg in args
-    ) or any(keyword.arg == "device" for keyword in node.keywords)
+def _name(node: ast.expr) -> str:
+    """``torch.cuda.set_device`` for that attribute chain; '' for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
 
 
-def _written_device(node: ast.Call) -> ast.keyword | None:
-    """A ``device=`` argument that is a literal, such as ``device="cuda"`` or ``device=0``."""
-    for keyword in node.keywords:
-        value = keyword.value
-        if keyword.arg == "device" and isinstance(value, ast.Constant) and isinstance(value.value, str | int):
-            return keyword
-    return None
+def _written(node: ast.expr, host_ok: bool = False) -> bool:
+    """Whether ``node`` is a device written into the code: ``"cuda:0"``, ``0``, ``f"cuda:{rank}"``, ``torch.device``.
+
+    With ``host_ok``, the CPU and the meta device are not counted (``map_location="cpu"``).
+    """
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if isinstance(value, bool):
+            return False
+        if isinstance(value, int):
+            return True
+        return isinstance(value, str) and DEVICE.match(value) is not None and not (host_ok and value in HOST)
+    if isinstance(node, ast.JoinedStr):
+        head = node.values[0] if node.values else None
+        return isinstance(head, ast.Constant) and DEVICE_PREFIX.match(str(head.value)) is not None
+    if isinstance(node, ast.Call) and _name(node.func) == "torch.device":
+        return not (host_ok and _torch_device_is_host(node))
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return any(_written(item, host_ok) for item in node.elts)
+    if isinstance(node, ast.Dict):  # map_location={"cpu": "cuda:0"}
+        return any(_written(value, host_ok) for value in node.values if value is not None)
+    return False
 
 
-def _placement(node: ast.Call) -> tuple[str, str] | None:
-    """What the call places by hand and how to fix it, or None."""
-    name = node.func.attr if isinstance(node.func, ast.Attribute) else None
-    if name in ("cuda", "cpu"):
-        return f"`.{name}()`", FIXES[name]
-    if name == "to" and _mentions_device(node):
-        return f"`.to({', '.join(ast.unparse(arg) for arg in [*node.args, *node.keywords])})`", FIXES["to"]
-    if name == "device" and ast.unparse(node.func.value) == "torch" and "cuda" in ast.unparse(node):
-        return f"`{ast.unparse(node)}`", FIXES["device"]
-    if (keyword := _written_device(node)) is not None:
-        return f"`{ast.unparse(keyword)}`", FIXES["device"]
-    return None
+def _torch_device_is_host(node: ast.Call) -> bool:
+    """Whether a ``torch.device(...)`` call names the CPU or the meta device, or the device of data (``x.device``)."""
+    given = [*node.args, *(keyword.value for keyword in node.keywords)]
+    if len(given) != 1:
+        return False  # torch.device("cuda", 0)
+    return (isinstance(given[0], ast.Constant) and given[0].value in HOST) or (
+        isinstance(given[0], ast.Attribute) and given[0].attr == "device"
+    )
+
+
+def _names_a_device(node: ast.expr, names: re.Pattern = DEVICE_NAME) -> bool:
+    """Whether ``node`` is a device: written in, or a variable or attribute holding one (``device``, ``x.device``)."""
+    if _written(node):
+        return True
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    return name is not None and names.search(name) is not None
+
+
+def _is_module(node: ast.expr) -> bool:
+    """Whether ``node`` names a module, such as ``torch`` or ``torch.backends``, not a tensor or a class."""
+    name = _name(node)
+    return name.split(".")[0] in MODULES and name == name.lower()
+
+
+class _Finder(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self._hook_arguments: list[set[str]] = []  # parameters of enclosing transfer_batch_to_device hooks
+
+    def _add(self, node: ast.AST, what: str, kind: str) -> None:
+        self.findings.append(Finding(node.lineno, what, FIXES[kind]))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        hook = node.name == "transfer_batch_to_device"
+        if hook:
+            arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            self._hook_arguments.append({argument.arg for argument in arguments})
+        self.generic_visit(node)
+        if hook:
+            self._hook_arguments.pop()
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self.visit_FunctionDef(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        name = _name(node)
+        if LEGACY_TYPE.match(name):
+            self._add(node, f"`{name}`", "legacy")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        found = self._placement(node)
+        if found is not None:
+            self._add(node, *found)
+        # `.cuda` and `.cpu` passed on uncalled: `map(torch.Tensor.cuda, xs)`, `apply(lambda m: m.cuda())` is a call
+        for argument in [*node.args, *(keyword.value for keyword in node.keywords)]:
+            if isinstance(argument, ast.Attribute) and argument.attr in MOVES and not _is_module(argument.value):
+                self._add(argument, f"`{ast.unparse(argument)}`", MOVES[argument.attr])
+        self.generic_visit(node)
+
+    def _placement(self, node: ast.Call) -> tuple[str, str] | None:
+        """What the call places by hand and the kind of fix, or None."""
+        func, name = node.func, _name(node.func)
+        method = func.attr if isinstance(func, ast.Attribute) else None
+        arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+        shown = f"`{ast.unparse(node)}`"
+        if name in DEFAULTS:
+            return shown, "default"
+        if method in MOVES and not _is_module(func.value):
+            return f"`.{method}()`", MOVES[method]
+        if method == "to" and self._devices(node):
+            if self._handed_over(node):
+                return None  # in transfer_batch_to_device, to the device Lightning hands over
+            return f"`.to({', '.join(ast.unparse(arg) for arg in [*node.args, *node.keywords])})`", "to"
+        if any(keyword.arg == "non_blocking" for keyword in node.keywords):
+            return shown, "non_blocking"
+        moved_by_name = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value
+        if name == "getattr" and moved_by_name in (*MOVES, "to"):
+            return shown, "to"
+        if method in ("type", "set_default_tensor_type") and any(
+            isinstance(arg, ast.Constant) and LEGACY_TYPE.match(str(arg.value)) for arg in arguments
+        ):
+            return shown, "legacy"
+        if name == "torch.device" and not _torch_device_is_host(node):
+            return shown, "device"
+        if name in DEVICE_TYPE_FIRST and node.args and _written(node.args[0]):
+            return shown, "device"
+        for keyword in node.keywords:
+            if keyword.arg in DEVICE_KEYWORDS and (_written(keyword.value) or _index_variable(keyword.value)):
+                return f"`{ast.unparse(keyword)}`", "device"
+            if keyword.arg == "map_location" and _written(keyword.value, host_ok=True):
+                return f"`{ast.unparse(keyword)}`", "map_location"
+        return None
+
+    @staticmethod
+    def _devices(node: ast.Call) -> list[ast.expr]:
+        """The devices a ``.to(...)`` call names (none: it converts the dtype, ``.to(torch.float16)``)."""
+        given = [*node.args[:1], *(keyword.value for keyword in node.keywords if keyword.arg == "device")]
+        return [argument for argument in given if _names_a_device(argument)]
+
+    def _handed_over(self, node: ast.Call) -> bool:
+        """Whether every device of a ``.to(...)`` is a parameter of the ``transfer_batch_to_device`` it is in."""
+        hook = self._hook_arguments[-1] if self._hook_arguments else set()
+        return all(isinstance(device, ast.Name) and device.id in hook for device in self._devices(node))
+
+
+def _index_variable(node: ast.expr) -> bool:
+    """A variable that holds a device index or a GPU (``device=local_rank``, ``device_ids=[rank]``), not a device
+    taken from the data."""
+    if isinstance(node, ast.List | ast.Tuple):
+        return any(_index_variable(item) for item in node.elts)
+    return isinstance(node, ast.Name | ast.Attribute) and _names_a_device(node, DEVICE_INDEX_NAME)
 
 
 def manual_placements(source: str) -> list[Finding]:
-    """Each place in ``source`` that puts a tensor or module on a device by hand, in line order."""
-    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
-    return sorted(Finding(node.lineno, *found) for node in calls if (found := _placement(node)) is not None)
+    """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there."""
+    finder = _Finder()
+    finder.visit(ast.parse(source))
+    first = {}  # the outermost call of a line: `.to(torch.device("cuda"))` once, not twice
+    for finding in finder.findings:
+        first.setdefault(finding.line, finding)
+    return sorted(first.values())
 
 
 def is_exempt(path: Path) -> bool:
