@@ -232,7 +232,8 @@ class StopOnDivergence(L.Callback):
     with one line, and the last good checkpoints stay as they are.
 
     ``InterruptCheckpoint`` must come before it in the callbacks: its stop is then seen in the
-    same step.
+    same step, and, as it asks every process of a DDP run to stop at the same step, every
+    process takes part in the check.
     """
 
     def __init__(self, check_every: int = 20) -> None:
