@@ -10,7 +10,9 @@ project's folder before the template's files are written there. On a re-bake
 which the template is about to overwrite, so the paths the post-generation hook
 may remove are recorded first (whether they existed, and their bytes) in a file
 outside the project; the post-generation hook restores them, removes only what
-this bake created, and deletes the record.
+this bake created, and deletes the record. A re-bake that would write through a
+link (a path the template writes, or a folder on its way, that links out of the
+project) stops here instead, before anything is written.
 """
 
 import base64
@@ -27,25 +29,50 @@ PROJECT_NAME = {{cookiecutter.project_name | tojson}}
 PROJECT_SLUG = {{cookiecutter.project_slug | tojson}}
 AUTHOR_EMAIL = {{cookiecutter.author_email | tojson}}
 VERSION = {{cookiecutter.version | tojson}}
+# Every answer, to render the template's file names as cookiecutter does (JSON in a string: `null` is no Python);
+# the template's folder as the user named it.
+CONTEXT = json.loads({{cookiecutter | tojson | tojson}})
+TEMPLATE_FOLDER = {{(cookiecutter.get("_repo_dir") or "") | tojson}}
 
-# Packages a generated project imports, or tools that would be confused by a package of the same name.
-SHADOWED = {
-    "jsonargparse",
-    "lightning",
-    "lightning_fabric",
-    "numpy",
-    "pytest",
-    "pytorch_lightning",
-    "ruff",
-    "setuptools",
-    "src",
-    "test",
-    "tests",
-    "torch",
-    "torchmetrics",
-    "torchvision",
+# Top-level modules that a generated project's runs, tests and tools import, from its dependencies (every extra)
+# and theirs, and the optional packages Lightning and jsonargparse import where one of that name is found: a package
+# with the project's slug would be imported in their place, and the project would crash on start.
+# tests/test_hooks.py bakes each task, collects every module a run imports, and names any missing here.
+# A block of names, not a list literal: 130 lines of one name each would hide what is in it.
+DEPENDENCY_MODULES = frozenset(
+    """
+    absl aiohappyeyeballs aiohttp aiosignal annotated_doc annotated_types argcomplete arrow attr attrs
+    binaryornot bitsandbytes certifi cfgv charset_normalizer click comet_ml contourpy cookiecutter cruft cuda
+    cycler cython_runtime dateutil deepspeed distlib docstring_parser execnet filelock flatbuffers frozenlist
+    fsspec functorch git gitdb google grpc hydra identify idna iniconfig isympy jinja2 jsonargparse jsonschema
+    kiwisolver lightning lightning_fabric lightning_sdk lightning_utilities litdata litlogger litmodels markdown
+    markdown_it markupsafe matplotlib mdurl ml_dtypes mlflow mpi4py mpl_toolkits mpmath multidict neptune
+    networkx nodeenv numpy nvidia omegaconf onnx onnx_ir onnxruntime onnxscript packaging pkg_resources
+    platformdirs pluggy pre_commit pre_commit_hooks propcache psutil py pydantic pydantic_core pygments pylab
+    pyparsing pytest pytest_cookies python_discovery pytorch_lightning requests rich ruamel ruff scipy
+    setuptools shellingham shtab six slugify smmap sympy tabulate tensorboard tensorboard_data_server
+    text_unidecode toml torch torch_tensorrt torch_xla torchgen torchmetrics torchvision tqdm transformer_engine
+    triton typer typeshed_client typing_extensions typing_inspection tzdata urllib3 virtualenv wandb werkzeug
+    xdist yaml yarl
+    """.split()  # noqa: SIM905
+)
+# The standard library that sys.stdlib_module_names of the Python running this hook leaves out: `test`, left out of
+# it by design, and the modules a Python the project admits (3.10 to 3.14) has and this one may not.
+OTHER_STDLIB = frozenset(
+    """
+    aifc annotationlib asynchat asyncore audioop cgi cgitb chunk compression crypt distutils imghdr imp lib2to3
+    mailcap msilib nis nntplib ossaudiodev pipes smtpd sndhdr spwd sunau telnetlib test tomllib uu xdrlib
+    """.split()  # noqa: SIM905
+)
+# Names the project gives its own modules and folders: `python train.py` imports train.py as `train`, ahead of
+# any package; pytest imports tests/conftest.py and each tests/test_*.py under its file name.
+OWN_NAMES = {
+    "conftest": "tests/conftest.py",
+    "src": "src/ folder",
+    "tests": "tests/ folder",
+    "train": "train.py",
 }
-SLUG = re.compile(r"[a-z_][a-z0-9_]*")
+SLUG = re.compile(r"[a-z][a-z0-9_]*")
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 # PEP 440 public versions: 1.0, 0.1.0, 2.0.0rc1, 1.0.post2, 1.1.dev3, ...
 PEP440 = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
@@ -71,6 +98,40 @@ REMOVABLE_FILES = [
 REMOVABLE_TREE = Path(".github")
 
 
+def slug_problem(slug: str) -> str | None:
+    """What is wrong with ``slug`` as the project's package name, or None where nothing is."""
+    if not slug:
+        return (
+            "project_slug is empty: give a project_name with letters or digits, "
+            "or a project_slug such as 'vision_project'"
+        )
+    if len(slug) > MAX_SLUG_LENGTH:
+        # A default slug arrives cut at one character more than the limit, so its length is not told.
+        return (
+            f"project_slug is longer than {MAX_SLUG_LENGTH} characters: use at most {MAX_SLUG_LENGTH}, "
+            "from a shorter project_name or given explicitly, e.g. 'vision_project'"
+        )
+    if not SLUG.fullmatch(slug):
+        return (
+            f"project_slug {slug!r} is not a valid package name: "
+            "use lowercase ASCII letters, digits and underscores, starting with a letter"
+        )
+    if keyword.iskeyword(slug) or keyword.issoftkeyword(slug):
+        return f"project_slug {slug!r} is a Python keyword: choose another package name"
+    if slug in sys.stdlib_module_names or slug in OTHER_STDLIB or slug in DEPENDENCY_MODULES:
+        return (
+            f"project_slug {slug!r} would shadow the package of that name: "
+            "choose a name of your own, e.g. 'vision_project'"
+        )
+    own = OWN_NAMES.get(slug, "test modules (tests/test_*.py)" if slug.startswith("test_") else None)
+    if own is not None:
+        return (
+            f"project_slug {slug!r} is the name of the project's own {own}, which would be imported in its place: "
+            "choose a name of your own, e.g. 'vision_project'"
+        )
+    return None
+
+
 def problems() -> list[str]:
     found = []
     if not PROJECT_NAME.strip():
@@ -79,33 +140,105 @@ def problems() -> list[str]:
         found.append(
             f"project_name is {len(PROJECT_NAME)} characters long: use at most {MAX_NAME_LENGTH}, e.g. 'Vision Project'"
         )
-    if not PROJECT_SLUG:
-        found.append(
-            "project_slug is empty: give a project_name with letters or digits, "
-            "or a project_slug such as 'vision_project'"
-        )
-    elif len(PROJECT_SLUG) > MAX_SLUG_LENGTH:
-        found.append(
-            # A default slug arrives cut at one character more than the limit, so its length is not told.
-            f"project_slug is longer than {MAX_SLUG_LENGTH} characters: use at most {MAX_SLUG_LENGTH}, "
-            "from a shorter project_name or given explicitly, e.g. 'vision_project'"
-        )
-    elif not SLUG.fullmatch(PROJECT_SLUG):
-        found.append(
-            f"project_slug {PROJECT_SLUG!r} is not a valid package name: "
-            "use lowercase ASCII letters, digits and underscores, not starting with a digit"
-        )
-    elif keyword.iskeyword(PROJECT_SLUG) or keyword.issoftkeyword(PROJECT_SLUG):
-        found.append(f"project_slug {PROJECT_SLUG!r} is a Python keyword: choose another package name")
-    elif PROJECT_SLUG in sys.stdlib_module_names or PROJECT_SLUG in SHADOWED:
-        found.append(
-            f"project_slug {PROJECT_SLUG!r} would shadow the package of that name: "
-            "choose a name of your own, e.g. 'vision_project'"
-        )
+    if (slug := slug_problem(PROJECT_SLUG)) is not None:
+        found.append(slug)
     if not EMAIL.fullmatch(AUTHOR_EMAIL):
         found.append(f"author_email {AUTHOR_EMAIL!r} is not an email address: use the form name@example.com")
     if not PEP440.fullmatch(VERSION):
         found.append(f"version {VERSION!r} is not a PEP 440 version: use a form such as 0.1.0 or 1.0.0rc1")
+    return found
+
+
+def template_folder() -> Path | None:
+    """The template's folder, or None where it cannot be told (the post-generation hook's rule).
+
+    Cookiecutter and cruft run this hook from inside the template's folder, which Linux
+    shows as the parent's working folder; elsewhere the folder as given, made absolute
+    with the shell's $PWD where it is relative. Each counts only if it holds a cookiecutter.json.
+    """
+    candidates = [Path("/proc", str(os.getppid()), "cwd")]
+    if TEMPLATE_FOLDER:
+        candidates.append(Path(os.environ.get("PWD", ""), TEMPLATE_FOLDER))
+    for candidate in candidates:
+        try:
+            resolved = candidate.resolve(strict=True)
+        except OSError:
+            continue
+        if (resolved / "cookiecutter.json").is_file():
+            return resolved
+    return None
+
+
+def project_paths() -> list[Path]:
+    """Every path already in the project but in what the template never writes: git's folder, data/, runs/, venvs."""
+    found = []
+    for root, dirs, files in os.walk("."):
+        users_own = {".git", "data", "runs"} if root == "." else {".git"}
+        dirs[:] = [name for name in dirs if name not in users_own and not Path(root, name, "pyvenv.cfg").exists()]
+        found += [Path(root, name) for name in dirs + files]
+    return found
+
+
+def written_paths() -> list[Path] | None:
+    """Every path this bake may write, relative to the project, folders included; None where it cannot be told.
+
+    That is each file and folder of the template, its name rendered with the answers as
+    cookiecutter renders it, and the two files the post-generation hook writes.
+    """
+    folder = template_folder()
+    if folder is None:
+        return None
+    template = next((path for path in folder.iterdir() if path.is_dir() and "cookiecutter." in path.name), None)
+    if template is None:
+        return None
+    # Cookiecutter's own renderer, in the Python that runs cookiecutter and so this hook.
+    from cookiecutter.environment import StrictEnvironment
+
+    environment = StrictEnvironment(context={"cookiecutter": CONTEXT})
+    written = [Path(".cookiecutter.json"), Path(".cruft.json")]
+    for root, dirs, files in os.walk(template):
+        for name in dirs + files:
+            relative = Path(root, name).relative_to(template).as_posix()
+            rendered = environment.from_string(relative).render(cookiecutter=CONTEXT)
+            if rendered:
+                written.append(Path(rendered))
+    return written
+
+
+def links_in_the_way() -> list[str]:
+    """A line for each link through which this bake would write what is not the project's own file.
+
+    `cookiecutter -f` opens each path for writing, following a symbolic link, in a folder
+    that may itself be a link; a file with other hard links shares its bytes with them.
+    Either way the template's text would land in a file outside the project, so the bake
+    stops before writing anything, rather than replacing the link: the link is what the
+    user made, and where it points is theirs to decide. Where the template's folder cannot
+    be found (cruft, off Linux), each link in the project that the template might write counts.
+    """
+    written = written_paths()
+    if written is None:
+        paths, would, unsure = set(project_paths()), "might write", " (the template's folder was not found)"
+    else:
+        paths = {path for path in written for path in (path, *path.parents) if path != Path(".")}
+        would, unsure = "would write", ""
+    found, linked = [], []
+    for path in sorted(paths):
+        if any(folder in path.parents for folder in linked) or not os.path.lexists(path):
+            continue
+        if path.is_symlink():
+            linked.append(path)
+            what = "files into the folder" if path.is_dir() else "file into the file"
+            found.append(
+                f"{path.as_posix()} is a symbolic link to {os.readlink(path)}: a re-bake {would} the template's "
+                f"{what} it points to; replace the link with a copy of its target, or move it out of the project, "
+                f"and bake again{unsure}"
+            )
+        elif path.is_file() and path.stat().st_nlink > 1:
+            found.append(
+                f"{path.as_posix()} is a file with {path.stat().st_nlink - 1} other hard link(s): a re-bake {would} "
+                "into it and change them too; replace it with a copy of its own (cp, then mv over it), "
+                f"and bake again{unsure}"
+            )
     return found
 
 
@@ -142,7 +275,7 @@ def record_existing_files() -> None:
 
 
 if __name__ == "__main__":
-    errors = problems()
+    errors = problems() or links_in_the_way()
     for error in errors:
         print(f"ERROR: {error}", file=sys.stderr)
     if errors:

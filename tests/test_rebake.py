@@ -5,6 +5,7 @@ The user's own files survive byte for byte, whatever the new answers switch off.
 
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -176,3 +177,93 @@ def test_a_rejected_re_bake_leaves_the_project_as_it_was(rebake, records):
         rebake(task="sequence", version="one")
     assert files(root) == before
     assert not any(records.iterdir()), "a rejected bake left a record behind"
+
+
+# A path the template writes, made a link by the user: the file a re-bake would overwrite, and what replaces it.
+LINKED = [
+    "README.md",
+    "configs/synthetic.yaml",
+    f"{PKG}/data/sequences.py",  # the other task's file: written by each bake, then removed
+    ".cruft.json",  # written by the post-generation hook where there is none
+]
+
+
+@pytest.mark.parametrize("name", LINKED)
+def test_a_re_bake_never_writes_through_a_symbolic_link(rebake, records, capfd, tmp_path, name):
+    """A linked file the template writes stops the re-bake in one line: the file it points to keeps its bytes."""
+    root = rebake(task="image")
+    target = tmp_path / "shared" / Path(name).name
+    target.parent.mkdir()
+    target.write_bytes(b"shared with other projects\n" + EDIT)
+    (root / name).unlink(missing_ok=True)
+    (root / name).symlink_to(target)
+    before = files(root)
+    capfd.readouterr()
+
+    with pytest.raises(FailedHookException):
+        rebake(task="image")
+    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("ERROR: ")]
+    assert errors == [
+        f"ERROR: {name} is a symbolic link to {target}: a re-bake would write the template's file into the file it "
+        "points to; replace the link with a copy of its target, or move it out of the project, and bake again"
+    ]
+    assert target.read_bytes() == b"shared with other projects\n" + EDIT
+    assert os.readlink(root / name) == str(target)
+    assert files(root) == before
+    assert not any(records.iterdir()), "a rejected bake left a record behind"
+
+
+def test_a_re_bake_never_writes_into_a_linked_folder_nor_through_a_dangling_link(rebake, records, capfd, tmp_path):
+    """A linked folder the template writes into, and a link to no file yet, are each named; nothing is written."""
+    root = rebake(task="sequence")
+    shared = tmp_path / "shared-configs"
+    (root / "configs").rename(shared)
+    (root / "configs").symlink_to(shared)
+    (root / "README.md").unlink()
+    (root / "README.md").symlink_to(tmp_path / "nowhere.md")
+    before = {path.name: path.read_bytes() for path in shared.iterdir()}
+    capfd.readouterr()
+
+    with pytest.raises(FailedHookException):
+        rebake(task="image")
+    errors = [line.split(" is ")[0] for line in capfd.readouterr().err.splitlines() if line.startswith("ERROR: ")]
+    assert errors == ["ERROR: README.md", "ERROR: configs"]
+    assert {path.name: path.read_bytes() for path in shared.iterdir()} == before
+    assert not (tmp_path / "nowhere.md").exists()
+    assert not any(records.iterdir()), "a rejected bake left a record behind"
+
+
+def test_a_re_bake_never_writes_into_a_file_with_other_hard_links(rebake, capfd, tmp_path):
+    """Overwriting a hard-linked file would change its other names too: the re-bake stops and names it."""
+    root = rebake()
+    other = tmp_path / "elsewhere.yaml"
+    os.link(root / "configs/synthetic.yaml", other)
+    with (root / "configs/synthetic.yaml").open("ab") as file:
+        file.write(EDIT)
+    before = other.read_bytes()
+    capfd.readouterr()
+
+    with pytest.raises(FailedHookException):
+        rebake()
+    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("ERROR: ")]
+    assert errors == [
+        "ERROR: configs/synthetic.yaml is a file with 1 other hard link(s): a re-bake would write into it and change "
+        "them too; replace it with a copy of its own (cp, then mv over it), and bake again"
+    ]
+    assert other.read_bytes() == before
+
+
+def test_links_where_the_template_writes_nothing_are_left_alone(rebake, tmp_path):
+    """A linked data folder, a linked notes file and a venv's links do not stop a re-bake, and stay links."""
+    root = rebake()
+    datasets, notes = tmp_path / "datasets", tmp_path / "notes.md"
+    datasets.mkdir()
+    notes.write_bytes(b"notes\n")
+    (root / "data").symlink_to(datasets)
+    (root / "notes.md").symlink_to(notes)
+    (root / ".venv/bin").mkdir(parents=True)
+    (root / ".venv/bin/python").symlink_to(sys.executable)
+
+    root = rebake()
+    assert os.readlink(root / "data") == str(datasets) and os.readlink(root / "notes.md") == str(notes)
+    assert notes.read_bytes() == b"notes\n" and not any(datasets.iterdir())
