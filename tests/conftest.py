@@ -4,6 +4,13 @@ import pytest
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 
+# Every wall-clock limit in these tests (`from conftest import HANG_GUARD_S`) guards against a
+# hang and judges no speed: a busy machine makes the tests slower, never wrong. The slowest single
+# wait, a baked project's whole suite with its slow tests, took 13.5 minutes on 2 cores shared with
+# four other CPU-bound processes (6 minutes of CPU time); two hours is an order of magnitude above
+# that, so only a process that has stopped making progress trips it.
+HANG_GUARD_S = 2 * 60 * 60
+
 
 @pytest.fixture(scope="session")
 def template_dir() -> Path:

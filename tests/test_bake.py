@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
+from conftest import HANG_GUARD_S
 
 COMMON_FILES = {
     ".cookiecutter.json",
@@ -37,12 +38,14 @@ COMMON_FILES = {
     "src/{pkg}/placement.py",
     "src/{pkg}/plots.py",
     "src/{pkg}/simulated_gpu.py",
+    "src/{pkg}/trust.py",
     "tests/conftest.py",
     "tests/test_bench.py",
     "tests/test_cli.py",
     "tests/test_export.py",
     "tests/test_lint_placement.py",
     "tests/test_placement.py",
+    "tests/test_run_folders.py",
     "tests/test_training.py",
 }
 TASK_FILES = {
@@ -90,8 +93,10 @@ def expected_files(task: str, github_actions: str, license: str, pkg: str) -> se
     return {name.format(pkg=pkg) for name in files}
 
 
-def run(*command: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
 
 
 def test_defaults_give_an_image_project_with_workflow_and_mit_license(bake):
@@ -146,7 +151,7 @@ def pre_commit(root: Path, *args: str, home: Path) -> subprocess.CompletedProces
     }
     command = [str(bin_dir / "pre-commit"), *args]
     return subprocess.run(
-        command, cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+        command, cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import HANG_GUARD_S
 
 
 def free_port() -> int:
@@ -33,9 +34,23 @@ def test_two_nodes_through_torchrun_finish_and_agree(bake, tmp_path):
             *("--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2"),
         ]
         nodes.append(
-            subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                command,
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         )
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    try:
+        outputs = [node.communicate(timeout=HANG_GUARD_S)[0] for node in nodes]
+    finally:  # a hang leaves no node behind
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.communicate()
     for node, output in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, output
     reports = [re.search(r"rank (\d)/2 fit finished: (.*)", output) for output in outputs]

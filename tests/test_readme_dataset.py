@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HANG_GUARD_S
 from PIL import Image
 
 SAVE_AS = re.compile(r"^Save as `([^`]+)`:$")
@@ -57,7 +58,7 @@ def follow(root: Path, steps: list[tuple[str, str, str]]) -> list[str]:
         assert command[0] in ("python", "pytest"), target
         command = [sys.executable, *([] if command[0] == "python" else ["-m", "pytest"]), *command[1:]]
         done = subprocess.run(
-            command, cwd=root, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL
         )
         assert done.returncode == 0, f"$ {target}\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
         outputs.append(done.stdout)
@@ -121,7 +122,10 @@ def follow_the_readme(bake, task: str, make_data, saved: list[str], predicted: i
     assert f"predictions for {predicted} inputs written to runs/lightning_logs/version_0/predictions.csv" in predict
     assert "to runs/lightning_logs/version_0/model.pt2" in export
     assert "test/acc" in own_test
-    lint = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "."], cwd=root, capture_output=True)
+    ruff = str(Path(sys.executable).with_name("ruff"))
+    lint = subprocess.run(
+        [ruff, "check", "."], cwd=root, stdin=subprocess.DEVNULL, capture_output=True, timeout=HANG_GUARD_S
+    )
     assert lint.returncode == 0, lint.stdout.decode()
     return root, outputs
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD_S
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 # Not part of the template: the template's own environment, outputs and caches.
@@ -50,7 +51,7 @@ def env(tmp_path) -> dict[str, str]:
 
 def run(*command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
 
 

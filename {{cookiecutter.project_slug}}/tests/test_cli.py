@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import PROJECT
+from conftest import HANG_GUARD_S, PROJECT
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from {{ cookiecutter.project_slug }}.cli import build, build_all, expand_shortcuts, main
@@ -178,7 +178,9 @@ def test_a_short_fit_prints_only_lines_a_user_can_act_on(in_tmp_path, fast_args)
     (in_tmp_path / "old_code.py").write_text(WARNS_LIKE_OLD_CODE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT / "src"), str(in_tmp_path)])}
     command = [sys.executable, str(PROJECT / "train.py"), *fast_args, "--model.net", "old_code.OldNet"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     own = ("fit finished: best epoch 0: ", "best checkpoint: ", "run folder: ", "`Trainer.fit` stopped: ")
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import HANG_GUARD_S
 
 from {{ cookiecutter.project_slug }}.export import load_trained
 from {{ cookiecutter.project_slug }}.export import main as export
@@ -58,7 +59,8 @@ def in_trained(trained, monkeypatch):
 
 
 def run_alone(script: str, path) -> tuple[torch.Tensor, dict]:
-    subprocess.run([sys.executable, "-c", script, str(path)], check=True, stdin=subprocess.DEVNULL)
+    command = [sys.executable, "-c", script, str(path)]
+    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, timeout=HANG_GUARD_S)
     with open("extra.json") as file:
         return torch.load("outputs.pt"), json.load(file)
 

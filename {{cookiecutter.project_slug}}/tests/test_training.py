@@ -5,6 +5,7 @@ import hashlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
+from conftest import HANG_GUARD_S
 
 from {{ cookiecutter.project_slug }}.checkpoints import TEMPORARY_PREFIX, AtomicCheckpointIO, latest_checkpoint
 from {{ cookiecutter.project_slug }}.cli import build, main
@@ -22,6 +24,15 @@ RUNS = Path("runs/lightning_logs")
 
 def checkpoint(run: int, name: str = "last.ckpt") -> Path:
     return RUNS / f"version_{run}" / "checkpoints" / name
+
+
+def wait_until_written(path: Path, process: subprocess.Popen) -> None:
+    """Return once ``path`` exists, however slow the machine; fail if the run ends first or hangs."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not path.exists():
+        assert process.poll() is None, f"the run ended before writing {path}:\n{process.communicate()[0]}"
+        assert time.monotonic() < deadline, f"no {path} after {HANG_GUARD_S} s: the run hangs"
+        time.sleep(0.05)
 
 
 def epoch_metrics(run: int, evaluation: str | None = None) -> dict[int, dict[str, str]]:
@@ -119,12 +130,9 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     )
     process = train_process(*long_run)
     # Signalled as soon as the first epoch's last.ckpt appears: the run is then training, not starting up.
-    first_epoch_saved = checkpoint(0, "last.ckpt")
-    deadline = time.monotonic() + 120
-    while not first_epoch_saved.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until_written(checkpoint(0, "last.ckpt"), process)
     process.send_signal(stop)
-    output = process.communicate(timeout=120)[0]
+    output = process.communicate(timeout=HANG_GUARD_S)[0]
     assert process.returncode != 0, output
     assert "stopped by Ctrl-C or SIGTERM: runs/lightning_logs/version_0/checkpoints/on_exception.ckpt saved" in output
     saved = torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)
@@ -137,7 +145,7 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     # Ten more steps from wherever it stopped, mid-epoch or at an epoch's end.
     more_steps = str(saved["global_step"] + 10)
     resume = train_process(*long_run, "--trainer.max_steps", more_steps, "--ckpt_path", "last")
-    output = resume.communicate(timeout=300)[0]
+    output = resume.communicate(timeout=HANG_GUARD_S)[0]
     assert resume.returncode == 0, output
     assert "resuming from runs/lightning_logs/version_0/checkpoints/on_exception.ckpt" in output
     assert torch.load(checkpoint(1), weights_only=True)["global_step"] == saved["global_step"] + 10
@@ -238,9 +246,10 @@ def test_last_passes_over_checkpoints_that_hold_no_training(in_tmp_path, capsys)
     for path, steps in ((good, 5), (untrained, 0)):
         path.parent.mkdir(parents=True)
         torch.save({"global_step": steps}, path)
-        time.sleep(0.01)
     truncated.parent.mkdir(parents=True)
     truncated.write_bytes(good.read_bytes()[:20])
+    for age, path in enumerate((truncated, untrained, good)):  # newest first, a second apart: set, not slept for
+        os.utime(path, ns=(0, (1_000_000_000 - age) * 1_000_000_000))
     assert latest_checkpoint(RUNS) == good
     out = capsys.readouterr().out
     assert f"passing over {truncated}: it cannot be read" in out
@@ -501,7 +510,7 @@ def test_tensorboard_logging_with_one_flag(in_tmp_path, fast_args, synthetic_con
 def test_ddp_on_two_cpu_processes_syncs_metrics_and_writes_once(train_process, fast_args):
     """Two processes train as one: their synced validation metrics agree; one run folder, one set of checkpoints."""
     process = train_process(*fast_args, "--max_epochs", "1", "--devices", "2", "--strategy", "ddp")
-    output = process.communicate(timeout=600)[0]
+    output = process.communicate(timeout=HANG_GUARD_S)[0]
     assert process.returncode == 0, output
     reports = sorted(line.split(" fit finished: ") for line in output.splitlines() if " fit finished: " in line)
     assert [rank for rank, _ in reports] == ["rank 0/2", "rank 1/2"], output
@@ -532,9 +541,7 @@ def _start_ddp_and_wait_for_training(train_process, synthetic_config):
         *("--data.batch_size", "4", "--trainer.limit_train_batches", "10", "--trainer.limit_val_batches", "2"),
         *("--trainer.num_sanity_val_steps", "0", "--max_epochs", "1000"),
     )
-    deadline = time.monotonic() + 240
-    while not checkpoint(0).exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until_written(checkpoint(0), process)
     children = _children(process.pid)
     assert len(children) == 1, f"expected Lightning's process for rank 1, found {children}"
     return process, children[0]
@@ -546,7 +553,7 @@ def test_a_signal_to_any_ddp_process_stops_them_all_with_one_checkpoint(train_pr
     """A scheduler may signal any process: SIGTERM to rank 1 stops both, within a step, and one checkpoint is saved."""
     process, rank_1 = _start_ddp_and_wait_for_training(train_process, synthetic_config)
     os.kill(rank_1, signal.SIGTERM)
-    output = process.communicate(timeout=60)[0]
+    output = process.communicate(timeout=HANG_GUARD_S)[0]
     assert process.returncode == 1, output
     assert "stopped by Ctrl-C or SIGTERM: runs/lightning_logs/version_0/checkpoints/on_exception.ckpt saved" in output
     assert torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)["global_step"] > 0
@@ -559,7 +566,7 @@ def test_when_a_ddp_process_dies_the_others_end_with_one_line(train_process, syn
     """A killed rank would leave the other waiting in its next collective for half an hour: it ends at once."""
     process, rank_1 = _start_ddp_and_wait_for_training(train_process, synthetic_config)
     os.kill(rank_1, signal.SIGKILL)
-    output = process.communicate(timeout=60)[0]
+    output = process.communicate(timeout=HANG_GUARD_S)[0]
     assert process.returncode == 1, output
     assert "error: the process of rank 1 ended with exit code -9" in output
     assert "Traceback" not in output, output
