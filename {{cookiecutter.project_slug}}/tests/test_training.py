@@ -355,6 +355,21 @@ def test_a_resumed_run_names_the_checkpoint_of_the_best_metrics(in_tmp_path, fas
 
 
 @pytest.mark.slow
+def test_the_best_epoch_follows_a_checkpoint_callback_that_keeps_one_file(in_tmp_path, fast_args, capsys):
+    """A checkpoint callback of one's own that writes its best to one file name: the best epoch reported is the
+    one whose checkpoint that file holds, though its path never changed."""
+    judge = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint"]
+    for setting in ("monitor=val/acc", "mode=max", "filename=best"):
+        judge.append(f"--trainer.callbacks.init_args.{setting}")
+    best = [f"--trainer.callbacks+={__name__}.RightOnlyIn", "--trainer.callbacks.init_args.best", "1"]
+    main([*fast_args, "--max_epochs", "3", *judge, *best])
+    out = capsys.readouterr().out
+    assert "fit finished: best epoch 1: val/loss=" in out and "val/acc=1.0000" in out, out
+    assert f"best checkpoint: {checkpoint(0, 'best.ckpt')}" in out, out
+    assert torch.load(checkpoint(0, "best.ckpt"), weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.slow
 def test_nothing_existing_is_overwritten(trained_run, fast_args):
     """An earlier run's folder is never reused, and predictions replace a file only when asked to."""
     metrics_before = _digest(RUNS / "version_0" / "metrics.csv")

@@ -288,26 +288,25 @@ class BestEpoch(L.Callback):
     """The epoch and validation metrics of the checkpoint callback's best checkpoint, for the end of ``fit``.
 
     Taken from the checkpoint callback itself: when it saves a new best checkpoint (its
-    ``best_model_path`` changes), the metrics of that moment are recorded with the path, so
-    the metrics printed belong to the checkpoint it names. Kept in checkpoints, so a resumed
-    run still knows the best epoch of the runs it continues.
+    ``best_model_path`` or ``best_model_score`` changes), the metrics of that moment are
+    recorded, so the metrics printed belong to the checkpoint it names. Kept in checkpoints,
+    so a resumed run still knows the best epoch of the runs it continues.
     """
 
     def __init__(self) -> None:
         self.epoch: int | None = None
         self.metrics: dict[str, float] = {}
-        self.path: str | None = None  # the best checkpoint these metrics belong to
+        self._judged: tuple | None = None  # the checkpoint callback's best when last seen; None before fit
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.path is None and self.epoch is not None and trainer.checkpoint_callback is not None:
-            self.path = trainer.checkpoint_callback.best_model_path  # resumed from a checkpoint without the path
+        self._judged = _best_of(trainer)  # as restored from the checkpoint resumed from
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        path = getattr(trainer.checkpoint_callback, "best_model_path", None)
-        if not path or path == self.path:
+        judged = _best_of(trainer)
+        if self._judged is None or judged == self._judged or not judged[0]:
             return
         # The checkpoint callback has just chosen a new best, and this is that checkpoint being saved.
-        self.epoch, self.path = trainer.current_epoch, path
+        self._judged, self.epoch = judged, trainer.current_epoch
         self.metrics = {
             name: float(value)
             for name, value in trainer.callback_metrics.items()
@@ -317,10 +316,17 @@ class BestEpoch(L.Callback):
             checkpoint["callbacks"][self.state_key] = self.state_dict()  # written before this hook ran
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "metrics": self.metrics, "path": self.path}
+        return {"epoch": self.epoch, "metrics": self.metrics}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.metrics, self.path = state["epoch"], dict(state["metrics"]), state.get("path")
+        self.epoch, self.metrics = state["epoch"], dict(state["metrics"])
+
+
+def _best_of(trainer: L.Trainer) -> tuple[str, float | None]:
+    """The path and score of the checkpoint callback's best checkpoint (a new best may keep the path)."""
+    judge = trainer.checkpoint_callback
+    score = getattr(judge, "best_model_score", None)
+    return getattr(judge, "best_model_path", ""), None if score is None else float(score)
 
 
 class RunPlots(L.Callback):
