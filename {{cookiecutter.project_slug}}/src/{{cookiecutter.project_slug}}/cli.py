@@ -120,6 +120,8 @@ class ProjectCLI(LightningCLI):
         given = _given_ckpt_path(args)
         if given is not None:
             config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
+        if subcommand in EVALUATIONS:
+            _check_evaluated_weights(subcommand, config)
         if config.get("ckpt_path") == "last":
             # Resolved here, so the run's saved config.yaml names the file it resumed from.
             config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger), report=_report))
@@ -180,9 +182,6 @@ class ProjectCLI(LightningCLI):
         _check_cpu_processes(config.trainer)
         if self.subcommand:
             _check_new_log_dir(config.trainer.logger)
-        if self.subcommand == "predict":
-            # Before the data is read and the model run: a path that cannot be written would waste that work.
-            CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})
@@ -298,14 +297,8 @@ def _given_ckpt_path(args: list[str]) -> str | None:
     return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
 
 
-def _check_evaluation(subcommand: str, config, args: list[str]) -> None:
-    """An evaluation says what it evaluates: a checkpoint it loads, on the whole split unless told otherwise.
-
-    A limit on the batches counts when given on the command line, directly or in a --config
-    file of the person's; one only in a run's saved config.yaml (a training's two validation
-    batches) is not applied.
-    """
-    split, limit = EVALUATIONS[subcommand]
+def _check_evaluated_weights(subcommand: str, config) -> None:
+    """An evaluation scores the weights of a checkpoint it loads, or untrained weights when asked for by name."""
     untrained = config.get(UNTRAINED_FLAG[2:])
     if config.get("ckpt_path") is None and not untrained:
         raise ConfigError(
@@ -314,6 +307,16 @@ def _check_evaluation(subcommand: str, config, args: list[str]) -> None:
         )
     if config.get("ckpt_path") is not None and untrained:
         raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
+
+
+def _check_evaluation(subcommand: str, config, args: list[str]) -> None:
+    """An evaluation runs on the whole split unless told otherwise, and says so when it is told.
+
+    A limit on the batches counts when given on the command line, directly or in a --config
+    file of the person's; one only in a run's saved config.yaml (a training's two validation
+    batches) is not applied.
+    """
+    split, limit = EVALUATIONS[subcommand]
     whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
     given = [key for key in whole if _limit_given(key, args)]
     for key in whole.keys() - given:
@@ -325,7 +328,7 @@ def _check_evaluation(subcommand: str, config, args: list[str]) -> None:
 
 
 def _limits(value) -> bool:
-    """Whether a Trainer limit of ``value`` leaves batches out (``1.0``, a fraction, is all of them; ``1`` is one batch)."""
+    """Whether a Trainer limit of ``value`` leaves batches out (the fraction ``1.0`` is all; ``1`` is one batch)."""
     return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
 
 
