@@ -397,7 +397,7 @@ def test_evaluating_a_checkpoint_uses_its_runs_settings(in_tmp_path, fast_args, 
     final = epoch_metrics(0)[0]
     run = RUNS / "version_0"
     evaluate = ["validate", "--accelerator", "cpu", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
-    main(evaluate)
+    main([*evaluate, "--trainer.limit_val_batches", "2"])  # the training's batches: a saved limit is not applied
     with (run / "validate" / "version_0" / "metrics.csv").open() as file:
         evaluated = next(csv.DictReader(file))
     assert float(evaluated["val/acc"]) == pytest.approx(float(final["val/acc"]), abs=1e-6)
