@@ -214,7 +214,8 @@ def test_evaluation_uses_the_whole_split_unless_a_limit_is_given(run_copy, capsy
     assert yaml.safe_load((RUN / "config.yaml").read_text())["trainer"]["limit_predict_batches"] == 2
     main(["predict", "--accelerator", "cpu", "--ckpt_path", str(LAST), "--predictions.path", "all.csv"])
     assert "part of" not in capsys.readouterr().out
-    main(["predict", "--ckpt_path", str(LAST), "--trainer.limit_predict_batches", "3", "--predictions.path", "three.csv"])
+    limit = ["--trainer.limit_predict_batches", "3"]
+    main(["predict", "--ckpt_path", str(LAST), *limit, "--predictions.path", "three.csv"])
     line = "predict on part of the prediction data only (--trainer.limit_predict_batches 3"
     assert line in capsys.readouterr().out
     batch = yaml.safe_load((RUN / "config.yaml").read_text())["data"]["init_args"]["batch_size"]
