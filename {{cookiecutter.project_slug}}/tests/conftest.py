@@ -1,7 +1,9 @@
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,39 @@ def trained_once(tmp_path_factory, fast_args) -> Path:
 
 def _with_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def make_fifo():
+    """Make FIFOs (named pipes) that cannot hang a test: code that opens one by mistake reads an empty file.
+
+    Opening a FIFO waits for its other end. A thread opens the other end of each, and closes
+    it at once, whenever someone is waiting, so a wrong open returns instead of hanging, and
+    the test's assertion (that the FIFO was refused by name) fails.
+    """
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+    made, done = [], threading.Event()
+
+    def open_other_ends() -> None:
+        while not done.wait(0.05):
+            for path in made:
+                for flags in (os.O_WRONLY, os.O_RDONLY):
+                    with contextlib.suppress(OSError):  # ENXIO: nobody reads it, so no one waits
+                        os.close(os.open(path, flags | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=open_other_ends, daemon=True)
+    thread.start()
+
+    def make(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+        made.append(path)
+        return path
+
+    yield make
+    done.set()
+    thread.join()
 
 
 @pytest.fixture

@@ -96,3 +96,21 @@ def test_the_onnx_file_matches_the_checkpoint(in_trained):
 def test_an_output_that_is_not_pt2_is_one_line(in_tmp_path):
     with pytest.raises(SystemExit, match=r"^error: --output model\.onnx must end in \.pt2"):
         export(["--ckpt_path", "x.ckpt", "--output", "model.onnx"])
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("folder.pt2", "--output folder.pt2 names a folder"),
+        ("new.pt2/", "--output new.pt2/ names a folder"),
+        ("file.pt2/model.pt2", "--output file.pt2/model.pt2 cannot be written (file.pt2 is not a folder)"),
+        ("file.pt2", "--output file.pt2 exists: give another --output, or --overwrite"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_one_line_before_the_checkpoint_is_read(in_tmp_path, given, expected):
+    """A folder, a path under a file or an existing file as --output stops at once: x.ckpt is never looked for."""
+    (in_tmp_path / "folder.pt2").mkdir()
+    (in_tmp_path / "file.pt2").write_text("mine")
+    with pytest.raises(SystemExit, match="^" + re.escape(f"error: {expected}")):
+        export(["--ckpt_path", "x.ckpt", "--output", given, "--onnx", "no"])
+    assert (in_tmp_path / "file.pt2").read_text() == "mine"

@@ -1,12 +1,16 @@
 """Image folders: which files are read with which labels, how they decode, what a bad file or folder says, the cache."""
 
+import errno
 import os
 import re
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_GUARD_S
 from PIL import Image
 
 from {{ cookiecutter.project_slug }}.data import DataUnavailableError, folders
@@ -19,6 +23,7 @@ from {{ cookiecutter.project_slug }}.data.folders import (
     list_labelled_images,
     load_images,
 )
+from {{ cookiecutter.project_slug }}.data.images import ImageFolderDataModule
 from {{ cookiecutter.project_slug }}.errors import ConfigError
 
 ORANGE = (200, 100, 50)
@@ -264,3 +269,131 @@ def test_channel_stats_match_a_direct_computation(monkeypatch):
     scaled = images.double() / 255
     torch.testing.assert_close(torch.tensor(mean, dtype=torch.double), scaled.mean(dim=(0, 2, 3)))
     torch.testing.assert_close(torch.tensor(std, dtype=torch.double), scaled.std(dim=(0, 2, 3), correction=0))
+
+
+@contextmanager
+def hang_guard():
+    """Fail, instead of hanging the tests, when the code inside has not returned after ``HANG_GUARD_S``."""
+
+    def stop(signum, frame):
+        pytest.fail(f"still running after {HANG_GUARD_S} s")  # not an OSError, which os.walk would swallow
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(HANG_GUARD_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _identities(files) -> list[tuple[int, int]]:
+    return [(os.stat(file).st_dev, os.stat(file).st_ino) for file in files]
+
+
+def test_links_never_lead_a_listing_around_a_loop_or_out_of_its_folder(layout, tmp_path, capsys):
+    """Each image is listed once under its own path; links to folders and links out of the root are not followed."""
+    elsewhere = solid(tmp_path / "elsewhere" / "x.png")
+    (layout / "cat" / "loop").symlink_to(layout / "cat")  # a folder inside itself
+    (layout / "dog" / "up").symlink_to(layout)  # the root inside a class
+    (layout / "dog" / "self.png").symlink_to("self.png")  # a link to itself
+    (layout / "cat" / "alias.png").symlink_to(layout / "cat" / "b.png")  # a second name
+    (layout / "dog" / "stolen.png").symlink_to(layout / "cat" / "a.jpg")  # a second name in another class
+    (layout / "cat" / "outside.png").symlink_to(elsewhere)
+    (layout / "dog" / "away").symlink_to(tmp_path / "elsewhere")
+    (layout / "bird").symlink_to(tmp_path / "elsewhere")  # a class folder out of the root
+
+    with hang_guard():  # links that loop used to be followed until the path was too long: for ever, with two
+        found = list_labelled_images(layout)
+    assert find_classes(layout) == ("cat", "dog")
+    own = ("cat/a.jpg", "cat/b.png", "cat/deeper/c.PNG", "dog/self.png", "dog/z.jpeg")
+    assert found == ImageFiles(tuple(layout / name for name in own), (0, 0, 0, 1, 1), ("cat", "dog"))
+    (line,) = capsys.readouterr().out.splitlines()  # one line says what was left out, and why
+    assert line.startswith(f"listing {layout}: left out 3 link(s) leading out of it, not followed (")
+    assert f"{layout / 'bird'} -> {tmp_path / 'elsewhere'}" in line
+    assert "2 more name(s) (links) of images it lists, each image listed once" in line
+    assert list_images(layout / "dog", ("cat", "dog")).files == (layout / "dog" / "self.png", layout / "dog" / "z.jpeg")
+
+
+def test_an_image_reached_through_links_lands_in_one_split_only(tmp_path):
+    """The validation images drawn from a training folder are other files than the training images."""
+    for k in range(10):
+        solid(tmp_path / "data" / ("cat" if k % 2 else "dog") / f"{k}.png")
+    for name in ("again", "more"):  # each class folder linked into the other, twice
+        (tmp_path / "data" / "cat" / name).symlink_to(tmp_path / "data" / "dog")
+        (tmp_path / "data" / "dog" / name).symlink_to(tmp_path / "data")
+    for k in range(10):
+        (tmp_path / "data" / "cat" / f"link{k}.png").symlink_to(tmp_path / "data" / "dog" / f"{k - k % 2}.png")
+    data = ImageFolderDataModule(root=str(tmp_path / "data"), val_fraction=0.2, cache_dir=None)
+    with hang_guard():
+        train, val = data._files("train"), data._files("val")
+    assert len(train.files) + len(val.files) == 10
+    assert not set(_identities(train.files)) & set(_identities(val.files))
+
+
+def test_a_fifo_among_the_images_is_refused_by_name_or_skipped(layout, tmp_path, make_fifo, capsys):
+    """A FIFO named like an image is never opened: it stops the load by name, or is skipped as unreadable."""
+    fifo = make_fifo(layout / "cat" / "pipe.png")
+    files = list_labelled_images(layout).files
+    assert fifo in files
+    for cache in (None, tmp_path / "cache"):
+        with pytest.raises(UnreadableImageError, match=re.escape(f"({fifo}: it is a FIFO (named pipe), not a file)")):
+            load_images(files, size=8, cache_dir=cache)
+    capsys.readouterr()
+    images, kept = load_images(files, size=8, cache_dir=tmp_path / "cache", skip_unreadable=True)
+    assert len(kept) == len(files) - 1 == len(images) and files.index(fifo) not in kept
+    assert capsys.readouterr().out == f"skipped unreadable image {fifo}: it is a FIFO (named pipe), not a file\n"
+
+
+@pytest.mark.parametrize("name", ["pipe.png", "pipe.txt"])
+def test_a_fifo_to_predict_on_is_refused_by_name(tmp_path, make_fifo, name):
+    """A FIFO given to predict on, as an image or as a list, is refused in one line without being opened."""
+    fifo = make_fifo(tmp_path / name)
+    with pytest.raises(DataUnavailableError, match="^" + re.escape(f"{fifo} is a FIFO (named pipe), not a file: ")):
+        list_images(fifo, ("cat",))
+
+
+def test_a_list_naming_a_fifo_or_a_folder_is_refused_at_that_line(layout, tmp_path, make_fifo):
+    """Each line of a list must name a plain file; absolute paths and links are taken as written."""
+    make_fifo(tmp_path / "pipe.png")
+    (tmp_path / "link.png").symlink_to(layout / "dog" / "z.jpeg")
+    listing = tmp_path / "todo.txt"
+    for line, reason in [("pipe.png", "a FIFO (named pipe)"), ("train/cat", "a folder")]:
+        listing.write_text(f"{layout / 'cat' / 'a.jpg'}\nlink.png\n{line}\n")
+        expected = f"{listing}, line 3: {tmp_path / line} is {reason}, not an image"
+        with pytest.raises(DataUnavailableError, match="^" + re.escape(expected)):
+            list_images(listing, ("cat", "dog"))
+    listing.write_text(f"{layout / 'cat' / 'a.jpg'}\nlink.png\n")
+    assert list_images(listing, ("cat", "dog")).files == (layout / "cat" / "a.jpg", tmp_path / "link.png")
+
+
+def test_an_image_rewritten_in_place_with_its_size_and_time_is_decoded_anew(tmp_path):
+    """The cache knows a file by its content: the same size and modification time do not make it serve old pixels."""
+    path = solid(tmp_path / "a.bmp", (255, 0, 0))  # uncompressed: the same size whatever the colour
+    before = os.stat(path)
+    red, _ = load_images([path], size=8, cache_dir=tmp_path / "cache")
+    solid(path, (0, 0, 255))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    blue, _ = load_images([path], size=8, cache_dir=tmp_path / "cache")
+    assert red[0, 0].min() == 255 and blue[0, 2].min() == 255 and blue[0, 0].max() == 0
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_the_images_still_come(tmp_path, monkeypatch, capsys):
+    """A full disk while caching: one warning line, the decoded images, and no cache file, whole or partial."""
+    files = [solid(tmp_path / "a.png")]
+    cache = tmp_path / "cache"
+
+    def no_space(source, target):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", no_space)  # where the finished cache file would be renamed into place
+        images, kept = load_images(files, size=8, cache_dir=cache)
+    assert images.shape == (1, 3, 8, 8) and kept == (0,)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"warning: the image cache {cache}/images-") and "(No space left on device)" in line
+    assert list(cache.iterdir()) == []
+    assert torch.equal(load_images(files, size=8, cache_dir=cache)[0], images)
+    assert len(list(cache.iterdir())) == 1

@@ -2,6 +2,7 @@ import csv
 import hashlib
 import io
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -291,6 +292,17 @@ def test_cifar10_reader_refuses_pickled_code(tmp_path):
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
         images.read_cifar10_batches(folder, ("test_batch",))
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_fifo_in_place_of_the_cifar10_archive_or_a_batch_is_refused_by_name(tmp_path, monkeypatch, make_fifo):
+    """Neither the archive nor a batch file is opened unless it is a plain file: a FIFO would never end."""
+    monkeypatch.setattr(images, "CIFAR10_URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")  # nothing downloaded
+    archive = make_fifo(tmp_path / "data" / images.CIFAR10_ARCHIVE)
+    with pytest.raises(DataUnavailableError, match="^" + re.escape(f"{archive} is a FIFO (named pipe), not the CIFAR")):
+        ImageDataModule(dataset="cifar10", data_dir=str(tmp_path / "data")).prepare_data()
+    batch = make_fifo(tmp_path / images.CIFAR10_FOLDER / "test_batch")
+    with pytest.raises(DataUnavailableError, match="^" + re.escape(f"{batch} is a FIFO (named pipe), not a file: ")):
+        images.read_cifar10_batches(batch.parent, ("test_batch",))
 
 
 @pytest.mark.parametrize(

@@ -161,6 +161,18 @@ def test_a_missing_file_says_how_to_make_one(tmp_path):
         dm.setup("fit")
 
 
+def test_a_fifo_or_a_folder_for_sequences_is_refused_by_name(tmp_path, make_fifo):
+    """The data file and predict_path are read only when plain files: a FIFO would never end, a folder is none."""
+    fifo, folder = make_fifo(tmp_path / "pipe.npz"), tmp_path / "folder.npz"
+    folder.mkdir()
+    for path, kind in [(fifo, "a FIFO (named pipe)"), (folder, "a folder")]:
+        expected = "^" + re.escape(f"{path} is {kind}, not a file. Save your data with numpy.savez")
+        with pytest.raises(DataUnavailableError, match=expected):
+            SequenceDataModule(dataset="file", path=str(path)).setup("fit")
+        with pytest.raises(DataUnavailableError, match=expected):
+            SequenceDataModule(predict_path=str(path)).setup("predict")
+
+
 @pytest.mark.parametrize(
     ("arguments", "flag"),
     [

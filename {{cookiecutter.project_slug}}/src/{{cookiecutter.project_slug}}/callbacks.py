@@ -1,5 +1,6 @@
 """Callbacks this project adds to Lightning's: interruption checkpoints, plots, prediction files."""
 
+import contextlib
 import csv
 import os
 import random
@@ -19,6 +20,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .errors import UserError
+from .files import check_output_file
 from .plots import CONFUSION_FILE, plot_run
 
 
@@ -361,12 +363,15 @@ class CSVPredictionWriter(BasePredictionWriter):
     name), ``label`` (the true class name, when the inputs have labels), then ``p_<class>``,
     each class's probability. The file is written beside its final name and renamed when
     complete, so a run that fails leaves no partial file; an existing file is replaced only
-    when asked to.
+    when asked to. A path that names a folder, a FIFO or a device, or that cannot be
+    written, is refused in one line before predicting (by the command line, before the
+    data is read).
 
     Args:
         path: The CSV file to write. Under several processes, each writes its own
             file, with ``.rank<N>`` before the extension.
         overwrite: Replace ``path`` if it exists (otherwise the run stops before predicting).
+            A link there is replaced by the file; what it points to is left as it is.
     """
 
     def __init__(self, path: str = "predictions.csv", overwrite: bool = False) -> None:
@@ -375,15 +380,25 @@ class CSVPredictionWriter(BasePredictionWriter):
         self.overwrite = overwrite
         self._file = None
 
+    @staticmethod
+    def check_path(path: str | Path, overwrite: bool) -> None:
+        """Refuse, in one line naming the flag, a path that could not be written; the command line checks it first."""
+        check_output_file(
+            path, "--predictions.path", overwrite=overwrite, overwrite_flag="--predictions.overwrite true"
+        )
+
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(self.path)
         if trainer.world_size > 1:
             path = path.with_suffix(f".rank{trainer.global_rank}{path.suffix}")
-        if path.exists() and not self.overwrite:
-            raise UserError(f"{path} exists: give another --predictions.path, or --predictions.overwrite true")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.check_path(self.path if trainer.world_size == 1 else path, self.overwrite)
         self._target, self._temporary = path, path.with_name(f".writing.{os.getpid()}.{path.name}")
-        self._file = self._temporary.open("w", newline="")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._temporary.unlink(missing_ok=True)  # left by a killed run; "x" then refuses a link put in its place
+            self._file = self._temporary.open("x", newline="")
+        except OSError as err:
+            self._not_written(err)
         self._writer = csv.writer(self._file)
         self._rows = 0
         datamodule = trainer.datamodule
@@ -410,22 +425,39 @@ class CSVPredictionWriter(BasePredictionWriter):
             self._header_written = True
         predicted = prediction.argmax(dim=1).tolist()
         labels = batch[1].tolist() if self._labelled else [None] * len(predicted)
+        rows = []
         for index, guess, label, row in zip(batch_indices, predicted, labels, prediction.float().tolist(), strict=True):
             name = self._names[index] if self._names is not None else index
             true = [classes[label]] if self._labelled else []
-            self._writer.writerow([name, classes[guess], *true, *(f"{p:.6f}" for p in row)])
+            rows.append([name, classes[guess], *true, *(f"{p:.6f}" for p in row)])
+        try:
+            self._writer.writerows(rows)
+        except OSError as err:
+            self._not_written(err)
         self._rows += len(predicted)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
-            os.replace(self._temporary, self._target)
+            try:
+                self._file.close()
+                self._file = None
+                os.replace(self._temporary, self._target)
+            except OSError as err:
+                self._not_written(err)
             sys.stdout.write(f"predictions for {self._rows} inputs written to {self._target}\n")
             sys.stdout.flush()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # closing flushes: a full disk fails again here
+                self._file.close()
             self._file = None
             self._temporary.unlink(missing_ok=True)
+
+    def _not_written(self, err: OSError):
+        """Stop with one line: the disk is full, the folder read-only, ... (the temporary file is removed)."""
+        self._temporary.unlink(missing_ok=True)
+        raise UserError(
+            f"--predictions.path {self._target} cannot be written ({err.strerror or err}): "
+            "free some space there, or give another --predictions.path"
+        ) from err

@@ -182,6 +182,9 @@ class ProjectCLI(LightningCLI):
         _check_cpu_processes(config.trainer)
         if self.subcommand:
             _check_new_log_dir(config.trainer.logger)
+        if self.subcommand == "predict":
+            # Before the data is read and the model run: a path that cannot be written would waste that work.
+            CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})

@@ -33,6 +33,7 @@ from torch import nn
 from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint, written_whole
 from .cli import build, expand_shortcuts
 from .errors import ConfigError, UserError
+from .files import check_output_file
 from .trust import check_trusted, read_config
 
 # What of a run's config.yaml builds its model and data.
@@ -84,11 +85,11 @@ def load_trained(ckpt_path: Path, args: list[str]) -> tuple[nn.Module, object]:
 
 
 def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> list[Path]:
-    """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written."""
-    targets = [output] + ([output.with_suffix(".onnx")] if onnx == "yes" or (onnx == "auto" and _has_onnx()) else [])
-    for target in targets:
-        if target.exists() and not overwrite:
-            raise UserError(f"{target} exists: give another --output, or --overwrite")
+    """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written.
+
+    Each is written beside its name and renamed into place: a link at that name is replaced, not written through.
+    """
+    targets = check_outputs(output, overwrite, onnx)
     if onnx == "yes" and not _has_onnx():
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     wrapped = Probabilities(model.net).eval()
@@ -97,15 +98,28 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     class_names = list(model.class_names)
     description = {"dtype": str(inputs.dtype).removeprefix("torch."), "shape": list(inputs.shape), "varies": list(dims)}
     extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(description)}
-    with written_whole(output) as temporary:
-        torch.export.save(program, temporary, extra_files=extra_files)
-    if len(targets) > 1:
-        onnx_program = torch.onnx.export(
-            wrapped, (inputs,), dynamic_shapes={"inputs": dims}, input_names=["inputs"], dynamo=True
-        )
-        onnx_program.model.metadata_props["class_names"] = json.dumps(class_names)
-        with written_whole(targets[1]) as temporary:
-            onnx_program.save(temporary)
+    try:
+        with written_whole(output) as temporary:
+            torch.export.save(program, temporary, extra_files=extra_files)
+        if len(targets) > 1:
+            onnx_program = torch.onnx.export(
+                wrapped, (inputs,), dynamic_shapes={"inputs": dims}, input_names=["inputs"], dynamo=True
+            )
+            onnx_program.model.metadata_props["class_names"] = json.dumps(class_names)
+            with written_whole(targets[1]) as temporary:
+                onnx_program.save(temporary)
+    except OSError as err:  # a full disk, a folder made read-only since the check
+        raise UserError(f"--output {err.filename or output} could not be written ({err.strerror or err})") from err
+    return targets
+
+
+def check_outputs(output: str | Path, overwrite: bool, onnx: str) -> list[Path]:
+    """The files ``export`` writes for ``--output`` (as given), each checked: a file can be written there."""
+    path = Path(output)
+    targets = [path] + ([path.with_suffix(".onnx")] if onnx == "yes" or (onnx == "auto" and _has_onnx()) else [])
+    for target in targets:
+        shown = output if target == path else target  # as given: "model.pt2/" names a folder
+        check_output_file(shown, "--output", overwrite=overwrite, overwrite_flag="--overwrite")
     return targets
 
 
@@ -130,6 +144,7 @@ def main(args: list[str] | None = None) -> None:
         output = Path(known.output) if known.output else ckpt_path.parent.parent / "model.pt2"
         if output.suffix != ".pt2":
             raise ConfigError(f"--output {output} must end in .pt2 (the .onnx file is written beside it)")
+        check_outputs(known.output or output, known.overwrite, known.onnx)  # before the model is built
         model, datamodule = load_trained(ckpt_path, expand_shortcuts(rest))
         written = export(model, datamodule, output, overwrite=known.overwrite, onnx=known.onnx)
     except UserError as err:

@@ -5,12 +5,14 @@ any depth inside a class folder. Everything here is a plain function, so the dat
 module that uses them and the benchmark time exactly the same code.
 """
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +20,17 @@ from typing import NoReturn
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
 
 from ..errors import ConfigError
+from ..files import NotAFileError, kind_of, open_regular
 from . import DataUnavailableError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LIST_SUFFIX = ".txt"
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 CACHE_PREFIX = "images-"
 # Bad files named in full in an error; the rest are counted.
 SHOWN_UNREADABLE = 3
@@ -52,14 +56,16 @@ class ImageFiles:
 def find_classes(root: Path) -> tuple[str, ...]:
     """Sorted names of the class folders of ``root``, the way torchvision's ``ImageFolder`` orders them.
 
-    Hidden folders (``.ipynb_checkpoints``, ``.git``, ...) are not classes.
+    Hidden folders (``.ipynb_checkpoints``, ``.git``, ...) are not classes, and neither are
+    links: a link to a folder inside ``root`` would repeat its images, one leading out of it
+    is not followed (see ``list_labelled_images``).
     """
     root = Path(root)
     if not root.exists():
         raise DataUnavailableError(f"{root} does not exist: expected a folder of class folders, {_LAYOUT}")
     if not root.is_dir():
         raise DataUnavailableError(f"{root} is a file, not a folder: expected a folder of class folders, {_LAYOUT}")
-    classes = tuple(sorted(_subfolders(root)))
+    classes = tuple(sorted(_Listing(root).scan(root, recursive=False)))
     if not classes:
         raise DataUnavailableError(f"{root} has no class folders: expected {_LAYOUT}")
     return classes
@@ -71,6 +77,12 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
     Files are images by their extension (any case, see ``IMAGE_EXTENSIONS``); other
     files and hidden files and folders are ignored. Images directly in ``root`` are an
     error rather than silently left out: they belong to no class.
+
+    Links are followed only to files inside ``root``, never to folders, so no link can
+    make the listing loop or leave ``root``; each file is listed once, under its own
+    path when it has one in ``root`` (a link to it is then a second name, left out), so
+    no image lands in both the training and the validation split. What was left out
+    is said in one line.
 
     With ``class_names`` (the training split's classes, when reading ``val/`` or
     ``test/``) labels index into it, so they mean the same in every split: a class
@@ -89,24 +101,30 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
                 f"{root / unknown[0]} is not one of the training classes ({', '.join(known)}): "
                 f"every class folder of {root} must be one of them"
             )
-    loose = _images_in(root, recursive=False)
-    if loose:
+    listing = _Listing(root)
+    listing.scan(root, recursive=False)
+    if listing.found:
+        loose = min(image.path for image in listing.found)
         raise DataUnavailableError(
-            f"{loose[0]} is not inside a class folder of {root}: move it into {root}/<class>/, or remove it"
+            f"{loose} is not inside a class folder of {root}: move it into {root}/<class>/, or remove it"
         )
     index = {name: label for label, name in enumerate(known)}
+    for name in found:
+        listing.scan(root / name, recursive=True, label=index[name])
+    images = listing.images()
     files: list[Path] = []
     labels: list[int] = []
     for name in found:
-        images = _images_in(root / name, recursive=True)
-        if not images and class_names is None:
+        in_class = sorted(image.path for image in images if image.label == index[name])
+        if not in_class and class_names is None:
             raise DataUnavailableError(
                 f"{root / name} holds no images ({', '.join(IMAGE_EXTENSIONS)}): add some, or remove the folder"
             )
-        files += images
-        labels += [index[name]] * len(images)
+        files += in_class
+        labels += [index[name]] * len(in_class)
     if not files:
         raise DataUnavailableError(f"{root} holds no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+    listing.report()
     return ImageFiles(tuple(files), tuple(labels), known)
 
 
@@ -118,21 +136,31 @@ def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
     A folder whose subfolders are all classes of ``class_names``, and that holds no
     images of its own, is read as labelled (labels from the folder names, as in
     ``list_labelled_images``); any other folder gives every image under it, sorted,
-    without labels.
+    without labels, following links as ``list_labelled_images`` does. A FIFO, device or
+    socket is refused by name without being opened.
     """
     path, classes = Path(path), tuple(class_names)
-    if not path.exists():
-        raise DataUnavailableError(
-            f"{path} does not exist: give an image, a {LIST_SUFFIX} file listing images, or a folder of images"
-        )
-    if path.is_dir():
-        subfolders = _subfolders(path)
-        if subfolders and set(subfolders) <= set(classes) and not _images_in(path, recursive=False):
+    accepted = f"give an image, a {LIST_SUFFIX} file listing images, or a folder of images"
+    try:
+        kind = kind_of(os.stat(path).st_mode)
+    except FileNotFoundError:
+        raise DataUnavailableError(f"{path} does not exist: {accepted}") from None
+    except OSError as err:
+        raise DataUnavailableError(f"{path} cannot be read ({err.strerror or err}): {accepted}") from err
+    if kind == "a folder":
+        top = _Listing(path)
+        subfolders = top.scan(path, recursive=False)
+        if subfolders and set(subfolders) <= set(classes) and not top.found:
             return list_labelled_images(path, classes)
-        files = _images_in(path, recursive=True)
+        listing = _Listing(path)
+        listing.scan(path, recursive=True)
+        files = sorted(image.path for image in listing.images())
         if not files:
             raise DataUnavailableError(f"{path} holds no images ({', '.join(IMAGE_EXTENSIONS)}), at any depth")
+        listing.report()
         return ImageFiles(tuple(files), None, classes)
+    if kind is not None:
+        raise DataUnavailableError(f"{path} is {kind}, not a file: {accepted}")
     if path.suffix.lower() == LIST_SUFFIX:
         return ImageFiles(_read_list(path), None, classes)
     if path.suffix.lower() in IMAGE_EXTENSIONS:
@@ -163,13 +191,17 @@ def load_images(
     read, the error comes anyway.
 
     With ``cache_dir``, the result is kept there as one file named by a hash of
-    ``size``, ``skip_unreadable`` and each file's path, byte size and modification
-    time: a later call with the same, unchanged files reads that instead of decoding.
-    Changing, adding or removing a file makes a new cache file; the old ones stay
-    until removed (they are all named ``images-*.pt``). A cache folder that cannot be
-    written is an error before any decoding, not a silent slow run; a damaged cache
-    file is decoded again and replaced. Files are written whole or not at all, so
-    processes sharing the folder (DDP ranks) never read a partial one.
+    ``size``, ``skip_unreadable`` and each file's real path and content (BLAKE2b of its
+    bytes, read again on every call: about 15% of the time decoding takes), so a
+    later call with the same files reads that instead of decoding, and a file rewritten
+    in place, whatever its size and time, is decoded anew. Changing, adding or removing
+    a file makes a new cache file; the old ones stay until removed (they are all named
+    ``images-*.pt``). A cache folder that cannot be written is an error before any
+    decoding, not a silent slow run; a cache file that cannot be written once the
+    images are decoded (a full disk) is a warning, and this run goes on without it. A
+    damaged cache file is decoded again and replaced. Files are written whole (beside
+    their name, then renamed) or not at all, so processes sharing the folder (DDP
+    ranks) never read a partial one.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"the image size must be a positive integer, got {size!r}")
@@ -184,24 +216,20 @@ def load_images(
         return _decode_all(files, size, workers, skip_unreadable)[:2]
 
     cache_dir = Path(cache_dir)
-    cache_file = cache_dir / f"{CACHE_PREFIX}{_cache_key(files, size, skip_unreadable)}.pt"
-    cached = _read_cache(cache_file, len(files), size)
+    # Keyed by content, not by size and time: a file rewritten in place within the clock's resolution, or with
+    # its time set back, is not served stale. Hashing costs a read of each file, a fraction of decoding it.
+    key = _cache_key(files, _fingerprints(files, workers), size, skip_unreadable)
+    cached = _read_cache(_cache_file(cache_dir, key), len(files), size)
     if cached is not None:
         images, kept, skipped = cached
         _report_skipped(files, skipped)
         return images, kept
     scratch = _open_scratch(cache_dir)  # before decoding: an unwritable folder should not cost a whole decode first
     try:
-        images, kept, skipped = _decode_all(files, size, workers, skip_unreadable)
+        images, kept, skipped, fingerprints = _decode_all(files, size, workers, skip_unreadable)
+        # Keyed by the bytes decoded: a file rewritten since its fingerprint was taken is cached as it was decoded.
         entry = {"images": images, "kept": torch.tensor(kept, dtype=torch.long), "skipped": skipped}
-        try:
-            torch.save(entry, scratch)
-            os.replace(scratch, cache_file)
-        except OSError as err:
-            raise DataUnavailableError(
-                f"cannot write the image cache {cache_file} ({err.strerror or err}): "
-                "free some space there, or choose another cache folder"
-            ) from err
+        _write_cache(scratch, _cache_file(cache_dir, _cache_key(files, fingerprints, size, skip_unreadable)), entry)
     finally:
         scratch.unlink(missing_ok=True)
     return images, kept
@@ -239,7 +267,7 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
 def _entries(folder: Path) -> list[os.DirEntry]:
     try:
         with os.scandir(folder) as entries:
-            return list(entries)
+            return sorted(entries, key=lambda entry: entry.name)
     except OSError as err:
         _unreadable_folder(err)
 
@@ -249,29 +277,118 @@ def _unreadable_folder(err: OSError) -> NoReturn:
     raise DataUnavailableError(f"{err.filename} cannot be listed ({err.strerror or err})") from err
 
 
-def _subfolders(folder: Path) -> list[str]:
-    return [entry.name for entry in _entries(folder) if entry.is_dir() and not entry.name.startswith(".")]
-
-
 def _is_image(name: str) -> bool:
     return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _images_in(folder: Path, recursive: bool) -> list[Path]:
-    """The images in ``folder`` (and its non-hidden subfolders when ``recursive``), sorted by path."""
-    if not recursive:
-        return sorted(Path(entry.path) for entry in _entries(folder) if entry.is_file() and _is_image(entry.name))
-    found = []
-    for parent, dirs, names in os.walk(folder, onerror=_unreadable_folder, followlinks=True):
-        dirs[:] = [name for name in dirs if not name.startswith(".")]
-        found += [Path(parent, name) for name in names if _is_image(name)]
-    return sorted(found)
+@dataclass(frozen=True)
+class _Found:
+    path: Path
+    label: int | None
+    linked: bool  # reached through a link
+    identity: tuple[int, int] | str  # (st_dev, st_ino) of the file; its path when it cannot be examined
+
+
+class _Listing:
+    """One listing of the folder ``root``: links are followed only to files inside it, each file is listed once.
+
+    Folders are entered only where they are, never through a link, so a listing cannot
+    loop (a folder reached twice, through a bind mount, is entered once) nor leave ``root``.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.inside = os.path.realpath(root)
+        self.found: list[_Found] = []
+        self.outside: list[str] = []  # links leading out of root, not followed
+        self.repeats = 0  # second names of files listed once
+        self._entered: set[tuple[int, int]] = set()
+
+    def scan(self, folder: Path, recursive: bool, label: int | None = None) -> list[str]:
+        """Add the images in ``folder`` (and below it when ``recursive``); the names of its own subfolders."""
+        subfolders, pending = [], [Path(folder)]
+        if recursive:
+            info = os.stat(folder)
+            self._entered.add((info.st_dev, info.st_ino))
+        while pending:
+            current = pending.pop()
+            for entry in _entries(current):
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_symlink():
+                    self._link(entry, label)
+                elif entry.is_dir(follow_symlinks=False):
+                    if current == Path(folder):
+                        subfolders.append(entry.name)
+                    identity = (entry.stat(follow_symlinks=False).st_dev, entry.inode())
+                    if recursive and identity not in self._entered:
+                        self._entered.add(identity)
+                        pending.append(Path(entry.path))
+                elif _is_image(entry.name):  # a file, or a FIFO, device or socket that decoding refuses by name
+                    self._add(Path(entry.path), label, linked=False)
+        return subfolders
+
+    def _link(self, entry: os.DirEntry, label: int | None) -> None:
+        target = os.path.realpath(entry.path)
+        if not _within(target, self.inside):
+            if _is_image(entry.name) or os.path.isdir(target):
+                self.outside.append(f"{entry.path} -> {target}")
+        elif _is_image(entry.name) and not os.path.isdir(target):
+            self._add(Path(entry.path), label, linked=True)
+        # A link to a folder inside root is not followed: that folder is listed where it is.
+
+    def _add(self, path: Path, label: int | None, linked: bool) -> None:
+        try:
+            info = os.stat(path)
+            identity: tuple[int, int] | str = (info.st_dev, info.st_ino)
+        except OSError:
+            identity = str(path)  # a broken link: listed, and decoding says what is wrong with it
+        self.found.append(_Found(path, label, linked, identity))
+
+    def images(self) -> list[_Found]:
+        """Each file once, under its own path rather than a link's, else the first of its paths."""
+        kept, seen = [], set()
+        for found in sorted(self.found, key=lambda found: (found.linked, found.path)):
+            if found.identity in seen:
+                self.repeats += 1
+                continue
+            seen.add(found.identity)
+            kept.append(found)
+        return kept
+
+    def report(self) -> None:
+        """One line saying what was left out, if anything."""
+        parts = []
+        if self.outside:
+            more = f" and {len(self.outside) - SHOWN_UNREADABLE} more" if len(self.outside) > SHOWN_UNREADABLE else ""
+            parts.append(
+                f"{len(self.outside)} link(s) leading out of it, not followed "
+                f"({', '.join(self.outside[:SHOWN_UNREADABLE])}{more}); put what they point to inside it"
+            )
+        if self.repeats:
+            parts.append(f"{self.repeats} more name(s) (links) of images it lists, each image listed once")
+        if parts:
+            _report_once(f"listing {self.root}: left out {'; '.join(parts)}")
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or inside it (both resolved)."""
+    try:
+        return os.path.commonpath([folder, path]) == folder
+    except ValueError:  # on another drive
+        return False
 
 
 def _read_list(list_file: Path) -> tuple[Path, ...]:
-    """The images a ``.txt`` file names, in its order; a line naming a file that is not there is an error."""
+    """The images a ``.txt`` file names, in its order; a line naming a file that is not there is an error.
+
+    Each line is a path as the command line would take it: absolute, relative to the list's
+    folder, through ``..`` or links. No folder is walked from a list, so it cannot loop; each
+    line must name a plain file (a FIFO or device would never finish reading).
+    """
     try:
-        lines = list_file.read_text(encoding="utf-8").splitlines()
+        with open_regular(list_file) as file:
+            lines = file.read().decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise DataUnavailableError(f"{list_file} cannot be read as a UTF-8 list of images ({err})") from err
     files = []
@@ -280,8 +397,14 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
         if not entry or entry.startswith("#"):
             continue
         file = list_file.parent / entry  # an absolute entry replaces the folder
-        if not file.is_file():
-            reason = "is a folder, not an image" if file.is_dir() else "does not exist"
+        try:
+            kind = kind_of(os.stat(file).st_mode)
+            reason = f"is {kind}, not an image" if kind is not None else None
+        except FileNotFoundError:
+            reason = "does not exist"
+        except (OSError, ValueError) as err:  # ValueError: a NUL byte in the line
+            reason = f"cannot be read ({getattr(err, 'strerror', None) or err})"
+        if reason is not None:
             raise DataUnavailableError(f"{list_file}, line {number}: {file} {reason}")
         files.append(file)
     if not files:
@@ -302,9 +425,20 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
 _ORIENTATION = 0x0112  # the EXIF tag saying how a camera held the picture
 
 
-def _decode(path: Path, size: int) -> np.ndarray:
-    """One image file as ``uint8`` RGB ``(size, size, 3)``; raises whatever Pillow raises for a bad file."""
-    with Image.open(path) as opened:
+def _read(path: Path) -> bytes:
+    """The bytes of the file at ``path``; a FIFO, device, socket or folder is refused without being opened."""
+    with open_regular(path) as file:
+        return file.read()
+
+
+def _fingerprint(data: bytes) -> str:
+    """What identifies a file's content in the cache key: BLAKE2b, the fastest strong hash in hashlib."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _decode(data: bytes, size: int) -> np.ndarray:
+    """One image file's bytes as ``uint8`` RGB ``(size, size, 3)``; raises whatever Pillow raises for a bad file."""
+    with Image.open(io.BytesIO(data)) as opened:
         # A JPEG decodes at the smallest of 1/8, 1/4, 1/2 and full scale that is still at least size x size.
         opened.draft("RGB", (size, size))
         image = opened
@@ -322,28 +456,52 @@ def _decode(path: Path, size: int) -> np.ndarray:
 
 def _reason(err: Exception) -> str:
     """The decoder's own words for a failure, on one line."""
+    if isinstance(err, NotAFileError):
+        return f"it is {err.kind}, not a file"
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
 
 
+def _in_threads(work: Callable[[int], list], count: int, workers: int) -> list:
+    """``work(first)`` in ``workers`` threads, each taking every ``workers``-th of ``count`` items; their results."""
+    workers = min(workers, count)
+    with ThreadPoolExecutor(workers, thread_name_prefix="images") as pool:
+        return [result for results in pool.map(work, range(workers)) for result in results]
+
+
+def _fingerprints(files: list[Path], workers: int) -> list[str | None]:
+    """Each file's content fingerprint, ``None`` for one that cannot be read."""
+    fingerprints: list[str | None] = [None] * len(files)
+
+    def work(first: int) -> list:
+        for index in range(first, len(files), workers):
+            with contextlib.suppress(OSError, NotAFileError):  # decoding it says why it cannot be read
+                fingerprints[index] = _fingerprint(_read(files[index]))
+        return []
+
+    _in_threads(work, len(files), workers)
+    return fingerprints
+
+
 def _decode_all(
     files: list[Path], size: int, workers: int, skip_unreadable: bool
-) -> tuple[torch.Tensor, tuple[int, ...], list[tuple[int, str]]]:
-    """Decode in ``workers`` threads, each taking every ``workers``-th file, straight into one preallocated array."""
+) -> tuple[torch.Tensor, tuple[int, ...], list[tuple[int, str]], list[str | None]]:
+    """Decode in ``workers`` threads straight into one preallocated array; also the fingerprints of the bytes read."""
     pixels = np.empty((len(files), size, size, 3), dtype=np.uint8)
-    workers = min(workers, len(files))
+    fingerprints: list[str | None] = [None] * len(files)
 
     def work(first: int) -> list[tuple[int, str]]:
         failed = []
         for index in range(first, len(files), workers):
             try:
-                pixels[index] = _decode(files[index], size)
+                data = _read(files[index])
+                fingerprints[index] = _fingerprint(data)
+                pixels[index] = _decode(data, size)
             except Exception as err:  # corrupt files make decoders raise almost any type; each is reported
                 failed.append((index, _reason(err)))
         return failed
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
-        skipped = sorted(failure for failures in pool.map(work, range(workers)) for failure in failures)
+    skipped = sorted(_in_threads(work, len(files), workers))
     if skipped and (not skip_unreadable or len(skipped) == len(files)):
         raise UnreadableImageError(_unreadable_message(files, skipped, skip_unreadable))
     _report_skipped(files, skipped)
@@ -352,7 +510,7 @@ def _decode_all(
     if skipped:
         pixels = pixels[list(kept)]
     # One copy into the (N, 3, H, W) layout the models take, rather than one per image.
-    return torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous(), kept, skipped
+    return torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous(), kept, skipped, fingerprints
 
 
 def _unreadable_message(files: list[Path], skipped: list[tuple[int, str]], skip_unreadable: bool) -> str:
@@ -369,33 +527,39 @@ def _unreadable_message(files: list[Path], skipped: list[tuple[int, str]], skip_
 
 def _report_skipped(files: list[Path], skipped: list[tuple[int, str]]) -> None:
     for index, reason in skipped:
-        sys.stdout.write(f"skipped unreadable image {files[index]}: {reason}\n")
+        _report_once(f"skipped unreadable image {files[index]}: {reason}")
+
+
+@rank_zero_only
+def _report_once(line: str) -> None:
+    """Print ``line`` from the first process only: the others of a DDP run list and read the same files."""
+    sys.stdout.write(f"{line}\n")
     sys.stdout.flush()
 
 
 # The cache.
 
 
-def _cache_key(files: list[Path], size: int, skip_unreadable: bool) -> str:
-    """A hash of everything the decoded tensor depends on; a file that cannot be examined counts as size -1."""
+def _cache_key(files: list[Path], fingerprints: list[str | None], size: int, skip_unreadable: bool) -> str:
+    """A hash of everything the decoded tensor depends on: the files' real paths and contents, and the settings."""
     digest = hashlib.sha256(json.dumps([CACHE_FORMAT, size, skip_unreadable]).encode())
-    for file in files:
+    for file, fingerprint in zip(files, fingerprints, strict=True):
         resolved = os.path.realpath(file)
-        try:
-            stat = os.stat(resolved)
-            facts = (stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            facts = (-1, -1)
-        digest.update(f"{resolved}\0{facts[0]}\0{facts[1]}\n".encode(errors="surrogateescape"))
+        digest.update(f"{resolved}\0{fingerprint or 'unreadable'}\n".encode(errors="surrogateescape"))
     return digest.hexdigest()[:32]
+
+
+def _cache_file(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"{CACHE_PREFIX}{key}.pt"
 
 
 def _read_cache(cache_file: Path, count: int, size: int):
     """The cached images, kept indices and skipped files, or None when there is no usable cache file."""
-    if not cache_file.is_file():
+    if not os.path.lexists(cache_file):
         return None
     try:
-        entry = torch.load(cache_file, weights_only=True)
+        with open_regular(cache_file) as file:
+            entry = torch.load(file, weights_only=True)
         images, kept = entry["images"], tuple(entry["kept"].tolist())
         skipped = [(int(index), str(reason)) for index, reason in entry["skipped"]]
         consistent = (
@@ -405,14 +569,30 @@ def _read_cache(cache_file: Path, count: int, size: int):
             and sorted([*kept, *(index for index, _ in skipped)]) == list(range(count))
         )
     except Exception as err:  # any damage: decode again and write it anew
-        sys.stdout.write(f"image cache {cache_file} is unreadable ({_reason(err)}): decoding the images again\n")
-        sys.stdout.flush()
+        _report_once(f"image cache {cache_file} is unreadable ({_reason(err)}): decoding the images again")
         return None
     if not consistent:
-        sys.stdout.write(f"image cache {cache_file} does not match its images: decoding them again\n")
-        sys.stdout.flush()
+        _report_once(f"image cache {cache_file} does not match its images: decoding them again")
         return None
     return images, kept, skipped
+
+
+def _write_cache(scratch: Path, cache_file: Path, entry: dict) -> None:
+    """Write ``entry`` to ``scratch``, then rename it to ``cache_file``; a failure is a warning, not the run's end.
+
+    The images are decoded by now, and the run can go on without a cache, only the next
+    run decodes them again: stopping here would throw that work away for a speed-up.
+    A cache folder that cannot be written at all is refused before decoding instead.
+    """
+    try:
+        with scratch.open("wb") as file:
+            torch.save(entry, file)
+        os.replace(scratch, cache_file)
+    except OSError as err:
+        _report_once(
+            f"warning: the image cache {cache_file} was not written ({err.strerror or err}), so the next run "
+            "decodes the images again: free some space there, or choose another cache folder"
+        )
 
 
 def _open_scratch(cache_dir: Path) -> Path:

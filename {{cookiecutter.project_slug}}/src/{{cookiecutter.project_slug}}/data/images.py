@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..files import NotAFileError, kind_of, open_regular
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 from .folders import ImageFiles, channel_stats, find_classes, list_images, list_labelled_images, load_images
 
@@ -401,6 +402,10 @@ def ensure_cifar10(data_dir: Path) -> None:
     is CIFAR-10's. A folder with batch files missing is extracted again from the archive.
     """
     folder, archive = data_dir / CIFAR10_FOLDER, data_dir / CIFAR10_ARCHIVE
+    if archive.exists() and (kind := kind_of(archive.stat().st_mode)) is not None:
+        raise DataUnavailableError(
+            f"{archive} is {kind}, not the CIFAR-10 archive: remove it, or put the archive there"
+        )
     missing = [name for name in CIFAR10_BATCHES if not (folder / name).is_file()]
     if folder.is_dir() and not missing:
         return
@@ -477,7 +482,7 @@ def _extract_members(archive: Path, into: Path) -> None:
     # PEP 706's "data" filter (Python 3.10.12, 3.11.4, 3.12 and later) also refuses links
     # out of `into` and drops special permissions; the check below covers older versions.
     options = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-    with tarfile.open(archive, "r:gz") as tar:
+    with open_regular(archive) as file, tarfile.open(fileobj=file, mode="r:gz") as tar:
         for member in tar:
             parts = PurePosixPath(member.name.replace("\\", "/")).parts
             if parts[:1] != (CIFAR10_FOLDER,) or ".." in parts or not (member.isfile() or member.isdir()):
@@ -491,7 +496,7 @@ def _extract_members(archive: Path, into: Path) -> None:
 def file_md5(path: Path) -> str:
     """The MD5 digest of the file at ``path``, as hexadecimal."""
     digest = hashlib.md5(usedforsecurity=False)  # a checksum, not a security measure
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         while chunk := file.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -502,10 +507,15 @@ def read_cifar10_batches(folder: Path, names: tuple[str, ...]) -> tuple[torch.Te
     images, labels = [], []
     for name in names:
         path = folder / name
-        if not path.is_file():
+        if not path.exists():
             raise DataUnavailableError(f"{path} is missing: {folder} is not a complete CIFAR-10 folder.")
-        with path.open("rb") as file:
-            batch = _BatchUnpickler(file, encoding="latin1").load()
+        try:
+            with open_regular(path) as file:
+                batch = _BatchUnpickler(file, encoding="latin1").load()
+        except NotAFileError as err:
+            raise DataUnavailableError(
+                f"{err}: {folder} is not a CIFAR-10 folder. Remove it to have it extracted again."
+            ) from err
         images.append(torch.as_tensor(batch["data"], dtype=torch.uint8).view(-1, 3, 32, 32))
         labels.append(torch.as_tensor(batch["labels"], dtype=torch.long))
     return torch.cat(images), torch.cat(labels)

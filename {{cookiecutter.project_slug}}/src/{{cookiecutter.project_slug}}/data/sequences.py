@@ -2,6 +2,7 @@
 
 import math
 import numbers
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..files import NotAFileError, open_regular
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
@@ -194,18 +196,23 @@ def read_sequences(
     fit the arguments, stops with one line naming the file and what is wrong.
     """
     how = "Save your data with numpy.savez(path, tokens=..., labels=...)"
-    if not path.is_file():
+    if not path.exists():
         raise DataUnavailableError(
             f"{path} does not exist. {how}, or train on offline data with --data.dataset synthetic."
         )
-    # An .npz file is a zip archive; np.load would read anything else as another format.
-    if not zipfile.is_zipfile(path):
-        what = "is empty" if path.stat().st_size == 0 else "is not an .npz file, or is damaged"
-        raise DataUnavailableError(f"{path} {what}. {how}.")
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            found = archive.files
-            arrays = {name: archive[name] for name in ("tokens", "labels") if name in found}
+        # Refused unless a plain file: a FIFO or device would never finish reading, a folder is no .npz.
+        with open_regular(path) as file:
+            # An .npz file is a zip archive; np.load would read anything else as another format.
+            if not zipfile.is_zipfile(file):
+                what = "is empty" if os.fstat(file.fileno()).st_size == 0 else "is not an .npz file, or is damaged"
+                raise DataUnavailableError(f"{path} {what}. {how}.")
+            file.seek(0)
+            with np.load(file, allow_pickle=False) as archive:  # arrays only: a pickled object is refused
+                found = archive.files
+                arrays = {name: archive[name] for name in ("tokens", "labels") if name in found}
+    except NotAFileError as err:
+        raise DataUnavailableError(f"{err}. {how}.") from err
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise DataUnavailableError(f"{path} could not be read as an .npz file ({err}). {how}.") from err
     needed = {"tokens", "labels"} if labels_required else {"tokens"}

@@ -1,0 +1,98 @@
+"""Files a user names: read only when they are plain files, written only where a file can go.
+
+Opening a FIFO for reading waits for a writer that may never come, a device may never
+end, and a folder is no file: each is refused by name, from ``os.stat``, before it is
+opened. An output is written beside its name and renamed into place, so a link at that
+name is replaced, never written through; ``check_output_file`` refuses what cannot be
+written before the long work that would produce it starts.
+"""
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import ConfigError, UserError
+
+# What a path that is not a plain file is, by the type bits of its mode.
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class NotAFileError(UserError):
+    """A path that should name a file names a folder, a FIFO, a device or a socket."""
+
+    def __init__(self, path: str | Path, kind: str) -> None:
+        super().__init__(f"{path} is {kind}, not a file")
+        self.path, self.kind = path, kind
+
+
+def kind_of(mode: int) -> str | None:
+    """What a path of this ``st_mode`` is, in words, when it is not a plain file; ``None`` for a plain file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a plain file")
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened for binary reading, links followed, when it is a plain file; else ``NotAFileError``.
+
+    The type is checked with ``os.stat`` before opening, and again on the open file: a FIFO
+    put in its place between the two is opened without waiting (``O_NONBLOCK``) and refused.
+    A missing or unreadable file raises the ``OSError`` that says so.
+    """
+    kind = kind_of(os.stat(path).st_mode)
+    if kind is not None:
+        raise NotAFileError(path, kind)
+    nonblocking = getattr(os, "O_NONBLOCK", 0)
+    descriptor = os.open(path, os.O_RDONLY | nonblocking | getattr(os, "O_BINARY", 0))
+    try:
+        kind = kind_of(os.fstat(descriptor).st_mode)
+        if kind is not None:
+            raise NotAFileError(path, kind)
+        if nonblocking:
+            os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite_flag: str) -> None:
+    """Refuse, in one line naming ``flag``, an output ``path`` (as the user wrote it) that could not be written whole.
+
+    Accepted: a path that is not a folder (nor ends in a separator), in a folder that
+    exists or can be made and in which a file can be created; where something is there
+    already, only a file or a link, and only with ``overwrite``. A link is then replaced
+    by the new file, and what it points to is left alone. Nothing is made or left behind:
+    whether a file can be created is tried with a temporary file, removed at once.
+    """
+    text = os.fspath(path)
+    path = Path(text)
+    if text.endswith(("/", os.sep)) or (path.is_dir() and not path.is_symlink()):
+        raise ConfigError(f"{flag} {text} names a folder: give the path of a file to write (in it, if you like)")
+    if path.is_symlink() or path.exists():
+        kind = None if path.is_symlink() else kind_of(path.stat().st_mode)
+        if kind is not None:
+            raise ConfigError(f"{flag} {path} is {kind}, not a file: give the path of a file to write")
+        if not overwrite:
+            what = "is a link" if path.is_symlink() else "exists"
+            raise UserError(f"{flag} {path} {what}: give another {flag}, or {overwrite_flag} to replace it")
+    folder = path.parent
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        folder = folder.parent  # the nearest folder that is there; those below it are made when writing
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".probe.", dir=folder)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as err:
+        reason = f"{folder} is not a folder" if isinstance(err, NotADirectoryError) else err.strerror or str(err)
+        raise ConfigError(
+            f"{flag} {path} cannot be written ({reason}): give a file in a folder you can write to"
+        ) from err
