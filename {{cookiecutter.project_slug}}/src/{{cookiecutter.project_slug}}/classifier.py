@@ -1,7 +1,5 @@
 """The LightningModule: loss, accuracy, optimizer and logging around any classification network."""
 
-import math
-
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -9,11 +7,19 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from .arguments import BOOLEAN, Arguments, FitsInMemory, integer, number
 from .errors import ConfigError
 
 # Showing the training loss every step would cost a call into Lightning's logging
 # per step; every 20 is enough to watch it move.
 LOSS_ON_PROGRESS_BAR_EVERY = 20
+
+ARGUMENTS = Arguments(
+    "--model.",
+    {"num_classes": integer(2), "lr": number(0, low_open=True), "weight_decay": number(0), "compile": BOOLEAN},
+    # The validation confusion matrix and its last result: num_classes² int64 counts each.
+    rules=[FitsInMemory(("num_classes",), lambda classes: 2 * 8 * classes**2, "the confusion matrix")],
+)
 
 
 class Classifier(L.LightningModule):
@@ -31,6 +37,8 @@ class Classifier(L.LightningModule):
         weight_decay: AdamW weight decay.
         compile: Compile the network with ``torch.compile`` before training (see the README's
             performance notes for when it pays).
+
+    What each argument accepts is in ``ARGUMENTS``.
     """
 
     def __init__(
@@ -42,19 +50,14 @@ class Classifier(L.LightningModule):
         weight_decay: float = 0.0,
         compile: bool = False,
     ) -> None:
+        ARGUMENTS.check(locals())
         super().__init__()
-        if not (isinstance(num_classes, int) and num_classes >= 2):
-            raise ConfigError(f"--model.num_classes must be an integer of at least 2, got {num_classes!r}")
         if class_names is not None:
             class_names = [str(name) for name in class_names]
             if len(class_names) != num_classes or len(set(class_names)) != num_classes:
                 raise ConfigError(
                     f"the data's class_names must be {num_classes} different names, one per class, got {class_names}"
                 )
-        if not (math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"--model.lr must be a positive number, got {lr!r}")
-        if not (math.isfinite(weight_decay) and weight_decay >= 0):
-            raise ConfigError(f"--model.weight_decay must be a number of at least 0, got {weight_decay!r}")
         self.save_hyperparameters(ignore=["net"])
         self.class_names = class_names or [str(label) for label in range(num_classes)]
         self.net = net

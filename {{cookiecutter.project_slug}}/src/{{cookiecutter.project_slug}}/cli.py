@@ -1,6 +1,7 @@
 """The command line: LightningCLI, with the everyday Trainer flags as top-level shortcuts."""
 
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import simulated_gpu
+from .arguments import RUN, TRAINER
 from .callbacks import (
     BestCheckpoint,
     BestEpoch,
@@ -35,6 +37,7 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, latest_checkpoint, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
+from .config_files import bound_yaml_loading, check_files_given
 {%- if cookiecutter.task == "image" %}
 from .data.images import ImageDataModule as DataModule
 from .errors import ConfigError, UserError
@@ -66,6 +69,22 @@ Shortcuts: --accelerator, --devices, --strategy, --num_nodes, --precision and
 --accelerator simgpu runs on a simulated GPU, to find what would fail on a real one."""
 
 
+# What the network and the Classifier take from the data: argument -> the data module's attribute.
+# Each link applies when the data module has the attribute and the network takes the argument:
+# a network without one is left as is.
+DATA_LINKS = {
+    "model.num_classes": "num_classes",
+    "model.class_names": "class_names",
+    "model.net.init_args.num_classes": "num_classes",
+{%- if cookiecutter.task == "image" %}
+    "model.net.init_args.image_size": "image_size",
+{%- else %}
+    "model.net.init_args.vocab_size": "vocab_size",
+    "model.net.init_args.max_len": "seq_len",
+{%- endif %}
+}
+
+
 class NoGPUError(UserError):
     """A GPU was asked for on a machine that has none."""
 
@@ -86,15 +105,8 @@ class ProjectCLI(LightningCLI):
         # The data decides the class count, its names and the input size, so the network and
         # the Classifier cannot disagree with it. Each link applies when the data module has
         # the attribute and the network takes the argument: a network without one is left as is.
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
-{%- if cookiecutter.task == "image" %}
-        parser.link_arguments("data.image_size", "model.net.init_args.image_size", apply_on="instantiate")
-{%- else %}
-        parser.link_arguments("data.vocab_size", "model.net.init_args.vocab_size", apply_on="instantiate")
-        parser.link_arguments("data.seq_len", "model.net.init_args.max_len", apply_on="instantiate")
-{%- endif %}
+        for target, source in DATA_LINKS.items():
+            parser.link_arguments(f"data.{source}", target, apply_on="instantiate")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -110,6 +122,7 @@ class ProjectCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Before any parsing: jsonargparse imports the classes it is given.
         check_command_line(args)
+        check_files_given(args)  # too large, not text, or expanding without end: refused before being read
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
         run_configs, args = _split_run_configs(args)
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
@@ -137,6 +150,7 @@ class ProjectCLI(LightningCLI):
             config = self.config[subcommand]
         if subcommand in EVALUATIONS:
             _check_evaluation(subcommand, config, args)
+        _check_run_arguments(config)  # before LightningCLI seeds with them
 
     def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
         """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
@@ -206,6 +220,8 @@ class ProjectCLI(LightningCLI):
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
     def after_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        _check_given_against_data(config, self.datamodule, self.model)
         if self._trained is not None:
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
@@ -370,6 +386,32 @@ def _flag_values(args: list[str]) -> list[tuple[str, str]]:
         elif arg.startswith("--") and position + 1 < len(args) and not args[position + 1].startswith("--"):
             pairs.append((arg, args[position + 1]))
     return pairs
+
+
+def _check_run_arguments(config) -> None:
+    """The Trainer's arguments and the seed, each against what it accepts (``arguments.TRAINER``, ``arguments.RUN``)."""
+    TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
+    if "seed_everything" in config:
+        RUN.check({"seed_everything": config.seed_everything})
+
+
+def _check_given_against_data(config, datamodule, model: Classifier) -> None:
+    """A value given for an argument the data sets (``DATA_LINKS``) that differs from the data's stops the run.
+
+    The link would replace it without a word: ``--model.net.init_args.image_size 64`` would train at
+    the data's 32. Given means set to other than the class's default, by a flag or a --config file.
+    """
+    for target, source in DATA_LINKS.items():
+        given, data_value = config.get(target), getattr(datamodule, source, None)
+        owner = type(model.net) if target.startswith("model.net.") else type(model)
+        default = inspect.signature(owner).parameters.get(target.rpartition(".")[2])
+        if given is None or data_value is None or given == data_value or (default and given == default.default):
+            continue
+        data_flag = f"--data.{source}" if source in inspect.signature(type(datamodule)).parameters else None
+        raise ConfigError(
+            f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
+            + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
+        )
 
 
 def _check_new_log_dir(logger) -> None:
@@ -575,6 +617,7 @@ def _silence_the_unactionable() -> None:
 
 def _make_cli(args: list[str], run: bool) -> ProjectCLI:
     _silence_the_unactionable()
+    bound_yaml_loading()
     return ProjectCLI(
         Classifier,
         L.LightningDataModule,

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from .config_files import read_config_file
 from .errors import UserError
 
 # Modules whose classes a run's config.yaml or a checkpoint may name, e.g. ("our_team.datasets",):
@@ -120,7 +121,7 @@ def read_config(path: Path) -> Any:
     if not stat.S_ISREG(mode):
         raise UserError(f"--config {path} is not a regular file: give a .yaml file")
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         reason = str(err).strip().splitlines()[0]
         raise UserError(f"--config {path} cannot be read as YAML: {reason}") from err

@@ -2,7 +2,6 @@
 
 import hashlib
 import math
-import numbers
 import pickle
 import shutil
 import tarfile
@@ -15,6 +14,19 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
+from ..arguments import (
+    BOOLEAN,
+    FRACTION,
+    SEED,
+    WORKERS,
+    Arguments,
+    FitsInMemory,
+    Together,
+    check_memory,
+    integer,
+    is_integer,
+    one_of,
+)
 from ..errors import ConfigError
 from ..files import NotAFileError, kind_of, open_regular
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
@@ -35,6 +47,53 @@ SPLIT_FOLDERS = ("train", "val", "test")
 SYNTHETIC_PATTERN_SEED = 1234
 
 
+IMAGE_DATA_ARGUMENTS = Arguments(
+    "--data.",
+    {
+        "dataset": one_of(*DATASETS),
+        "batch_size": integer(1),
+        "val_fraction": FRACTION,
+        "synthetic_size": integer(0),
+        "augment": BOOLEAN,
+        "num_workers": WORKERS,
+        "seed": SEED,
+    },
+    rules=[
+        Together(
+            ("synthetic_size", "val_fraction", "dataset"),
+            lambda size, val_fraction, dataset: dataset != "synthetic" or _fills_every_split(size, val_fraction),
+            lambda size, val_fraction, dataset: (
+                f"<synthetic_size> must be an integer of at least {_smallest_synthetic_size(val_fraction)} at "
+                f"<val_fraction> {val_fraction}, for a training, validation and test image each"
+            ),
+            shown=("synthetic_size",),
+        ),
+        # While generated: the uint8 images, float32 noise and two float32 intermediates (the test split's
+        # fifth comes after those are freed), and the splits' copy.
+        FitsInMemory(
+            ("synthetic_size", "dataset"),
+            lambda size, dataset: (1 + 3 * 4 + 1) * 3 * 32 * 32 * size if dataset == "synthetic" else 0,
+            "the synthetic images",
+            shown=("synthetic_size",),
+        ),
+    ],
+)
+IMAGE_FOLDER_ARGUMENTS = Arguments(
+    "--data.",
+    {
+        "image_size": integer(8),
+        "val_fraction": FRACTION,
+        "batch_size": integer(1),
+        "augment": BOOLEAN,
+        "skip_unreadable": BOOLEAN,
+        "num_workers": WORKERS,
+        "seed": SEED,
+    },
+    # One image: a size no image of the folder could be decoded at.
+    rules=[FitsInMemory(("image_size",), lambda size: decoded_bytes(1, size), "one decoded image")],
+)
+
+
 class ImageSplits(InMemoryDataModule):
     """What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator,
     and predictions on image files (``predict_path``).
@@ -49,6 +108,7 @@ class ImageSplits(InMemoryDataModule):
             return False
         if "predict" not in self.splits:
             found = list_images(Path(path), self.class_names)
+            _check_decoded_size(len(found.files), self.image_size)
             images, kept = load_images(
                 found.files, self.image_size, skip_unreadable=self.hparams.get("skip_unreadable", False)
             )
@@ -104,6 +164,8 @@ class ImageDataModule(ImageSplits):
         predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when
             its subfolders are class names), or a ``.txt`` list of image paths; resized to 32x32.
             By default the test split.
+
+    What each argument accepts is in ``IMAGE_DATA_ARGUMENTS``.
     """
 
     def __init__(
@@ -118,19 +180,8 @@ class ImageDataModule(ImageSplits):
         seed: int = 42,
         predict_path: str | None = None,
     ) -> None:
+        IMAGE_DATA_ARGUMENTS.check(locals())
         super().__init__()
-        if dataset not in DATASETS:
-            raise ConfigError(f"--data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
-        _require_integer("batch_size", batch_size, minimum=1)
-        _require_integer("num_workers", num_workers, minimum=0)
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0 < val_fraction < 1:
-            raise ConfigError(f"--data.val_fraction must be a number in (0, 1), got {val_fraction!r}")
-        if dataset == "synthetic" and not _fills_every_split(synthetic_size, val_fraction):
-            raise ConfigError(
-                f"--data.synthetic_size must be an integer of at least {_smallest_synthetic_size(val_fraction)} "
-                f"at --data.val_fraction {val_fraction}, for a training, validation and test image each; "
-                f"got {synthetic_size!r}"
-            )
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
         self.image_size = 32
@@ -200,6 +251,8 @@ class ImageFolderDataModule(ImageSplits):
             subfolders are class names), or a ``.txt`` list of image paths. By default the test split.
         num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the train/validation split.
+
+    What each argument accepts is in ``IMAGE_FOLDER_ARGUMENTS``.
     """
 
     def __init__(
@@ -215,12 +268,8 @@ class ImageFolderDataModule(ImageSplits):
         num_workers: int = 0,
         seed: int = 42,
     ) -> None:
+        IMAGE_FOLDER_ARGUMENTS.check(locals())
         super().__init__()
-        _require_integer("image_size", image_size, minimum=8)
-        _require_integer("batch_size", batch_size, minimum=1)
-        _require_integer("num_workers", num_workers, minimum=0)
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0 < val_fraction < 1:
-            raise ConfigError(f"--data.val_fraction must be a number in (0, 1), got {val_fraction!r}")
         self.save_hyperparameters()
         self.folders = split_folders(Path(root))
         self.class_names = list(find_classes(self.folders["train"]))
@@ -301,6 +350,7 @@ class ImageFolderDataModule(ImageSplits):
         )
 
     def _decode(self, found: ImageFiles) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_decoded_size(len(found.files), self.image_size)
         cache_dir = self.hparams.cache_dir
         images, kept = load_images(
             found.files,
@@ -331,21 +381,19 @@ def split_folders(root: Path) -> dict[str, Path | None]:
     return {"train": root, "val": None, "test": None}
 
 
-def _is_integer(value) -> bool:
-    """An int or NumPy integer, not a bool (which Python counts as an int)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def decoded_bytes(count: int, image_size: int) -> int:
+    """Memory that ``count`` decoded images take: the ``uint8`` tensor, and as much again while it is assembled."""
+    return 2 * count * 3 * image_size**2
 
 
-def _require_integer(name: str, value, minimum: int) -> None:
-    """Refuse ``value`` for ``--data.<name>`` unless it is an integer of at least ``minimum``."""
-    if not _is_integer(value) or value < minimum:
-        accepted = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
-        raise ConfigError(f"--data.{name} must be {accepted}, got {value!r}")
+def _check_decoded_size(count: int, image_size: int) -> None:
+    """Refuse, before decoding, ``count`` images that would not fit in memory at ``image_size``."""
+    check_memory(decoded_bytes(count, image_size), f"{count} decoded images", ["--data.image_size"], [image_size])
 
 
 def _fills_every_split(size: int, val_fraction: float) -> bool:
     """Whether ``size`` synthetic images give a training, validation and test image each, split as in ``setup``."""
-    return _is_integer(size) and 0 < round(val_fraction * size) < size and size // 5 > 0
+    return is_integer(size) and 0 < round(val_fraction * size) < size and size // 5 > 0
 
 
 def _smallest_synthetic_size(val_fraction: float) -> int:

@@ -1,7 +1,6 @@
 """Sequence data: a synthetic task in which order matters, or token sequences from a file."""
 
 import math
-import numbers
 import os
 import zipfile
 import zlib
@@ -11,6 +10,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ..arguments import FRACTION, SEED, WORKERS, Arguments, FitsInMemory, Together, integer, is_integer, one_of
 from ..errors import ConfigError
 from ..files import NotAFileError, open_regular
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
@@ -18,6 +18,58 @@ from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
 DATASETS = ("synthetic", "file")
+
+
+ARGUMENTS = Arguments(
+    "--data.",
+    {
+        "dataset": one_of(*DATASETS),
+        "vocab_size": integer(1),
+        "seq_len": integer(1),
+        "num_classes": integer(2),
+        "num_sequences": integer(0),
+        "val_fraction": FRACTION,
+        "test_fraction": FRACTION,
+        "batch_size": integer(1),
+        "num_workers": WORKERS,
+        "seed": SEED,
+    },
+    rules=[
+        Together(
+            ("vocab_size", "dataset"),
+            lambda vocab_size, dataset: dataset != "synthetic" or vocab_size >= 3,
+            "<vocab_size> must be at least 3 for the synthetic task (two markers and a filler token)",
+            shown=("vocab_size",),
+        ),
+        Together(
+            ("seq_len", "dataset"),
+            lambda seq_len, dataset: dataset != "synthetic" or seq_len >= 2,
+            "<seq_len> must be at least 2 for the synthetic task (one position per marker)",
+            shown=("seq_len",),
+        ),
+        Together(
+            ("val_fraction", "test_fraction"),
+            lambda val, test: val + test < 1,
+            "<val_fraction> and <test_fraction> must sum to below 1",
+        ),
+        Together(
+            ("num_sequences", "val_fraction", "test_fraction", "dataset"),
+            lambda n, val, test, dataset: dataset != "synthetic" or _fills_every_split(n, val, test),
+            lambda n, val, test, dataset: (
+                f"<num_sequences> must give at least one training, validation and test sequence at "
+                f"<val_fraction> {val} and <test_fraction> {test} ({_enough_sequences(val, test)} or more do)"
+            ),
+            shown=("num_sequences",),
+        ),
+        # The tokens (int64), the random numbers and their order drawn to place the markers, and the splits' copy.
+        FitsInMemory(
+            ("num_sequences", "seq_len", "dataset"),
+            lambda n, seq_len, dataset: (8 + 4 + 8 + 8) * n * seq_len if dataset == "synthetic" else 0,
+            "the synthetic sequences",
+            shown=("num_sequences", "seq_len"),
+        ),
+    ],
+)
 
 
 class SequenceDataModule(InMemoryDataModule):
@@ -46,6 +98,8 @@ class SequenceDataModule(InMemoryDataModule):
         seed: Seed of the split and of the synthetic sequences.
         predict_path: What ``predict`` runs on: an ``.npz`` file with ``tokens`` (and, if known,
             ``labels``), as for ``dataset="file"``. By default the test split.
+
+    What each argument accepts is in ``ARGUMENTS``.
     """
 
     def __init__(
@@ -63,32 +117,8 @@ class SequenceDataModule(InMemoryDataModule):
         seed: int = 42,
         predict_path: str | None = None,
     ) -> None:
+        ARGUMENTS.check(locals())
         super().__init__()
-        if dataset not in DATASETS:
-            raise ConfigError(f"--data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
-        if dataset == "synthetic":
-            _require_integer("vocab_size", vocab_size, 3, " for the synthetic task (two markers and a filler token)")
-            _require_integer("seq_len", seq_len, 2, " for the synthetic task (one position per marker)")
-        else:
-            _require_integer("vocab_size", vocab_size, minimum=1)
-            _require_integer("seq_len", seq_len, minimum=1)
-        _require_integer("num_classes", num_classes, minimum=2)
-        _require_integer("batch_size", batch_size, minimum=1)
-        _require_integer("num_workers", num_workers, minimum=0)
-        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
-                raise ConfigError(f"--data.{name} must be a number in (0, 1), got {value!r}")
-        if val_fraction + test_fraction >= 1:
-            raise ConfigError(
-                "--data.val_fraction and --data.test_fraction must sum to below 1, "
-                f"got {val_fraction} and {test_fraction}"
-            )
-        if dataset == "synthetic" and not _fills_every_split(num_sequences, val_fraction, test_fraction):
-            raise ConfigError(
-                "--data.num_sequences must give at least one training, validation and test sequence at "
-                f"--data.val_fraction {val_fraction} and --data.test_fraction {test_fraction} "
-                f"({_enough_sequences(val_fraction, test_fraction)} or more do), got {num_sequences!r}"
-            )
         self.save_hyperparameters()
         # What the network and the Classifier take from the data (the links in cli.py).
         self.vocab_size, self.seq_len, self.num_classes = vocab_size, seq_len, num_classes
@@ -131,18 +161,6 @@ class SequenceDataModule(InMemoryDataModule):
         )
 
 
-def _is_integer(value) -> bool:
-    """An int or NumPy integer, not a bool (which Python counts as an int)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _require_integer(name: str, value, minimum: int, why: str = "") -> None:
-    """Refuse ``value`` for ``--data.<name>`` unless it is an integer of at least ``minimum``, saying ``why``."""
-    if not _is_integer(value) or value < minimum:
-        accepted = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
-        raise ConfigError(f"--data.{name} must be {accepted}{why}, got {value!r}")
-
-
 def _split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]:
     """The sizes of the training, validation and test splits of ``n`` sequences."""
     n_val, n_test = round(val_fraction * n), round(test_fraction * n)
@@ -151,7 +169,7 @@ def _split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]
 
 def _fills_every_split(n: int, val_fraction: float, test_fraction: float) -> bool:
     """Whether ``n`` sequences give a training, validation and test sequence each."""
-    return _is_integer(n) and min(_split_sizes(n, val_fraction, test_fraction)) > 0
+    return is_integer(n) and min(_split_sizes(n, val_fraction, test_fraction)) > 0
 
 
 def _enough_sequences(val_fraction: float, test_fraction: float) -> int:

@@ -1,0 +1,119 @@
+"""Configuration files read as data with bounds: a file too large, not text, or expanding without end is refused.
+
+A YAML document can name a value once and repeat it by alias: nine aliases of nine
+aliases, a few lines deep, stand for billions of values ("billion laughs"), which the
+command line would copy and print without end. Every YAML text the command line loads
+(``--config`` files, a run's ``config.yaml``, a value given on the command line) goes
+through ``load_yaml``, which counts the values a document stands for before anything
+expands it; files are checked, with their names, before they are read.
+"""
+
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import get_loader, set_loader
+
+from .errors import ConfigError
+
+# A configuration holds settings: a few kilobytes. The bounds leave room for long lists (class names).
+MAX_BYTES = 1 << 20
+MAX_VALUES = 100_000
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+# Nesting deeper than this is no configuration, and PyYAML's recursive composer would overflow on it.
+MAX_DEPTH = 100
+
+
+def read_config_file(path: Path) -> str:
+    """The text of the configuration file ``path``, refused in one line naming it if too large or not text."""
+    try:
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"configuration file {path} cannot be read ({err.strerror or err})") from err
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"configuration file {path} is over {MAX_BYTES >> 20} MiB, more than a configuration holds")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\0" in text:
+        raise ConfigError(f"configuration file {path} is not a text file: give a YAML file")
+    check_yaml(text, str(path))
+    return text
+
+
+def check_files_given(args: Sequence[str]) -> None:
+    """Check each configuration file the command line gives before jsonargparse reads it.
+
+    That is the value of ``--config`` or ``-c``, of a flag that takes a whole group or class
+    (``--trainer``, ``--data``: no dot), and any ``.yaml``, ``.yml`` or ``.json`` file given,
+    when it names a file. ``--ckpt_path`` names a checkpoint, not a configuration.
+    """
+    pairs = [tuple(arg.split("=", 1)) for arg in args if arg.startswith("--") and "=" in arg]
+    for flag, value in [*pairwise(args), *pairs]:
+        if not flag.startswith("-") or flag == "--ckpt_path":
+            continue
+        config_flag = flag in ("--config", "-c") or (flag.startswith("--") and "." not in flag)
+        if (config_flag or value.endswith(CONFIG_SUFFIXES)) and "\n" not in value and _is_file(value):
+            read_config_file(Path(value))
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):  # a name too long or with a NUL: YAML text
+        return False
+
+
+def check_yaml(text: str, source: str) -> None:
+    """Refuse YAML ``text`` (from ``source``) that is too large, nests too deep, or whose aliases expand too far.
+
+    The document is composed (parsed into nodes, aliases kept as references), never constructed:
+    counting the values each node stands for, each node once, takes time in the size of the text.
+    """
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{source} is over {MAX_BYTES >> 20} MiB, more than a configuration holds")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError as err:
+        raise ConfigError(f"{source} nests deeper than a configuration does ({MAX_DEPTH} levels)") from err
+    except yaml.YAMLError:
+        return  # not YAML: the loader reports it
+    if node is not None and _expanded(node, {}, 0, source) > MAX_VALUES:
+        raise ConfigError(
+            f"{source}: its aliases (*name) expand to over {MAX_VALUES} values, more than a configuration holds"
+        )
+
+
+def _expanded(node: yaml.Node, counted: dict[int, int], depth: int, source: str) -> int:
+    """The number of values ``node`` stands for once every alias in it is expanded."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{source} nests deeper than a configuration does ({MAX_DEPTH} levels)")
+    if id(node) in counted:
+        return counted[id(node)]
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded(item, counted, depth + 1, source) for item in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            total += _expanded(key, counted, depth + 1, source) + _expanded(value, counted, depth + 1, source)
+    counted[id(node)] = total = min(total, MAX_VALUES + 1)  # past the bound, the count no longer matters
+    return total
+
+
+def _bounded(load: Callable) -> Callable:
+    def load_yaml(text: str, path: str = "") -> Any:
+        check_yaml(text, path or "a YAML value")
+        return load(text)
+
+    return load_yaml
+
+
+def bound_yaml_loading() -> None:
+    """Make jsonargparse check every YAML text before loading it, with its own loader."""
+    load = get_loader("yaml")
+    if getattr(load, "__name__", "") != "load_yaml":  # once, however often called
+        set_loader("yaml", _bounded(load), exceptions=(yaml.YAMLError,))
