@@ -6,9 +6,11 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 
 # Every wall-clock limit in these tests (`from conftest import HANG_GUARD_S`) guards against a
 # hang and judges no speed: a busy machine makes the tests slower, never wrong. The slowest single
-# wait, a baked project's whole suite with its slow tests, took 13.5 minutes on 2 cores shared with
-# four other CPU-bound processes (6 minutes of CPU time); two hours is an order of magnitude above
-# that, so only a process that has stopped making progress trips it.
+# wait, a baked project's whole suite with its slow tests, takes under 5 minutes on 2 idle cores (all
+# of `make test` took 295 s), 13.5 minutes on 2 cores shared with other test runs, and 38 minutes
+# with two CPU-bound processes added (6 minutes of CPU time each time). Two hours is an order of
+# magnitude above an idle run and three times the slowest seen: only a process that has stopped
+# making progress trips it.
 HANG_GUARD_S = 2 * 60 * 60
 
 
