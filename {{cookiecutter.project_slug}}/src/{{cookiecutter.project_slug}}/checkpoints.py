@@ -151,12 +151,13 @@ def check_file(path: str | Path) -> None:
         )
 
 
-def _size(count: int) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
+def _size(count: float) -> str:
+    """``count`` bytes for people: ``1.9 MB``."""
+    for unit in ("B", "kB", "MB"):
+        if count < 1000:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
-    raise AssertionError("unreachable")
+    return f"{count:.1f} GB"
 
 
 @dataclass(frozen=True)
