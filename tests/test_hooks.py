@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import TEMPLATE
+from conftest import HANG_GUARD_S, TEMPLATE
 from cookiecutter.environment import StrictEnvironment
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.generate import generate_context
@@ -145,7 +145,9 @@ def test_no_module_a_project_imports_is_accepted_as_its_slug(bake, tmp_path, tas
     """
     root = bake(task=task)
     collect = [sys.executable, str(Path(__file__).with_name("imported_modules.py"))]
-    done = subprocess.run(collect, cwd=root, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3600)
+    done = subprocess.run(
+        collect, cwd=root, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_GUARD_S
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     found = json.loads(done.stdout.splitlines()[-1])
     assert {"train", "conftest", "jsonargparse"} <= set(found["written"])
@@ -171,7 +173,7 @@ def test_a_slug_named_like_one_of_the_projects_folders_still_imports_its_package
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     command = [sys.executable, "train.py", "--help"]
     done = subprocess.run(
-        command, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3600
+        command, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "fit" in done.stdout
@@ -194,7 +196,15 @@ def test_without_the_templates_folder_a_link_anywhere_in_the_project_stops_the_b
 
     def run_hook() -> subprocess.CompletedProcess:
         command = [sys.executable, str(hook / "pre_gen_project.py")]
-        return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            command,
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=HANG_GUARD_S,
+        )
 
     kept = run_hook()
     assert kept.returncode == 0, kept.stderr

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD_S
 
 # What this environment already is: the project's venv, with the project and its dev extra installed.
 STANDS_IN_FOR = {"python -m venv .venv && source .venv/bin/activate", 'pip install -e ".[dev]"'}
@@ -55,12 +56,20 @@ def test_the_readmes_install_steps_work_on_a_fresh_bake_and_its_first_commit_run
         if command in STANDS_IN_FOR:
             continue
         done = subprocess.run(
-            ["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL
+            ["bash", "-c", command],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=HANG_GUARD_S,
         )
         assert done.returncode == 0, f"$ {command}\n{done.stdout}{done.stderr}"
     assert (root / ".git/hooks/pre-commit").is_file()
 
     for command in (["git", "add", "-A"], ["git", "commit", "-q", "-m", "A fresh bake"]):
-        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_GUARD_S
+        )
         assert done.returncode == 0, f"$ {' '.join(command)}\n{done.stdout}{done.stderr}"
     assert "no manual device placement" in done.stdout + done.stderr and "Failed" not in done.stdout + done.stderr
