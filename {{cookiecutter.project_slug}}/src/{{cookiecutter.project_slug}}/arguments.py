@@ -25,6 +25,8 @@ from .errors import ConfigError
 
 # The seeds NumPy takes, and so Lightning's seed_everything.
 SEED_MAX = 2**32 - 1
+# The largest integer PyTorch and Lightning count with; any integer argument above it overflows there.
+INT64_MAX = 2**63 - 1
 # An argument named in a rule's requirement: <num_heads>.
 _NAMED = re.compile(r"<(\w+)>")
 
@@ -93,6 +95,8 @@ NULL = Accepted(lambda value: value is None, "null")
 BOOLEAN = kind(bool, description="true or false")
 SEED = integer(0, SEED_MAX)
 FRACTION = number(0, 1, low_open=True, high_open=True)
+# Past the data's size a batch is all of it; the bound keeps the count within what loaders index with.
+BATCH_SIZE = integer(1, 2**31 - 1)
 # Loader processes: more than a few per CPU only contend for it (and each holds a copy of the process).
 WORKERS_PER_CPU = 4
 WORKERS = Accepted(
@@ -152,6 +156,10 @@ class Arguments:
     def check(self, values: Mapping[str, Any]) -> None:
         """Raise a ``ConfigError`` naming the first argument in ``values`` that is not accepted, or rule not met."""
         for name, accepted in self.table.items():
+            if name in values and is_integer(values[name]) and abs(values[name]) > INT64_MAX:
+                raise ConfigError(
+                    f"{self.flag(name)} {values[name]} is beyond what a 64-bit integer holds ({INT64_MAX})"
+                )
             if name in values and not accepted.test(values[name]):
                 raise ConfigError(f"{self.flag(name)} must be {accepted.description}, got {values[name]!r}")
         for rule in self.rules:

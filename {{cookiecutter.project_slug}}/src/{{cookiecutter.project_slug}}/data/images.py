@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arguments import (
+    BATCH_SIZE,
     BOOLEAN,
     FRACTION,
     SEED,
@@ -51,7 +52,7 @@ IMAGE_DATA_ARGUMENTS = Arguments(
     "--data.",
     {
         "dataset": one_of(*DATASETS),
-        "batch_size": integer(1),
+        "batch_size": BATCH_SIZE,
         "val_fraction": FRACTION,
         "synthetic_size": integer(0),
         "augment": BOOLEAN,
@@ -83,7 +84,7 @@ IMAGE_FOLDER_ARGUMENTS = Arguments(
     {
         "image_size": integer(8),
         "val_fraction": FRACTION,
-        "batch_size": integer(1),
+        "batch_size": BATCH_SIZE,
         "augment": BOOLEAN,
         "skip_unreadable": BOOLEAN,
         "num_workers": WORKERS,

@@ -10,7 +10,18 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..arguments import FRACTION, SEED, WORKERS, Arguments, FitsInMemory, Together, integer, is_integer, one_of
+from ..arguments import (
+    BATCH_SIZE,
+    FRACTION,
+    SEED,
+    WORKERS,
+    Arguments,
+    FitsInMemory,
+    Together,
+    integer,
+    is_integer,
+    one_of,
+)
 from ..errors import ConfigError
 from ..files import NotAFileError, open_regular
 from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
@@ -30,7 +41,7 @@ ARGUMENTS = Arguments(
         "num_sequences": integer(0),
         "val_fraction": FRACTION,
         "test_fraction": FRACTION,
-        "batch_size": integer(1),
+        "batch_size": BATCH_SIZE,
         "num_workers": WORKERS,
         "seed": SEED,
     },
