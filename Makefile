@@ -23,7 +23,7 @@ demo: $(STAMP)
 	cd $(DEMO_PROJECT) && $(abspath $(BIN))/python train.py --config configs/synthetic.yaml --accelerator cpu
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto tests
+	$(BIN)/python -m pytest -n auto --dist worksteal --durations=15 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check hooks tests

@@ -199,13 +199,30 @@ def test_each_combination_passes_lint_and_its_own_tests(bake, task, github_actio
     assert check.returncode == 0, check.stdout + check.stderr
     form = run(str(ruff), "format", "--check", ".", cwd=root)
     assert form.returncode == 0, form.stdout + form.stderr
+    if github_actions == "no":
+        # Its code and tests are the other combination's of its task, byte for byte (only the
+        # workflow, licence and metadata differ), and those run there: here the suite is only
+        # collected under this combination's own pyproject.toml, so it is not run twice.
+        twin = bake(task=task, github_actions="yes", license="MIT")
+        for folder in ("src", "tests", "configs"):
+            assert tree_bytes(root / folder) == tree_bytes(twin / folder), f"{folder}/ differs between combinations"
+        collected = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", cwd=root)
+        assert collected.returncode == 0, collected.stdout[-20000:] + collected.stderr[-2000:]
+        assert re.search(r"\d+ tests? collected", collected.stdout), collected.stdout[-2000:]
+        return
     # Without the warnings summary, so a failure's own report is what the message shows.
-    # The project's slow tests (training runs in processes) run once per task, not again for
-    # the combination that differs from it only in workflow and licence.
-    once = [] if github_actions == "yes" else ["-m", "not slow"]
-    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--disable-warnings", *once, cwd=root)
+    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--disable-warnings", cwd=root)
     assert tests.returncode == 0, tests.stdout[-20000:] + tests.stderr[-2000:]
     assert re.search(r"\d+ passed", tests.stdout.splitlines()[-1]), tests.stdout[-2000:]
+
+
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by its relative path, with its bytes (caches left out)."""
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
 
 
 def test_answers_are_recorded_without_the_bake_machines_paths(bake):
