@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from {{ cookiecutter.project_slug }}.checkpoints import TEMPORARY_PREFIX, AtomicCheckpointIO
 from {{ cookiecutter.project_slug }}.cli import main
 from {{ cookiecutter.project_slug }}.errors import ConfigError, UserError
 from {{ cookiecutter.project_slug }}.files import NotAFileError, check_output_file, open_regular
@@ -104,3 +105,16 @@ def test_predictions_that_cannot_be_written_stop_predict_before_it_starts(in_tmp
     assert str(caught.value).startswith(f"error: --predictions.path {path} ")
     assert "\n" not in str(caught.value)
     assert not (in_tmp_path / "runs").exists()  # stopped before the run began
+
+
+def test_a_link_planted_at_a_saves_temporary_name_is_replaced_not_written_through(tmp_path):
+    """A checkpoint save never writes through a link standing at its temporary file's name."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    path.parent.mkdir()
+    (path.parent / f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}").symlink_to(outside)
+    AtomicCheckpointIO().save_checkpoint({"global_step": 3}, path)
+    assert outside.read_text() == "keep me"
+    assert path.is_file() and not path.is_symlink()
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]

@@ -34,7 +34,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        with written_whole(Path(path)) as temporary, temporary.open("wb") as file:
+        with written_whole(Path(path)) as temporary, temporary.open("xb") as file:
             torch.save(checkpoint, file)
             file.flush()
             os.fsync(file.fileno())
@@ -50,6 +50,9 @@ def written_whole(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_files(path.parent)
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
+    # Whatever stands at that name (a link planted there, a reused pid's leftover) is removed,
+    # not written through: the bytes go to a new file beside ``path`` and nowhere else.
+    temporary.unlink(missing_ok=True)
     try:
         yield temporary
         os.replace(temporary, path)
