@@ -101,6 +101,16 @@ def test_trainer_and_seed_arguments_out_of_range_are_one_line_naming_the_flag(
     assert message.startswith(f"error: {named}"), message
 
 
+def test_a_trainer_argument_lightning_refuses_against_the_data_is_one_line(in_tmp_path, synthetic_config):
+    """A Trainer argument that only the data's size shows to be wrong ends in one line naming it, not a traceback."""
+    args = ["--config", synthetic_config, "--accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--trainer.limit_train_batches", "3", "--trainer.val_check_interval", "1000"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: --trainer.val_check_interval: `val_check_interval` (1000)"), message
+    assert "\n" not in message
+
+
 def test_every_numeric_trainer_argument_is_in_the_table():
     """Each Trainer argument that takes a number or a choice is checked here, or named as checked by Lightning."""
     numeric = set()

@@ -695,6 +695,24 @@ def _user_error_behind(err: BaseException) -> UserError | None:
     return None
 
 
+def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
+    """The Trainer flag that Lightning's own check of it against the data refused, if ``err`` is that.
+
+    Some Trainer arguments can only be checked once the data's size is known (a
+    ``val_check_interval`` longer than the epoch): Lightning raises a ValueError naming the
+    argument in backticks, from its own code. Anything else stays a traceback: a bug to report.
+    """
+    if not isinstance(err, ValueError) or err.__traceback__ is None:
+        return None
+    innermost = err.__traceback__
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in innermost.tb_frame.f_code.co_filename:
+        return None
+    named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
+    return f"--trainer.{named[0]}" if named else None
+
+
 @contextmanager
 def _errors_as_messages() -> Iterator[None]:
     """Stop with one line, not a traceback, for errors the user can fix from the command line."""
@@ -716,6 +734,8 @@ def _errors_as_messages() -> Iterator[None]:
             sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
         if _lost_a_process(err):
             sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
+        if (flag := _trainer_flag_refused_by_lightning(err)) is not None:
+            sys.exit(f"error: {flag}: {' '.join(str(err).split())}")
         found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
         if not isinstance(found, DevicePlacementError):
             raise
