@@ -48,7 +48,7 @@ from .errors import ConfigError, UserError
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
 from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
-from .trust import check_command_line, check_trusted, config_files, in_run_folder, read_config
+from .trust import check_command_line, check_trusted, config_files, flag_pairs, in_run_folder, read_config
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # What each evaluation runs on, and the Trainer flag that limits it.
@@ -310,7 +310,7 @@ def _config_flags(paths: list[Path]) -> list[str]:
 
 def _given_ckpt_path(args: list[str]) -> str | None:
     """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
-    given = [value for flag, value in _flag_values(args) if flag == "--ckpt_path"]
+    given = [value for flag, value in flag_pairs(args) if flag == "--ckpt_path"]
     if not given:
         return None
     return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
@@ -353,7 +353,7 @@ def _limits(value) -> bool:
 
 def _limit_given(key: str, args: list[str]) -> bool:
     """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
-    if any(flag == f"--trainer.{key}" for flag, _ in _flag_values(args)):
+    if any(flag == f"--trainer.{key}" for flag, _ in flag_pairs(args)):
         return True
     for config in config_files(args):
         settings = read_config(config) if not in_run_folder(config) else None
@@ -365,7 +365,7 @@ def _limit_given(key: str, args: list[str]) -> bool:
 
 def _warn_about_changes(trained: dict, args: list[str]) -> None:
     """Say loudly when a flag changes the model or the data a checkpoint was trained with (``trained``: its config)."""
-    for flag, value in _flag_values(args):
+    for flag, value in flag_pairs(args):
         if not flag.startswith(("--model.", "--data.")):
             continue
         keys, recorded = flag[2:].split("."), trained
@@ -375,17 +375,6 @@ def _warn_about_changes(trained: dict, args: list[str]) -> None:
             recorded = recorded.get(key) if isinstance(recorded, dict) else None
         if recorded is not None and yaml.safe_load(value) != recorded:
             _report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
-
-
-def _flag_values(args: list[str]) -> list[tuple[str, str]]:
-    """``(--flag, value)`` pairs, in both ``--flag value`` and ``--flag=value`` forms."""
-    pairs = []
-    for position, arg in enumerate(args):
-        if arg.startswith("--") and "=" in arg:
-            pairs.append(tuple(arg.split("=", 1)))
-        elif arg.startswith("--") and position + 1 < len(args) and not args[position + 1].startswith("--"):
-            pairs.append((arg, args[position + 1]))
-    return pairs
 
 
 def _check_run_arguments(config) -> None:

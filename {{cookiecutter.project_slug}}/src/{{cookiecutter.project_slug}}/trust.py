@@ -102,7 +102,7 @@ def named_modules(args: Sequence[str], kept_out: Sequence[Path] = ()) -> set[str
 def config_files(args: Sequence[str]) -> list[Path]:
     """The files given with ``--config``/``-c`` (a value that is not a file is YAML text, typed by the person)."""
     files = []
-    for flag, value in _pairs(args):
+    for flag, value in flag_pairs(args):
         if flag in ("--config", "-c") and "\n" not in value and _exists(value):
             files.append(Path(value))
     return files
@@ -242,7 +242,7 @@ def _flag(keys: tuple[str, ...]) -> str:
 def _flag_values(args: Sequence[str]) -> list[Any]:
     """The values given to flags in ``args``, each read as YAML (``--data '{class_path: x.Y}'`` is a dict)."""
     values = []
-    for _, value in _pairs(args):
+    for _, value in flag_pairs(args):
         try:
             values.append(yaml.safe_load(value))
         except yaml.YAMLError:
@@ -250,8 +250,8 @@ def _flag_values(args: Sequence[str]) -> list[Any]:
     return values
 
 
-def _pairs(args: Sequence[str]) -> list[tuple[str, str]]:
-    """``(flag, value)`` pairs of ``args``, in both ``--flag value`` and ``--flag=value`` forms."""
+def flag_pairs(args: Sequence[str]) -> list[tuple[str, str]]:
+    """``(flag, value)`` pairs of ``args``, in both ``--flag value`` and ``--flag=value`` forms (``-c`` too)."""
     pairs = []
     for position, arg in enumerate(args):
         if arg.startswith("-") and "=" in arg:
