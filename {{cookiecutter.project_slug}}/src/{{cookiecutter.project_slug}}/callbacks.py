@@ -8,14 +8,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -106,82 +104,6 @@ class InterruptCheckpoint(L.Callback):
                 trainer._signal_connector.teardown()
                 raise
             InterruptCheckpoint.saved = Path(checkpoint_dir) / self.FILENAME
-
-
-class ProcessWatch(L.Callback):
-    """End every process of a DDP run on one machine when one of them dies, with one line.
-
-    Otherwise the others wait for the dead one in their next collective operation until
-    the process group's timeout, half an hour. Lightning starts the processes of
-    ``--devices N --strategy ddp`` itself: the first watches the others' exit codes,
-    the others watch for the first to go. (torchrun and SLURM watch their processes
-    themselves.)
-    """
-
-    POLL_SECONDS = 1.0
-    # Whether this process is one Lightning started for another rank: after a stop asked for by a
-    # signal, it leaves with status 0, or Lightning's own watch of the first process would kill it.
-    started_by_lightning = False
-    _children: ClassVar[list] = []  # the processes of the other ranks, in the first process
-    _done: threading.Event | None = None  # made when watching starts: a callback must stay copyable
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        launcher = getattr(trainer.strategy, "launcher", None)
-        environment = getattr(trainer.strategy, "cluster_environment", None)
-        by_lightning = isinstance(launcher, _SubprocessScriptLauncher) and isinstance(environment, LightningEnvironment)
-        if trainer.world_size > 1 and by_lightning:
-            ProcessWatch.started_by_lightning = trainer.local_rank > 0
-            ProcessWatch._children = list(launcher.procs)  # in the first process only
-            self._done = done = threading.Event()
-            if self.started_by_lightning:
-                threading.Thread(target=self._watch_first, args=(done, os.getppid()), daemon=True).start()
-            for rank, child in enumerate(self._children, start=1):
-                threading.Thread(target=self._watch_child, args=(done, rank, child), daemon=True).start()
-
-    def _watch_first(self, done: threading.Event, parent: int) -> None:
-        """In a process Lightning started: the first process is gone when this one's parent changes."""
-        while not done.wait(self.POLL_SECONDS):
-            if os.getppid() != parent:
-                _leave_at_once("the process of rank 0 ended")
-
-    @staticmethod
-    def _watch_child(done: threading.Event, rank: int, child) -> None:
-        """In the first process: learn the moment another rank's process ends.
-
-        Waiting, not polling: Lightning's own watch polls every 5 seconds and then kills this
-        process without a word, and while this thread waits its polls see nothing.
-        """
-        code = child.wait()
-        if code != 0 and not done.is_set():
-            _leave_at_once(f"the process of rank {rank} ended with exit code {code}")
-
-    @classmethod
-    def ended(cls) -> str | None:
-        """Which other process ended before its time, and how, as the first process sees it."""
-        for rank, child in enumerate(cls._children, start=1):
-            if child.poll() not in (None, 0):
-                return f"the process of rank {rank} ended with exit code {child.returncode}"
-        return None
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException) and self._done is not None:
-            self._done.set()  # every process stops now: the others' exits are no accident
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._done is not None:
-            self._done.set()
-
-
-def _leave_at_once(ended: str) -> None:
-    """Leave with the line at once: the main thread may be blocked in a collective that never returns."""
-    sys.stderr.write(f"{lost_process_line(ended)}\n")
-    sys.stderr.flush()
-    os._exit(1)
-
-
-def lost_process_line(ended: str) -> str:
-    """The one line a process of a DDP run leaves with when another process of it ``ended``."""
-    return f"error: {ended}; this process stops too (resume with --ckpt_path last)"
 
 
 def _ask_lightning_to_stop(trainer: L.Trainer, stop: bool) -> bool:

@@ -29,11 +29,9 @@ from .callbacks import (
     BestEpoch,
     CSVPredictionWriter,
     InterruptCheckpoint,
-    ProcessWatch,
     RandomState,
     RunPlots,
     StopOnDivergence,
-    lost_process_line,
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, latest_checkpoint, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
@@ -48,6 +46,7 @@ from .errors import ConfigError, UserError
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
 from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
+from .supervision import ProcessWatch, check_cpu_processes, leave_process_group, lost_a_process, lost_process_line
 from .trust import check_command_line, check_trusted, config_files, flag_pairs, in_run_folder, read_config
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -193,7 +192,7 @@ class ProjectCLI(LightningCLI):
             _check_simulated(config.trainer)
             _simulation.start(self.subcommand or "fit")
         _check_accelerator(accelerator)
-        _check_cpu_processes(config.trainer)
+        check_cpu_processes(config.trainer)
         if self.subcommand:
             _check_new_log_dir(config.trainer.logger)
         if self.subcommand == "predict":
@@ -428,19 +427,6 @@ def _check_accelerator(accelerator) -> None:
         raise NoGPUError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
 
 
-def _check_cpu_processes(trainer) -> None:
-    """DDP on the CPU starts one process per device: more than the machine's CPUs only slows it down, or hangs it."""
-    on_cpu = trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
-    devices = trainer.devices
-    count = devices if isinstance(devices, int) else int(devices) if str(devices).isdigit() else None
-    cpus = os.cpu_count() or 1
-    if on_cpu and count is not None and count > cpus:
-        raise ConfigError(
-            f"--devices {devices} on the CPU would start {count} processes on a machine with {cpus} CPUs: "
-            f"use at most --devices {cpus} (or a GPU machine)"
-        )
-
-
 def _check_simulated(trainer) -> None:
     """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
     if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
@@ -542,18 +528,7 @@ def main(args: list[str] | None = None) -> None:
             with _errors_as_messages():  # inside: it tells a lost DDP process by the live process group
                 _make_cli(expand_shortcuts(args), run=True)
         finally:
-            _leave_process_group()
-
-
-def _leave_process_group() -> None:
-    """Shut DDP's process group down while Python is still whole.
-
-    Lightning does this at exit for NCCL only. A gloo group (DDP on CPUs) left to interpreter
-    shutdown can abort a finished run with "terminate called without an active exception",
-    and a non-zero exit code that fails the job (pytorch/pytorch#179291).
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+            leave_process_group()
 
 
 def build(args: list[str]) -> tuple[Classifier, DataModule]:
@@ -658,21 +633,6 @@ class _Simulation:
 _simulation = _Simulation()
 
 
-# How gloo and NCCL report that another process of the run went away mid-collective.
-_LOST_CONNECTION = re.compile(
-    r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted|ncclRemoteError|"
-    r"remote process exited|Socket Timeout",
-    re.IGNORECASE,
-)
-
-
-def _lost_a_process(err: BaseException) -> bool:
-    """Whether ``err`` is a collective failing because another process of the run ended."""
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return False
-    return isinstance(err, torch.distributed.DistError) or bool(_LOST_CONNECTION.search(str(err)))
-
-
 def _user_error_behind(err: BaseException) -> UserError | None:
     """The user's mistake that caused ``err``, if one did."""
     seen = set()
@@ -721,7 +681,7 @@ def _errors_as_messages() -> Iterator[None]:
     except Exception as err:
         if (mistake := _user_error_behind(err)) is not None:
             sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
-        if _lost_a_process(err):
+        if lost_a_process(err):
             sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
         if (flag := _trainer_flag_refused_by_lightning(err)) is not None:
             sys.exit(f"error: {flag}: {' '.join(str(err).split())}")
