@@ -13,7 +13,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.warnings import PossibleUserWarning
@@ -38,26 +37,33 @@ from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
 from .config_files import bound_yaml_loading, check_files_given
 {%- if cookiecutter.task == "image" %}
 from .data.images import ImageDataModule as DataModule
-from .errors import ConfigError, UserError
-from .models.cnn import ReferenceCNN as Net
 {%- else %}
 from .data.sequences import SequenceDataModule as DataModule
+{%- endif %}
 from .errors import ConfigError, UserError
+from .evaluation import (
+    EVALUATIONS,
+    UNTRAINED_FLAG,
+    check_evaluated_weights,
+    check_evaluation,
+    check_new_log_dir,
+    checkpoint_run_settings,
+    config_flags,
+    given_ckpt_path,
+    runs_root,
+    split_run_configs,
+)
+from .messages import one_line, report
+{%- if cookiecutter.task == "image" %}
+from .models.cnn import ReferenceCNN as Net
+{%- else %}
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
 from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group, lost_a_process, lost_process_line
-from .trust import check_command_line, check_trusted, config_files, flag_pairs, in_run_folder, read_config
+from .trust import check_command_line
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# What each evaluation runs on, and the Trainer flag that limits it.
-EVALUATIONS = {
-    "validate": ("validation set", "limit_val_batches"),
-    "test": ("test set", "limit_test_batches"),
-    "predict": ("prediction data", "limit_predict_batches"),
-}
-# Evaluating a model that was never trained must be asked for by name.
-UNTRAINED_FLAG = "--untrained_weights"
 # `train.py --accelerator gpu` is short for `train.py fit --trainer.accelerator gpu`.
 TRAINER_SHORTCUTS = ("accelerator", "devices", "strategy", "num_nodes", "precision", "max_epochs")
 
@@ -123,32 +129,32 @@ class ProjectCLI(LightningCLI):
         check_command_line(args)
         check_files_given(args)  # too large, not text, or expanding without end: refused before being read
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
-        run_configs, args = _split_run_configs(args)
+        run_configs, args = split_run_configs(args)
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
         rest = args[len(subcommand_given) :]
-        self._parse_with_class_defaults(parser, [*subcommand_given, *_config_flags(run_configs), *rest])
+        self._parse_with_class_defaults(parser, [*subcommand_given, *config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        given = _given_ckpt_path(args)
+        given = given_ckpt_path(args)
         if given is not None:
             config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
         if subcommand in EVALUATIONS:
-            _check_evaluated_weights(subcommand, config)
+            check_evaluated_weights(subcommand, config)
         if config.get("ckpt_path") == "last":
             # Resolved here, so the run's saved config.yaml names the file it resumed from.
-            config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger), report=_report))
-            _report(f"{'resuming' if subcommand == 'fit' else 'evaluating'} from {config.ckpt_path}")
+            config.ckpt_path = str(latest_checkpoint(runs_root(config.trainer.logger), report=report))
+            report(f"{'resuming' if subcommand == 'fit' else 'evaluating'} from {config.ckpt_path}")
         ckpt_path = config.get("ckpt_path")
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
         logger = config.trainer.logger
-        settings = _checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args, run_configs) if ckpt_path else []
+        settings = checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args, run_configs) if ckpt_path else []
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.
             self._parse_with_class_defaults(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
         if subcommand in EVALUATIONS:
-            _check_evaluation(subcommand, config, args)
+            check_evaluation(subcommand, config, args)
         _check_run_arguments(config)  # before LightningCLI seeds with them
 
     def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
@@ -194,7 +200,7 @@ class ProjectCLI(LightningCLI):
         _check_accelerator(accelerator)
         check_cpu_processes(config.trainer)
         if self.subcommand:
-            _check_new_log_dir(config.trainer.logger)
+            check_new_log_dir(config.trainer.logger)
         if self.subcommand == "predict":
             # Before the data is read and the model run: a path that cannot be written would waste that work.
             CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
@@ -234,146 +240,12 @@ class ProjectCLI(LightningCLI):
             summary = f"best epoch {best.epoch}: {summary}"
         if self.trainer.world_size > 1:
             # Every process reports: the values are synced, so they must agree.
-            _report(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
+            report(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
         elif self.trainer.is_global_zero:
-            _report(f"fit finished: {summary}")
+            report(f"fit finished: {summary}")
         if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
-            _report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
-            _report(f"run folder: {log_dir}")
-
-
-def _checkpoint_run_settings(
-    subcommand: str, ckpt_path: Path, logger, args: list[str], run_configs: list[Path]
-) -> list[str]:
-    """Flags that give a run from a checkpoint the settings of the run that saved it.
-
-    Without ``--config``, the run's own ``config.yaml`` decides the model and the data (the
-    data source, normalisation and class count the weights were trained with); a run's
-    config.yaml given with --config (``run_configs``) takes its place. An evaluation also
-    writes its logs and predictions into that run's folder.
-    """
-    run_dir, settings = ckpt_path.parent.parent, _config_flags(run_configs)
-    if not run_configs and not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
-        if (run_dir / "config.yaml").is_file():
-            trained = read_config(run_dir / "config.yaml") or {}
-            # Read as data: what it names is imported only when check_trusted admits it.
-            check_trusted(trained, run_dir / "config.yaml", args, [run_dir])
-            _warn_about_changes(trained, args[1:])
-            settings = ["--config", str(run_dir / "config.yaml")]
-            logger = (trained.get("trainer") or {}).get("logger")
-        else:
-            _report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
-    if subcommand != "fit" and ckpt_path.parent.name == "checkpoints":
-        settings += _evaluation_outputs(subcommand, run_dir, logger)
-    return settings
-
-
-def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
-    """Flags that put an evaluation's logs (and predictions) in its checkpoint's run folder, beside the training's.
-
-    ``runs/lightning_logs/version_3/validate/version_0/metrics.csv``, not a new, mostly empty
-    ``version_4``; flags given on the command line still win.
-    """
-    class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
-    outputs = []
-    if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger"):
-        outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
-        outputs += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
-    if subcommand == "predict":
-        outputs += ["--predictions.path", str(run_dir / "predictions.csv")]
-    return outputs
-
-
-def _split_run_configs(args: list[str]) -> tuple[list[Path], list[str]]:
-    """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
-    found, kept, position = [], [], 0
-    while position < len(args):
-        arg = args[position]
-        if arg in ("-c", "--config") and position + 1 < len(args):
-            value, width = args[position + 1], 2
-        elif arg.startswith("--config="):
-            value, width = arg.partition("=")[2], 1
-        else:
-            value, width = None, 1
-        if value is not None and config_files(["--config", value]) and in_run_folder(Path(value)):
-            found.append(Path(value))
-        else:
-            kept += args[position : position + width]
-        position += width
-    return found, kept
-
-
-def _config_flags(paths: list[Path]) -> list[str]:
-    return [flag for path in paths for flag in ("--config", str(path))]
-
-
-def _given_ckpt_path(args: list[str]) -> str | None:
-    """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
-    given = [value for flag, value in flag_pairs(args) if flag == "--ckpt_path"]
-    if not given:
-        return None
-    return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
-
-
-def _check_evaluated_weights(subcommand: str, config) -> None:
-    """An evaluation scores the weights of a checkpoint it loads, or untrained weights when asked for by name."""
-    untrained = config.get(UNTRAINED_FLAG[2:])
-    if config.get("ckpt_path") is None and not untrained:
-        raise ConfigError(
-            f"{subcommand} needs --ckpt_path (a .ckpt file, or last for the newest run's): without one it would "
-            f"score untrained weights; to do that on purpose, give {UNTRAINED_FLAG} true"
-        )
-    if config.get("ckpt_path") is not None and untrained:
-        raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
-
-
-def _check_evaluation(subcommand: str, config, args: list[str]) -> None:
-    """An evaluation runs on the whole split unless told otherwise, and says so when it is told.
-
-    A limit on the batches counts when given on the command line, directly or in a --config
-    file of the person's; one only in a run's saved config.yaml (a training's two validation
-    batches) is not applied.
-    """
-    split, limit = EVALUATIONS[subcommand]
-    whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
-    given = [key for key in whole if _limit_given(key, args)]
-    for key in whole.keys() - given:
-        setattr(config.trainer, key, whole[key])
-    values = {key: getattr(config.trainer, key) for key in given}
-    applied = [f"--trainer.{key} {value}" for key, value in values.items() if _limits(value)]
-    if applied:
-        _report(f"{subcommand} on part of the {split} only ({', '.join(applied)}): leave it out for the whole {split}")
-
-
-def _limits(value) -> bool:
-    """Whether a Trainer limit of ``value`` leaves batches out (the fraction ``1.0`` is all; ``1`` is one batch)."""
-    return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
-
-
-def _limit_given(key: str, args: list[str]) -> bool:
-    """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
-    if any(flag == f"--trainer.{key}" for flag, _ in flag_pairs(args)):
-        return True
-    for config in config_files(args):
-        settings = read_config(config) if not in_run_folder(config) else None
-        trainer = settings.get("trainer") if isinstance(settings, dict) else None
-        if isinstance(trainer, dict) and key in trainer:
-            return True
-    return False
-
-
-def _warn_about_changes(trained: dict, args: list[str]) -> None:
-    """Say loudly when a flag changes the model or the data a checkpoint was trained with (``trained``: its config)."""
-    for flag, value in flag_pairs(args):
-        if not flag.startswith(("--model.", "--data.")):
-            continue
-        keys, recorded = flag[2:].split("."), trained
-        for key in keys:
-            if isinstance(recorded, dict) and key not in recorded and "init_args" in recorded:
-                recorded = recorded["init_args"]  # --data.batch_size is data.init_args.batch_size
-            recorded = recorded.get(key) if isinstance(recorded, dict) else None
-        if recorded is not None and yaml.safe_load(value) != recorded:
-            _report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
+            report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
+            report(f"run folder: {log_dir}")
 
 
 def _check_run_arguments(config) -> None:
@@ -399,20 +271,6 @@ def _check_given_against_data(config, datamodule, model: Classifier) -> None:
         raise ConfigError(
             f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
             + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
-        )
-
-
-def _check_new_log_dir(logger) -> None:
-    """A run never writes into an earlier run's folder: Lightning's CSV logger would delete its metrics."""
-    init_args = getattr(logger, "init_args", None) or {}
-    version = init_args.get("version")
-    if version is None:
-        return
-    run_dir = _runs_root(logger) / (version if isinstance(version, str) else f"version_{version}")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"{run_dir} holds an earlier run: choose another --trainer.logger.init_args.version, "
-            "or leave it unset for a new one"
         )
 
 
@@ -481,32 +339,7 @@ class ProjectArgumentParser(LightningArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        self.exit(2, f"error: {_one_line(message)} (options: {prog} --help)\n")
-
-
-# Lines of jsonargparse's nested messages that say nothing about the mistake.
-_NOISE = re.compile(r"Does not validate against|Subtypes:|Errors:|Expected a <class 'NoneType'>|Given value")
-
-
-def _one_line(message: str) -> str:
-    """``Parser key "model.net": ... Parser key "width": Expected a <class 'int'>. Got value: x`` as one line."""
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    text = re.sub(r"""Parser key "[^"]+":|Problem with given class_path '[^']+':""", "", message)
-    reasons = [line.strip(" -") for line in text.splitlines() if line.strip(" -") and not _NOISE.search(line)]
-    reason = " ".join(reasons) or message.strip()
-    return f"--{'.'.join(keys)}: {reason}" if keys else reason
-
-
-def _report(line: str) -> None:
-    """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split."""
-    sys.stdout.write(f"{line}\n")
-    sys.stdout.flush()
-
-
-def _runs_root(logger) -> Path:
-    """The folder holding the runs of the configured CSV or TensorBoard logger (``runs/lightning_logs``)."""
-    init_args = getattr(logger, "init_args", None) or {}
-    return Path(init_args.get("save_dir") or "runs") / (init_args.get("name") or "lightning_logs")
+        self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
 
 
 def expand_shortcuts(args: list[str]) -> list[str]:

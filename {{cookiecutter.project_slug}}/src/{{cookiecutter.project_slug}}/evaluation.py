@@ -1,0 +1,173 @@
+"""Evaluation from a checkpoint: the settings, limits and output folder that its run folder gives."""
+
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError
+from .messages import report
+from .trust import check_trusted, config_files, flag_pairs, in_run_folder, read_config
+
+# What each evaluation runs on, and the Trainer flag that limits it.
+EVALUATIONS = {
+    "validate": ("validation set", "limit_val_batches"),
+    "test": ("test set", "limit_test_batches"),
+    "predict": ("prediction data", "limit_predict_batches"),
+}
+# Evaluating a model that was never trained must be asked for by name.
+UNTRAINED_FLAG = "--untrained_weights"
+
+
+def checkpoint_run_settings(
+    subcommand: str, ckpt_path: Path, logger, args: list[str], run_configs: list[Path]
+) -> list[str]:
+    """Flags that give a run from a checkpoint the settings of the run that saved it.
+
+    Without ``--config``, the run's own ``config.yaml`` decides the model and the data (the
+    data source, normalisation and class count the weights were trained with); a run's
+    config.yaml given with --config (``run_configs``) takes its place. An evaluation also
+    writes its logs and predictions into that run's folder.
+    """
+    run_dir, settings = ckpt_path.parent.parent, config_flags(run_configs)
+    if not run_configs and not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
+        if (run_dir / "config.yaml").is_file():
+            trained = read_config(run_dir / "config.yaml") or {}
+            # Read as data: what it names is imported only when check_trusted admits it.
+            check_trusted(trained, run_dir / "config.yaml", args, [run_dir])
+            _warn_about_changes(trained, args[1:])
+            settings = ["--config", str(run_dir / "config.yaml")]
+            logger = (trained.get("trainer") or {}).get("logger")
+        else:
+            report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
+    if subcommand != "fit" and ckpt_path.parent.name == "checkpoints":
+        settings += _evaluation_outputs(subcommand, run_dir, logger)
+    return settings
+
+
+def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
+    """Flags that put an evaluation's logs (and predictions) in its checkpoint's run folder, beside the training's.
+
+    ``runs/lightning_logs/version_3/validate/version_0/metrics.csv``, not a new, mostly empty
+    ``version_4``; flags given on the command line still win.
+    """
+    class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
+    outputs = []
+    if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger"):
+        outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
+        outputs += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
+    if subcommand == "predict":
+        outputs += ["--predictions.path", str(run_dir / "predictions.csv")]
+    return outputs
+
+
+def split_run_configs(args: list[str]) -> tuple[list[Path], list[str]]:
+    """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
+    found, kept, position = [], [], 0
+    while position < len(args):
+        arg = args[position]
+        if arg in ("-c", "--config") and position + 1 < len(args):
+            value, width = args[position + 1], 2
+        elif arg.startswith("--config="):
+            value, width = arg.partition("=")[2], 1
+        else:
+            value, width = None, 1
+        if value is not None and config_files(["--config", value]) and in_run_folder(Path(value)):
+            found.append(Path(value))
+        else:
+            kept += args[position : position + width]
+        position += width
+    return found, kept
+
+
+def config_flags(paths: list[Path]) -> list[str]:
+    """``--config <path>`` for each of ``paths``."""
+    return [flag for path in paths for flag in ("--config", str(path))]
+
+
+def given_ckpt_path(args: list[str]) -> str | None:
+    """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
+    given = [value for flag, value in flag_pairs(args) if flag == "--ckpt_path"]
+    if not given:
+        return None
+    return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
+
+
+def check_evaluated_weights(subcommand: str, config) -> None:
+    """An evaluation scores the weights of a checkpoint it loads, or untrained weights when asked for by name."""
+    untrained = config.get(UNTRAINED_FLAG[2:])
+    if config.get("ckpt_path") is None and not untrained:
+        raise ConfigError(
+            f"{subcommand} needs --ckpt_path (a .ckpt file, or last for the newest run's): without one it would "
+            f"score untrained weights; to do that on purpose, give {UNTRAINED_FLAG} true"
+        )
+    if config.get("ckpt_path") is not None and untrained:
+        raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
+
+
+def check_evaluation(subcommand: str, config, args: list[str]) -> None:
+    """An evaluation runs on the whole split unless told otherwise, and says so when it is told.
+
+    A limit on the batches counts when given on the command line, directly or in a --config
+    file of the person's; one only in a run's saved config.yaml (a training's two validation
+    batches) is not applied.
+    """
+    split, limit = EVALUATIONS[subcommand]
+    whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
+    given = [key for key in whole if _limit_given(key, args)]
+    for key in whole.keys() - given:
+        setattr(config.trainer, key, whole[key])
+    values = {key: getattr(config.trainer, key) for key in given}
+    applied = [f"--trainer.{key} {value}" for key, value in values.items() if _limits(value)]
+    if applied:
+        report(f"{subcommand} on part of the {split} only ({', '.join(applied)}): leave it out for the whole {split}")
+
+
+def _limits(value) -> bool:
+    """Whether a Trainer limit of ``value`` leaves batches out (the fraction ``1.0`` is all; ``1`` is one batch)."""
+    return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
+
+
+def _limit_given(key: str, args: list[str]) -> bool:
+    """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
+    if any(flag == f"--trainer.{key}" for flag, _ in flag_pairs(args)):
+        return True
+    for config in config_files(args):
+        settings = read_config(config) if not in_run_folder(config) else None
+        trainer = settings.get("trainer") if isinstance(settings, dict) else None
+        if isinstance(trainer, dict) and key in trainer:
+            return True
+    return False
+
+
+def _warn_about_changes(trained: dict, args: list[str]) -> None:
+    """Say loudly when a flag changes the model or the data a checkpoint was trained with (``trained``: its config)."""
+    for flag, value in flag_pairs(args):
+        if not flag.startswith(("--model.", "--data.")):
+            continue
+        keys, recorded = flag[2:].split("."), trained
+        for key in keys:
+            if isinstance(recorded, dict) and key not in recorded and "init_args" in recorded:
+                recorded = recorded["init_args"]  # --data.batch_size is data.init_args.batch_size
+            recorded = recorded.get(key) if isinstance(recorded, dict) else None
+        if recorded is not None and yaml.safe_load(value) != recorded:
+            report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
+
+
+def check_new_log_dir(logger) -> None:
+    """A run never writes into an earlier run's folder: Lightning's CSV logger would delete its metrics."""
+    init_args = getattr(logger, "init_args", None) or {}
+    version = init_args.get("version")
+    if version is None:
+        return
+    run_dir = runs_root(logger) / (version if isinstance(version, str) else f"version_{version}")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"{run_dir} holds an earlier run: choose another --trainer.logger.init_args.version, "
+            "or leave it unset for a new one"
+        )
+
+
+def runs_root(logger) -> Path:
+    """The folder holding the runs of the configured CSV or TensorBoard logger (``runs/lightning_logs``)."""
+    init_args = getattr(logger, "init_args", None) or {}
+    return Path(init_args.get("save_dir") or "runs") / (init_args.get("name") or "lightning_logs")
