@@ -1,6 +1,7 @@
 import contextlib
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +24,9 @@ CONFIGS = PROJECT / "configs"
 # wait, a short training run in its own process, took about 2 minutes on 2 cores beside two CPU-bound
 # processes and other test runs; 20 minutes is an order of magnitude above that. It stays under the
 # half hour a DDP process waits for a dead one, so the test that a dying rank ends the others at once
+# The run that `trained_once` trains, and its last checkpoint, relative to the run's folder.
+RUN = Path("runs/lightning_logs/version_0")
+LAST = RUN / "checkpoints" / "last.ckpt"
 # cannot pass late.
 HANG_GUARD_S = 20 * 60
 
@@ -71,6 +75,32 @@ def _with_ctrl_c() -> None:
 
 @pytest.fixture
 def make_fifo():
+@pytest.fixture
+def run_copy(trained_once, in_tmp_path, monkeypatch) -> Path:
+    """A copy of a short run in the test's folder, which is importable as code would be beside train.py."""
+    shutil.copytree(trained_once / "runs", in_tmp_path / "runs")
+    monkeypatch.syspath_prepend(str(in_tmp_path))
+    return in_tmp_path
+
+
+def exit_message(run, *args) -> str:
+    """What ``run(args)`` exits with; fails when it does not exit."""
+    with pytest.raises(SystemExit) as exit_info:
+        run(list(args))
+    return str(exit_info.value.code)
+
+
+def refused(args: list[str], capsys: pytest.CaptureFixture) -> str:
+    """The one line with which ``train.py args`` stops; fails when it does not stop, or with more than a line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    # The parser itself (a value not of the argument's type) prints its line and exits with 2.
+    message = capsys.readouterr().err if exit_info.value.code == 2 else str(exit_info.value.code)
+    assert message.startswith("error: ") and "\n" not in message.strip(), message
+    assert not Path("runs").exists(), "a refused run must write nothing"
+    return message
+
+
     """Make FIFOs (named pipes) that cannot hang a test: code that opens one by mistake reads an empty file.
 
     Opening a FIFO waits for its other end. A thread opens the other end of each, and closes

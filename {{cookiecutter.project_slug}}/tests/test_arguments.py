@@ -1,23 +1,16 @@
 import inspect
-import shutil
 import typing
-from pathlib import Path
 
 import lightning as L
 import pytest
+from conftest import refused
 
 from {{ cookiecutter.project_slug }}.arguments import TRAINER
 from {{ cookiecutter.project_slug }}.classifier import ARGUMENTS as CLASSIFIER_ARGUMENTS
 from {{ cookiecutter.project_slug }}.classifier import Classifier
-from {{ cookiecutter.project_slug }}.cli import main
-from {{ cookiecutter.project_slug }}.config_files import MAX_BYTES, MAX_VALUES
 {%- if cookiecutter.task == "image" %}
-from {{ cookiecutter.project_slug }}.data.images import (
-    IMAGE_DATA_ARGUMENTS,
-    IMAGE_FOLDER_ARGUMENTS,
-    ImageDataModule,
-    ImageFolderDataModule,
-)
+from {{ cookiecutter.project_slug }}.data.folders import IMAGE_FOLDER_ARGUMENTS, ImageFolderDataModule
+from {{ cookiecutter.project_slug }}.data.images import IMAGE_DATA_ARGUMENTS, ImageDataModule
 from {{ cookiecutter.project_slug }}.models.cnn import ARGUMENTS as NET_ARGUMENTS
 from {{ cookiecutter.project_slug }}.models.cnn import ReferenceCNN as Net
 from {{ cookiecutter.project_slug }}.models.cnn import parameter_count
@@ -41,17 +34,6 @@ CLASSES = [(Net, NET_ARGUMENTS), (Classifier, CLASSIFIER_ARGUMENTS), (SequenceDa
 NET = "--model.net.init_args."
 # Trainer arguments that are numbers or choices which Lightning checks itself, in one line, before a run starts.
 LEFT_TO_LIGHTNING = {"precision", "max_time", "deterministic", "accelerator", "strategy", "profiler"}
-
-
-def _refused(args: list[str], capsys: pytest.CaptureFixture) -> str:
-    """The one line with which ``train.py args`` stops; fails when it does not stop, or with more than a line."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    # The parser itself (a value not of the argument's type) prints its line and exits with 2.
-    message = capsys.readouterr().err if exit_info.value.code == 2 else str(exit_info.value.code)
-    assert message.startswith("error: ") and "\n" not in message.strip(), message
-    assert not Path("runs").exists(), "a refused run must write nothing"
-    return message
 
 
 @pytest.mark.parametrize(
@@ -97,18 +79,8 @@ def test_trainer_and_seed_arguments_out_of_range_are_one_line_naming_the_flag(
     in_tmp_path, synthetic_config, capsys, flags, named
 ):
     """A Trainer argument or seed that Lightning would divide by, count with or refuse deep in a run stops at once."""
-    message = _refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
+    message = refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
     assert message.startswith(f"error: {named}"), message
-
-
-def test_a_trainer_argument_lightning_refuses_against_the_data_is_one_line(in_tmp_path, synthetic_config):
-    """A Trainer argument that only the data's size shows to be wrong ends in one line naming it, not a traceback."""
-    args = ["--config", synthetic_config, "--accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
-    with pytest.raises(SystemExit) as exit_info:
-        main([*args, "--trainer.limit_train_batches", "3", "--trainer.val_check_interval", "1000"])
-    message = str(exit_info.value.code)
-    assert message.startswith("error: --trainer.val_check_interval: `val_check_interval` (1000)"), message
-    assert "\n" not in message
 
 
 def test_every_numeric_trainer_argument_is_in_the_table():
@@ -186,7 +158,7 @@ def test_data_and_network_arguments_out_of_range_are_one_line_naming_the_flag(
     in_tmp_path, synthetic_config, capsys, flags, named
 ):
     """A data or network argument out of its range, or too large for memory, stops before anything is allocated."""
-    message = _refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
+    message = refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
     assert message.startswith(f"error: {named}"), message
 
 
@@ -223,7 +195,7 @@ def test_the_memory_estimate_counts_the_network_parameters(sizes):
 def test_a_network_argument_the_data_sets_given_otherwise_is_one_line(in_tmp_path, synthetic_config, capsys, flags):
     """A value given for an argument the data sets, differing from the data's, stops the run instead of vanishing."""
     flag = flags[0] if flags[0].startswith(NET) else flags[0].replace("--model.net.", NET)
-    message = _refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
+    message = refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
     assert message.startswith(f"error: {flag} {flags[1]} disagrees with the data's"), message
 
 
@@ -237,43 +209,3 @@ def test_a_network_argument_given_as_the_data_has_it_is_accepted(in_tmp_path, sy
     model, _ = build(["--config", synthetic_config, f"{NET}max_len", "48", "--data.seq_len", "48"])
     assert model.net.max_len == 48
 {%- endif %}
-
-
-def _billion_laughs() -> str:
-    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for previous, name in zip("abcdefgh", "bcdefghi", strict=True):
-        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
-    return "\n".join(lines) + "\n"
-
-
-@pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)), "is not a text file"),
-        (b"model:\n  lr: 0.001\n\x00\x00", "is not a text file"),
-        (b"model:\n  x: '" + b"a" * (MAX_BYTES + 1) + b"'\n", f"is over {MAX_BYTES >> 20} MiB"),
-        (_billion_laughs().encode(), f"expand to over {MAX_VALUES} values"),
-        (b"x: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nests deeper"),
-    ],
-    ids=["binary", "nul-bytes", "too-large", "billion-laughs", "deep-nesting"],
-)
-@pytest.mark.parametrize("given_as", ["--config", "--trainer", "--data"])
-def test_a_configuration_file_that_is_not_a_small_text_file_is_one_line_naming_it(
-    in_tmp_path, synthetic_config, capsys, content, expected, given_as
-):
-    """A binary, oversized, endlessly expanding or too deeply nested file stops in one line, whatever flag reads it."""
-    config = in_tmp_path / "bad.yaml"
-    config.write_bytes(content)
-    message = _refused(["--config", synthetic_config, given_as, str(config)], capsys)
-    assert expected in message and "bad.yaml" in message, message
-
-
-def test_a_run_config_that_expands_without_bound_is_one_line_naming_it(in_tmp_path, trained_once):
-    """A run folder's config.yaml, read to evaluate its checkpoint, is held to the same bounds."""
-    shutil.copytree(trained_once / "runs", in_tmp_path / "shared")
-    run = in_tmp_path / "shared" / "lightning_logs" / "version_0"
-    (run / "config.yaml").write_text(_billion_laughs())
-    with pytest.raises(SystemExit) as exit_info:
-        main(["test", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
-    message = str(exit_info.value.code)
-    assert message.startswith("error: ") and f"config.yaml: its aliases (*name) expand to over {MAX_VALUES}" in message
