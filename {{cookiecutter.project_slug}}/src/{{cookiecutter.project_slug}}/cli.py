@@ -32,7 +32,7 @@ from .callbacks import (
     RunPlots,
     StopOnDivergence,
 )
-from .checkpoints import AtomicCheckpointIO, check_architecture, latest_checkpoint, read_checkpoint
+from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
 from .classifier import LOSS_ON_PROGRESS_BAR_EVERY, Classifier
 from .config_files import bound_yaml_loading, check_files_given
 {%- if cookiecutter.task == "image" %}
@@ -44,10 +44,10 @@ from .errors import ConfigError, UserError
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
-    check_evaluated_weights,
     check_evaluation,
     check_new_log_dir,
     checkpoint_run_settings,
+    choose_checkpoint,
     config_flags,
     given_ckpt_path,
     runs_root,
@@ -135,16 +135,7 @@ class ProjectCLI(LightningCLI):
         self._parse_with_class_defaults(parser, [*subcommand_given, *config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        given = given_ckpt_path(args)
-        if given is not None:
-            config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
-        if subcommand in EVALUATIONS:
-            check_evaluated_weights(subcommand, config)
-        if config.get("ckpt_path") == "last":
-            # Resolved here, so the run's saved config.yaml names the file it resumed from.
-            config.ckpt_path = str(latest_checkpoint(runs_root(config.trainer.logger), report=report))
-            report(f"{'resuming' if subcommand == 'fit' else 'evaluating'} from {config.ckpt_path}")
-        ckpt_path = config.get("ckpt_path")
+        ckpt_path = choose_checkpoint(subcommand, config, args)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
         logger = config.trainer.logger

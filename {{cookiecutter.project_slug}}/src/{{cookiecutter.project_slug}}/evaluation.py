@@ -1,9 +1,11 @@
-"""Evaluation from a checkpoint: the settings, limits and output folder that its run folder gives."""
+"""Runs from a checkpoint, evaluations above all: the checkpoint chosen, and the settings, limits and output
+folder that its run folder gives."""
 
 from pathlib import Path
 
 import yaml
 
+from .checkpoints import latest_checkpoint
 from .errors import ConfigError
 from .messages import report
 from .trust import check_trusted, config_files, flag_pairs, in_run_folder, read_config
@@ -16,6 +18,20 @@ EVALUATIONS = {
 }
 # Evaluating a model that was never trained must be asked for by name.
 UNTRAINED_FLAG = "--untrained_weights"
+
+
+def choose_checkpoint(subcommand: str, config, args: list[str]) -> str | None:
+    """The checkpoint a run starts from, set in ``config``: the last --ckpt_path given, ``last`` resolved."""
+    given = _given_ckpt_path(args)
+    if given is not None:
+        config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
+    if subcommand in EVALUATIONS:
+        _check_evaluated_weights(subcommand, config)
+    if config.get("ckpt_path") == "last":
+        # Resolved here, so the run's saved config.yaml names the file it resumed from.
+        config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger), report=report))
+        report(f"{'resuming' if subcommand == 'fit' else 'evaluating'} from {config.ckpt_path}")
+    return config.get("ckpt_path")
 
 
 def checkpoint_run_settings(
@@ -84,7 +100,7 @@ def config_flags(paths: list[Path]) -> list[str]:
     return [flag for path in paths for flag in ("--config", str(path))]
 
 
-def given_ckpt_path(args: list[str]) -> str | None:
+def _given_ckpt_path(args: list[str]) -> str | None:
     """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
     given = [value for flag, value in flag_pairs(args) if flag == "--ckpt_path"]
     if not given:
@@ -92,7 +108,7 @@ def given_ckpt_path(args: list[str]) -> str | None:
     return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
 
 
-def check_evaluated_weights(subcommand: str, config) -> None:
+def _check_evaluated_weights(subcommand: str, config) -> None:
     """An evaluation scores the weights of a checkpoint it loads, or untrained weights when asked for by name."""
     untrained = config.get(UNTRAINED_FLAG[2:])
     if config.get("ckpt_path") is None and not untrained:
@@ -159,7 +175,7 @@ def check_new_log_dir(logger) -> None:
     version = init_args.get("version")
     if version is None:
         return
-    run_dir = runs_root(logger) / (version if isinstance(version, str) else f"version_{version}")
+    run_dir = _runs_root(logger) / (version if isinstance(version, str) else f"version_{version}")
     if run_dir.is_dir() and any(run_dir.iterdir()):
         raise ConfigError(
             f"{run_dir} holds an earlier run: choose another --trainer.logger.init_args.version, "
@@ -167,7 +183,7 @@ def check_new_log_dir(logger) -> None:
         )
 
 
-def runs_root(logger) -> Path:
+def _runs_root(logger) -> Path:
     """The folder holding the runs of the configured CSV or TensorBoard logger (``runs/lightning_logs``)."""
     init_args = getattr(logger, "init_args", None) or {}
     return Path(init_args.get("save_dir") or "runs") / (init_args.get("name") or "lightning_logs")
