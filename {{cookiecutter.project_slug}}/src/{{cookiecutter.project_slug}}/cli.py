@@ -49,8 +49,6 @@ from .evaluation import (
     checkpoint_run_settings,
     choose_checkpoint,
     config_flags,
-    given_ckpt_path,
-    runs_root,
     split_run_configs,
 )
 from .messages import one_line, report
