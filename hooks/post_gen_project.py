@@ -39,8 +39,20 @@ IMAGE_FILES = [
     PACKAGE / "models" / "cnn.py",
     PACKAGE / "data" / "images.py",
     PACKAGE / "data" / "folders.py",
+    PACKAGE / "data" / "augment.py",
+    PACKAGE / "data" / "cifar10.py",
+    PACKAGE / "data" / "image_decoding.py",
+    PACKAGE / "data" / "image_files.py",
+    PACKAGE / "data" / "image_splits.py",
+    PACKAGE / "data" / "synthetic.py",
     Path("tests") / "test_images.py",
     Path("tests") / "test_folders.py",
+    Path("tests") / "test_augment.py",
+    Path("tests") / "test_cifar10.py",
+    Path("tests") / "test_cnn.py",
+    Path("tests") / "test_image_decoding.py",
+    Path("tests") / "test_image_files.py",
+    Path("tests") / "test_synthetic.py",
     Path("configs") / "cifar10.yaml",
     Path("configs") / "image_folder.yaml",
 ]
@@ -48,6 +60,7 @@ SEQUENCE_FILES = [
     PACKAGE / "models" / "attention.py",
     PACKAGE / "data" / "sequences.py",
     Path("tests") / "test_sequences.py",
+    Path("tests") / "test_attention.py",
     Path("configs") / "from_file.yaml",
 ]
 GITHUB = Path(".github")

@@ -1,13 +1,19 @@
 import contextlib
+import csv
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import lightning as L
 import pytest
+{%- if cookiecutter.task == "image" %}
+from PIL import Image
+{%- endif %}
 
 from {{ cookiecutter.project_slug }} import simulated_gpu
 from {{ cookiecutter.project_slug }}.cli import main
@@ -18,15 +24,15 @@ simulated_gpu.enable()
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"
+# The run that `trained_once` trains, and its last checkpoint, relative to the run's folder.
+RUN = Path("runs/lightning_logs/version_0")
+LAST = RUN / "checkpoints" / "last.ckpt"
 
 # Every wall-clock limit in these tests (`from conftest import HANG_GUARD_S`) guards against a
 # hang and judges no speed: a busy machine makes the tests slower, never wrong. The slowest single
 # wait, a short training run in its own process, took about 2 minutes on 2 cores beside two CPU-bound
 # processes and other test runs; 20 minutes is an order of magnitude above that. It stays under the
 # half hour a DDP process waits for a dead one, so the test that a dying rank ends the others at once
-# The run that `trained_once` trains, and its last checkpoint, relative to the run's folder.
-RUN = Path("runs/lightning_logs/version_0")
-LAST = RUN / "checkpoints" / "last.ckpt"
 # cannot pass late.
 HANG_GUARD_S = 20 * 60
 
@@ -69,12 +75,6 @@ def trained_once(tmp_path_factory, fast_args) -> Path:
     return folder
 
 
-def _with_ctrl_c() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@pytest.fixture
-def make_fifo():
 @pytest.fixture
 def run_copy(trained_once, in_tmp_path, monkeypatch) -> Path:
     """A copy of a short run in the test's folder, which is importable as code would be beside train.py."""
@@ -101,6 +101,12 @@ def refused(args: list[str], capsys: pytest.CaptureFixture) -> str:
     return message
 
 
+def _with_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def make_fifo():
     """Make FIFOs (named pipes) that cannot hang a test: code that opens one by mistake reads an empty file.
 
     Opening a FIFO waits for its other end. A thread opens the other end of each, and closes
@@ -162,3 +168,79 @@ def train_process(in_tmp_path: Path):
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+# Where the command line writes its runs, relative to the folder it runs in.
+RUNS = Path("runs/lightning_logs")
+
+
+def checkpoint(run: int, name: str = "last.ckpt") -> Path:
+    return RUNS / f"version_{run}" / "checkpoints" / name
+
+
+def wait_until_written(path: Path, process: subprocess.Popen) -> None:
+    """Return once ``path`` exists, however slow the machine; fail if the run ends first or hangs."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not path.exists():
+        assert process.poll() is None, f"the run ended before writing {path}:\n{process.communicate()[0]}"
+        assert time.monotonic() < deadline, f"no {path} after {HANG_GUARD_S} s: the run hangs"
+        time.sleep(0.05)
+
+
+def epoch_metrics(run: int, evaluation: str | None = None) -> dict[int, dict[str, str]]:
+    """{epoch: {column: value}} of a run's metrics.csv (or of an evaluation of it), merging the rows of each epoch."""
+    merged: dict[int, dict[str, str]] = {}
+    folder = RUNS / f"version_{run}" / (f"{evaluation}/version_0" if evaluation else "")
+    with (folder / "metrics.csv").open() as file:
+        for row in csv.DictReader(file):
+            merged.setdefault(int(row["epoch"]), {}).update({key: value for key, value in row.items() if value})
+    return merged
+
+
+class SignalAt(L.Callback):
+    """Send this process a signal after a given training or validation batch: a scheduler's SIGTERM, or Ctrl-C."""
+
+    def __init__(self, epoch: int = 0, train_batch: int = -1, val_batch: int = -1, signum: int = 15) -> None:
+        self.epoch, self.train_batch, self.val_batch, self.signum = epoch, train_batch, val_batch, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.train_batch):
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking and (trainer.current_epoch, batch_idx) == (self.epoch, self.val_batch):
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.fixture
+def trained_run(trained_once, in_tmp_path) -> Path:
+    """The last checkpoint of a short fit, in a copy of its run folder in the test's own folder."""
+    shutil.copytree(trained_once / "runs", in_tmp_path / "runs")
+    return checkpoint(0)
+{%- if cookiecutter.task == "image" %}
+
+
+# Image files for the tests of listing and decoding.
+ORANGE = (200, 100, 50)
+
+
+def solid(path: Path, colour=ORANGE, size: tuple[int, int] = (20, 12), mode: str = "RGB", **save) -> Path:
+    """An image of one colour, in ``mode``, written in the format its suffix names."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.new("RGB", size, colour)
+    image = image.convert("P", palette=Image.Palette.ADAPTIVE) if mode == "P" else image.convert(mode)
+    image.save(path, **save)
+    return path
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Path:
+    """Two classes, images at two depths and in mixed case, and what must be ignored: hidden and non-image files."""
+    root = tmp_path / "train"
+    for name in ("cat/b.png", "cat/a.jpg", "cat/deeper/c.PNG", "dog/z.jpeg"):
+        solid(root / name)
+    solid(root / "cat" / ".hidden.png")
+    solid(root / ".thumbnails" / "x.png")
+    (root / "dog" / "notes.txt").write_text("not an image")
+    return root
+{%- endif %}

@@ -13,7 +13,7 @@ from conftest import CONFIGS
 
 from {{ cookiecutter.project_slug }} import bench
 {%- if cookiecutter.task == "image" %}
-from {{ cookiecutter.project_slug }}.data import images
+from {{ cookiecutter.project_slug }}.data import cifar10
 {%- endif %}
 
 
@@ -21,9 +21,9 @@ def write_the_data_of_every_config(folder: Path) -> None:
     """The data the shipped configs read, tiny, where they read it (data/ under the working folder)."""
     rng = np.random.default_rng(0)
 {%- if cookiecutter.task == "image" %}
-    cifar = folder / "data" / images.CIFAR10_FOLDER  # extracted, as after the first download
+    cifar = folder / "data" / cifar10.CIFAR10_FOLDER  # extracted, as after the first download
     cifar.mkdir(parents=True)
-    for name in images.CIFAR10_BATCHES:
+    for name in cifar10.CIFAR10_BATCHES:
         batch = {"labels": rng.integers(0, 10, 8).tolist(), "data": rng.integers(0, 256, (8, 3072), dtype=np.uint8)}
         (cifar / name).write_bytes(pickle.dumps(batch, protocol=2))
     bench.write_image_folder(folder / "data" / "images", count=40)

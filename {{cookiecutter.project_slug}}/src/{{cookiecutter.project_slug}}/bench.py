@@ -59,7 +59,8 @@ from torch import nn
 
 from .cli import _errors_as_messages, build_all
 {%- if cookiecutter.task == "image" %}
-from .data.folders import list_labelled_images, load_images
+from .data.image_decoding import load_images
+from .data.image_files import list_labelled_images
 {%- endif %}
 from .errors import UserError
 

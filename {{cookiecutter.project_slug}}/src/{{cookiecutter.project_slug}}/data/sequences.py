@@ -24,7 +24,7 @@ from ..arguments import (
 )
 from ..errors import ConfigError
 from ..files import NotAFileError, open_regular
-from . import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+from .memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1

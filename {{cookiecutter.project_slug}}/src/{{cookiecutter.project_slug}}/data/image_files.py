@@ -1,0 +1,308 @@
+"""Image files: which files a folder, a list or a path names, with their labels, each listed once.
+
+The layout is torchvision's ``ImageFolder``: ``root/<class>/<images>``, with images at
+any depth inside a class folder. Everything here is a plain function, so the data
+module that uses them and the benchmark list exactly the same files.
+"""
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from lightning.pytorch.utilities import rank_zero_only
+
+from ..files import kind_of, open_regular
+from .memory import DataUnavailableError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+LIST_SUFFIX = ".txt"
+# Bad files named in full in an error; the rest are counted.
+SHOWN_UNREADABLE = 3
+
+_LAYOUT = "root/<class>/<images>"
+
+
+@dataclass(frozen=True)
+class ImageFiles:
+    """Image files in a fixed order, with their class indices into ``class_names`` when the layout gives them."""
+
+    files: tuple[Path, ...]
+    labels: tuple[int, ...] | None  # None when the files carry no labels
+    class_names: tuple[str, ...]
+
+
+def find_classes(root: Path) -> tuple[str, ...]:
+    """Sorted names of the class folders of ``root``, the way torchvision's ``ImageFolder`` orders them.
+
+    Hidden folders (``.ipynb_checkpoints``, ``.git``, ...) are not classes, and neither are
+    links: a link to a folder inside ``root`` would repeat its images, one leading out of it
+    is not followed (see ``list_labelled_images``).
+    """
+    root = Path(root)
+    if not root.exists():
+        raise DataUnavailableError(f"{root} does not exist: expected a folder of class folders, {_LAYOUT}")
+    if not root.is_dir():
+        raise DataUnavailableError(f"{root} is a file, not a folder: expected a folder of class folders, {_LAYOUT}")
+    classes = tuple(sorted(_Listing(root).scan(root, recursive=False)))
+    if not classes:
+        raise DataUnavailableError(f"{root} has no class folders: expected {_LAYOUT}")
+    return classes
+
+
+def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -> ImageFiles:
+    """Every image inside the class folders of ``root``, sorted, with the index of its class.
+
+    Files are images by their extension (any case, see ``IMAGE_EXTENSIONS``); other
+    files and hidden files and folders are ignored. Images directly in ``root`` are an
+    error rather than silently left out: they belong to no class.
+
+    Links are followed only to files inside ``root``, never to folders, so no link can
+    make the listing loop or leave ``root``; each file is listed once, under its own
+    path when it has one in ``root`` (a link to it is then a second name, left out), so
+    no image lands in both the training and the validation split. What was left out
+    is said in one line.
+
+    With ``class_names`` (the training split's classes, when reading ``val/`` or
+    ``test/``) labels index into it, so they mean the same in every split: a class
+    folder it does not name is an error, and one of its classes may have no folder. Without it, the classes are
+    ``find_classes(root)`` and each must hold at least one image.
+    """
+    root = Path(root)
+    found = find_classes(root)
+    if class_names is None:
+        known: tuple[str, ...] = found
+    else:
+        known = tuple(class_names)
+        unknown = [name for name in found if name not in known]
+        if unknown:
+            raise DataUnavailableError(
+                f"{root / unknown[0]} is not one of the training classes ({', '.join(known)}): "
+                f"every class folder of {root} must be one of them"
+            )
+    listing = _Listing(root)
+    listing.scan(root, recursive=False)
+    if listing.found:
+        loose = min(image.path for image in listing.found)
+        raise DataUnavailableError(
+            f"{loose} is not inside a class folder of {root}: move it into {root}/<class>/, or remove it"
+        )
+    index = {name: label for label, name in enumerate(known)}
+    for name in found:
+        listing.scan(root / name, recursive=True, label=index[name])
+    images = listing.images()
+    files: list[Path] = []
+    labels: list[int] = []
+    for name in found:
+        in_class = sorted(image.path for image in images if image.label == index[name])
+        if not in_class and class_names is None:
+            raise DataUnavailableError(
+                f"{root / name} holds no images ({', '.join(IMAGE_EXTENSIONS)}): add some, or remove the folder"
+            )
+        files += in_class
+        labels += [index[name]] * len(in_class)
+    if not files:
+        raise DataUnavailableError(f"{root} holds no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+    listing.report()
+    return ImageFiles(tuple(files), tuple(labels), known)
+
+
+def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
+    """The files to predict on, given as one image, a ``.txt`` list of images, or a folder.
+
+    A list names one image per line, relative to the list's own folder unless absolute;
+    blank lines and lines starting with ``#`` are skipped, and files keep the list's order.
+    A folder whose subfolders are all classes of ``class_names``, and that holds no
+    images of its own, is read as labelled (labels from the folder names, as in
+    ``list_labelled_images``); any other folder gives every image under it, sorted,
+    without labels, following links as ``list_labelled_images`` does. A FIFO, device or
+    socket is refused by name without being opened.
+    """
+    path, classes = Path(path), tuple(class_names)
+    accepted = f"give an image, a {LIST_SUFFIX} file listing images, or a folder of images"
+    try:
+        kind = kind_of(os.stat(path).st_mode)
+    except FileNotFoundError:
+        raise DataUnavailableError(f"{path} does not exist: {accepted}") from None
+    except OSError as err:
+        raise DataUnavailableError(f"{path} cannot be read ({err.strerror or err}): {accepted}") from err
+    if kind == "a folder":
+        top = _Listing(path)
+        subfolders = top.scan(path, recursive=False)
+        if subfolders and set(subfolders) <= set(classes) and not top.found:
+            return list_labelled_images(path, classes)
+        listing = _Listing(path)
+        listing.scan(path, recursive=True)
+        files = sorted(image.path for image in listing.images())
+        if not files:
+            raise DataUnavailableError(f"{path} holds no images ({', '.join(IMAGE_EXTENSIONS)}), at any depth")
+        listing.report()
+        return ImageFiles(tuple(files), None, classes)
+    if kind is not None:
+        raise DataUnavailableError(f"{path} is {kind}, not a file: {accepted}")
+    if path.suffix.lower() == LIST_SUFFIX:
+        return ImageFiles(_read_list(path), None, classes)
+    if path.suffix.lower() in IMAGE_EXTENSIONS:
+        return ImageFiles((path,), None, classes)
+    raise DataUnavailableError(
+        f"{path} is neither an image ({', '.join(IMAGE_EXTENSIONS)}) nor a {LIST_SUFFIX} file listing images"
+    )
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda entry: entry.name)
+    except OSError as err:
+        _unreadable_folder(err)
+
+
+def _unreadable_folder(err: OSError) -> NoReturn:
+    """Stop on a folder that cannot be listed: its images would otherwise be silently missing."""
+    raise DataUnavailableError(f"{err.filename} cannot be listed ({err.strerror or err})") from err
+
+
+def _is_image(name: str) -> bool:
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+@dataclass(frozen=True)
+class _Found:
+    path: Path
+    label: int | None
+    linked: bool  # reached through a link
+    identity: tuple[int, int] | str  # (st_dev, st_ino) of the file; its path when it cannot be examined
+
+
+class _Listing:
+    """One listing of the folder ``root``: links are followed only to files inside it, each file is listed once.
+
+    Folders are entered only where they are, never through a link, so a listing cannot
+    loop (a folder reached twice, through a bind mount, is entered once) nor leave ``root``.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.inside = os.path.realpath(root)
+        self.found: list[_Found] = []
+        self.outside: list[str] = []  # links leading out of root, not followed
+        self.repeats = 0  # second names of files listed once
+        self._entered: set[tuple[int, int]] = set()
+
+    def scan(self, folder: Path, recursive: bool, label: int | None = None) -> list[str]:
+        """Add the images in ``folder`` (and below it when ``recursive``); the names of its own subfolders."""
+        subfolders, pending = [], [Path(folder)]
+        if recursive:
+            info = os.stat(folder)
+            self._entered.add((info.st_dev, info.st_ino))
+        while pending:
+            current = pending.pop()
+            for entry in _entries(current):
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_symlink():
+                    self._link(entry, label)
+                elif entry.is_dir(follow_symlinks=False):
+                    if current == Path(folder):
+                        subfolders.append(entry.name)
+                    identity = (entry.stat(follow_symlinks=False).st_dev, entry.inode())
+                    if recursive and identity not in self._entered:
+                        self._entered.add(identity)
+                        pending.append(Path(entry.path))
+                elif _is_image(entry.name):  # a file, or a FIFO, device or socket that decoding refuses by name
+                    self._add(Path(entry.path), label, linked=False)
+        return subfolders
+
+    def _link(self, entry: os.DirEntry, label: int | None) -> None:
+        target = os.path.realpath(entry.path)
+        if not _within(target, self.inside):
+            if _is_image(entry.name) or os.path.isdir(target):
+                self.outside.append(f"{entry.path} -> {target}")
+        elif _is_image(entry.name) and not os.path.isdir(target):
+            self._add(Path(entry.path), label, linked=True)
+        # A link to a folder inside root is not followed: that folder is listed where it is.
+
+    def _add(self, path: Path, label: int | None, linked: bool) -> None:
+        try:
+            info = os.stat(path)
+            identity: tuple[int, int] | str = (info.st_dev, info.st_ino)
+        except OSError:
+            identity = str(path)  # a broken link: listed, and decoding says what is wrong with it
+        self.found.append(_Found(path, label, linked, identity))
+
+    def images(self) -> list[_Found]:
+        """Each file once, under its own path rather than a link's, else the first of its paths."""
+        kept, seen = [], set()
+        for found in sorted(self.found, key=lambda found: (found.linked, found.path)):
+            if found.identity in seen:
+                self.repeats += 1
+                continue
+            seen.add(found.identity)
+            kept.append(found)
+        return kept
+
+    def report(self) -> None:
+        """One line saying what was left out, if anything."""
+        parts = []
+        if self.outside:
+            more = f" and {len(self.outside) - SHOWN_UNREADABLE} more" if len(self.outside) > SHOWN_UNREADABLE else ""
+            parts.append(
+                f"{len(self.outside)} link(s) leading out of it, not followed "
+                f"({', '.join(self.outside[:SHOWN_UNREADABLE])}{more}); put what they point to inside it"
+            )
+        if self.repeats:
+            parts.append(f"{self.repeats} more name(s) (links) of images it lists, each image listed once")
+        if parts:
+            report_once(f"listing {self.root}: left out {'; '.join(parts)}")
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or inside it (both resolved)."""
+    try:
+        return os.path.commonpath([folder, path]) == folder
+    except ValueError:  # on another drive
+        return False
+
+
+def _read_list(list_file: Path) -> tuple[Path, ...]:
+    """The images a ``.txt`` file names, in its order; a line naming a file that is not there is an error.
+
+    Each line is a path as the command line would take it: absolute, relative to the list's
+    folder, through ``..`` or links. No folder is walked from a list, so it cannot loop; each
+    line must name a plain file (a FIFO or device would never finish reading).
+    """
+    try:
+        with open_regular(list_file) as file:
+            lines = file.read().decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataUnavailableError(f"{list_file} cannot be read as a UTF-8 list of images ({err})") from err
+    files = []
+    for number, line in enumerate(lines, start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        file = list_file.parent / entry  # an absolute entry replaces the folder
+        try:
+            kind = kind_of(os.stat(file).st_mode)
+            reason = f"is {kind}, not an image" if kind is not None else None
+        except FileNotFoundError:
+            reason = "does not exist"
+        except (OSError, ValueError) as err:  # ValueError: a NUL byte in the line
+            reason = f"cannot be read ({getattr(err, 'strerror', None) or err})"
+        if reason is not None:
+            raise DataUnavailableError(f"{list_file}, line {number}: {file} {reason}")
+        files.append(file)
+    if not files:
+        raise DataUnavailableError(
+            f"{list_file} lists no images: write one path per line (relative to its folder); '#' starts a comment"
+        )
+    return tuple(files)
+
+
+@rank_zero_only
+def report_once(line: str) -> None:
+    """Print ``line`` from the first process only: the others of a DDP run list and read the same files."""
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()

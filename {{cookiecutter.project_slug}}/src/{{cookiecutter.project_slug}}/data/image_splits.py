@@ -1,0 +1,71 @@
+"""What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator, and predictions
+on image files."""
+
+from pathlib import Path
+
+import torch
+
+from ..arguments import check_memory
+from .augment import random_crop_flip
+from .image_decoding import load_images
+from .image_files import list_images
+from .memory import InMemoryDataModule, InMemoryDataset
+
+
+class ImageSplits(InMemoryDataModule):
+    """What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator,
+    and predictions on image files (``predict_path``).
+
+    Subclasses set ``image_size`` and call ``self.setup_predict(stage)`` from their ``setup``.
+    """
+
+    def setup_predict(self, stage: str) -> bool:
+        """Read ``predict_path``'s images for ``predict``; whether it did (then no other split is needed)."""
+        path = self.hparams.get("predict_path")
+        if stage != "predict" or not path:
+            return False
+        if "predict" not in self.splits:
+            found = list_images(Path(path), self.class_names)
+            check_decoded_size(len(found.files), self.image_size)
+            images, kept = load_images(
+                found.files, self.image_size, skip_unreadable=self.hparams.get("skip_unreadable", False)
+            )
+            labels = torch.tensor([found.labels[i] for i in kept] if found.labels else [-1] * len(kept))
+            self.splits["predict"] = InMemoryDataset(images, labels)
+            self.predict_names = [str(found.files[i]) for i in kept]
+            self.predict_labelled = found.labels is not None
+        return True
+
+    def predicting_files(self) -> bool:
+        """Whether this run is ``predict`` on ``predict_path``'s files, which needs no other data."""
+        trainer = self.trainer
+        return bool(self.hparams.get("predict_path")) and trainer is not None and trainer.state.fn == "predict"
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        # Runs on the accelerator, after Lightning has moved the batch there.
+        trainer = self.trainer
+        if self.hparams.augment and trainer is not None and trainer.training:
+            return self.augment(batch, step=trainer.global_step, rank=trainer.global_rank)
+        return batch
+
+    def augment(self, batch: tuple[torch.Tensor, torch.Tensor], step: int, rank: int = 0):
+        """Random crops (padding of an eighth of the size: 4 pixels at 32) and flips of a training batch, where it is.
+
+        The random numbers are drawn from the seed, the process and the step, so a
+        resumed run augments exactly as one that never stopped.
+        """
+        images, labels = batch
+        generator = torch.Generator(device=images.device)
+        generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
+        padding = max(1, images.shape[-1] // 8)
+        return random_crop_flip(images, padding=padding, generator=generator), labels
+
+
+def decoded_bytes(count: int, image_size: int) -> int:
+    """Memory that ``count`` decoded images take: the ``uint8`` tensor, and as much again while it is assembled."""
+    return 2 * count * 3 * image_size**2
+
+
+def check_decoded_size(count: int, image_size: int) -> None:
+    """Refuse, before decoding, ``count`` images that would not fit in memory at ``image_size``."""
+    check_memory(decoded_bytes(count, image_size), f"{count} decoded images", ["--data.image_size"], [image_size])

@@ -1,0 +1,132 @@
+"""The in-memory base of every data module: tensors split once, sliced into batches, resumable mid-epoch."""
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+from ..errors import UserError
+
+
+class DataUnavailableError(UserError):
+    """The configured data set is not on disk and could not be fetched."""
+
+
+class InMemoryDataset(TensorDataset):
+    """Tensors indexed along their first dimension, a whole batch per call.
+
+    ``DataLoader`` hands ``__getitems__`` the batch's indices at once, so a batch is
+    one slice of each tensor instead of one Python call and one stack per item.
+    """
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        index = torch.tensor(indices)
+        return tuple(tensor[index] for tensor in self.tensors)
+
+
+class EpochShuffle(RandomSampler):
+    """A shuffled order that depends only on ``seed`` and the epoch.
+
+    Lightning calls ``set_epoch`` at the start of every epoch, so a run resumed from
+    a checkpoint sees the same order as one that never stopped. Under DDP, Lightning
+    replaces it with a ``DistributedSampler``, which shuffles the same way.
+    """
+
+    def __init__(self, data_source: TensorDataset, seed: int) -> None:
+        super().__init__(data_source)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
+
+
+class InMemoryDataModule(L.LightningDataModule, ABC):
+    """Serves the ``train``, ``val`` and ``test`` splits that a subclass's ``setup`` puts in ``self.splits``.
+
+    Each split is an ``InMemoryDataset`` of (inputs, labels) tensors. Subclasses record
+    ``batch_size``, ``seed`` and ``num_workers`` with ``save_hyperparameters()``, and set
+    in ``__init__`` what the model takes from the data: ``num_classes`` and ``class_names``
+    (the name of each label, in order). Training batches are shuffled per epoch.
+
+    ``predict`` runs, in order, on a ``predict`` split when ``setup`` made one (your files),
+    otherwise on the test split. For the predictions CSV, ``predict_names`` names each
+    input (a file; ``None``: its index) and ``predict_labelled`` says whether the labels
+    are true ones (otherwise they are -1).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.splits: dict[str, InMemoryDataset] = {}
+        self.num_classes: int | None = None
+        self.class_names: list[str] | None = None
+        self.predict_names: list[str] | None = None
+        self.predict_labelled = True
+
+    @abstractmethod
+    def setup(self, stage: str) -> None:
+        """Put the splits that ``stage`` needs in ``self.splits`` (``fit``: train and val)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict" if "predict" in self.splits else "test", shuffle=False)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        dataset, hp = self.splits[split], self.hparams
+        return ResumableLoader(
+            dataset,
+            batch_size=hp.batch_size,
+            sampler=EpochShuffle(dataset, hp.seed) if shuffle else None,
+            collate_fn=_already_batched,
+            num_workers=hp.num_workers,
+            persistent_workers=hp.num_workers > 0,
+            # Its own generator: making an iterator must not draw from the global one,
+            # or a resumed run's random numbers (dropout, ...) would drift from an uninterrupted run's.
+            generator=torch.Generator().manual_seed(hp.seed),
+        )
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader that resumes mid-epoch: Lightning saves its position in each checkpoint.
+
+    With it, a run resumed from a checkpoint taken in the middle of an epoch goes on
+    with the batches the interrupted run had not yet seen, in the same order (the
+    order depends only on the seed and the epoch), instead of starting the epoch over.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._taken = 0  # batches taken from the current pass over the data
+        self._resume_at = 0
+
+    def __iter__(self) -> Iterator:
+        skip, self._resume_at = self._resume_at, 0
+        self._taken = 0
+        for batch in super().__iter__():
+            self._taken += 1
+            if self._taken > skip:
+                yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"taken": self._taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_at = state["taken"]
+
+
+def _already_batched(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return batch
