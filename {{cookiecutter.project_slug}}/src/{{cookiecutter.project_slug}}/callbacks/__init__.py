@@ -1,0 +1,16 @@
+"""Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, reporting."""
+
+from .divergence import DivergenceError, StopOnDivergence
+from .reporting import BestEpoch, CSVPredictionWriter, RunPlots
+from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
+
+__all__ = [
+    "BestCheckpoint",
+    "BestEpoch",
+    "CSVPredictionWriter",
+    "DivergenceError",
+    "InterruptCheckpoint",
+    "RandomState",
+    "RunPlots",
+    "StopOnDivergence",
+]

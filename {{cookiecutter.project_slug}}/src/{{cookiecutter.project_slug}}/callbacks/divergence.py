@@ -1,0 +1,61 @@
+"""Divergence: stop ``fit`` when the loss or the weights stop being finite, before such a model is saved."""
+
+from typing import Any
+
+import lightning as L
+import torch
+
+from ..errors import UserError
+
+
+class DivergenceError(UserError):
+    """The training loss became NaN or infinite."""
+
+
+class StopOnDivergence(L.Callback):
+    """Stop ``fit`` when the training loss or the weights become NaN or infinite, before such a model is saved.
+
+    Every save is checked before it is written, whoever asks for it: the checkpoint callbacks
+    (best and last), the interruption checkpoint, a ``trainer.save_checkpoint`` call. The check
+    covers the loss of every step so far (kept on the device, so no step waits for it) and the
+    weights being saved. Between saves it runs every ``check_every`` steps, and at once when a
+    stop is asked for (Ctrl-C, SIGTERM: a checkpoint is saved next), so a diverged run stops
+    with one line, and the last good checkpoints stay as they are.
+
+    ``InterruptCheckpoint`` must come before it in the callbacks: its stop is then seen in the
+    same step, and, as it asks every process of a DDP run to stop at the same step, every
+    process takes part in the check.
+    """
+
+    def __init__(self, check_every: int = 20) -> None:
+        self.check_every = check_every
+        self._finite: torch.Tensor | None = None  # stays on the device: no step waits for the host
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *args: Any) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            finite = torch.isfinite(loss.detach()).all()
+            self._finite = finite if self._finite is None else self._finite & finite
+        if trainer.global_step % self.check_every == 0 or trainer.received_sigterm:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Raised here, before the checkpoint is written: nothing non-finite reaches the disk.
+        weights = [value for value in checkpoint.get("state_dict", {}).values() if isinstance(value, torch.Tensor)]
+        self._check(trainer, all(bool(torch.isfinite(value).all()) for value in weights if value.is_floating_point()))
+
+    def _check(self, trainer: L.Trainer, weights_finite: bool = True) -> None:
+        finite = weights_finite and (self._finite is None or bool(self._finite))
+        if not trainer.strategy.reduce_boolean_decision(finite, all=True):
+            raise DivergenceError(
+                f"training diverged: the training loss or the weights became NaN or infinite by epoch "
+                f"{trainer.current_epoch}, step {trainer.global_step}. Nothing was saved from then on; "
+                "try a lower --model.lr"
+            )
