@@ -15,12 +15,12 @@ import pytest
 from PIL import Image
 {%- endif %}
 
-from {{ cookiecutter.project_slug }} import simulated_gpu
 from {{ cookiecutter.project_slug }}.cli import main
+from {{ cookiecutter.project_slug }}.placement import simulated
 
 # The placement audit's simulated GPU must exist before the first backward pass of the
 # test process: PyTorch's autograd engine counts the devices then.
-simulated_gpu.enable()
+simulated.enable()
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"

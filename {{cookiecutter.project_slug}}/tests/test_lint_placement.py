@@ -134,8 +134,8 @@ def test_the_placement_check_leaves_device_agnostic_code_alone(tmp_path, source)
 def test_project_code_places_no_tensors_by_hand():
     """Lightning places everything; see docs/device-placement.md.
 
-    Three modules stand in for Lightning and are exempt: the audit and the simulated
-    GPU, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
+    Three parts stand in for Lightning and are exempt: the simulated GPU and its Lightning
+    side, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
     """
     files = lint_placement.project_files(PROJECT)
     assert PROJECT / "train.py" in files and PROJECT / "src" / "{{ cookiecutter.project_slug }}" / "cli.py" in files

@@ -7,21 +7,16 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import lightning as L
 import torch
 from jsonargparse import DefaultHelpFormatter
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import simulated_gpu
 from .arguments import RUN, TRAINER
 from .callbacks import (
     BestCheckpoint,
@@ -51,14 +46,14 @@ from .evaluation import (
     config_flags,
     split_run_configs,
 )
-from .messages import one_line, report
+from .messages import errors_as_messages, one_line, report
 {%- if cookiecutter.task == "image" %}
 from .models.cnn import ReferenceCNN as Net
 {%- else %}
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
-from .placement import SIMULATED, DevicePlacementError, HookTracker, SimulatedGPUStrategy, explain, is_user_code
-from .supervision import ProcessWatch, check_cpu_processes, leave_process_group, lost_a_process, lost_process_line
+from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, simulated_run
+from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
 from .trust import check_command_line
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -185,7 +180,7 @@ class ProjectCLI(LightningCLI):
             )
         if accelerator == SIMULATED:
             _check_simulated(config.trainer)
-            _simulation.start(self.subcommand or "fit")
+            simulated_run.start(self.subcommand or "fit")
         _check_accelerator(accelerator)
         check_cpu_processes(config.trainer)
         if self.subcommand:
@@ -345,9 +340,9 @@ def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else list(args)
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
         args = ["fit", *args]
-    with _simulation:
+    with simulated_run:
         try:
-            with _errors_as_messages():  # inside: it tells a lost DDP process by the live process group
+            with errors_as_messages():  # inside: it tells a lost DDP process by the live process group
                 _make_cli(expand_shortcuts(args), run=True)
         finally:
             leave_process_group()
@@ -359,10 +354,11 @@ def build(args: list[str]) -> tuple[Classifier, DataModule]:
     return model, datamodule
 
 
-def build_all(args: list[str]) -> tuple[Classifier, DataModule, L.Trainer]:
-    """The model, data module and Trainer that ``train.py fit`` would build from ``args``."""
-    with _errors_as_messages():
-        cli = _make_cli(expand_shortcuts(args), run=False)
+def build_all(args: list[str], prog: str | None = None) -> tuple[Classifier, DataModule, L.Trainer]:
+    """The model, data module and Trainer that ``train.py fit`` would build from ``args``; ``prog`` names the
+    command in messages (by default, the script's file name)."""
+    with errors_as_messages():
+        cli = _make_cli(expand_shortcuts(args), run=False, prog=prog)
     return cli.model, cli.datamodule, cli.trainer
 
 
@@ -401,7 +397,7 @@ def _silence_the_unactionable() -> None:
         logging.getLogger(name).addFilter(_keep_actionable)  # added once, however often called
 
 
-def _make_cli(args: list[str], run: bool) -> ProjectCLI:
+def _make_cli(args: list[str], run: bool, prog: str | None = None) -> ProjectCLI:
     _silence_the_unactionable()
     bound_yaml_loading()
     return ProjectCLI(
@@ -429,85 +425,5 @@ def _make_cli(args: list[str], run: bool) -> ProjectCLI:
             "enable_progress_bar": sys.stderr.isatty(),
         },
         parser_class=ProjectArgumentParser,
-        parser_kwargs={"description": DESCRIPTION},
+        parser_kwargs={"description": DESCRIPTION, **({"prog": prog} if prog else {})},
     )
-
-
-class _Simulation:
-    """A run on the simulated GPU (--accelerator simgpu): from when the configuration asks for it to main()'s end."""
-
-    def __init__(self) -> None:
-        self._stack = ExitStack()
-        self.stage: str | None = None  # the subcommand running on the simulated GPU, if any
-
-    def start(self, stage: str) -> None:
-        self._stack.enter_context(simulated_gpu.simulating(0, is_user_code))
-        self.stage = stage
-
-    def __enter__(self) -> "_Simulation":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stage = None
-        self._stack.close()
-
-
-_simulation = _Simulation()
-
-
-def _user_error_behind(err: BaseException) -> UserError | None:
-    """The user's mistake that caused ``err``, if one did."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, UserError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__
-    return None
-
-
-def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
-    """The Trainer flag that Lightning's own check of it against the data refused, if ``err`` is that.
-
-    Some Trainer arguments can only be checked once the data's size is known (a
-    ``val_check_interval`` longer than the epoch): Lightning raises a ValueError naming the
-    argument in backticks, from its own code. Anything else stays a traceback: a bug to report.
-    """
-    if not isinstance(err, ValueError) or err.__traceback__ is None:
-        return None
-    innermost = err.__traceback__
-    while innermost.tb_next is not None:
-        innermost = innermost.tb_next
-    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in innermost.tb_frame.f_code.co_filename:
-        return None
-    named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
-    return f"--trainer.{named[0]}" if named else None
-
-
-@contextmanager
-def _errors_as_messages() -> Iterator[None]:
-    """Stop with one line, not a traceback, for errors the user can fix from the command line."""
-    try:
-        yield
-    except (UserError, MisconfigurationException) as err:
-        sys.exit(f"error: {err}")
-    except PermissionError as err:
-        sys.exit(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)")
-    except SIGTERMException:
-        saved = InterruptCheckpoint.saved
-        if ProcessWatch.started_by_lightning:
-            sys.exit(0)  # the first process reports the stop, and its status is the run's
-        if saved is None:
-            sys.exit("stopped by Ctrl-C or SIGTERM before a training step was done: nothing to resume")
-        sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
-    except Exception as err:
-        if (mistake := _user_error_behind(err)) is not None:
-            sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
-        if lost_a_process(err):
-            sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
-        if (flag := _trainer_flag_refused_by_lightning(err)) is not None:
-            sys.exit(f"error: {flag}: {' '.join(str(err).split())}")
-        found = explain(err, stage=_simulation.stage, rank=0, world_size=1) if _simulation.stage else None
-        if not isinstance(found, DevicePlacementError):
-            raise
-        sys.exit(f"error: this would fail on a GPU: {found}")

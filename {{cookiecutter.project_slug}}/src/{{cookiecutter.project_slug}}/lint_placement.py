@@ -28,8 +28,9 @@ the GPU faster, and on a machine without one it does nothing. Reading alone cann
 device from a dtype in a variable of any other name (``.to(d)``), or in another tensor
 (``.to(other)``): the device audit finds what those do wrong.
 
-Three modules of the package stand in for Lightning and are exempt: the audit and the
-simulated GPU, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
+Three parts of the package stand in for Lightning and are exempt: the simulated GPU
+(``placement/simulated/``) and its Lightning side (``placement/lightning.py``), which play
+Lightning's part on a GPU, and the benchmark's hand-written loop (``bench.py``).
 It needs the standard library only, so that it runs as a script too.
 """
 
@@ -39,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-EXEMPT = ("placement.py", "simulated_gpu.py", "bench.py")
+EXEMPT = ("placement/simulated", "placement/lightning.py", "bench.py")  # within the package
 PACKAGE = Path(__file__).resolve().parent.name
 DOCS = "docs/device-placement.md"
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
@@ -242,7 +243,12 @@ def manual_placements(source: str) -> list[Finding]:
 
 def is_exempt(path: Path) -> bool:
     """One of the package's modules that play Lightning's part."""
-    return path.name in EXEMPT and path.resolve().parent.name == PACKAGE
+    resolved = path.resolve()
+    package = next((folder for folder in resolved.parents if folder.name == PACKAGE), None)
+    if package is None:
+        return False
+    inside = resolved.relative_to(package).as_posix()
+    return any(inside == exempt or inside.startswith(f"{exempt}/") for exempt in EXEMPT)
 
 
 def project_files(root: Path) -> list[Path]:

@@ -1,0 +1,53 @@
+"""``python -m {{ cookiecutter.project_slug }}.placement``: audit what ``train.py`` builds from the same arguments.
+
+The audit's entry point, and the only part of the audit that uses the command line (``cli``).
+Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
+configuration is wrong; 3 no bug was found but part of the run could not be audited.
+"""
+
+import sys
+from typing import Any
+
+from ..cli import build_all
+from .audit import run_audit
+from .simulated import SimulationUnavailableError
+from .verdict import EXIT_PASSED, EXIT_USAGE
+
+
+def main(args: list[str] | None = None) -> None:
+    """Audit the model, data and Trainer settings that ``train.py`` builds from the same arguments."""
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["fit"]:
+        args = args[1:]
+    # The Trainer is built only for its settings (callbacks, logger, clipping, ...): on the CPU, in one process.
+    settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    settings_only += ["--trainer.num_nodes", "1"]
+    try:
+        model, datamodule, trainer = build_all([*args, *settings_only], prog=f"python -m {__package__}")
+    except SystemExit as stop:
+        sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
+    net = getattr(model, "net", None)
+    print(
+        f"Auditing {type(model).__name__}{f' ({type(net).__name__})' if net is not None else ''} with "
+        f"{type(datamodule).__name__} on a simulated GPU, then as rank 1 of a 2-GPU DDP run ..."
+    )
+    try:
+        verdict = run_audit(model, datamodule, trainer=trainer)
+    except SimulationUnavailableError as err:
+        sys.exit(_usage(f"error: {err}"))
+    for line in verdict.report():
+        print(line)
+    if verdict.exit_code == EXIT_PASSED:
+        stages = "Every stage the data defines" if verdict.skipped else "Every stage"
+        hooks = len(verdict.hooks)
+        print(f"{stages} ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
+    sys.exit(verdict.exit_code)
+
+
+def _usage(message: Any) -> int:
+    print(message, file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    main()

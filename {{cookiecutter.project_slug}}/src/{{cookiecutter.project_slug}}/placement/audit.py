@@ -1,0 +1,279 @@
+"""The audit's runner: the model trained on the simulated GPUs by Lightning's own ``Trainer``, stage by stage.
+
+``run_audit`` runs ``fit`` for two short epochs (sanity check, every hook and callback,
+backward, optimizer and LR scheduler steps, gradient clipping, checkpoint saving), then
+``validate``, ``test`` and ``predict``: once on one simulated GPU, and once as the second
+process of a two-GPU DDP run. It keeps the Trainer settings it is given (callbacks,
+clipping, accumulation, precision), writes only into a temporary folder, and returns the
+``Verdict``; ``audit`` raises ``DevicePlacementError`` for the first bug instead. A stage the
+data has nothing for is skipped, with a note.
+"""
+
+import copy
+import importlib.util
+import logging
+import os
+import random
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader, Dataset
+
+from . import simulated
+from .explain import explain, is_user_code
+from .lightning import HookTracker, SimulatedGPUStrategy
+from .simulated import SimulationUnavailableError
+from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
+
+LOADER_OF_STAGE = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
+# One GPU, then the second process of two under DDP.
+PASSES = ((0, 1), (1, 2))
+EPOCHS, BATCHES = 2, 2
+
+
+def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None) -> "Verdict":
+    """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
+
+    Args:
+        model: The LightningModule, as constructed. It is left as it was: the audit trains copies.
+        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for
+            every stage), or None when ``model`` defines its own dataloaders.
+        trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping
+            and accumulation, and precision (mixed precision runs as float32).
+
+    Raises:
+        DevicePlacementError: An operation would fail on a GPU.
+        AuditIncompleteError: No bug was found, but part of the run could not be audited.
+    """
+    verdict = run_audit(model, data, trainer=trainer, stop_at_bug=True)
+    if verdict.errors:
+        raise verdict.errors[0]
+    if verdict.gaps:
+        raise AuditIncompleteError(verdict)
+    return verdict
+
+
+def run_audit(
+    model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None, stop_at_bug: bool = False
+) -> Verdict:
+    """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
+
+    With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages.
+    """
+    simulated.enable()
+    settings, callbacks, notes = _settings(trainer)
+    verdict = Verdict(notes=notes)
+    stages = []
+    for stage in STAGES:
+        if not _defines(stage, model):
+            continue  # the model has no such step: nothing of it would run on a GPU either
+        if _has_data_for(stage, model, data):
+            stages.append(stage)
+        else:
+            verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
+    with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
+        for rank, world_size in PASSES:
+            twin = _copy(model)
+            tracker = HookTracker()
+            pass_folder = Path(folder) / f"rank{rank}"
+            runner = L.Trainer(
+                strategy=SimulatedGPUStrategy(rank, world_size),
+                callbacks=[_redirected(callback, pass_folder) for callback in copy.deepcopy(callbacks)],
+                logger=_logger(trainer, pass_folder, verdict.notes),
+                default_root_dir=pass_folder,
+                profiler=tracker,
+                max_epochs=EPOCHS,
+                limit_train_batches=BATCHES,
+                limit_val_batches=BATCHES,
+                limit_test_batches=BATCHES,
+                limit_predict_batches=BATCHES,
+                num_sanity_val_steps=1,
+                val_check_interval=1.0,
+                check_val_every_n_epoch=1,
+                log_every_n_steps=1,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                **settings,
+            )
+            _check_logged_values(twin, runner)
+            for stage in stages:
+                outcome = Outcome(stage, rank, world_size)
+                start = time.perf_counter()
+                try:
+                    with simulated.simulating(rank, is_user_code):
+                        getattr(runner, stage)(twin, **_data_arguments(stage, data))
+                except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
+                    raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
+                except Exception as err:
+                    explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=twin)
+                    if isinstance(explained, DevicePlacementError):
+                        outcome.error = explained
+                    else:
+                        outcome.gap = explained
+                outcome.seconds = time.perf_counter() - start
+                verdict.outcomes.append(outcome)
+                if outcome.error is not None and stop_at_bug:
+                    return verdict
+            verdict.hooks |= tracker.actions
+    return verdict
+
+
+def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
+    """Under DDP, a value logged with ``sync_dist=True`` must be on the module's device: check at the call."""
+    log = model.log
+
+    def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("sync_dist") and isinstance(value, torch.Tensor) and trainer.world_size > 1:
+            trainer.strategy.check_collective(value, "all_reduce")
+        return log(name, value, *args, **kwargs)
+
+    model.log = checked_log
+
+
+def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callback], list[str]]:
+    """The Trainer arguments and callbacks of ``trainer`` that the audit runs with, and notes about the rest."""
+    if trainer is None:
+        return {}, [], []
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    callbacks = [
+        callback
+        for callback in trainer.callbacks
+        if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
+    ]
+    precision, notes = trainer.precision, []
+    if "mixed" in str(precision) or precision == "transformer-engine":
+        notes.append(f"precision {precision} ran as 32-true: mixed precision does not change where tensors are")
+        precision = "32-true"
+    settings = {
+        "precision": precision,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
+    return settings, callbacks, notes
+
+
+def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | None:
+    """The logger of ``trainer``'s kind, writing into the audit's folder (Lightning's default without a Trainer).
+
+    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: a TensorBoard
+    logger, or a CSV one without TensorBoard, stands in for it.
+    """
+    kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
+    if trainer is not None and kind is None:
+        return None
+    if kind in (CSVLogger, TensorBoardLogger):
+        return kind(folder)
+    tensorboard = any(importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX"))
+    stand_in = TensorBoardLogger if tensorboard else CSVLogger
+    if kind is not None:
+        notes.append(f"{kind.__name__} was replaced by {stand_in.__name__} in a temporary folder")
+    return stand_in(folder)
+
+
+def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
+    """Point a callback that writes files into the audit's own folder, so nothing of the user's is touched."""
+    if isinstance(callback, ModelCheckpoint):
+        callback.dirpath = str(folder / "checkpoints")
+    elif isinstance(callback, BasePredictionWriter):
+        for name in ("path", "output_dir"):
+            value = getattr(callback, name, None)
+            if isinstance(value, str | os.PathLike):
+                setattr(callback, name, str(folder / "predictions" / Path(value).name))
+    return callback
+
+
+def _defines(stage: str, model: L.LightningModule) -> bool:
+    """Whether ``model`` has the stage's step."""
+    return is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule)
+
+
+def _has_data_for(stage: str, model: L.LightningModule, data: Any) -> bool:
+    """Whether the data defines ``stage``: its dataloader, and, where the data module says which stages
+    it has data for (``has_data_for(stage)``, as an image folder without a test split does), that one."""
+    if not isinstance(data, L.LightningDataModule | type(None)):
+        return True  # one batch, for every stage
+    has_data_for = getattr(data, "has_data_for", None)
+    if callable(has_data_for) and not has_data_for(stage):
+        return False
+    if stage == "fit":
+        return True
+    loader = LOADER_OF_STAGE[stage]
+    return is_overridden(loader, data, L.LightningDataModule) if data is not None else is_overridden(loader, model)
+
+
+def _data_arguments(stage: str, data: Any) -> dict[str, Any]:
+    quiet = {} if stage in ("fit", "predict") else {"verbose": False}  # no table of results
+    if data is None:
+        return quiet
+    if isinstance(data, L.LightningDataModule):
+        return {"datamodule": data, **quiet}
+    # The one batch, as every batch of every stage.
+    loader = DataLoader(_Repeated(data), batch_size=None, collate_fn=_as_is)
+    if stage == "fit":
+        return {"train_dataloaders": loader, "val_dataloaders": loader}
+    return {"dataloaders": loader, **quiet}
+
+
+class _Repeated(Dataset):
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return BATCHES
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batch
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+def _copy(model: L.LightningModule) -> L.LightningModule:
+    """A copy to train, without the Trainer the model may be attached to."""
+    memo = {id(model._trainer): None} if model._trainer is not None else {}
+    return copy.deepcopy(model, memo)
+
+
+@contextmanager
+def _global_state_kept() -> Iterator[None]:
+    """Leave the random generators and Lightning's rank as the audit found them."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    rank = rank_zero_only.rank
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        rank_zero_only.rank = rank
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep Lightning's messages out of the report: its advice for a full run does not apply to two batches."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

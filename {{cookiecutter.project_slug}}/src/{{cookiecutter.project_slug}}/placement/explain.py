@@ -1,0 +1,273 @@
+"""The explanation of a failure: what a GPU would say, at which hook and line of your code, and the fix.
+
+``explain`` turns what stopped a run on the simulated GPU into a ``DevicePlacementError``
+(where a GPU would refuse the same operation), naming the hook, the innermost line of the
+user's code (``is_user_code`` tells it from a library's), the attribute of the model that
+holds the tensor on the wrong device, and the rule of the guide that gives the fix; or, for
+anything else, into one line saying why the run stopped there.
+"""
+
+import os
+import re
+import sys
+import sysconfig
+import traceback
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from . import simulated
+from .simulated import DEVICE_TYPE, SimulatedDeviceError
+from .verdict import STEP_OF_STAGE, DevicePlacementError
+
+GUIDE = "docs/device-placement.md"
+# The fix for each kind of bug, and the rule of the guide that explains it.
+FIXES = {
+    "mixed devices": (
+        "create new tensors on the input's device (torch.arange(n, device=x.device), x.new_zeros(...)), keep "
+        "constants and state as buffers, metrics and modules as attributes or in nn.ModuleDict/ModuleList, and "
+        "never .cpu() or .to('cpu') inside a step",
+        "rules 2 to 9",
+    ),
+    "another GPU": (
+        "every DDP process has its own GPU: take the device from the data or the module (x.device, self.device), "
+        "never a fixed one such as cuda:0 or device index 0",
+        "rule 11",
+    ),
+    "generator": ("make the generator on the device it draws for: torch.Generator(device=x.device)", "rule 10"),
+    "hard-coded device": (
+        "take the device from the data or the module (x.device, self.device): a device written into the code "
+        "breaks --accelerator cpu, and under DDP every process but the first would use another's GPU",
+        "rule 11",
+    ),
+    "numpy": (
+        "log tensors with self.log, which reads them when it needs to; where NumPy is really needed, "
+        "collect .detach().cpu() copies and convert them at the end of the epoch",
+        "rule 6",
+    ),
+    "sync_dist": (
+        "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
+        "rule 12",
+    ),
+}
+
+
+def explain(
+    err: BaseException,
+    *,
+    stage: str,
+    rank: int,
+    world_size: int,
+    model: L.LightningModule | None = None,
+    hook: str | None = None,
+) -> DevicePlacementError | str:
+    """A ``DevicePlacementError`` for what a GPU would refuse in ``err``, or else why the run stopped there."""
+    chain = _chain(err)
+    device_error = next((_as_device_error(link) for link in chain if _as_device_error(link) is not None), None)
+    if device_error is not None:
+        chain = chain[: next(i for i, link in enumerate(chain) if _as_device_error(link) is not None) + 1]
+    action = next((link._audit_action for link in chain if getattr(link, "_audit_action", None)), None)
+    hook = hook or _hook(action, model)
+    frame = _user_frame(chain)
+    at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else "a line outside your code"
+    if device_error is None:
+        reason = _limitation(chain) or f"{type(err).__name__}: {_first_line(err)}"
+        return f"{hook} stopped at {at}: {reason}"
+    kind = device_error.kind
+    lines = [
+        f"{stage} on {simulated.device(rank)}"
+        + (f" as DDP rank {rank} of {world_size}" if world_size > 1 else "")
+        + f", {hook}: {device_error.operation} at {at}",
+    ]
+    if frame and frame.line:
+        lines.append(f"    {frame.line}")
+    if kind == "hard-coded device":
+        lines.append(f"Found: {device_error}")
+    else:
+        lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")
+    culprit = _culprit(device_error, model)
+    if culprit:
+        lines.append(culprit)
+    fix, rule = FIXES[kind]
+    lines.append(f"Fix: {fix}. See {rule} of {GUIDE}.")
+    return DevicePlacementError(
+        "\n".join(lines),
+        kind=kind,
+        stage=stage,
+        rank=rank,
+        hook=hook,
+        operation=device_error.operation,
+        filename=frame.filename if frame else "",
+        lineno=frame.lineno if frame else 0,
+    )
+
+
+def _shown(filename: str) -> str:
+    """``filename`` relative to the working folder when it is inside it, as people type paths."""
+    path = Path(filename)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
+
+
+# PyTorch's own checks of devices, outside the simulated GPU's (an LSTM's hidden state, ...).
+_PYTORCH_DEVICE_CHECK = re.compile(
+    rf"device.*\b{DEVICE_TYPE}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{DEVICE_TYPE}\b", flags=re.IGNORECASE
+)
+
+
+def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
+    """``err`` if the simulated GPU refused something, or PyTorch did for mixing the simulated GPU with the CPU."""
+    if isinstance(err, SimulatedDeviceError):
+        return err
+    if isinstance(err, RuntimeError) and _PYTORCH_DEVICE_CHECK.search(str(err)):
+        message = simulated.as_cuda(_first_line(err))
+        return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
+    return None
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or during, outermost first."""
+    chain = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+_ACTIONS = {"run_training_epoch": "the training epoch", "save_checkpoint": "saving a checkpoint"}
+_LOOP_STEPS = {
+    "train_dataloader_next": "fetching a training batch",
+    "val_next": "fetching a validation batch",
+    "test_next": "fetching a test batch",
+    "predict_next": "fetching a prediction batch",
+}
+
+
+def _hook(action: str | None, model: L.LightningModule | None) -> str:
+    """A readable name for a Lightning profiler action.
+
+    ``[Callback]EMA{...}.on_fit_start`` -> ``callback EMA.on_fit_start``.
+    """
+    if action is None:
+        return "setting up"
+    match = re.fullmatch(r"\[(\w+)\](.*)\.(\w+)", action, flags=re.DOTALL)
+    if match is None:
+        return _ACTIONS.get(action, action)
+    kind, owner, method = match.groups()
+    owner = owner.split("{")[0]
+    model_name = type(model).__name__ if model is not None else "LightningModule"
+    if kind == "Strategy":
+        if method == "backward":
+            return f"{model_name}.training_step (backward)"
+        return f"{model_name}.{method}" if method in STEP_OF_STAGE.values() else f"Lightning's {method}"
+    if kind == "Callback":
+        return f"callback {owner}.{method}"
+    if kind.startswith("_"):
+        return _LOOP_STEPS.get(method, method)
+    return f"{owner}.{method}"
+
+
+_PACKAGE_FOLDERS = (path for path in sys.path if path.endswith(("site-packages", "dist-packages")))
+_LIBRARIES = tuple(str(Path(path).resolve()) for path in {*sysconfig.get_paths().values(), *_PACKAGE_FOLDERS} if path)
+# The audit's files, and the simulated GPU's (whose code may be another copy's: see simulated/__init__.py).
+_OURS = tuple(
+    str(folder) + os.sep
+    for folder in (Path(__file__).resolve().parent, Path(simulated.to_cpu.__code__.co_filename).resolve().parent)
+)
+_PROJECT = str(Path(__file__).resolve().parents[1])
+
+
+def is_user_code(filename: str) -> bool:
+    """Whether ``filename`` is the project's or the user's code, not the standard library's or a package's."""
+    path = str(Path(filename).resolve())
+    if path.startswith(_OURS) or filename.startswith("<"):
+        return False
+    return path.startswith(_PROJECT) or not path.startswith(_LIBRARIES)
+
+
+def _user_frame(chain: list[BaseException]) -> traceback.FrameSummary | None:
+    """The innermost frame of your code (not PyTorch's, Lightning's or another library's) that the error passed."""
+    for err in reversed(chain):
+        for frame in reversed(traceback.extract_tb(err.__traceback__)):
+            if is_user_code(frame.filename):
+                return frame
+    return None
+
+
+_NEEDS_A_GPU = re.compile(
+    r"Found no NVIDIA driver|Torch not compiled with CUDA|No CUDA GPUs are available|CUDA driver version|"
+    r"CUDA error|cuda runtime error",
+    flags=re.IGNORECASE,
+)
+
+
+def _limitation(chain: list[BaseException]) -> str | None:
+    """What the simulation cannot do that the error shows, in words."""
+    for err in chain:
+        frames = traceback.extract_tb(err.__traceback__)
+        if isinstance(err, simulated.NotSimulatedError):
+            return f"{err}: this part cannot be simulated"
+        if _NEEDS_A_GPU.search(str(err)):
+            calls = [frame.name for frame in frames if "/torch/cuda/" in frame.filename]
+            api = f"torch.cuda.{calls[0]}()" if calls and not calls[0].startswith("_") else "a torch.cuda function"
+            return f"it calls {api}, which needs a real GPU: this part cannot be simulated"
+        if any("/torch/jit/" in frame.filename for frame in frames):
+            reason = _first_line(err)
+            return f"a TorchScript module cannot move to the simulated GPU ({reason}): this part cannot be simulated"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _culprit(err: SimulatedDeviceError, model: L.LightningModule | None) -> str | None:
+    """Name the tensor that is on the wrong device, when it is an attribute of the model."""
+    tensor = err.culprit
+    if tensor is None or model is None:
+        return None
+    found = _find_attribute(model, tensor)
+    if found is None:
+        shape = tuple(tensor.shape)
+        return f"The tensor on {err.devices[-1]} is the argument `{err.argument}`, {shape} {tensor.dtype}."
+    path, holder = found
+    if holder == "attribute":
+        return f"It is `{path}`, a plain tensor attribute, which Lightning does not move: register it as a buffer."
+    return f"It belongs to `{path}`, kept in a plain {holder}, which Lightning does not move."
+
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
+    """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
+    storage = tensor.untyped_storage().data_ptr() if tensor.device.type == "cpu" else None
+
+    def same(value: Any) -> bool:
+        if not isinstance(value, torch.Tensor):
+            return False
+        if value is tensor:
+            return True
+        return storage is not None and value.device.type == "cpu" and value.untyped_storage().data_ptr() == storage
+
+    def holds(value: Any) -> bool:
+        if isinstance(value, torch.nn.Module):
+            return any(same(t) for t in (*value.parameters(), *value.buffers())) or any(
+                same(t) for t in vars(value).values()
+            )
+        return same(value)
+
+    for prefix, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name in _MODULE_INTERNALS:
+                continue  # parameters, buffers and submodules: Lightning moves those
+            path = f"{prefix}.{name}" if prefix else name
+            if same(value):
+                return path, "attribute"
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+            for key, item in items:
+                if holds(item):
+                    return f"{path}[{key!r}]", type(value).__name__
+    return None

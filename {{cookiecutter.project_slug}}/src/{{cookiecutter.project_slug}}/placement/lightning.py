@@ -1,0 +1,226 @@
+"""The simulated GPU in Lightning: ``--accelerator simgpu``, and the audit's strategy for one GPU or a DDP rank.
+
+``SimulatedGPUAccelerator`` is registered with Lightning under the name ``simgpu``;
+``SimulatedGPUStrategy`` runs one process on ``simgpu:<rank>``; ``HookTracker`` marks each
+exception with the hook or loop step it came from; ``simulated_run`` is the run of
+``train.py --accelerator simgpu``; ``run_on_simulated_gpu`` calls one function there.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
+from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
+
+from . import simulated
+from .explain import explain, is_user_code
+from .simulated import SimulatedDeviceError
+
+SIMULATED = simulated.DEVICE_TYPE  # --accelerator simgpu
+
+
+class SimulatedGPUAccelerator(Accelerator):
+    """Lightning's accelerator for the simulated GPU: ``--accelerator simgpu``."""
+
+    def setup_device(self, device: torch.device) -> None:
+        simulated.enable()
+        simulated.set_device(device)
+
+    def teardown(self) -> None:
+        pass
+
+    def get_device_stats(self, device: Any) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def parse_devices(devices: int | str | list[int]) -> list[int]:
+        if devices in ("auto", -1, "-1"):
+            return [0]
+        if isinstance(devices, str):
+            devices = [int(index) for index in devices.split(",") if index.strip()] if "," in devices else int(devices)
+        indexes = list(range(devices)) if isinstance(devices, int) else list(devices)
+        if not indexes or max(indexes) >= simulated.DEVICE_COUNT or min(indexes) < 0:
+            last = simulated.DEVICE_COUNT - 1
+            raise ValueError(f"--devices {devices}: the simulated GPU has devices 0 to {last}")
+        return indexes
+
+    @staticmethod
+    def get_parallel_devices(devices: list[int]) -> list[torch.device]:
+        return [simulated.device(index) for index in devices]
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return 1
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @classmethod
+    def name(cls) -> str:
+        return SIMULATED
+
+    @classmethod
+    def register_accelerators(cls, accelerator_registry) -> None:
+        accelerator_registry.register(SIMULATED, cls, description="A CUDA GPU simulated on the CPU (the device audit)")
+
+
+if SIMULATED not in AcceleratorRegistry:
+    SimulatedGPUAccelerator.register_accelerators(AcceleratorRegistry)
+
+
+class SimulatedGPUStrategy(ParallelStrategy):
+    """One process on ``simgpu:<rank>``; with ``world_size`` 2, it plays that rank of a DDP run.
+
+    Its data is that rank's share (Lightning's ``DistributedSampler``). Collective
+    operations act as if every process held the same values, after checking what NCCL
+    checks: that the tensors are on this process's GPU.
+    """
+
+    strategy_name = SIMULATED
+
+    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+        device = simulated.device(rank)
+        super().__init__(accelerator=SimulatedGPUAccelerator(), parallel_devices=[device])
+        self._rank, self._world_size = rank, world_size
+
+    @property
+    def root_device(self) -> torch.device:
+        return simulated.device(self._rank)
+
+    @property
+    def global_rank(self) -> int:
+        return self._rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._rank
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def is_distributed(self) -> bool:
+        return self._world_size > 1
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        return {"num_replicas": self._world_size, "rank": self._rank} if self.is_distributed else None
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        rank_zero_only.rank = self._rank
+
+    def model_to_device(self) -> None:
+        self.model.to(self.root_device)
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        if not isinstance(tensor, torch.Tensor) or not self.is_distributed:
+            return tensor
+        self.check_collective(tensor, "all_reduce")
+        return tensor * self._world_size if "sum" in str(reduce_op).lower() else tensor
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        if not self.is_distributed:
+            return tensor
+        self.check_collective(tensor, "all_gather")
+        return torch.stack([tensor] * self._world_size)
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        # What a GPU run saves, with the values the simulated tensors hold.
+        if self.is_global_zero:
+            super().save_checkpoint(simulated.to_cpu(checkpoint), filepath, storage_options)
+
+    def check_collective(self, tensor: torch.Tensor, operation: str) -> None:
+        """Raise ``SimulatedDeviceError`` where NCCL would refuse ``tensor``: off this process's GPU."""
+        if tensor.device != self.root_device:
+            device = simulated.as_cuda(tensor.device)
+            raise SimulatedDeviceError(
+                f"{operation} of a tensor on {device} in process {self._rank}, whose GPU is "
+                f"{simulated.as_cuda(self.root_device)}: NCCL refuses it "
+                f"(No backend type associated with device type {device.split(':')[0]})",
+                kind="sync_dist",
+                operation=f"torch.distributed.{operation}",
+                devices=(simulated.as_cuda(self.root_device), device),
+                culprit=tensor,
+            )
+
+
+class HookTracker(Profiler):
+    """Lightning names every hook and loop step to its profiler: mark each exception with the innermost one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actions: set[str] = set()
+
+    def start(self, action_name: str) -> None:
+        pass
+
+    def stop(self, action_name: str) -> None:
+        pass
+
+    def summary(self) -> str:
+        return ""
+
+    @contextmanager
+    def profile(self, action_name: str) -> Iterator[str]:
+        self.actions.add(action_name)
+        try:
+            yield action_name
+        except BaseException as err:
+            if getattr(err, "_audit_action", None) is None:
+                err._audit_action = action_name
+            raise
+
+
+class SimulatedRun:
+    """A run on the simulated GPU (--accelerator simgpu): from when the configuration asks for it to main()'s end."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self.stage: str | None = None  # the subcommand running on the simulated GPU, if any
+
+    def start(self, stage: str) -> None:
+        self._stack.enter_context(simulated.simulating(0, is_user_code))
+        self.stage = stage
+
+    def __enter__(self) -> "SimulatedRun":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stage = None
+        self._stack.close()
+
+
+simulated_run = SimulatedRun()
+
+
+def run_on_simulated_gpu(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``function`` with its tensor arguments on the simulated GPU, and return its result (there).
+
+    For code outside a LightningModule, such as a data module's on-device augmentation.
+    Raises ``DevicePlacementError`` where a GPU would fail.
+    """
+    with simulated.simulating(0, is_user_code):
+        args, kwargs = move_data_to_device((args, kwargs), simulated.device(0))
+        try:
+            return function(*args, **kwargs)
+        except SimulatedDeviceError as err:
+            name = getattr(function, "__qualname__", repr(function))
+            raise explain(err, stage="call", rank=0, world_size=1, hook=name) from None

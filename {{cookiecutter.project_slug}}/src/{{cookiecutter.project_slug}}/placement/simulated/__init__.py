@@ -1,0 +1,124 @@
+"""A simulated GPU: real values computed on the CPU, CUDA's rules for where tensors may meet.
+
+The device audit (the ``placement`` package this one is part of) trains the model on this
+device. Everything a GPU run executes runs here too, with real numbers: forward, backward,
+optimizer steps, ``.item()``, boolean masks, ``nonzero``, ``unique``. What differs is where
+the tensors are said to be: on ``simgpu:0`` (or ``simgpu:1``, to play a second DDP process).
+An operation that mixes devices stops exactly where it would on a CUDA GPU, with CUDA's
+error message.
+
+How it works:
+
+- ``simgpu`` is PyTorch's spare device type, PrivateUse1, renamed, with Python hooks.
+- A tensor on it is a ``SimulatedTensor``, a wrapper that holds an ordinary CPU tensor
+  with the values. Every operation on one reaches ``__torch_dispatch__``, which checks
+  the devices of all its tensors by CUDA's rules, runs the operation on the CPU tensors
+  inside, and wraps the results.
+- CUDA's rules come from PyTorch's own operator declarations
+  (``native_functions.yaml``, shipped with torch): most operations require all tensors
+  on one device; element-wise ones ("TensorIterator") also accept 0-dim CPU tensors;
+  indexing accepts CPU indices; copies and ``.to()`` cross devices. An operation that
+  CUDA runs as a composition of others is checked through those others.
+- Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(...,
+  device=...)``, ``batch.to(device)``) come through kernels registered for PrivateUse1.
+- A process has one GPU: every simulated tensor is on the current device, ``simgpu:0``
+  or ``simgpu:1``. Code of the user's that asks for another index stops there.
+- Inside ``simulating()``: ``torch.Generator(device="simgpu")`` works, a CUDA device
+  written into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``)
+  stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor.
+
+Its files, bottom to top (each imports only those above it in this list):
+
+- ``devices.py``: the device type, which index is current, and the errors;
+- ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
+- ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
+- ``tensor.py``: ``SimulatedTensor`` and its ``__torch_dispatch__``;
+- ``backend.py``: the ``simgpu`` device type, its device module (``torch.simgpu``) and
+  kernels, and ``enable()``;
+- ``code_checks.py``: ``simulating()`` and the checks on code it turns on.
+
+This package is the simulated device alone: it imports nothing of Lightning, and nothing else
+of the project. Private and experimental PyTorch APIs it relies on, all of them in this
+package and nowhere else in the project (tested with torch 2.10 and 2.14):
+
+- ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (new in
+  torch 2.10: older versions stop with ``SimulationUnavailableError``) (``backend.py``);
+- ``torch.Tensor._make_wrapper_subclass``, and
+  ``torch.utils._python_dispatch.return_and_correct_aliasing`` for in-place view operations
+  (``tensor.py``);
+- ``torch.library.Library.impl`` and ``.fallback`` for the ``PrivateUse1`` key (``backend.py``);
+- ``OpOverload._op_dk``, to run an operation's ``CompositeExplicitAutograd`` kernel
+  (``tensor.py``), and ``torch._C._dispatch_has_computed_kernel_for_dispatch_key`` with
+  ``torch._decomp.decomposition_table``, for operations PyTorch runs on GPUs only (the fused
+  LSTM and GRU cells are computed here in CPU operations) (``gpu_only.py``);
+- ``torchgen/packaged/ATen/native/native_functions.yaml``, read as text, and
+  ``OpOverload._schema`` (``rules.py``);
+- ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
+  generators of its own in Python), and so is ``torch.compile``, with
+  ``torch._dynamo.config.disable`` set: compiled code runs as written, since TorchDynamo
+  cannot trace these tensors (``code_checks.py``).
+"""
+
+import sys
+import types
+
+from . import backend, code_checks, devices, gpu_only, rules, tensor
+from .backend import enable
+from .code_checks import SimulatedGenerator, simulating
+from .devices import (
+    DEVICE_COUNT,
+    DEVICE_TYPE,
+    NotSimulatedError,
+    SimulatedDeviceError,
+    SimulationUnavailableError,
+    as_cuda,
+    current_device,
+    device,
+    set_device,
+)
+from .tensor import SimulatedTensor, to_cpu
+
+__all__ = [
+    "DEVICE_COUNT",
+    "DEVICE_TYPE",
+    "NotSimulatedError",
+    "SimulatedDeviceError",
+    "SimulatedGenerator",
+    "SimulatedTensor",
+    "SimulationUnavailableError",
+    "as_cuda",
+    "current_device",
+    "device",
+    "enable",
+    "set_device",
+    "simulating",
+    "to_cpu",
+]
+
+# PyTorch has one spare device type, so a process has one simulated GPU. A second copy of
+# this package (the package of another project made from this template, in the same
+# process) takes over the first copy's names, in each of its files, and so its tensor
+# type, kernels and state.
+_first = next(
+    (
+        module
+        for module in list(sys.modules.values())
+        if isinstance(module, types.ModuleType)
+        and vars(module).get("_SIMULATED_GPU_FIRST_PACKAGE")
+        and vars(module).get("__name__") != __name__
+    ),
+    None,
+)
+if _first is None:
+    _SIMULATED_GPU_FIRST_PACKAGE = True
+else:
+    for _copy in (devices, rules, gpu_only, tensor, backend, code_checks, sys.modules[__name__]):
+        _original = sys.modules[_copy.__name__.replace(__name__, _first.__name__, 1)]
+        vars(_copy).update(
+            {
+                name: value
+                for name, value in vars(_original).items()
+                if not name.startswith("__") and not isinstance(value, types.ModuleType)
+            }
+        )
+    del _SIMULATED_GPU_FIRST_PACKAGE

@@ -1,0 +1,78 @@
+"""The simulated devices: their names, which one is current, and the errors of the simulation."""
+
+from collections.abc import Callable
+
+import torch
+
+DEVICE_TYPE = "simgpu"
+DEVICE_COUNT = 2  # a single device, or two DDP processes on one node
+_CPU = torch.device("cpu")
+
+
+class SimulationUnavailableError(RuntimeError):
+    """This PyTorch cannot host the simulated device."""
+
+
+class NotSimulatedError(RuntimeError):
+    """An operation the simulated GPU cannot run: PyTorch has it for GPUs only."""
+
+
+class SimulatedDeviceError(RuntimeError):
+    """What a CUDA GPU would refuse.
+
+    Attributes:
+        kind: ``"mixed devices"``, ``"generator"``, ``"hard-coded device"``, ``"numpy"`` or
+            ``"sync_dist"`` (a collective operation on a tensor off the process's GPU).
+        operation: The operation that refused, e.g. ``"aten.clamp.Tensor"`` or ``"Tensor.numpy"``.
+        devices: The devices involved, as CUDA would name them (``"cuda:0"``, ``"cpu"``), the odd one last.
+        argument: The name of the operation's argument that is on the odd device, where known.
+        culprit: That tensor, where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        kind: str,
+        operation: str,
+        devices: tuple[str, ...] = (),
+        argument: str | None = None,
+        culprit: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.operation = operation
+        self.devices = devices
+        self.argument = argument
+        self.culprit = culprit
+
+
+def as_cuda(device: torch.device | str) -> str:
+    """The name CUDA would give the simulated ``device``: ``simgpu:1`` -> ``cuda:1``."""
+    return str(device).replace(DEVICE_TYPE, "cuda")
+
+
+class _State:
+    index = 0  # the current device, as torch.cuda.current_device() is for CUDA
+    physical: torch.device  # where PyTorch itself sees every simulated tensor: simgpu:0
+    is_user_code: Callable[[str], bool] = staticmethod(lambda filename: True)
+
+
+_state = _State()
+
+
+def device(index: int = 0) -> torch.device:
+    """``simgpu:<index>``."""
+    return torch.device(DEVICE_TYPE, index)
+
+
+def current_device() -> torch.device:
+    return torch.device(DEVICE_TYPE, _state.index)
+
+
+def set_device(device: int | torch.device) -> None:
+    """Make ``device`` the current one, as ``torch.cuda.set_device`` does for CUDA."""
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index is not None:
+        if not 0 <= index < DEVICE_COUNT:
+            raise ValueError(f"the simulated GPU has devices 0 to {DEVICE_COUNT - 1}, not {index}")
+        _state.index = index

@@ -1,0 +1,157 @@
+"""The tensor on the simulated GPU: an ordinary CPU tensor inside, checked by CUDA's rules at every operation."""
+
+import functools
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import return_and_correct_aliasing
+from torch.utils._pytree import tree_map
+
+from .devices import _CPU, DEVICE_TYPE, _state, current_device
+from .gpu_only import _on_the_cpu
+from .rules import _check_devices, _rule
+
+
+class SimulatedTensor(torch.Tensor):
+    """A tensor on the simulated GPU: its values live in ``self.elem``, an ordinary CPU tensor.
+
+    A process has one GPU, so every simulated tensor is on the current device: ``simgpu:0``,
+    or ``simgpu:1`` while playing the second process of a DDP run. (Inside PyTorch they are
+    all on index 0: its autograd engine serves Python devices one index only.)
+    """
+
+    elem: torch.Tensor
+    # Python-level functions pass straight through to __torch_dispatch__.
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> "SimulatedTensor":
+        wrapper = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=_state.physical,
+            requires_grad=False,
+        )
+        wrapper.elem = elem
+        return wrapper
+
+    @property
+    def device(self) -> torch.device:
+        return current_device()
+
+    def get_device(self) -> int:
+        return _state.index
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return repr(self.elem)[:-1] + f", device='{self.device}')"
+
+    def tolist(self) -> Any:
+        """The values as Python numbers, as ``tolist()`` of a CUDA tensor gives them."""
+        return self.elem.tolist()
+
+    def __format__(self, spec: str) -> str:
+        return self.elem.__format__(spec)  # f"{loss:.3f}" of a 0-dim tensor formats its value
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devices = {tensor.device for tensor in _tensors(args, kwargs)}
+        if len(devices) > 1:
+            rule = _rule(func)
+            if rule == "composite":
+                # CUDA runs it as other operations: check those.
+                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+            _check_devices(func, rule, args, kwargs)
+        return _run(func, args, kwargs)
+
+
+def _run(func, args, kwargs):
+    """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere)."""
+    explicit = kwargs.get("device")
+    explicit = None if explicit is None else torch.device(explicit)
+    simulated = explicit.type == DEVICE_TYPE if explicit is not None else _any_simulated(args, kwargs)
+    cpu_args = tuple(_unwrap(arg) for arg in args)
+    cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()}
+    if explicit is not None and simulated:
+        cpu_kwargs["device"] = _CPU
+    out = _on_the_cpu(func)(*cpu_args, **cpu_kwargs)
+    if not simulated:
+        return out
+    if _is_view(func) and torch.is_inference_mode_enabled():
+        # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
+        with torch.inference_mode(False):
+            wrapped = _wrap(out)
+    else:
+        wrapped = _wrap(out)
+    if torch.Tag.inplace_view in func.tags:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
+        return return_and_correct_aliasing(func, args, kwargs, wrapped)
+    written = _written_arguments(func)
+    if written is None:
+        return wrapped
+    # An in-place or out= operation returns the very tensors it was given.
+    arguments = func._schema.arguments
+    given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
+    return given[0] if len(func._schema.returns) == 1 else tuple(given)
+
+
+# Operations take and return tensors, numbers, and lists or tuples of them: flat and fast to walk.
+def _unwrap(value):
+    if isinstance(value, SimulatedTensor):
+        return value.elem
+    if type(value) in (list, tuple):
+        return type(value)(_unwrap(item) for item in value)
+    return value
+
+
+def _wrap(out):
+    if isinstance(out, torch.Tensor):
+        return SimulatedTensor(out) if out.device.type == "cpu" else out
+    if type(out) in (list, tuple):
+        return type(out)(_wrap(item) for item in out)
+    return out
+
+
+@functools.cache
+def _is_view(func) -> bool:
+    return any(result.alias_info is not None and not result.alias_info.is_write for result in func._schema.returns)
+
+
+@functools.cache
+def _written_arguments(func) -> tuple[int, ...] | None:
+    """The positions of the arguments an in-place or ``out=`` operation returns, or None for other operations."""
+    arguments, written = func._schema.arguments, []
+    for result in func._schema.returns:
+        alias = result.alias_info
+        if alias is None or not alias.is_write:
+            return None
+        written.append(
+            next(
+                position
+                for position, argument in enumerate(arguments)
+                if argument.alias_info is not None and argument.alias_info.before_set == alias.before_set
+            )
+        )
+    return tuple(written)
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif type(value) in (list, tuple):
+            found.extend(item for item in value if isinstance(item, torch.Tensor))
+    return found
+
+
+def _any_simulated(args, kwargs) -> bool:
+    return any(isinstance(tensor, SimulatedTensor) for tensor in _tensors(args, kwargs))
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every simulated tensor in it replaced by its CPU values."""
+    return tree_map(lambda leaf: leaf.elem if isinstance(leaf, SimulatedTensor) else leaf, value)

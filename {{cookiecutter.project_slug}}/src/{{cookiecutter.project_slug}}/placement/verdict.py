@@ -1,0 +1,109 @@
+"""What the device audit found: a bug (``DevicePlacementError``), a part it could not audit, or a pass.
+
+``Verdict`` holds one ``Outcome`` per stage and pass, and the exit status of
+``python -m <package>.placement`` (0 passed, 1 a bug, 2 a wrong command line, 3 incomplete).
+"""
+
+from dataclasses import dataclass, field
+
+from . import simulated
+
+STAGES = ("fit", "validate", "test", "predict")
+STEP_OF_STAGE = {"fit": "training_step", "validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+
+
+class DevicePlacementError(RuntimeError):
+    """An operation that would fail on a GPU.
+
+    Attributes:
+        kind: ``"mixed devices"``, ``"another GPU"`` (another DDP process's), ``"generator"``,
+            ``"hard-coded device"``, ``"numpy"`` or ``"sync_dist"``.
+        stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
+        rank: 0 on the first simulated GPU; 1 for the second process of a DDP run.
+        hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.
+        step: The method's own name, e.g. ``"training_step"``.
+        operation: The operation that refused, e.g. ``"aten.add.Tensor"``.
+        filename: The file of the line in your code where it happened.
+        lineno: That line's number.
+    """
+
+    def __init__(
+        self, message: str, *, kind: str, stage: str, rank: int, hook: str, operation: str, filename: str, lineno: int
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.stage = stage
+        self.rank = rank
+        self.hook = hook
+        self.step = hook.rpartition(".")[2]
+        self.operation = operation
+        self.filename = filename
+        self.lineno = lineno
+
+
+class AuditIncompleteError(RuntimeError):
+    """No bug was found, but part of the run could not be audited; ``verdict`` says which part and why."""
+
+    def __init__(self, verdict: "Verdict") -> None:
+        super().__init__("\n".join(verdict.report()))
+        self.verdict = verdict
+
+
+@dataclass
+class Outcome:
+    """One stage of one pass: passed, failed with a placement bug, or not (wholly) audited."""
+
+    stage: str
+    rank: int
+    world_size: int
+    seconds: float = 0.0
+    error: DevicePlacementError | None = None
+    gap: str | None = None  # why (the rest of) the stage was not audited
+
+    @property
+    def where(self) -> str:
+        ddp = f" (DDP rank {self.rank} of {self.world_size})" if self.world_size > 1 else ""
+        return f"{self.stage} on {simulated.device(self.rank)}{ddp}"
+
+
+@dataclass
+class Verdict:
+    """What the audit ran and found."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    hooks: set[str] = field(default_factory=set)  # the hooks and loop steps that ran
+    notes: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # a stage the data has nothing for: why
+
+    @property
+    def errors(self) -> list[DevicePlacementError]:
+        """Each bug once, by its line, in the order found."""
+        seen, errors = set(), []
+        for outcome in self.outcomes:
+            error = outcome.error
+            if error is not None and (error.filename, error.lineno, error.kind) not in seen:
+                seen.add((error.filename, error.lineno, error.kind))
+                errors.append(error)
+        return errors
+
+    @property
+    def gaps(self) -> list[Outcome]:
+        return [outcome for outcome in self.outcomes if outcome.gap is not None]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FAILED if self.errors else EXIT_INCOMPLETE if self.gaps else EXIT_PASSED
+
+    def report(self) -> list[str]:
+        lines = []
+        for outcome in self.outcomes:
+            status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"
+            lines.append(f"  {outcome.where:<44} {status}  ({outcome.seconds:.2f} s)")
+        for error in self.errors:
+            lines += ["", f"FAILED {error}"]
+        for outcome in self.gaps:
+            lines += ["", f"NOT AUDITED {outcome.where}: {outcome.gap}"]
+        lines += [f"note: {stage} skipped: {why}" for stage, why in self.skipped.items()]
+        lines += [f"note: {note}" for note in self.notes]
+        return lines
