@@ -57,12 +57,13 @@ from PIL import Image
 {%- endif %}
 from torch import nn
 
-from .cli import _errors_as_messages, build_all
+from .cli import build_all
 {%- if cookiecutter.task == "image" %}
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
 {%- endif %}
 from .errors import UserError
+from .messages import errors_as_messages
 
 # Callbacks that end training early: they would stop a run before its timed steps.
 STOPPING_CALLBACKS = (EarlyStopping, Timer)
@@ -272,7 +273,7 @@ def main(args: list[str] | None = None) -> None:
         image_folder_benchmark(options.image_folder)
         return
 {%- endif %}
-    with _errors_as_messages():  # a missing data folder, say: one line
+    with errors_as_messages():  # a missing data folder, say: one line
         training_benchmark(options, train_args)
 
 

@@ -3,8 +3,6 @@
 import importlib.util
 import inspect
 import logging
-import os
-import re
 import sys
 import warnings
 from pathlib import Path

@@ -1,7 +1,21 @@
 """What the person at the command line is told: a mistake of theirs as one line, never a traceback."""
 
+import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from .arguments import TRAINER
+from .callbacks import InterruptCheckpoint
+from .errors import UserError
+from .placement.explain import explain
+from .placement.lightning import simulated_run
+from .placement.verdict import DevicePlacementError
+from .supervision import ProcessWatch, lost_a_process, lost_process_line
 
 # Lines of jsonargparse's nested messages that say nothing about the mistake.
 _NOISE = re.compile(r"Does not validate against|Subtypes:|Errors:|Expected a <class 'NoneType'>|Given value")
@@ -20,3 +34,61 @@ def report(line: str) -> None:
     """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split."""
     sys.stdout.write(f"{line}\n")
     sys.stdout.flush()
+
+
+def _user_error_behind(err: BaseException) -> UserError | None:
+    """The user's mistake that caused ``err``, if one did."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__
+    return None
+
+
+def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
+    """The Trainer flag that Lightning's own check of it against the data refused, if ``err`` is that.
+
+    Some Trainer arguments can only be checked once the data's size is known (a
+    ``val_check_interval`` longer than the epoch): Lightning raises a ValueError naming the
+    argument in backticks, from its own code. Anything else stays a traceback: a bug to report.
+    """
+    if not isinstance(err, ValueError) or err.__traceback__ is None:
+        return None
+    innermost = err.__traceback__
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in innermost.tb_frame.f_code.co_filename:
+        return None
+    named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
+    return f"--trainer.{named[0]}" if named else None
+
+
+@contextmanager
+def errors_as_messages() -> Iterator[None]:
+    """Stop with one line, not a traceback, for errors the user can fix from the command line."""
+    try:
+        yield
+    except (UserError, MisconfigurationException) as err:
+        sys.exit(f"error: {err}")
+    except PermissionError as err:
+        sys.exit(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)")
+    except SIGTERMException:
+        saved = InterruptCheckpoint.saved
+        if ProcessWatch.started_by_lightning:
+            sys.exit(0)  # the first process reports the stop, and its status is the run's
+        if saved is None:
+            sys.exit("stopped by Ctrl-C or SIGTERM before a training step was done: nothing to resume")
+        sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
+    except Exception as err:
+        if (mistake := _user_error_behind(err)) is not None:
+            sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
+        if lost_a_process(err):
+            sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
+        if (flag := _trainer_flag_refused_by_lightning(err)) is not None:
+            sys.exit(f"error: {flag}: {' '.join(str(err).split())}")
+        found = explain(err, stage=simulated_run.stage, rank=0, world_size=1) if simulated_run.stage else None
+        if not isinstance(found, DevicePlacementError):
+            raise
+        sys.exit(f"error: this would fail on a GPU: {found}")
