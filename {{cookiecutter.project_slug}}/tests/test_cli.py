@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
 from conftest import HANG_GUARD_S, PROJECT
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -35,15 +34,6 @@ def test_help_lists_the_subcommands(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("fit", "validate", "test", "predict"))
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")
-def test_gpu_without_a_gpu_exits_with_a_short_message(in_tmp_path, fast_args):
-    with pytest.raises(SystemExit) as exit_info:
-        main([*fast_args, "--accelerator", "gpu"])
-    message = str(exit_info.value.code)
-    assert message.startswith("error:") and "no CUDA GPU" in message and "--accelerator cpu" in message
-    assert not (in_tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """The command line: LightningCLI, with the everyday Trainer flags as top-level shortcuts."""
 
-import importlib.util
 import inspect
 import logging
 import sys
@@ -8,13 +7,13 @@ import warnings
 from pathlib import Path
 
 import lightning as L
-import torch
 from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from .accelerators import check_accelerator
 from .arguments import RUN, TRAINER
 from .callbacks import (
     BestCheckpoint,
@@ -33,7 +32,7 @@ from .data.images import ImageDataModule as DataModule
 {%- else %}
 from .data.sequences import SequenceDataModule as DataModule
 {%- endif %}
-from .errors import ConfigError, UserError
+from .errors import ConfigError
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
@@ -79,14 +78,6 @@ DATA_LINKS = {
     "model.net.init_args.max_len": "seq_len",
 {%- endif %}
 }
-
-
-class NoGPUError(UserError):
-    """A GPU was asked for on a machine that has none."""
-
-
-class SimulatedGPUError(UserError):
-    """The simulated GPU was asked for with settings it cannot run."""
 
 
 class ProjectCLI(LightningCLI):
@@ -170,16 +161,9 @@ class ProjectCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("weights_only") is None and "weights_only" in config:
             config.weights_only = True  # checkpoints are read as data, never run as code
-        accelerator = config.trainer.accelerator
-        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-            raise NoGPUError(
-                f"--accelerator {accelerator} was requested but no CUDA GPU was found on this machine. "
-                "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
-            )
-        if accelerator == SIMULATED:
-            _check_simulated(config.trainer)
+        check_accelerator(config.trainer)
+        if config.trainer.accelerator == SIMULATED:
             simulated_run.start(self.subcommand or "fit")
-        _check_accelerator(accelerator)
         check_cpu_processes(config.trainer)
         if self.subcommand:
             check_new_log_dir(config.trainer.logger)
@@ -253,26 +237,6 @@ def _check_given_against_data(config, datamodule, model: Classifier) -> None:
         raise ConfigError(
             f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
             + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
-        )
-
-
-def _check_accelerator(accelerator) -> None:
-    """An accelerator whose software is missing stops with one line, not a traceback from deep in Lightning."""
-    needs = {"tpu": "torch_xla", "xla": "torch_xla", "hpu": "lightning_habana"}.get(accelerator)
-    if needs and importlib.util.find_spec(needs) is None:
-        raise ConfigError(
-            f"--accelerator {accelerator} needs {needs}, which is not installed: use cpu, gpu, mps, auto or simgpu"
-        )
-    if accelerator == "mps" and not torch.backends.mps.is_available():
-        raise NoGPUError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
-
-
-def _check_simulated(trainer) -> None:
-    """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
-    if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
-        raise SimulatedGPUError(
-            f"--accelerator {SIMULATED} runs one process on one simulated GPU: leave --devices, --num_nodes and "
-            "--strategy at their defaults (python -m {{ cookiecutter.project_slug }}.placement also audits DDP)"
         )
 
 
