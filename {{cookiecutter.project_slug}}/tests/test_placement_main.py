@@ -32,7 +32,7 @@ def test_the_command_line_audit_reports_every_stage(in_tmp_path, synthetic_confi
 def test_the_command_line_audit_passes_an_image_folder_without_a_test_split(in_tmp_path, layout, capsys):
     """configs/image_folder.yaml on the documented layouts without test/: fit and validate pass, exit 0,
     and the report says test and predict were skipped; with a test/ folder they are audited too."""
-    from test_images import write_images
+    from test_folders import write_images
 
     root = in_tmp_path / "images"
     for split in ("train", "val") if layout == "train-val" else ("",):
