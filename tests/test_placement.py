@@ -109,9 +109,9 @@ TASK_BUGS = {
     ),
     "a CPU generator for on-device augmentation": (
         "image",
-        "data/images.py",
+        "data/image_splits.py",
         [("generator = torch.Generator(device=images.device)", "generator = torch.Generator()")],
-        "top = torch.randint(",
+        ("data/augment.py", "top = torch.randint("),  # made by the data module, used by the augmentation
         "generator",
     ),
     "a CPU generator for noise in forward": (
@@ -142,7 +142,7 @@ TASK_BUGS = {
     ),
     "GPU 0 assumed by the augmentation": (
         "image",
-        "data/images.py",
+        "data/augment.py",
         [
             (
                 "rows = torch.arange(H, device=images.device)",
@@ -163,11 +163,14 @@ TASK_BUGS = {
 
 
 def audit_with_bug(baked, task, relative, edits, line_text, tmp_path):
-    """Audit a copy of the project with ``edits`` to ``relative``: the error must name ``line_text``'s line."""
+    """Audit a copy of the project with ``edits`` to ``relative``: the error must name ``line_text``'s line
+    (in ``relative``, or ``line_text`` is (another file, its text))."""
     package, folder = project_copy(baked, task, {relative: edits}, tmp_path)
     error_type = importlib.import_module(f"{package.__name__}.placement").DevicePlacementError
     with pytest.raises(error_type) as caught:
         audit_project(baked, task, package)
+    if isinstance(line_text, tuple):
+        relative, line_text = line_text
     error, path = caught.value, folder / relative
     assert (Path(error.filename), error.lineno) == (path, line_holding(path, line_text)), error
     return error
@@ -259,7 +262,7 @@ SHARED_BUGS = {
         "on_validation_epoch_end",
     ),
     "a CPU tensor in a callback after fit": (
-        "callbacks.py",
+        "callbacks/reporting.py",
         [
             (
                 'confusion = getattr(pl_module, "last_val_confusion", None)',
