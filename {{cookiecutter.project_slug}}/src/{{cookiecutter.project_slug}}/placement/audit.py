@@ -43,7 +43,7 @@ PASSES = ((0, 1), (1, 2))
 EPOCHS, BATCHES = 2, 2
 
 
-def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None) -> "Verdict":
+def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None) -> Verdict:
     """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
