@@ -70,6 +70,7 @@ COMMON_FILES = {
     "tests/test_evaluation.py",
     "tests/test_export.py",
     "tests/test_files.py",
+    "tests/test_layers.py",
     "tests/test_lint_placement.py",
     "tests/test_messages.py",
     "tests/test_audit.py",
@@ -196,6 +197,8 @@ def pre_commit(root: Path, *args: str, home: Path) -> subprocess.CompletedProces
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "PRE_COMMIT_HOME": str(home),
+        # The import-layers hook reads the package as `pip install -e .` would make it importable.
+        "PYTHONPATH": str(root / "src"),
         "GIT_AUTHOR_NAME": "Template Test",
         "GIT_AUTHOR_EMAIL": "test@example.com",
         "GIT_COMMITTER_NAME": "Template Test",
@@ -220,7 +223,7 @@ def test_each_combination_is_clean_under_its_own_pre_commit_hooks(bake, tmp_path
     hooks = pre_commit(root, "run", "--all-files", home=tmp_path / "pre-commit")
     assert hooks.returncode == 0, hooks.stdout + hooks.stderr
     hook_ids = re.findall(r"^\s+- id: (\S+)$", (root / ".pre-commit-config.yaml").read_text(), flags=re.MULTILINE)
-    assert len(hook_ids) == 8 and "no-manual-placement" in hook_ids
+    assert len(hook_ids) == 9 and {"no-manual-placement", "import-layers"} <= set(hook_ids)
     passed = re.findall(r"\.Passed$", hooks.stdout, flags=re.MULTILINE)
     assert len(passed) == len(hook_ids), f"each hook checks some file of a fresh project:\n{hooks.stdout}"
     assert run("git", "diff", "--quiet", cwd=root).returncode == 0, "a hook changed a file of the fresh project"
