@@ -49,7 +49,7 @@ from .models.cnn import ReferenceCNN as Net
 {%- else %}
 from .models.attention import AttentionClassifier as Net
 {%- endif %}
-from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, simulated_run
+from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
 from .trust import check_command_line
 
@@ -186,6 +186,9 @@ class ProjectCLI(LightningCLI):
             # Lightning would pick a CPU strategy for an accelerator it does not know. The
             # tracker names the hook in which a GPU would fail.
             kwargs.update(accelerator="auto", strategy=SimulatedGPUStrategy())
+            mixed = mixed_precision(trainer_config.get("precision"))
+            if mixed is not None:  # autocast on the simulated GPU, by CUDA's rules
+                kwargs.update(precision=None, plugins=[*kwargs.get("plugins", plugins), mixed])
             if trainer_config.get("profiler") is None:
                 kwargs["profiler"] = HookTracker()
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)

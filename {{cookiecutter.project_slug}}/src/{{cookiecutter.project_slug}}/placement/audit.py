@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import simulated
 from .explain import explain, is_user_code
-from .lightning import HookTracker, SimulatedGPUStrategy
+from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
 from .simulated import SimulationUnavailableError
 from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
 
@@ -51,7 +51,7 @@ def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | No
         data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for
             every stage), or None when ``model`` defines its own dataloaders.
         trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping
-            and accumulation, and precision (mixed precision runs as float32).
+            and accumulation, and precision (mixed precision with CUDA's autocast rules).
 
     Raises:
         DevicePlacementError: An operation would fail on a GPU.
@@ -153,17 +153,39 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         for callback in trainer.callbacks
         if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
     ]
-    precision, notes = trainer.precision, []
-    if "mixed" in str(precision) or precision == "transformer-engine":
-        notes.append(f"precision {precision} ran as 32-true: mixed precision does not change where tensors are")
-        precision = "32-true"
-    settings = {
-        "precision": precision,
+    given, notes = _precision_given(trainer), []
+    settings: dict[str, Any] = {"precision": trainer.precision}
+    mixed = mixed_precision(given)
+    if mixed is not None:
+        del settings["precision"]
+        settings["plugins"] = [mixed]
+        scaled = ", gradients scaled" if mixed.scaler is not None else ""
+        notes.append(f"precision {given} ran as on a CUDA GPU: autocast to {_DTYPES[mixed.precision]}{scaled}")
+    elif str(given).startswith("transformer-engine"):
+        notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
+        settings["precision"] = "32-true"
+    settings |= {
         "gradient_clip_val": trainer.gradient_clip_val,
         "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
     }
     return settings, callbacks, notes
+
+
+_DTYPES = {"16-mixed": "float16", "bf16-mixed": "bfloat16"}
+
+
+def _precision_given(trainer: L.Trainer) -> str | int:
+    """The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns
+    ``16-mixed`` into ``bf16-mixed``), else the Trainer's."""
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, SaveConfigCallback):
+            given = getattr(getattr(callback.config, "trainer", None), "precision", None)
+            if given is not None:
+                return given
+    return trainer.precision
 
 
 def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | None:

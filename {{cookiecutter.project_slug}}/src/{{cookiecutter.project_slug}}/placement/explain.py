@@ -37,6 +37,17 @@ FIXES = {
         "rule 11",
     ),
     "generator": ("make the generator on the device it draws for: torch.Generator(device=x.device)", "rule 10"),
+    "autocast": (
+        "use the operation's autocast-safe form (binary_cross_entropy_with_logits on the logits, or "
+        "nn.BCEWithLogitsLoss), or compute it outside the autocast region on .float() inputs",
+        "rule 15",
+    ),
+    "dtype": (
+        "under autocast (16-mixed, bf16-mixed) matmuls and convolutions return float16/bfloat16: make a tensor "
+        "that will hold their values with their dtype (y.new_zeros(...), torch.zeros(..., dtype=y.dtype)), or "
+        "cast where they meet (.to(y.dtype), .float())",
+        "rule 15",
+    ),
     "hard-coded device": (
         "take the device from the data or the module (x.device, self.device): a device written into the code "
         "breaks --accelerator cpu, and under DDP every process but the first would use another's GPU",
@@ -115,6 +126,14 @@ _PYTORCH_DEVICE_CHECK = re.compile(
     rf"device.*\b{DEVICE_TYPE}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{DEVICE_TYPE}\b", flags=re.IGNORECASE
 )
 
+# Operations that take one dtype for all their tensors, refusing a mix (which CUDA refuses too: the
+# simulated GPU computes in the dtypes CUDA's autocast gives). The CPU's own limits, "(CPU)", are not bugs.
+_DTYPE_MISMATCH = re.compile(
+    r"dtypes? (to )?match|same dtype|dtype.* to be equal|expected scalar type \w+ but found \w+|"
+    r"type \(.+\) and \w+ type \(.+\) should be the same",
+    flags=re.IGNORECASE,
+)
+
 
 def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     """``err`` if the simulated GPU refused something, or PyTorch did for mixing the simulated GPU with the CPU."""
@@ -123,6 +142,8 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     if isinstance(err, RuntimeError) and _PYTORCH_DEVICE_CHECK.search(str(err)):
         message = simulated.as_cuda(_first_line(err))
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
+    if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
+        return SimulatedDeviceError(_first_line(err), kind="dtype", operation="PyTorch's own dtype check")
     return None
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
@@ -22,6 +23,17 @@ from .explain import explain, is_user_code
 from .simulated import SimulatedDeviceError
 
 SIMULATED = simulated.DEVICE_TYPE  # --accelerator simgpu
+# Lightning's names for mixed precision, as a Trainer or the command line may give them.
+MIXED = {"16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed", "16": "16-mixed", "bf16": "bf16-mixed", 16: "16-mixed"}
+
+
+def mixed_precision(precision: str | int) -> MixedPrecision | None:
+    """Lightning's mixed precision on the simulated GPU, for a mixed ``precision`` (None for any other).
+
+    ``torch.autocast("simgpu")`` casts by CUDA's autocast policy (``simulated/autocast.py``);
+    ``16-mixed`` scales the loss with a ``GradScaler``, as on a CUDA GPU.
+    """
+    return MixedPrecision(MIXED[precision], device=SIMULATED) if precision in MIXED else None
 
 
 class SimulatedGPUAccelerator(Accelerator):

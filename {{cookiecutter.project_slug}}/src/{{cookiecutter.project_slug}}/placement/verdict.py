@@ -18,7 +18,9 @@ class DevicePlacementError(RuntimeError):
 
     Attributes:
         kind: ``"mixed devices"``, ``"another GPU"`` (another DDP process's), ``"generator"``,
-            ``"hard-coded device"``, ``"numpy"`` or ``"sync_dist"``.
+            ``"hard-coded device"``, ``"numpy"``, ``"sync_dist"``, ``"collective"`` (a collective of
+            ``torch.distributed`` on a tensor off the process's GPU), ``"autocast"`` (an operation CUDA's
+            autocast refuses) or ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast).
         stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
         rank: 0 on the first simulated GPU; 1 for the second process of a DDP run.
         hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from . import autocast
 from .devices import DEVICE_COUNT, DEVICE_TYPE, SimulationUnavailableError, _state, set_device
 from .rules import _declared_rules
 from .tensor import SimulatedTensor, _run
@@ -115,6 +116,7 @@ def enable() -> None:
         library.impl(name, kernel, "PrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_fallback, dispatch_key="PrivateUse1")
+    autocast.register(library, fallback)
     _libraries.extend((library, fallback))  # a library unregisters its kernels when collected
     _check_backward()
 

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from .backend import enable
-from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, as_cuda, current_device, set_device
+from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, as_cuda, current_device, own_indices, set_device
 from .tensor import SimulatedTensor
 
 _RealGenerator = torch.Generator
@@ -168,7 +168,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
     torch.Generator, torch.compile = _Generator, _as_written
     try:
         # torch.compile cannot trace these tensors: code compiled before runs as written too.
-        with torch._dynamo.config.patch(disable=True), _CodeChecks():
+        with torch._dynamo.config.patch(disable=True), _CodeChecks(), own_indices():
             yield
     finally:
         torch.Generator, torch.compile = _RealGenerator, _compile

@@ -1,6 +1,7 @@
 """The simulated devices: their names, which one is current, and the errors of the simulation."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -21,8 +22,9 @@ class SimulatedDeviceError(RuntimeError):
     """What a CUDA GPU would refuse.
 
     Attributes:
-        kind: ``"mixed devices"``, ``"generator"``, ``"hard-coded device"``, ``"numpy"`` or
-            ``"sync_dist"`` (a collective operation on a tensor off the process's GPU).
+        kind: ``"mixed devices"``, ``"generator"``, ``"hard-coded device"``, ``"numpy"``,
+            ``"sync_dist"`` (a collective operation on a tensor off the process's GPU) or ``"host tensor"``
+            (a GPU tensor for an argument CUDA reads on the host, such as lengths).
         operation: The operation that refused, e.g. ``"aten.clamp.Tensor"`` or ``"Tensor.numpy"``.
         devices: The devices involved, as CUDA would name them (``"cuda:0"``, ``"cpu"``), the odd one last.
         argument: The name of the operation's argument that is on the odd device, where known.
@@ -76,3 +78,48 @@ def set_device(device: int | torch.device) -> None:
         if not 0 <= index < DEVICE_COUNT:
             raise ValueError(f"the simulated GPU has devices 0 to {DEVICE_COUNT - 1}, not {index}")
         _state.index = index
+
+
+# Inside PyTorch every simulated tensor is on simgpu:0 (its autograd engine serves one index
+# of a Python device), so where PyTorch's C++ code tells code a device index, the simulated
+# GPU's own index is put in its place: the grouping of tensors by device that optimizers'
+# and clip_grad_norm_'s foreach paths use, and torch.accelerator's current device.
+_GROUP = torch._C._group_tensors_by_device_and_dtype
+
+
+def _grouped(tensorlistlist, with_indices=False):
+    """PyTorch's grouping of tensors by device and dtype, the simulated tensors' group under their own device."""
+    return {
+        (current_device() if device.type == DEVICE_TYPE else device, dtype): group
+        for (device, dtype), group in _GROUP(tensorlistlist, with_indices).items()
+    }
+
+
+def _exchange(index: int) -> int:
+    """Make ``index`` the current device (unless negative: none), and return the one before."""
+    previous = _state.index
+    if index >= 0:
+        set_device(index)
+    return previous
+
+
+@contextmanager
+def own_indices() -> Iterator[None]:
+    """Inside the block, every device index code can observe is the current simulated device's."""
+    accelerator = torch.accelerator.current_accelerator()
+    is_simulated = accelerator is not None and accelerator.type == DEVICE_TYPE
+    replaced = {"_group_tensors_by_device_and_dtype": _grouped}
+    if is_simulated:
+        replaced["_accelerator_getDeviceIndex"] = lambda: _state.index
+        replaced |= dict.fromkeys(
+            ("_accelerator_setDeviceIndex", "_accelerator_exchangeDevice", "_accelerator_maybeExchangeDevice"),
+            _exchange,
+        )
+    originals = {name: getattr(torch._C, name) for name in replaced if hasattr(torch._C, name)}
+    for name in originals:
+        setattr(torch._C, name, replaced[name])
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(torch._C, name, function)

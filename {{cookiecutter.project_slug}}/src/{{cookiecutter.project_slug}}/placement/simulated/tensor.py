@@ -92,6 +92,8 @@ def _run(func, args, kwargs):
     written = _written_arguments(func)
     if written is None:
         return wrapped
+    if not written:
+        return None  # an in-place operation that returns nothing (GradScaler's unscaling)
     # An in-place or out= operation returns the very tensors it was given.
     arguments = func._schema.arguments
     given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
