@@ -77,6 +77,7 @@ COMMON_FILES = {
     "tests/test_code_checks.py",
     "tests/test_explain.py",
     "tests/test_device_indices.py",
+    "tests/test_host_arguments.py",
     "tests/test_placement_main.py",
     "tests/test_real_gpu.py",
     "tests/test_simgpu_training.py",

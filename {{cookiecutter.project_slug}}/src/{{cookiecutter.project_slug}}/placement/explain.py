@@ -48,6 +48,10 @@ FIXES = {
         "cast where they meet (.to(y.dtype), .float())",
         "rule 15",
     ),
+    "host tensor": (
+        "PyTorch reads these lengths or sizes on the CPU, even on a GPU: pass a CPU tensor (lengths.cpu()) or a list",
+        "rule 13",
+    ),
     "hard-coded device": (
         "take the device from the data or the module (x.device, self.device): a device written into the code "
         "breaks --accelerator cpu, and under DDP every process but the first would use another's GPU",

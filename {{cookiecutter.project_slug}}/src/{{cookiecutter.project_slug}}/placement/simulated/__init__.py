@@ -18,11 +18,16 @@ How it works:
   (``native_functions.yaml``, shipped with torch): most operations require all tensors
   on one device; element-wise ones ("TensorIterator") also accept 0-dim CPU tensors;
   indexing accepts CPU indices; copies and ``.to()`` cross devices. An operation that
-  CUDA runs as a composition of others is checked through those others.
+  CUDA runs as a composition of others is checked through those others. Lengths and sizes
+  that CUDA reads on the host must be CPU tensors (``rules.HOST_ARGUMENTS``), and
+  ``ctc_loss`` takes CUDA's path, not the one ATen takes for tensor subclasses
+  (``rules.CUDA_PATHS``).
 - Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(...,
   device=...)``, ``batch.to(device)``) come through kernels registered for PrivateUse1.
 - A process has one GPU: every simulated tensor is on the current device, ``simgpu:0``
-  or ``simgpu:1``. Code of the user's that asks for another index stops there.
+  or ``simgpu:1``. Code of the user's that asks for another index stops there. Every
+  index code can observe is that device's (``.device``, ``get_device()``, PyTorch's
+  grouping of tensors by device, ``torch.accelerator``'s current device).
 - Inside ``simulating()``: ``torch.Generator(device="simgpu")`` works, a CUDA device
   written into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``)
   stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor.
@@ -51,8 +56,13 @@ package and nowhere else in the project (tested with torch 2.10 and 2.14):
   (``tensor.py``), and ``torch._C._dispatch_has_computed_kernel_for_dispatch_key`` with
   ``torch._decomp.decomposition_table``, for operations PyTorch runs on GPUs only (the fused
   LSTM and GRU cells are computed here in CPU operations) (``gpu_only.py``);
-- ``torchgen/packaged/ATen/native/native_functions.yaml``, read as text, and
-  ``OpOverload._schema`` (``rules.py``);
+- ``torchgen/packaged/ATen/native/native_functions.yaml``, read as text, ``OpOverload._schema``,
+  ``OpOverload.decompose`` and ``torch._C._dispatch_has_kernel_for_dispatch_key``, to run
+  composite operations as CUDA runs them (``rules.py``, ``tensor.py``), with Python kernels
+  for the ``AutogradPrivateUse1`` key (``backend.py``);
+- ``torch._C._group_tensors_by_device_and_dtype`` and ``torch._C._accelerator_*`` (the device
+  index functions) are replaced while ``simulating()`` is active, to report the simulated
+  device's index (``devices.py``);
 - ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
   generators of its own in Python), and so is ``torch.compile``, with
   ``torch._dynamo.config.disable`` set: compiled code runs as written, since TorchDynamo

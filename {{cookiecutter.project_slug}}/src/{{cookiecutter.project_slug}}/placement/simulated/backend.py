@@ -11,7 +11,7 @@ import torch
 
 from . import autocast
 from .devices import DEVICE_COUNT, DEVICE_TYPE, SimulationUnavailableError, _state, set_device
-from .rules import _declared_rules
+from .rules import _declared_rules, composite_kernels
 from .tensor import SimulatedTensor, _run
 
 _PACKAGE = __name__.rpartition(".")[0]  # <pkg>.placement.simulated
@@ -117,6 +117,8 @@ def enable() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_fallback, dispatch_key="PrivateUse1")
     autocast.register(library, fallback)
+    for name, kernel in composite_kernels():  # where PyTorch decomposes them: its autograd key
+        library.impl(name, kernel, "AutogradPrivateUse1")
     _libraries.extend((library, fallback))  # a library unregisters its kernels when collected
     _check_backward()
 

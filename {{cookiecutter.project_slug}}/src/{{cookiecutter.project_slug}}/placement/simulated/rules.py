@@ -2,7 +2,10 @@
 
 Most operations require all tensors on one device; element-wise ones ("TensorIterator") also
 accept 0-dim CPU tensors; indexing accepts CPU indices; copies and ``.to()`` cross devices. An
-operation that CUDA runs as a composition of others is checked through those others.
+operation that CUDA runs as a composition of others is checked through those others. Some
+arguments CUDA reads on the host: those must be CPU tensors (``HOST_ARGUMENTS``), and one
+composite operation takes another path for tensor subclasses than CUDA takes for its tensors
+(``CUDA_PATHS``).
 """
 
 import functools
@@ -64,8 +67,11 @@ def _kernel(func) -> str:
 
 
 def _named_tensors(func, args, kwargs) -> Iterator[tuple[str, torch.Tensor, bool]]:
-    """(argument name, tensor, written to) for every tensor the operation takes, in schema order."""
+    """(argument name, tensor, written to) for every tensor the operation takes on the device, in schema order."""
+    on_host = _host_arguments().get(func, {})
     for position, argument in enumerate(func._schema.arguments):
+        if argument.name in on_host:
+            continue  # read on the host: checked by check_host_arguments
         value = args[position] if position < len(args) else kwargs.get(argument.name)
         is_output = argument.alias_info is not None and argument.alias_info.is_write
         values = value if isinstance(value, list | tuple) else (value,)
@@ -79,7 +85,7 @@ _INDEXING |= {"_unsafe_index_put"}
 
 
 def _rule(func) -> str:
-    """How CUDA checks the devices of ``func``'s tensors: strict, iterator, index, any or composite."""
+    """How CUDA checks the devices of ``func``'s tensors: strict, iterator, index, any, composite or implicit."""
     schema = func._schema
     namespace, name = schema.name.split("::")
     key = f"{name}.{schema.overload_name}" if schema.overload_name else name
@@ -87,6 +93,10 @@ def _rule(func) -> str:
         return "strict"  # a library's own kernel (torchvision, ...) checks its inputs
     if key in _INDEXING:
         return "index"
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        # Run as other operations on every device. Autograd's key decomposes it before it reaches
+        # the simulated tensors; under inference mode it reaches them whole: decompose it there too.
+        return "implicit"
     return _declared_rules().get(key, "strict")
 
 
@@ -114,3 +124,106 @@ def _declared_rules() -> dict[str, str]:
         elif "structured_delegate" not in entry and "CUDA" not in backends and "CompositeExplicitAutograd" in backends:
             rules[declared.group(1)] = "composite"
     return rules
+
+
+# Arguments that CUDA kernels read on the host, so that they must be CPU tensors, with the message of
+# the check that refuses a GPU tensor. Listed from PyTorch's sources (torch 2.10 to 2.14): the
+# operations of native_functions.yaml that take lengths, sizes, offsets or bounds as tensors, each
+# read in aten/src/ATen/native/ (its file named below); tests/test_host_arguments.py has a wrong and
+# a right version of each. The others of that list read such tensors on the device, or copy them
+# to the host themselves (narrow.Tensor's start, linspace's ends, fused optimizers' lr), or run on
+# GPUs only (cuDNN's and MIOpen's CTC, the nested tensors' and attention kernels' offsets).
+_PACKED = "'{argument}' argument should be a 1D CPU int64 tensor, but got {dim}D {device} {dtype} tensor"
+HOST_ARGUMENTS = {
+    "_pack_padded_sequence": {"lengths": _PACKED},  # PackedSequence.cpp, checkLongTensor
+    "_pad_packed_sequence": {"batch_sizes": _PACKED},  # PackedSequence.cpp, checkLongTensor
+    "_pack_padded_sequence_backward": {"batch_sizes": _PACKED},  # PackedSequence.cpp, checkLongTensor
+    # RNN.cpp: a packed sequence's batch sizes are read as int64 on the host
+    **{key: {"batch_sizes": _PACKED} for key in ("lstm.data", "gru.data", "rnn_tanh.data", "rnn_relu.data")},
+    "tensor_split.tensor_indices_or_sections": {  # TensorShape.cpp
+        "tensor_indices_or_sections": "tensor_split expected tensor_indices_or_sections to be on cpu, but it's on "
+        "{device}"
+    },
+    "randint_like.Tensor": {"high": "high must be a scalar tensor and on CPU"},  # TensorFactories.cpp
+}
+
+
+@functools.cache
+def _host_arguments() -> dict:
+    """``HOST_ARGUMENTS`` by operation: {OpOverload: {argument: message}}, for the operations this PyTorch has."""
+    return {_overload(key): arguments for key, arguments in HOST_ARGUMENTS.items() if _overload(key) is not None}
+
+
+def _overload(key: str):
+    """The aten operation named ``key`` (``name.overload``), or None where this PyTorch has none."""
+    name, _, overload = key.partition(".")
+    packet, overload = getattr(torch.ops.aten, name, None), overload or "default"
+    return getattr(packet, overload) if packet is not None and overload in packet.overloads() else None
+
+
+def check_host_arguments(func, args, kwargs) -> None:
+    """Raise ``SimulatedDeviceError`` where ``func`` is given a GPU tensor for an argument CUDA reads on the host."""
+    arguments = _host_arguments().get(func)
+    if arguments is None:
+        return
+    for position, argument in enumerate(func._schema.arguments):
+        tensor = args[position] if position < len(args) else kwargs.get(argument.name)
+        if argument.name in arguments and isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
+            device = as_cuda(tensor.device)
+            dtype = _TYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+            raise SimulatedDeviceError(
+                arguments[argument.name].format(argument=argument.name, dim=tensor.dim(), device=device, dtype=dtype),
+                kind="host tensor",
+                operation=str(func),
+                devices=("cpu", device),
+                argument=argument.name,
+                culprit=tensor,
+            )
+
+
+_TYPE_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.float32: "Float", torch.float64: "Double"}
+
+
+# ctc_loss with tensor lengths takes, for tensor subclasses, a path that CUDA never takes for its own
+# tensors (LossCTC.cpp, at::areAnyTensorSubclassLike): CUDA copies the lengths to the host and moves
+# the targets to log_probs' device itself, so either may be on either device. The simulated GPU's
+# tensors take CUDA's path here. (ATen's other branches on tensor subclasses choose an out-of-place
+# operation over an in-place one, with the same devices: scatter_add's, index_add's and index_fill's
+# backward, matrix_rank, isclose, embedding_bag's offsets, binary_cross_entropy_with_logits'
+# backward, the attention mask of scaled_dot_product_attention's math path.)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1, zero_infinity=False):
+    for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+            raise RuntimeError(f"{name} must be integral")
+    lengths = input_lengths.tolist(), target_lengths.tolist()
+    return torch.ops.aten.ctc_loss.IntList(log_probs, targets, *lengths, blank, reduction, zero_infinity)
+
+
+CUDA_PATHS = {"ctc_loss.Tensor": _ctc_loss}
+
+
+@functools.cache
+def cuda_paths() -> dict:
+    """``CUDA_PATHS`` by operation: {OpOverload: the computation CUDA runs for it}."""
+    return {_overload(key): path for key, path in CUDA_PATHS.items() if _overload(key) is not None}
+
+
+def as_on_cuda(func, *args, **kwargs):
+    """A composite operation computed as CUDA computes it: its host arguments checked, then CUDA's path or its parts."""
+    check_host_arguments(func, args, kwargs)
+    path = cuda_paths().get(func)
+    return path(*args, **kwargs) if path is not None else func.decompose(*args, **kwargs)
+
+
+def composite_kernels() -> list[tuple[str, object]]:
+    """The composite operations whose path or host checks differ on the simulated GPU, as (name, kernel).
+
+    Registered for the simulated GPU's autograd key, where PyTorch decomposes them.
+    """
+    kernels = []
+    for func in {*_host_arguments(), *cuda_paths()}:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            name = func._schema.name.split("::")[1]
+            overload = func._schema.overload_name
+            kernels.append((f"{name}.{overload}" if overload else name, functools.partial(as_on_cuda, func)))
+    return sorted(kernels, key=lambda kernel: kernel[0])

@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_map
 
 from .devices import _CPU, DEVICE_TYPE, _state, current_device
 from .gpu_only import _on_the_cpu
-from .rules import _check_devices, _rule
+from .rules import _check_devices, _rule, check_host_arguments, cuda_paths
 
 
 class SimulatedTensor(torch.Tensor):
@@ -59,12 +59,18 @@ class SimulatedTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        check_host_arguments(func, args, kwargs)
+        path = cuda_paths().get(func)
+        if path is not None:
+            return path(*args, **kwargs)
         devices = {tensor.device for tensor in _tensors(args, kwargs)}
         if len(devices) > 1:
             rule = _rule(func)
             if rule == "composite":
                 # CUDA runs it as other operations: check those.
                 return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+            if rule == "implicit":
+                return func.decompose(*args, **kwargs)
             _check_devices(func, rule, args, kwargs)
         return _run(func, args, kwargs)
 
