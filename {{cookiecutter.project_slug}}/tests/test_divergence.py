@@ -68,3 +68,15 @@ def test_no_save_writes_a_diverged_model_between_the_periodic_checks(in_tmp_path
     for saved in Path().rglob("*.ckpt"):
         weights = torch.load(saved, weights_only=True)["state_dict"].values()
         assert all(torch.isfinite(tensor).all() for tensor in weights if tensor.is_floating_point()), saved
+
+
+@pytest.mark.slow
+def test_a_loss_gone_nan_stops_the_run_at_the_next_periodic_check(in_tmp_path, fast_args):
+    """The loss turns NaN at step 3 and no save is asked for: the check every 20 steps stops the run at step 20,
+    not at the end of the epoch's 30 steps."""
+    poison = [f"--trainer.callbacks+={__name__}.PoisonAt", "--trainer.callbacks.init_args.step", "3"]
+    steps = ["--trainer.limit_train_batches", "30", "--data.batch_size", "8", "--max_epochs", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, *steps, *poison])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: training diverged") and "step 20." in message, message

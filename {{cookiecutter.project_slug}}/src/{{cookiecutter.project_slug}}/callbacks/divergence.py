@@ -29,13 +29,15 @@ class StopOnDivergence(L.Callback):
 
     def __init__(self, check_every: int = 20) -> None:
         self.check_every = check_every
-        self._finite: torch.Tensor | None = None  # stays on the device: no step waits for the host
+        # Both stay on the device: no step waits for the host.
+        self._finite: torch.Tensor | None = None  # whether every loss checked so far was finite
+        self._unchecked: list[torch.Tensor] = []  # the losses since, checked together at the next check
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *args: Any) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
-            finite = torch.isfinite(loss.detach()).all()
-            self._finite = finite if self._finite is None else self._finite & finite
+            # Kept, not checked: a step adds no work on the device, the check does it for all of them at once.
+            self._unchecked.append(loss.detach())
         if trainer.global_step % self.check_every == 0 or trainer.received_sigterm:
             self._check(trainer)
 
@@ -52,6 +54,11 @@ class StopOnDivergence(L.Callback):
         self._check(trainer, all(bool(torch.isfinite(value).all()) for value in weights if value.is_floating_point()))
 
     def _check(self, trainer: L.Trainer, weights_finite: bool = True) -> None:
+        if self._unchecked:
+            losses = torch.cat([loss.reshape(-1) for loss in self._unchecked])
+            finite = torch.isfinite(losses).all()
+            self._finite = finite if self._finite is None else self._finite & finite
+            self._unchecked = []
         finite = weights_finite and (self._finite is None or bool(self._finite))
         if not trainer.strategy.reduce_boolean_decision(finite, all=True):
             raise DivergenceError(
