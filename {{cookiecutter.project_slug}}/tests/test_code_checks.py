@@ -38,6 +38,20 @@ def test_numpy_needs_a_cpu_tensor():
     assert error.kind == "numpy" and "TypeError: can't convert cuda:0" in str(error)
 
 
+class NumpyAfterToCPUInValidation(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        for on_cpu in (logits.to("cpu", torch.float64), logits.to(labels.cpu()), logits.to(torch.device("cpu"))):
+            self.share = float(np.mean(on_cpu.numpy() == 0))
+        self.log("val/loss", F.cross_entropy(logits, labels))
+
+
+def test_every_way_of_moving_to_the_cpu_works_under_inference_mode_too():
+    """validate runs in inference mode, where .to(device, dtype) and .to(tensor) reach the simulated GPU whole."""
+    audit(NumpyAfterToCPUInValidation(), BATCH)
+
+
 # Rule 10: a random generator belongs to the device it draws for.
 
 

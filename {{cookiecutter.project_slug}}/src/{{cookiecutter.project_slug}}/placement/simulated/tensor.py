@@ -77,13 +77,18 @@ class SimulatedTensor(torch.Tensor):
 
 def _run(func, args, kwargs):
     """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere)."""
-    explicit = kwargs.get("device")
+    position = _device_position(func)
+    given = position is not None and position < len(args) and args[position] is not None
+    explicit = args[position] if given else kwargs.get("device")  # x.to(device, dtype) names it by position
     explicit = None if explicit is None else torch.device(explicit)
     simulated = explicit.type == DEVICE_TYPE if explicit is not None else _any_simulated(args, kwargs)
     cpu_args = tuple(_unwrap(arg) for arg in args)
     cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()}
     if explicit is not None and simulated:
-        cpu_kwargs["device"] = _CPU
+        if given:
+            cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
+        else:
+            cpu_kwargs["device"] = _CPU
     out = _on_the_cpu(func)(*cpu_args, **cpu_kwargs)
     if not simulated:
         return out
@@ -121,6 +126,19 @@ def _wrap(out):
     if type(out) in (list, tuple):
         return type(out)(_wrap(item) for item in out)
     return out
+
+
+@functools.cache
+def _device_position(func) -> int | None:
+    """The position of ``func``'s ``device`` argument where it may be given by position, or None."""
+    return next(
+        (
+            position
+            for position, argument in enumerate(func._schema.arguments)
+            if argument.name == "device" and not argument.kwarg_only
+        ),
+        None,
+    )
 
 
 @functools.cache
