@@ -100,9 +100,10 @@ class CTC(Probe):
         self.log("val/loss", self.training_step(batch, batch_idx))
 
 
-@pytest.mark.parametrize(
-    "placement", ["lengths on the CPU", "lengths on the GPU", "targets on the CPU", "lengths as lists"]
-)
+CTC_PLACEMENTS = ["lengths on the CPU", "lengths on the GPU", "targets on the CPU", "lengths as lists"]
+
+
+@pytest.mark.parametrize("placement", CTC_PLACEMENTS)
 def test_ctc_loss_takes_its_lengths_and_targets_on_either_device(placement):
     """CUDA's ctc_loss copies tensor lengths to the host and targets to the GPU: every placement passes."""
     verdict = audit(CTC(placement), BATCH)

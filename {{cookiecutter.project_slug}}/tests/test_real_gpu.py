@@ -4,6 +4,8 @@ import lightning as L
 import pytest
 import torch
 from test_code_checks import NoisyWithCPUGenerator, NoisyWithDeviceGenerator, NumpyAfterCPU, NumpyOfAGPUTensor
+from test_device_indices import ClipsInAHook
+from test_host_arguments import CTC, CTC_PLACEMENTS, DrawsBelow, PackedLSTM, SplitsFeatures
 from test_simulated_gpu import (
     BATCH,
     AccumulatesInABuffer,
@@ -38,6 +40,14 @@ AGREEMENT = {
     "clamp by a CPU scalar": (ClampsByCPUScalar, ClampsByANumber),
     "epoch-end state": (AccumulatesOnCPU, AccumulatesInABuffer),
     "CPU generator": (NoisyWithCPUGenerator, NoisyWithDeviceGenerator),
+    "packed sequence's lengths on the GPU": (lambda: PackedLSTM(False), lambda: PackedLSTM(True)),
+    "tensor_split's points on the GPU": (lambda: SplitsFeatures(False), lambda: SplitsFeatures(True)),
+    "randint_like's bound on the GPU": (lambda: DrawsBelow(False), lambda: DrawsBelow(True)),
+}
+# Right versions that the audit once refused: the audit passes them, and so does a GPU.
+RIGHT = {
+    **{f"ctc_loss with {placement}": lambda placement=placement: CTC(placement) for placement in CTC_PLACEMENTS},
+    "clip_grad_norm_ in a hook": ClipsInAHook,
 }
 
 
@@ -57,6 +67,14 @@ def test_a_real_gpu_agrees_with_the_audit(rule):
         fit_on_gpu(wrong(), enable_checkpointing=False)
     audit(right(), BATCH)
     fit_on_gpu(right(), enable_checkpointing=False)
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+@pytest.mark.parametrize("case", RIGHT)
+def test_a_real_gpu_runs_what_the_audit_passes(case):
+    audit(RIGHT[case](), BATCH)
+    fit_on_gpu(RIGHT[case](), enable_checkpointing=False)
 
 
 @pytest.mark.gpu
