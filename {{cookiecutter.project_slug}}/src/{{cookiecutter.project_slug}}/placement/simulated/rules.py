@@ -133,13 +133,16 @@ def _declared_rules() -> dict[str, str]:
 # a right version of each. The others of that list read such tensors on the device, or copy them
 # to the host themselves (narrow.Tensor's start, linspace's ends, fused optimizers' lr), or run on
 # GPUs only (cuDNN's and MIOpen's CTC, the nested tensors' and attention kernels' offsets).
-_PACKED = "'{argument}' argument should be a 1D CPU int64 tensor, but got {dim}D {device} {dtype} tensor"
+_PACKED = "'lengths' argument should be a 1D CPU int64 tensor, but got {dim}D {device} {dtype} tensor"  # for each
 HOST_ARGUMENTS = {
     "_pack_padded_sequence": {"lengths": _PACKED},  # PackedSequence.cpp, checkLongTensor
     "_pad_packed_sequence": {"batch_sizes": _PACKED},  # PackedSequence.cpp, checkLongTensor
     "_pack_padded_sequence_backward": {"batch_sizes": _PACKED},  # PackedSequence.cpp, checkLongTensor
-    # RNN.cpp: a packed sequence's batch sizes are read as int64 on the host
-    **{key: {"batch_sizes": _PACKED} for key in ("lstm.data", "gru.data", "rnn_tanh.data", "rnn_relu.data")},
+    # RNN.cpp (and cudnn/RNN.cpp): a packed sequence's batch sizes are read through data_ptr on the host, unchecked
+    **{
+        key: {"batch_sizes": "a packed sequence's batch_sizes must be a CPU int64 tensor, not on {device}"}
+        for key in ("lstm.data", "gru.data", "rnn_tanh.data", "rnn_relu.data")
+    },
     "tensor_split.tensor_indices_or_sections": {  # TensorShape.cpp
         "tensor_indices_or_sections": "tensor_split expected tensor_indices_or_sections to be on cpu, but it's on "
         "{device}"
