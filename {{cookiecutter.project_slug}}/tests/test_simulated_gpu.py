@@ -352,5 +352,13 @@ def test_values_logged_with_sync_dist_stay_on_the_gpu():
 def test_the_audit_module_names_each_private_api_it_uses():
     """The simulated GPU leans on private PyTorch APIs: its docstring lists each, for upgrades."""
     doc = inspect.getdoc(simulated)
-    for api in ("_setup_privateuseone_for_python_backend", "_make_wrapper_subclass", "native_functions.yaml", "_op_dk"):
+    for api in (
+        "_setup_privateuseone_for_python_backend",
+        "_make_wrapper_subclass",
+        "native_functions.yaml",
+        "_op_dk",
+        "OpOverload.decompose",
+        "AutogradPrivateUse1",
+        "_group_tensors_by_device_and_dtype",
+    ):
         assert api in doc, api
