@@ -35,6 +35,7 @@ from . import simulated
 from .explain import explain, is_user_code
 from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
 from .simulated import SimulationUnavailableError
+from .simulated.collectives import process_group
 from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
 
 LOADER_OF_STAGE = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -112,7 +113,7 @@ def run_audit(
                 outcome = Outcome(stage, rank, world_size)
                 start = time.perf_counter()
                 try:
-                    with simulated.simulating(rank, is_user_code):
+                    with process_group(rank, world_size), simulated.simulating(rank, is_user_code):
                         getattr(runner, stage)(twin, **_data_arguments(stage, data))
                 except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
                     raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all

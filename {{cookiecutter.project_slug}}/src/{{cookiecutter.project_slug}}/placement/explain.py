@@ -37,6 +37,12 @@ FIXES = {
         "rule 11",
     ),
     "generator": ("make the generator on the device it draws for: torch.Generator(device=x.device)", "rule 10"),
+    "collective": (
+        "NCCL, CUDA's collective backend, takes tensors on the process's own GPU only: make the tensor on the "
+        "module's device (torch.tensor(..., device=self.device), x.new_tensor(...)) before the collective, "
+        "or use self.all_gather / self.log(..., sync_dist=True)",
+        "rule 16",
+    ),
     "autocast": (
         "use the operation's autocast-safe form (binary_cross_entropy_with_logits on the logits, or "
         "nn.BCEWithLogitsLoss), or compute it outside the autocast region on .float() inputs",

@@ -37,6 +37,9 @@ Its files, bottom to top (each imports only those above it in this list):
 - ``devices.py``: the device type, which index is current, and the errors;
 - ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
 - ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
+- ``autocast.py``: autocast on the device, with CUDA's casting policy, read from
+  ``ATen/autocast_mode.h``;
+- ``collectives.py``: a process group for a simulated DDP rank, with NCCL's device rule;
 - ``tensor.py``: ``SimulatedTensor`` and its ``__torch_dispatch__``;
 - ``backend.py``: the ``simgpu`` device type, its device module (``torch.simgpu``) and
   kernels, and ``enable()``;
@@ -63,6 +66,10 @@ package and nowhere else in the project (tested with torch 2.10 and 2.14):
 - ``torch._C._group_tensors_by_device_and_dtype`` and ``torch._C._accelerator_*`` (the device
   index functions) are replaced while ``simulating()`` is active, to report the simulated
   device's index (``devices.py``);
+- ``torch/include/ATen/autocast_mode.h``, read as text, kernels for the ``AutocastPrivateUse1``
+  key, ``torch._C._ExcludeDispatchKeyGuard`` and ``torch.autograd.Function`` (``autocast.py``);
+- ``torch.distributed._Work``, a Python ``torch.distributed.ProcessGroup`` and its
+  ``_device_types``, ``torch.distributed.Backend.register_backend`` (``collectives.py``);
 - ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
   generators of its own in Python), and so is ``torch.compile``, with
   ``torch._dynamo.config.disable`` set: compiled code runs as written, since TorchDynamo
@@ -72,7 +79,7 @@ package and nowhere else in the project (tested with torch 2.10 and 2.14):
 import sys
 import types
 
-from . import backend, code_checks, devices, gpu_only, rules, tensor
+from . import autocast, backend, code_checks, collectives, devices, gpu_only, rules, tensor
 from .backend import enable
 from .code_checks import SimulatedGenerator, simulating
 from .devices import (
@@ -122,7 +129,17 @@ _first = next(
 if _first is None:
     _SIMULATED_GPU_FIRST_PACKAGE = True
 else:
-    for _copy in (devices, rules, gpu_only, tensor, backend, code_checks, sys.modules[__name__]):
+    for _copy in (
+        devices,
+        rules,
+        gpu_only,
+        autocast,
+        collectives,
+        tensor,
+        backend,
+        code_checks,
+        sys.modules[__name__],
+    ):
         _original = sys.modules[_copy.__name__.replace(__name__, _first.__name__, 1)]
         vars(_copy).update(
             {

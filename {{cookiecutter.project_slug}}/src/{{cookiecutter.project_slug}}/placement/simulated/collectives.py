@@ -1,0 +1,249 @@
+"""A process group for a simulated DDP rank: ``torch.distributed`` in this one process, with NCCL's device rules.
+
+While the audit plays the second process of a two-GPU DDP run, ``process_group(1, 2)`` makes
+``torch.distributed`` initialized (``is_initialized()``, ``get_rank()`` 1, ``get_world_size()``
+2), with a process group of the backend ``simnccl``: every collective (``all_reduce``,
+``all_gather``, ``broadcast``, ``reduce_scatter``, ``all_to_all``, ``barrier``, the object
+collectives, ...) first checks what NCCL, CUDA's collective backend, checks: that every tensor
+is on this process's GPU. A tensor on the CPU stops there with ``SimulatedDeviceError`` (NCCL:
+"No backend type associated with device type cpu"). Otherwise it completes at once, as if
+every process held the same values (a sum is ``world_size`` times the tensor, a gather
+``world_size`` copies). Groups made with ``new_group`` (Lightning makes a ``gloo`` one around
+``prepare_data``) are simulated too: ``gloo`` ones take CPU tensors as well, as Gloo does.
+Nothing listens on the network: the store is an in-memory ``HashStore``, and no other process
+is involved, so nothing can wait for one (``TORCH_DIST_INIT_BARRIER`` is off inside).
+
+Private PyTorch APIs: ``torch.distributed._Work`` (the result of a collective), a Python
+subclass of ``torch.distributed.ProcessGroup`` with the overrides PyTorch's own
+``test_c10d_pypg.py`` uses, and its ``_device_types`` (the device of object collectives);
+``torch.distributed.new_group`` is replaced inside ``process_group()``.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import functools
+import os
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+
+from .devices import DEVICE_TYPE, SimulatedDeviceError, as_cuda, current_device
+
+BACKEND = "simnccl"  # NCCL's rule: tensors on this process's GPU only
+HOST_BACKEND = "simgloo"  # Gloo's: CPU tensors too
+
+
+class _Done(dist._Work):
+    """A collective that has completed."""
+
+    def __init__(self, result: Any = None) -> None:
+        super().__init__()
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [tensor for item in value for tensor in _flat(item)]
+    return []
+
+
+class SimulatedProcessGroup(dist.ProcessGroup):
+    """One rank of a DDP run on simulated GPUs: NCCL's device check, then the values every process would agree on."""
+
+    def __init__(self, rank: int, world_size: int, backend: str = BACKEND) -> None:
+        super().__init__(rank, world_size)
+        self._world_size, self._backend = world_size, backend
+        self._group_name = self._group_desc = ""
+
+    # PyTorch's names for them; a process group with no C++ backend keeps its names itself.
+    def getBackendName(self) -> str:  # noqa: N802
+        return self._backend
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, description: str) -> None:  # noqa: N802
+        self._group_desc = description
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        # Object collectives pickle onto the GPU with NCCL, onto the CPU with Gloo.
+        return [torch.device(DEVICE_TYPE if self._backend == BACKEND else "cpu")]
+
+    def _checked(self, operation: str, *tensors: Any) -> None:
+        """Raise ``SimulatedDeviceError`` where NCCL would refuse a tensor: off this process's GPU."""
+        gpu = current_device()
+        for tensor in _flat(tensors):
+            if tensor.device != gpu and not (self._backend == HOST_BACKEND and tensor.device.type == "cpu"):
+                device = as_cuda(tensor.device)
+                raise SimulatedDeviceError(
+                    f"torch.distributed.{operation} of a tensor on {device} in process {self.rank()}, whose GPU is "
+                    f"{as_cuda(gpu)}: NCCL refuses it (No backend type associated with device type "
+                    f"{tensor.device.type if tensor.device.type != DEVICE_TYPE else 'cuda'})",
+                    kind="collective",
+                    operation=f"torch.distributed.{operation}",
+                    devices=(as_cuda(gpu), device),
+                    argument="tensor",
+                    culprit=tensor,
+                )
+
+    def allreduce(self, tensors, opts=None):
+        self._checked("all_reduce", tensors)
+        if opts is not None and opts.reduceOp == dist.ReduceOp.SUM:
+            for tensor in tensors:
+                tensor.mul_(self._world_size)
+        return _Done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts=None):
+        self._checked("reduce", tensors)
+        return _Done(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        self._checked("broadcast", tensors)
+        return _Done(tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self._checked("all_gather", output_tensors, input_tensors)
+        for outputs, tensor in zip(output_tensors, input_tensors, strict=True):
+            for output in outputs:
+                output.copy_(tensor)
+        return _Done(output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        return self.allgather(output_lists, input_tensors, opts)
+
+    def all_gather_single(self, output, tensor, opts=None):
+        self._checked("all_gather_into_tensor", output, tensor)
+        output.copy_(torch.cat([tensor.reshape(-1)] * self._world_size).reshape(output.shape))
+        return _Done(output)
+
+    def all_gather_single_coalesced(self, outputs, tensors, opts=None):
+        for output, tensor in zip(outputs, tensors, strict=True):
+            self.all_gather_single(output, tensor)
+        return _Done(outputs)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        self._checked("gather", output_tensors, input_tensors)
+        return _Done(output_tensors)
+
+    def gather_single(self, output, tensor, opts=None):
+        self._checked("gather", output, tensor)
+        return _Done(output)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        self._checked("scatter", output_tensors, input_tensors)
+        return _Done(output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._checked("reduce_scatter", output_tensors, input_tensors)
+        for output, inputs in zip(output_tensors, input_tensors, strict=True):
+            output.copy_(inputs[self.rank()])
+        return _Done(output_tensors)
+
+    def reduce_scatter_single(self, output, tensor, opts=None):
+        self._checked("reduce_scatter_tensor", output, tensor)
+        output.copy_(tensor.reshape(self._world_size, -1)[self.rank()].reshape(output.shape))
+        return _Done(output)
+
+    def reduce_scatter_single_coalesced(self, outputs, tensors, opts=None):
+        for output, tensor in zip(outputs, tensors, strict=True):
+            self.reduce_scatter_single(output, tensor)
+        return _Done(outputs)
+
+    def all_to_all_single(self, output, tensor, output_split_sizes=(), input_split_sizes=(), opts=None):
+        self._checked("all_to_all_single", output, tensor)
+        output.copy_(tensor.reshape(output.shape))
+        return _Done(output)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        self._checked("all_to_all", output_tensors, input_tensors)
+        for output, tensor in zip(output_tensors, input_tensors, strict=True):
+            output.copy_(tensor)
+        return _Done(output_tensors)
+
+    def send(self, tensors, dst, tag=0):
+        self._checked("send", tensors)
+        return _Done(tensors)
+
+    def recv(self, tensors, src, tag=0):
+        self._checked("recv", tensors)
+        return _Done(tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self.recv(tensors, 0, tag)
+
+    # The names torch 2.10 calls them by.
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return _Done()
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Gloo's barrier that names a late rank: every simulated rank is here already."""
+
+
+def _creator(backend: str):
+    def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> SimulatedProcessGroup:
+        return SimulatedProcessGroup(rank, world_size, backend)
+
+    return create
+
+
+def _new_group(original, *args: Any, **kwargs: Any):
+    """``torch.distributed.new_group``, of a simulated backend: Gloo's rule for a ``gloo`` group, else NCCL's."""
+    asked = args[2] if len(args) > 2 else kwargs.get("backend")
+    backend = HOST_BACKEND if "gloo" in str(asked).lower() else BACKEND
+    args, kwargs = args[:2], {**kwargs, **dict(zip(("backend", "pg_options"), args[2:4], strict=False))}
+    return original(*args, **{**kwargs, "backend": backend, "pg_options": None})
+
+
+@contextmanager
+def process_group(rank: int, world_size: int) -> Iterator[None]:
+    """Inside the block, ``torch.distributed`` is initialized as rank ``rank`` of ``world_size`` on simulated GPUs.
+
+    Nothing changes for one process (``world_size`` 1: a single GPU has no process group), or
+    where this process has a process group already.
+    """
+    if world_size == 1 or not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    for backend, devices in ((BACKEND, [DEVICE_TYPE]), (HOST_BACKEND, ["cpu", DEVICE_TYPE])):
+        if not hasattr(dist.Backend, backend.upper()):
+            dist.Backend.register_backend(backend, _creator(backend), devices=devices)
+    new_group = functools.partial(_new_group, dist.new_group)
+    with (
+        mock.patch.dict(os.environ, {"TORCH_DIST_INIT_BARRIER": "0"}),
+        mock.patch.object(dist, "new_group", new_group),
+        mock.patch.object(dist.distributed_c10d, "new_group", new_group),
+    ):
+        dist.init_process_group(BACKEND, store=dist.HashStore(), rank=rank, world_size=world_size)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
