@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LAST, RUN, exit_message
+from conftest import LAST, RUN, RUNS, epoch_metrics, exit_message
 
 from {{ cookiecutter.project_slug }}.cli import main
 
@@ -78,3 +78,21 @@ def test_evaluating_twice_into_the_same_logger_version_is_refused(run_copy, fast
     message = exit_message(main, *same)
     assert "holds an earlier run" in message and "--trainer.logger.init_args.version" in message
     assert _digest(first) == before
+
+
+@pytest.mark.slow
+def test_evaluating_a_checkpoint_uses_its_runs_settings(in_tmp_path, fast_args, capsys):
+    """validate --ckpt_path, with no --config, evaluates the data the checkpoint was trained on, and writes its
+    logs into that run's folder; a flag that changes the data is allowed, and said loudly."""
+    trained_with = ["--data.seed", "7", "--data.batch_size", "32"]
+    main([*fast_args, "--max_epochs", "1", *trained_with])
+    final = epoch_metrics(0)[0]
+    run = RUNS / "version_0"
+    evaluate = ["validate", "--accelerator", "cpu", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+    main([*evaluate, "--trainer.limit_val_batches", "2"])  # the training's batches: a saved limit is not applied
+    with (run / "validate" / "version_0" / "metrics.csv").open() as file:
+        evaluated = next(csv.DictReader(file))
+    assert float(evaluated["val/acc"]) == pytest.approx(float(final["val/acc"]), abs=1e-6)
+    assert sorted(path.name for path in RUNS.iterdir()) == ["version_0"], "no new, empty run folder"
+    main([*evaluate, "--data.seed", "8"])
+    assert "warning: --data.seed 8 differs from the 7 the checkpoint was trained with" in capsys.readouterr().out
