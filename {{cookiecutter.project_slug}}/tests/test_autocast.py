@@ -126,7 +126,7 @@ class BCEWithLogits(Probe):
 
 
 def test_binary_cross_entropy_under_mixed_precision_is_refused_as_cuda_refuses_it():
-    """CUDA's autocast refuses ``binary_cross_entropy`` (the CPU's does not): the audit stops there; the logits form passes."""
+    """CUDA's autocast refuses ``binary_cross_entropy`` (the CPU's does not): the audit stops there; logits pass."""
     trainer = L.Trainer(precision="bf16-mixed", logger=False)
     error = assert_rule(SigmoidThenBCE(), BCEWithLogits(), "# unsafe to autocast", __file__, trainer=trainer)
     assert error.kind == "autocast"

@@ -6,6 +6,8 @@ NCCL's device rule. Code that calls ``torch.distributed`` itself (inside an
 ``is_initialized()`` guard, say) is run, and a CPU tensor given to a collective stops at its line.
 """
 
+from typing import ClassVar
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -49,7 +51,7 @@ def test_a_host_tensor_given_to_a_collective_is_caught_at_its_line():
 
 
 class RecordsTheProcessGroup(Probe):
-    seen: list[tuple] = []
+    seen: ClassVar[list[tuple]] = []
 
     def training_step(self, batch, batch_idx):
         initialized = dist.is_initialized()
@@ -123,4 +125,3 @@ def test_a_sum_is_what_every_process_holding_the_same_values_would_get():
         dist.barrier()
         assert values.tolist() == [2.0, 4.0]
         assert [tensor.tolist() for tensor in gathered] == [[2.0, 4.0], [2.0, 4.0]]
-

@@ -67,7 +67,8 @@ def cuda_policies() -> dict[str, str]:
         if policy == "fp32_append_dtype":
             names = re.findall(r'"([\w.]+)"', body)
         else:
-            names = [".".join(part.strip() for part in entry.split(",")) for entry in re.findall(r"_\(([^()]*)\)", body)]
+            entries = re.findall(r"_\(([^()]*)\)", body)  # _(op) or _(op, overload)
+            names = [".".join(part.strip() for part in entry.split(",")) for entry in entries]
         policies.update(dict.fromkeys(names, policy))
     return {**policies, **_EXTRA}
 

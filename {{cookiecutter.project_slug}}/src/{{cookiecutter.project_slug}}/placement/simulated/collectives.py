@@ -19,13 +19,12 @@ subclass of ``torch.distributed.ProcessGroup`` with the overrides PyTorch's own
 ``torch.distributed.new_group`` is replaced inside ``process_group()``.
 """
 
+import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
-
-import functools
-import os
 from unittest import mock
 
 import torch
