@@ -29,9 +29,8 @@ class StopOnDivergence(L.Callback):
 
     def __init__(self, check_every: int = 20) -> None:
         self.check_every = check_every
-        # Both stay on the device: no step waits for the host.
-        self._finite: torch.Tensor | None = None  # whether every loss checked so far was finite
-        self._unchecked: list[torch.Tensor] = []  # the losses since, checked together at the next check
+        # The losses since the last check, kept on the device (no step waits for the host) and checked together.
+        self._unchecked: list[torch.Tensor] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *args: Any) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -53,13 +52,11 @@ class StopOnDivergence(L.Callback):
         weights = [value for value in checkpoint.get("state_dict", {}).values() if isinstance(value, torch.Tensor)]
         self._check(trainer, all(bool(torch.isfinite(value).all()) for value in weights if value.is_floating_point()))
 
-    def _check(self, trainer: L.Trainer, weights_finite: bool = True) -> None:
-        if self._unchecked:
-            losses = torch.cat([loss.reshape(-1) for loss in self._unchecked])
-            finite = torch.isfinite(losses).all()
-            self._finite = finite if self._finite is None else self._finite & finite
-            self._unchecked = []
-        finite = weights_finite and (self._finite is None or bool(self._finite))
+    def _check(self, trainer: L.Trainer, finite: bool = True) -> None:
+        # A check that finds a non-finite value raises, so the losses checked before were all finite.
+        losses, self._unchecked = self._unchecked, []
+        if losses:
+            finite = finite and bool(torch.isfinite(torch.cat([x.reshape(-1) for x in losses])).all())
         if not trainer.strategy.reduce_boolean_decision(finite, all=True):
             raise DivergenceError(
                 f"training diverged: the training loss or the weights became NaN or infinite by epoch "
