@@ -1,12 +1,16 @@
 import contextlib
 import csv
+import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -217,6 +221,113 @@ def trained_run(trained_once, in_tmp_path) -> Path:
     """The last checkpoint of a short fit, in a copy of its run folder in the test's own folder."""
     shutil.copytree(trained_once / "runs", in_tmp_path / "runs")
     return checkpoint(0)
+
+
+# A PostgreSQL server for the tests of the database path (Optuna's RDB storage). Its waits are
+# hang guards, like HANG_GUARD_S: the server starts and stops in about a second.
+POSTGRES_WAIT_S = 120
+
+
+def _postgres_binaries() -> Path | None:
+    """The folder of PostgreSQL's initdb and postgres: on PATH, else the newest in /usr/lib/postgresql (Debian)."""
+
+    def version(folder: Path) -> list[int]:
+        return [int(part) for part in folder.parent.name.split(".") if part.isdigit()]
+
+    on_path = shutil.which("initdb")
+    folders = [Path(on_path).parent] if on_path else []
+    folders += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
+    return next((folder for folder in folders if (folder / "initdb").exists() and (folder / "postgres").exists()), None)
+
+
+def _unprivileged_account() -> dict:
+    """Popen's arguments that run PostgreSQL as the postgres (else nobody) user when we are root, which it refuses."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return {}
+    import pwd  # POSIX only, and only needed as root
+
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            account = pwd.getpwnam(name)
+            return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+    pytest.skip("PostgreSQL refuses to run as root, and there is no postgres or nobody user to run it as")
+
+
+def _ends_with_this_process() -> None:
+    """Have Linux stop the server (PostgreSQL's immediate shutdown) should this process die without stopping it."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGQUIT)  # 1: PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The SQLAlchemy URL of an empty database on a PostgreSQL server of this test process, removed at the end.
+
+    Skipped, with the reason, where PostgreSQL's binaries or psycopg are not installed.
+    """
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
+    binaries = _postgres_binaries()
+    if binaries is None:
+        pytest.skip("PostgreSQL is not installed: no initdb and postgres on PATH or in /usr/lib/postgresql/*/bin")
+    account = _unprivileged_account()
+    # Not in tmp_path: its parent folders are closed to the user the server runs as.
+    folder = Path(tempfile.mkdtemp(prefix="postgres-"))
+    server = None
+    try:
+        if account:
+            os.chown(folder, account["user"], account["group"])
+        # UTF8: from the C locale's default, SQL_ASCII, psycopg returns bytes, not text. -N: no fsync.
+        settings = ["-U", "postgres", "--auth=trust", "--locale=C", "-E", "UTF8", "-N"]
+        initdb = subprocess.run(
+            [binaries / "initdb", "-D", folder / "data", *settings],
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=POSTGRES_WAIT_S,
+            **account,
+        )
+        assert initdb.returncode == 0, f"initdb failed:\n{initdb.stdout}"
+        port = _free_port()
+        log = folder / "server.log"
+        with log.open("wb") as output:  # -F: no fsync, a test's database need not survive a power cut
+            server = subprocess.Popen(
+                [binaries / "postgres", "-D", folder / "data", "-h", "127.0.0.1", "-p", str(port), "-k", folder, "-F"],
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_ends_with_this_process,
+                **account,
+            )
+        deadline = time.monotonic() + POSTGRES_WAIT_S
+        while True:
+            try:
+                address = {"host": "127.0.0.1", "port": port, "user": "postgres", "connect_timeout": 10}
+                with psycopg.connect(**address, autocommit=True) as connection:
+                    connection.execute("CREATE DATABASE tests")
+                break
+            except psycopg.OperationalError:
+                assert server.poll() is None, f"PostgreSQL stopped while starting:\n{log.read_text()}"
+                assert time.monotonic() < deadline, f"PostgreSQL did not start in time:\n{log.read_text()}"
+                time.sleep(0.05)
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/tests"
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown: it ends the open sessions, then itself
+            try:
+                server.wait(timeout=POSTGRES_WAIT_S)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 {%- if cookiecutter.task == "image" %}
 
 
