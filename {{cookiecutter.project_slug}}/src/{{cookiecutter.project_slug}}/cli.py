@@ -22,6 +22,7 @@ from .callbacks import (
     InterruptCheckpoint,
     RandomState,
     RunPlots,
+    RunStatus,
     StopOnDivergence,
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
@@ -385,6 +386,8 @@ def _make_cli(args: list[str], run: bool, prog: str | None = None) -> ProjectCLI
                 BestEpoch(),
                 RandomState(),
                 RunPlots(),
+                # Last: a run's end time counts its plots. run.json says running, finished, interrupted, ...
+                RunStatus(),
             ],
             # A progress bar for people; none in CI logs and other redirected output.
             "enable_progress_bar": sys.stderr.isatty(),

@@ -1,8 +1,10 @@
-"""Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, reporting."""
+"""Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, reporting,
+the run's status record."""
 
 from .divergence import DivergenceError, StopOnDivergence
 from .reporting import BestEpoch, CSVPredictionWriter, RunPlots
 from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
+from .status import RunStatus
 
 __all__ = [
     "BestCheckpoint",
@@ -12,5 +14,6 @@ __all__ = [
     "InterruptCheckpoint",
     "RandomState",
     "RunPlots",
+    "RunStatus",
     "StopOnDivergence",
 ]

@@ -1,0 +1,99 @@
+"""A run's status record, ``run.json`` in its folder: written by every ``fit``, read by the table of runs.
+
+At the start of ``fit`` it says ``running``, with the start time, the host, the process
+(its id and, where the system tells, when it started: a later process given the same id
+is told apart) and the command line. At the end it says how the run ended, ``finished``,
+``interrupted`` (Ctrl-C or SIGTERM), ``diverged`` or ``failed`` (any other error, with
+its message), with the end time, the duration and the best checkpoint. A run killed
+outright (kill -9, a power cut) cannot write its end: its record stays ``running``, and
+the table, finding its process gone, calls it interrupted. The file is written beside
+its name and renamed into place, so a reader never sees half of it.
+
+Only the standard library: the table of runs reads it without importing PyTorch.
+"""
+
+import json
+import os
+import socket
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+RUN_FILE = "run.json"
+RUNNING, FINISHED, INTERRUPTED, DIVERGED, FAILED = "running", "finished", "interrupted", "diverged", "failed"
+# How a run ends, as its record says.
+ENDINGS = (FINISHED, INTERRUPTED, DIVERGED, FAILED)
+
+
+def now() -> str:
+    """The local time with its offset: ``2026-12-01T11:30:10.250+01:00``."""
+    return datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
+def started_record(resumed_from: str | None) -> dict[str, Any]:
+    """The record of a run starting now in this process."""
+    return {
+        "status": RUNNING,
+        "started": now(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process": process_token(os.getpid()),
+        "command": [sys.executable, *sys.argv],
+        "cwd": os.getcwd(),
+        "resumed_from": resumed_from,
+    }
+
+
+def ended_record(record: dict[str, Any], status: str, **details: Any) -> dict[str, Any]:
+    """``record`` of a run that ends now with ``status``, and ``details`` (the error, the best checkpoint)."""
+    ended = now()
+    duration = datetime.fromisoformat(ended) - datetime.fromisoformat(record["started"])
+    return {**record, "status": status, "ended": ended, "duration_s": round(duration.total_seconds(), 1), **details}
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` whole: to a file beside it, then renamed into place."""
+    temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
+    temporary.unlink(missing_ok=True)  # a leftover, or a link planted there: replaced, never written through
+    try:
+        with temporary.open("x") as file:
+            json.dump(record, file, indent=1)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def process_token(pid: int) -> str | None:
+    """What tells process ``pid`` apart from a later one given the same id: the boot and its start tick.
+
+    Linux only (``/proc``); None elsewhere, or when the process is gone.
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        # The command name (field 2) may hold spaces and parentheses: count the fields after its last ')'.
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return f"{boot}:{fields[19]}"  # field 22, the start time in clock ticks after boot
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(record: dict[str, Any]) -> bool | None:
+    """Whether the process that wrote ``record`` still runs; None when it ran on another host, which cannot be asked."""
+    if record.get("host") != socket.gethostname():
+        return None
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process
+    except (OSError, OverflowError):
+        return False
+    recorded = record.get("process")
+    # Without a token (not Linux), a live process with that id is taken to be the run's.
+    return recorded is None or process_token(pid) == recorded

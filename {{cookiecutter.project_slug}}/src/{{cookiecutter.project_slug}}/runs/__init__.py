@@ -1,0 +1,12 @@
+"""The table of runs: ``python -m {{ cookiecutter.project_slug }}.runs [FOLDER]`` lists every run below a folder.
+
+``folders.py`` finds and reads run folders as data, ``sweeps.py`` reads a sweep's study,
+``table.py`` makes and formats the table, ``curves.py`` draws the validation curves, and
+``__main__.py`` is the command.
+"""
+
+from .folders import Run, find_folders, read_run
+from .sweeps import Sweep, read_sweep
+from .table import Table
+
+__all__ = ["Run", "Sweep", "Table", "find_folders", "read_run", "read_sweep"]

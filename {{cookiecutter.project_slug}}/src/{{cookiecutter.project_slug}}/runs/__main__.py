@@ -1,0 +1,146 @@
+"""``python -m {{ cookiecutter.project_slug }}.runs [FOLDER]``: a table of the runs below FOLDER (default ``runs/``).
+
+Every run, in folder order; a sweep's trials, best first; the finished runs into Markdown, with their curves:
+``python -m {{ cookiecutter.project_slug }}.runs``, ``... runs/sweeps/lr --sort=-val/acc``,
+``... --status finished --markdown runs.md --plot curves.png``.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from ..files import check_output_file
+from ..run_record import ENDINGS, RUNNING
+from .curves import plot_curves
+from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run
+from .sweeps import plot_sweep, read_sweep, trial_of
+from .table import FORMATS, Table
+
+STATUSES = (RUNNING, *ENDINGS, UNKNOWN, UNREADABLE)
+OUTPUTS = ("csv", "markdown", "plot")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not the usage and the message."""
+        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = _Parser(
+        prog=f"python -m {__package__}",
+        description="List the runs below FOLDER: status, the settings that differ, best and test metrics, checkpoint.",
+    )
+    parser.add_argument("folder", nargs="?", default="runs", help="where to look for runs, at any depth (default runs)")
+    parser.add_argument("--sort", metavar="COLUMN", help="order by this column (-COLUMN or --desc: largest first)")
+    parser.add_argument("--desc", action="store_true", help="sort in descending order")
+    parser.add_argument("--status", action="append", choices=STATUSES, help="only runs with this status (repeatable)")
+    parser.add_argument("--format", choices=tuple(FORMATS), default="table", help="what to print (default: table)")
+    parser.add_argument("--csv", metavar="PATH", help="also write the table to this CSV file")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table to this Markdown file")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="draw the runs' validation curves into this PNG; a sweep's Optuna plots go beside it",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace files that --csv, --markdown, --plot name")
+    parser.add_argument("--storage", metavar="URL", help="the database of a sweep whose study.db is not in its folder")
+    options = parser.parse_args(_sort_values(sys.argv[1:] if args is None else list(args)))
+    try:
+        _list(options)
+    except UserError as err:
+        parser.exit(1, f"error: {err}\n")
+
+
+def _list(options: argparse.Namespace) -> None:
+    root = Path(options.folder)
+    if not root.exists():
+        raise UserError(f"FOLDER {root} does not exist: give the folder of your runs (by default runs/)")
+    if not root.is_dir():
+        raise UserError(f"FOLDER {root} is not a folder: give the folder of your runs (by default runs/)")
+    for name in OUTPUTS:
+        path = getattr(options, name)
+        if path is not None:
+            check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
+    runs, sweep_folders, notes = find_folders(root)
+    for run in runs:
+        read_run(run, root)
+    link_resumed(runs)
+    sweeps = [read_sweep(folder, _name(folder, root), root, options.storage) for folder in sweep_folders]
+    if options.status:
+        runs = [run for run in runs if run.status in options.status]
+    if not runs:
+        which = f" with status {' or '.join(options.status)}" if options.status else ""
+        raise UserError(f"no runs{which} below {root} (a run folder holds config.yaml, and metrics.csv or run.json)")
+    trials = {id(run): trial for run in runs if (trial := trial_of(run, sweeps)) is not None}
+    table = Table(runs, trials)
+    sort = options.sort
+    if sort:
+        descending = options.desc or sort.startswith("-")
+        try:
+            table.sort(sort.removeprefix("-") if sort not in table.columns else sort, descending)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    plots = _sweep_plots(Path(options.plot), sweeps) if options.plot else []
+    for _, *paths in plots:
+        for path in paths:
+            check_output_file(path, "--plot", overwrite=options.overwrite, overwrite_flag="--overwrite")
+    below = "".join(f"{line}\n" for sweep in sweeps for line in sweep.summary())
+    sys.stdout.write(FORMATS[options.format](table) + (f"\n{below}" if below and options.format != "csv" else ""))
+    for name in ("csv", "markdown"):
+        path = getattr(options, name)
+        if path is not None:
+            _write(Path(path), FORMATS[name](table) + (f"\n{below}" if below and name != "csv" else ""))
+            notes.append(f"written: {path}")
+    if options.plot:
+        notes.append(f"written: {plot_curves(runs, Path(options.plot))}")
+        for sweep, history, importances in plots:
+            notes += plot_sweep(sweep, history, importances) or [f"written: {history}, {importances}"]
+    for note in notes:
+        sys.stderr.write(f"note: {note}\n" if not note.startswith("written: ") else f"{note}\n")
+
+
+def _sweep_plots(path: Path, sweeps) -> list:
+    """Where each loaded sweep's Optuna plots go: beside ``path``, named after the sweep's folder."""
+    return [
+        (sweep, *(path.with_name(f"{path.stem}-{sweep.folder.name}-{kind}.png") for kind in ("history", "importances")))
+        for sweep in sweeps
+        if sweep.study is not None
+    ]
+
+
+def _sort_values(args: list[str]) -> list[str]:
+    """``--sort -val/loss`` as ``--sort=-val/loss``: argparse would take ``-val/loss`` for an option."""
+    joined, position = [], 0
+    while position < len(args):
+        if args[position] == "--sort" and position + 1 < len(args) and args[position + 1].startswith("-"):
+            joined.append(f"--sort={args[position + 1]}")
+            position += 2
+        else:
+            joined.append(args[position])
+            position += 1
+    return joined
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``path`` whole: beside it, then renamed into place (a link there is replaced, not written through)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
+    temporary.unlink(missing_ok=True)
+    try:
+        with temporary.open("x") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _name(folder: Path, root: Path) -> str:
+    return folder.relative_to(root).as_posix() if folder != root else "."
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The validation curves of the runs listed, in one figure: loss and accuracy by epoch, a line per run."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..plots import _pyplot, _save
+from .folders import Run, full_history
+
+CURVES = (("val/loss", "Validation loss"), ("val/acc", "Validation accuracy"))
+# More lines than this make a legend that hides the curves: the runs are then named in the table only.
+MAX_LEGEND = 20
+
+
+def plot_curves(runs: Sequence[Run], path: Path) -> Path:
+    """Draw each run's ``val/loss`` and ``val/acc`` by epoch (from 1, as the run's own plots) into ``path``."""
+    plt = _pyplot()
+    figure, panels = plt.subplots(1, len(CURVES), figsize=(12, 4.5))
+    for axes, (column, title) in zip(panels, CURVES, strict=True):
+        for run in runs:
+            points = sorted(full_history(run).get(column, {}).items())
+            if points:
+                epochs, values = zip(*points, strict=True)
+                axes.plot([epoch + 1 for epoch in epochs], values, marker="o", markersize=3, label=run.name)
+        axes.set(title=title, xlabel="epoch", ylabel=column)
+        axes.xaxis.get_major_locator().set_params(integer=True)
+        axes.grid(alpha=0.3)
+    lines = panels[-1].lines
+    if lines and len(lines) <= MAX_LEGEND:
+        panels[-1].legend(fontsize=7)
+    return _save(figure, path)

@@ -1,0 +1,365 @@
+"""Finding the runs below a folder, and reading each as data: its settings, metrics, status and evaluations.
+
+A run folder holds ``config.yaml`` and ``metrics.csv`` or ``run.json``. Folders under a
+run's ``validate/``, ``test/`` or ``predict/`` are its evaluations, not runs. Links to
+folders are not followed (those leading out of the folder listed are named in a note),
+and a file that links out of it is not read. Every file is read as data, bounded in
+size, only when it is a plain file: ``config.yaml`` with ``yaml.safe_load``, never
+importing what it names; ``metrics.csv`` with ``csv``. A file that cannot be read
+becomes a note on its run's row.
+"""
+
+import csv
+import io
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+from ..files import open_regular
+from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
+
+CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.json"
+EVALUATIONS = ("validate", "test", "predict")
+FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # drawn when fit ends well (RunPlots)
+MAX_FILE_BYTES = {CONFIG_FILE: 1 << 20, RUN_FILE: 1 << 20, STUDY_FILE: 1 << 20, METRICS_FILE: 64 << 20}
+# A configuration flattened to more values than this is no configuration (YAML aliases expanding without end).
+MAX_VALUES = 10_000
+MAX_DEPTH = 50
+# The project's best checkpoint (cli.py): the best validation accuracy. run.json says when a run chose another.
+DEFAULT_MONITOR = ("val/acc", "max")
+# Settings that say where a run wrote, not how it trained: never a difference between runs.
+NOT_HYPERPARAMETERS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "predictions")
+NOT_HYPERPARAMETERS += ("ckpt_path",)  # a resumed run's checkpoint: its row's note says which run it continues
+UNREADABLE, UNKNOWN = "unreadable", "unknown"
+
+_Yaml = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when PyYAML has it: ten times faster
+
+
+@dataclass
+class Run:
+    """One run folder as read: what the table shows of it."""
+
+    folder: Path  # the folder listed joined with the run's place in it
+    name: str  # its place in the folder listed
+    settings: dict[str, Any] = field(default_factory=dict)  # config.yaml, flattened to the command line's names
+    history: dict[str, dict[int, float]] = field(default_factory=dict)  # {metric: {epoch: value}}
+    record: dict[str, Any] | None = None  # run.json
+    status: str = UNKNOWN
+    started: datetime | None = None
+    duration_s: float | None = None
+    best_checkpoint: str | None = None
+    test: dict[str, float] = field(default_factory=dict)
+    evaluations: list[tuple[str, Path]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    earlier: "Run | None" = None  # the run this one resumed
+
+
+def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
+    """The runs below ``root`` (their evaluations attached, nothing read yet), the sweep folders, and notes."""
+    runs: list[Run] = []
+    sweeps: list[Path] = []
+    notes: list[str] = []
+    inside = root.resolve()
+    pending: list[tuple[Path, Run | None, str | None]] = [(root, None, None)]
+    while pending:
+        folder, owner, evaluation = pending.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError as err:
+            notes.append(f"{folder} cannot be listed ({err.strerror or err})")
+            continue
+        names = {entry.name for entry in entries}
+        is_run = CONFIG_FILE in names and (METRICS_FILE in names or RUN_FILE in names)
+        if evaluation is not None and owner is not None:
+            if METRICS_FILE in names:
+                owner.evaluations.append((evaluation, folder))
+        elif is_run:
+            owner = Run(folder=folder, name=_relative(folder, root))
+            runs.append(owner)
+        if STUDY_FILE in names and evaluation is None:
+            sweeps.append(folder)
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                if _is_dir(entry) and not _within(path, inside):
+                    notes.append(f"{path} links to {os.path.realpath(path)}, outside {root}: not followed")
+                continue
+            if not _is_dir(entry) or entry.name == "checkpoints":
+                continue
+            if evaluation is None and is_run and entry.name in EVALUATIONS:
+                pending.append((path, owner, entry.name))
+            else:
+                pending.append((path, owner if evaluation else None, evaluation))
+    runs.sort(key=lambda run: _natural(run.name))
+    return runs, sweeps, notes
+
+
+def read_run(run: Run, root: Path) -> None:
+    """Fill ``run`` from its folder; what cannot be read becomes a note, never an exception."""
+    folder = run.folder
+    try:
+        run.settings = flatten(_load_yaml(read_text(folder / CONFIG_FILE, root)))
+    except _UNREADABLE as err:
+        run.notes.append(f"{CONFIG_FILE} unreadable: {_reason(err)}")
+    if (folder / METRICS_FILE).exists() or (folder / METRICS_FILE).is_symlink():
+        try:
+            run.history = read_metrics(read_text(folder / METRICS_FILE, root))
+        except _UNREADABLE as err:
+            run.notes.append(f"{METRICS_FILE} unreadable: {_reason(err)}")
+    _read_status(run, root)
+    _read_tests(run, root)
+
+
+def _read_status(run: Run, root: Path) -> None:
+    folder = run.folder
+    record_path = folder / RUN_FILE
+    if record_path.exists() or record_path.is_symlink():
+        try:
+            record = json.loads(read_text(record_path, root))
+            if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
+                raise ValueError("not a run record")
+            run.record = record
+            run.started = datetime.fromisoformat(record["started"])
+        except (*_UNREADABLE, KeyError, TypeError) as err:
+            run.status = UNREADABLE
+            run.notes.append(f"{RUN_FILE} unreadable: {_reason(err)}")
+            return
+        run.status = record["status"]
+        if run.status == RUNNING:
+            alive = process_alive(record)
+            if alive is None:
+                run.status = UNKNOWN
+                run.notes.append(f"recorded as running on {record.get('host')}: cannot be checked from here")
+            elif not alive:
+                run.status = INTERRUPTED
+                run.notes.append("killed: its process ended without recording how")
+            else:
+                run.duration_s = (datetime.now().astimezone() - run.started).total_seconds()
+        duration = record.get("duration_s")
+        if isinstance(duration, int | float) and not isinstance(duration, bool):
+            run.duration_s = float(duration)
+        if record.get("error"):
+            run.notes.append(str(record["error"])[:200])
+        best = record.get("best_checkpoint")
+        run.best_checkpoint = _in_this_folder(folder, str(best)) if best else None
+        return
+    # A run from before run.json: its files tell what they can.
+    checkpoints = folder / "checkpoints"
+    if (checkpoints / "on_exception.ckpt").exists():
+        run.status = INTERRUPTED
+    elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
+        run.status = "finished"
+    run.notes.append(f"no {RUN_FILE}: status and times from its files")
+    try:
+        start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
+        run.started = datetime.fromtimestamp(start).astimezone()
+        run.duration_s = max(0.0, end - start)
+    except OSError:
+        pass
+
+
+def monitor_of(run: Run) -> tuple[str, str]:
+    """The metric and direction (``max`` or ``min``) by which the run chose its best checkpoint."""
+    record = run.record or {}
+    monitor, mode = record.get("monitor"), record.get("mode")
+    if isinstance(monitor, str) and mode in ("max", "min"):
+        return monitor, mode
+    return DEFAULT_MONITOR
+
+
+def full_history(run: Run) -> dict[str, dict[int, float]]:
+    """The run's per-epoch metrics, preceded by those of the runs it resumed (the epochs it continues)."""
+    history = {column: dict(values) for column, values in run.history.items()}
+    seen, earlier = {id(run)}, run.earlier
+    while earlier is not None and id(earlier) not in seen:
+        seen.add(id(earlier))
+        for column, values in earlier.history.items():
+            history[column] = {**values, **history.get(column, {})}
+        earlier = earlier.earlier
+    return history
+
+
+def best_epoch(run: Run) -> tuple[int | None, dict[str, float]]:
+    """The epoch with the best monitored value (the first, on a tie) and its validation metrics."""
+    history = full_history(run)
+    monitor, mode = monitor_of(run)
+    scores = {epoch: value for epoch, value in history.get(monitor, {}).items() if not math.isnan(value)}
+    if not scores:
+        return None, {}
+    sign = 1 if mode == "max" else -1
+    epoch = max(sorted(scores), key=lambda e: sign * scores[e])
+    return epoch, {name: values[epoch] for name, values in history.items() if name[:4] == "val/" and epoch in values}
+
+
+def best_file(run: Run, epoch: int | None) -> str | None:
+    """The best checkpoint of a run without a record of it: ``best-epoch=<epoch>-...`` in its folder, if there."""
+    if epoch is None:
+        return None
+    found = sorted((run.folder / "checkpoints").glob(f"best-epoch={epoch}-*.ckpt"))
+    return str(found[-1]) if found else None
+
+
+def link_resumed(runs: list[Run]) -> None:
+    """Give each resumed run the listed run it continues (from its record or its config's ``ckpt_path``)."""
+    by_folder = {_resolved(run.folder): run for run in runs}
+    for run in runs:
+        resumed = (run.record or {}).get("resumed_from") or run.settings.get("ckpt_path")
+        if not isinstance(resumed, str):
+            continue
+        cwd = (run.record or {}).get("cwd")
+        checkpoint = Path(cwd, resumed) if isinstance(cwd, str) else Path(resumed)
+        earlier = by_folder.get(_resolved(checkpoint.parent.parent))
+        if earlier is not None and earlier is not run:
+            run.earlier = earlier
+            run.notes.append(f"resumes {earlier.name}")
+            earlier.notes.append(f"resumed by {run.name}")
+
+
+def flatten(config: Any) -> dict[str, Any]:
+    """``config.yaml`` as ``{"model.lr": 0.001, "data": "pkg.data.images.ImageDataModule", ...}``.
+
+    Keys are the command line's names: a class's ``init_args`` are named under the class's own
+    key (``data.batch_size``, as ``--data.batch_size``). Lists become text. Refused (ValueError)
+    when it is no mapping, nests too deep or stands for more than ``MAX_VALUES`` values.
+    """
+    if not isinstance(config, dict):
+        raise ValueError("not a mapping of settings")
+    flat: dict[str, Any] = {}
+    budget = [MAX_VALUES]
+
+    def walk(value: Any, key: str, depth: int) -> None:
+        _spend(budget, depth)
+        if isinstance(value, dict) and value and set(value) <= {"class_path", "init_args", "dict_kwargs"}:
+            flat[key] = _text(value.get("class_path"), budget, depth)
+            value = {**(value.get("init_args") or {}), **(value.get("dict_kwargs") or {})}
+        if isinstance(value, dict):
+            for name, item in value.items():
+                walk(item, f"{key}.{name}" if key else str(name), depth + 1)
+        elif key:
+            flat[key] = value if isinstance(value, str | int | float | bool | None) else _text(value, budget, depth)
+
+    walk(config, "", 0)
+    return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
+
+
+def read_metrics(text: str) -> dict[str, dict[int, float]]:
+    """A CSVLogger ``metrics.csv`` as ``{column: {epoch: value}}``, each epoch's last value.
+
+    A last line without its newline is being written: left out.
+    """
+    text = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+    values: dict[str, dict[int, float]] = {}
+    for line, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        if not row.get("epoch"):
+            continue
+        try:
+            epoch = int(float(row["epoch"]))
+            for column, value in row.items():
+                if value and isinstance(column, str) and column not in ("epoch", "step"):
+                    values.setdefault(column, {})[epoch] = float(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"line {line} is not a metrics row ({err})") from None
+    return values
+
+
+def read_text(path: Path, root: Path) -> str:
+    """The text of ``path``, when it is a plain file inside ``root``, bounded by ``MAX_FILE_BYTES``."""
+    if path.is_symlink() and not _within(path, root.resolve()):
+        raise ValueError(f"it links outside {root}: not read")
+    limit = MAX_FILE_BYTES.get(path.name, 1 << 20)
+    with open_regular(path) as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"over {limit >> 20} MiB")
+    return data.decode("utf-8")
+
+
+def _read_tests(run: Run, root: Path) -> None:
+    """The test metrics of the run's latest test (its highest ``test/version_N``)."""
+    tests = [folder for kind, folder in run.evaluations if kind == "test"]
+    if not tests:
+        return
+    latest = max(tests, key=lambda folder: _natural(folder.name))
+    try:
+        metrics = read_metrics(read_text(latest / METRICS_FILE, root))
+    except _UNREADABLE as err:
+        run.notes.append(f"{_relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
+        return
+    run.test = {column: values[max(values)] for column, values in metrics.items() if column.startswith("test/")}
+
+
+def _in_this_folder(folder: Path, recorded: str) -> str:
+    """A recorded best checkpoint's path as found from here when it is in ``folder``; else as recorded."""
+    path = Path(recorded)
+    here = folder / "checkpoints" / path.name
+    return str(here) if path.parent.name == "checkpoints" and here.is_file() else recorded
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml)  # a safe loader: plain data, never objects
+
+
+def _spend(budget: list[int], depth: int) -> None:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError(f"it stands for over {MAX_VALUES} values, more than a configuration holds")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"it nests deeper than {MAX_DEPTH} levels")
+
+
+def _text(value: Any, budget: list[int], depth: int) -> str:
+    """A short text for a value that is no number or name: a list, a mapping."""
+    _spend(budget, depth)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_text(item, budget, depth + 1) for item in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{_text(key, budget, depth + 1)}: {_text(item, budget, depth + 1)}" for key, item in value.items())
+        return "{" + ", ".join(items) + "}"
+    return str(value)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _within(path: Path, inside: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(inside)
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path
+
+
+def _relative(folder: Path, root: Path) -> str:
+    return folder.relative_to(root).as_posix() if folder != root else "."
+
+
+def _natural(name: str) -> list:
+    """``version_10`` after ``version_9``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    if isinstance(err, RecursionError):
+        return f"it nests deeper than {MAX_DEPTH} levels"
+    return " ".join(str(err).split())[:200] or type(err).__name__
+
+
+_UNREADABLE = (OSError, ValueError, UnicodeError, yaml.YAMLError, csv.Error, RecursionError, UserError)

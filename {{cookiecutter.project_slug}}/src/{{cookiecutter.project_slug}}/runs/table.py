@@ -1,0 +1,142 @@
+"""The table of runs: its columns, the hyperparameters that differ, sorting, and text, CSV and Markdown."""
+
+import csv
+import io
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from .folders import Run, best_epoch, best_file
+
+# Before the hyperparameters, and after them. A sweep's trials add "trial" and "state" after "run".
+FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")
+_MISSING = object()
+
+
+class Table:
+    """One row per run: its folder, start, status, the hyperparameters that differ between the runs, the best
+    epoch and its validation metrics, the test metrics, the duration, the best checkpoint and notes."""
+
+    def __init__(self, runs: Sequence[Run], trials: dict[int, tuple[int, str]] | None = None) -> None:
+        trials = trials or {}
+        self.hyperparameters = differing(runs)
+        rows = [self._row(run, trials.get(id(run))) for run in runs]
+        metrics = _ordered(key for row in rows for key in row if key.startswith(("val/", "test/")))
+        val, test = [key for key in metrics if key.startswith("val/")], [k for k in metrics if k.startswith("test/")]
+        sweep = ["trial", "state"] if trials else []
+        self.columns = [FIRST[0], *sweep, *FIRST[1:], *self.hyperparameters, "best_epoch", *val, *test, *LAST]
+        self.rows = rows
+
+    def _row(self, run: Run, trial: tuple[int, str] | None) -> dict[str, Any]:
+        epoch, val = best_epoch(run)
+        row = {"run": run.name, "started": run.started, "status": run.status, "best_epoch": epoch, **val, **run.test}
+        if trial is not None:
+            row["trial"], row["state"] = trial
+        row.update({key: _setting(run.settings.get(key, _MISSING)) for key in self.hyperparameters})
+        checkpoint = run.best_checkpoint or best_file(run, epoch)
+        row.update(duration=run.duration_s, checkpoint=checkpoint, note="; ".join(run.notes) or None)
+        return row
+
+    def sort(self, column: str, descending: bool = False) -> None:
+        """Order the rows by ``column``; empty cells last either way. ValueError names the columns accepted."""
+        if column not in self.columns:
+            raise ValueError(f"--sort {column}: not a column; accepted: {', '.join(self.columns)}")
+        present = [row for row in self.rows if _value(row.get(column)) is not None]
+        missing = [row for row in self.rows if _value(row.get(column)) is None]
+        present.sort(key=lambda row: _sort_key(row[column]), reverse=descending)
+        self.rows = present + missing
+
+    def text(self) -> str:
+        """Aligned columns for a terminal."""
+        cells = [self.columns, *([_shown(row.get(column), column) for column in self.columns] for row in self.rows)]
+        widths = [max(len(line[k]) for line in cells) for k in range(len(self.columns))]
+        return "".join("  ".join(map(str.ljust, line, widths)).rstrip() + "\n" for line in cells)
+
+    def markdown(self) -> str:
+        """A GitHub Markdown table."""
+        lines = [self.columns, ["---"] * len(self.columns)]
+        lines += [[_shown(row.get(column), column).replace("|", "\\|") for column in self.columns] for row in self.rows]
+        return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+
+    def csv(self) -> str:
+        """CSV with full values: times in ISO 8601, durations in seconds, numbers unrounded."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(self.columns)
+        for row in self.rows:
+            writer.writerow([_raw(row.get(column)) for column in self.columns])
+        return out.getvalue()
+
+
+def differing(runs: Sequence[Run]) -> list[str]:
+    """The settings whose values are not the same in every run (a setting one run lacks differs), in config order."""
+    keys = _ordered(key for run in runs for key in run.settings)
+    readable = [run for run in runs if run.settings]
+    return [key for key in keys if len({_same(run.settings.get(key, _MISSING)) for run in readable}) > 1]
+
+
+def _setting(value: Any) -> Any:
+    return "null" if value is None else value
+
+
+def _same(value: Any) -> Any:
+    """A value that compares equal for equal settings: 0.001 and 1e-3, 64 and 64.0."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+
+def _ordered(keys) -> list[str]:
+    return list(dict.fromkeys(keys))
+
+
+def _value(value: Any) -> Any:
+    return None if value is _MISSING else value
+
+
+def _sort_key(value: Any) -> tuple:
+    """Numbers by size, then times, then everything else as text."""
+    if isinstance(value, bool):
+        return (1, str(value))
+    if isinstance(value, int | float):
+        return (0, -math.inf if math.isnan(value) else value)
+    if isinstance(value, datetime):
+        return (0, value.timestamp())
+    return (1, str(value))
+
+
+def _raw(value: Any) -> str:
+    value = _value(value)
+    if value is None:
+        return ""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def _shown(value: Any, column: str) -> str:
+    """A cell for people: metrics to 4 decimals, durations in minutes and seconds, the start to the minute;
+    a setting a run lacks is ``-``."""
+    if value is _MISSING:
+        return "-"
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M")
+    if column == "duration":
+        return duration_text(value)
+    if isinstance(value, float):
+        return f"{value:.4f}" if column.startswith(("val/", "test/")) else f"{value:g}"
+    return str(value)
+
+
+def duration_text(seconds: float) -> str:
+    """``16s``, ``3m12s``, ``1h02m``."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+FORMATS: dict[str, Callable[[Table], str]] = {"table": Table.text, "csv": Table.csv, "markdown": Table.markdown}
