@@ -6,6 +6,7 @@ import torch
 
 from ..arguments import BATCH_SIZE, BOOLEAN, FRACTION, SEED, WORKERS, Arguments, FitsInMemory, integer
 from ..errors import ConfigError
+from .folds import FOLD_ARGUMENTS, fold_rules, fold_split
 from .image_decoding import channel_stats, load_images
 from .image_files import ImageFiles, find_classes, list_labelled_images
 from .image_splits import ImageSplits, check_decoded_size, decoded_bytes
@@ -24,9 +25,13 @@ IMAGE_FOLDER_ARGUMENTS = Arguments(
         "skip_unreadable": BOOLEAN,
         "num_workers": WORKERS,
         "seed": SEED,
+        **FOLD_ARGUMENTS,
     },
-    # One image: a size no image of the folder could be decoded at.
-    rules=[FitsInMemory(("image_size",), lambda size: decoded_bytes(1, size), "one decoded image")],
+    rules=[
+        *fold_rules(val_fraction=0.1),
+        # One image: a size no image of the folder could be decoded at.
+        FitsInMemory(("image_size",), lambda size: decoded_bytes(1, size), "one decoded image"),
+    ],
 )
 
 
@@ -60,6 +65,11 @@ class ImageFolderDataModule(ImageSplits):
             subfolders are class names), or a ``.txt`` list of image paths. By default the test split.
         num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the train/validation split.
+        folds: Cross-validation: the training images (with ``val/``'s, if any) split into this
+            many folds, stratified by class and chosen with ``seed``; ``fold`` is the validation
+            set, the others train. ``val_fraction`` does not apply. By default (``None``) the
+            ``val/`` folder, or ``val_fraction`` of the training images, validates.
+        fold: The fold, from 0 to ``folds - 1``, that validates.
 
     What each argument accepts is in ``IMAGE_FOLDER_ARGUMENTS``.
     """
@@ -76,6 +86,8 @@ class ImageFolderDataModule(ImageSplits):
         predict_path: str | None = None,
         num_workers: int = 0,
         seed: int = 42,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         IMAGE_FOLDER_ARGUMENTS.check(locals())
         super().__init__()
@@ -105,7 +117,7 @@ class ImageFolderDataModule(ImageSplits):
         if self.hparams.cache_dir is not None and not self.predicting_files():
             needed = _SPLITS_OF[self.trainer.state.fn.value if self.trainer is not None else "fit"]
             found = [self._files(split) for split in needed]  # the layout is checked before the slow part
-            for files in found:
+            for files in dict.fromkeys(found):  # with folds, train and val are one set of files
                 if files is not None:
                     self._decode(files)
 
@@ -122,9 +134,21 @@ class ImageFolderDataModule(ImageSplits):
                     "(beside train/)" + (", or give --data.predict_path for predict" if stage == "predict" else "")
                 )
             images, labels = self._decode(files)
+            if self.hparams.folds is not None and split != "test":
+                self._split_folds(images, labels)
+                continue
             self.splits[split] = InMemoryDataset(images, labels)
             if split == "train":
                 self.normalization = channel_stats(images)
+
+    def _split_folds(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The train and val splits of the decoded training (and val/) images: every fold but ``fold``, and ``fold``."""
+        hp = self.hparams
+        split = fold_split(labels.numpy(), hp.folds, hp.fold, hp.seed, self.class_names)
+        train_idx, val_idx = map(torch.from_numpy, split)
+        self.splits["train"] = InMemoryDataset(images[train_idx], labels[train_idx])
+        self.splits["val"] = InMemoryDataset(images[val_idx], labels[val_idx])
+        self.normalization = channel_stats(self.splits["train"].tensors[0])
 
     def _training_folder(self) -> ImageFiles:
         """Every file of the training folder, listed once: the train and val splits both draw from it."""
@@ -133,8 +157,13 @@ class ImageFolderDataModule(ImageSplits):
         return self._listed
 
     def _files(self, split: str) -> ImageFiles | None:
-        """The files of ``split`` with their labels; ``None`` for a test split the folder does not have."""
+        """The files of ``split`` with their labels; ``None`` for a test split the folder does not have.
+
+        With folds, train and val are the same files, all the folder has but its test split: setup divides them.
+        """
         folder = self.folders[split]
+        if self.hparams.folds is not None and split != "test":
+            return self._fold_pool()
         if split == "train" and self.folders["val"] is not None:
             return self._training_folder()
         if split != "train" and folder is not None:  # a val/ or test/ folder
@@ -157,6 +186,14 @@ class ImageFolderDataModule(ImageSplits):
             labels=tuple(found.labels[i] for i in chosen),
             class_names=found.class_names,
         )
+
+    def _fold_pool(self) -> ImageFiles:
+        """The files the folds divide: the training folder's and, when there is one, the val/ folder's."""
+        found = self._training_folder()
+        if self.folders["val"] is None:
+            return found
+        val = list_labelled_images(self.folders["val"], self.class_names)
+        return ImageFiles(found.files + val.files, found.labels + val.labels, found.class_names)
 
     def _decode(self, found: ImageFiles) -> tuple[torch.Tensor, torch.Tensor]:
         check_decoded_size(len(found.files), self.image_size)

@@ -16,11 +16,24 @@ from .cifar10 import (
     read_cifar10_batches,
 )
 from .folders import ImageFolderDataModule as ImageFolderDataModule  # configs and saved runs name it here too
+from .folds import FOLD_ARGUMENTS, fold_rules, fold_split
 from .image_splits import ImageSplits
 from .memory import InMemoryDataset
-from .synthetic import NUM_CLASSES, fills_every_split, make_synthetic_images, smallest_synthetic_size
+from .synthetic import (
+    NUM_CLASSES,
+    fills_every_split,
+    make_synthetic_images,
+    smallest_synthetic_size,
+    synthetic_labels,
+)
 
 DATASETS = ("cifar10", "synthetic")
+
+
+def _rarest(size: int, seed: int) -> tuple[str, int]:
+    """The synthetic class with the fewest of ``size`` training images at ``seed``, and their number."""
+    counts = torch.bincount(synthetic_labels(size, seed), minlength=NUM_CLASSES)
+    return f"pattern {int(counts.argmin())}", int(counts.min())
 
 
 IMAGE_DATA_ARGUMENTS = Arguments(
@@ -33,8 +46,10 @@ IMAGE_DATA_ARGUMENTS = Arguments(
         "augment": BOOLEAN,
         "num_workers": WORKERS,
         "seed": SEED,
+        **FOLD_ARGUMENTS,
     },
     rules=[
+        *fold_rules(val_fraction=0.1),
         Together(
             ("synthetic_size", "val_fraction", "dataset"),
             lambda size, val_fraction, dataset: dataset != "synthetic" or fills_every_split(size, val_fraction),
@@ -51,6 +66,18 @@ IMAGE_DATA_ARGUMENTS = Arguments(
             lambda size, dataset: (1 + 3 * 4 + 1) * 3 * 32 * 32 * size if dataset == "synthetic" else 0,
             "the synthetic images",
             shown=("synthetic_size",),
+        ),
+        # Known before the images are made (CIFAR-10's classes are checked once read).
+        Together(
+            ("folds", "synthetic_size", "seed", "dataset"),
+            lambda folds, size, seed, dataset: (
+                folds is None or dataset != "synthetic" or _rarest(size, seed)[1] >= folds
+            ),
+            lambda folds, size, seed, dataset: (
+                "<folds> must be at most {1}, the training images of synthetic class {0!r} at <synthetic_size> and "
+                "<seed>, for one of each class per fold".format(*_rarest(size, seed))
+            ),
+            shown=("folds", "synthetic_size", "seed"),
         ),
     ],
 )
@@ -77,6 +104,10 @@ class ImageDataModule(ImageSplits):
         predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when
             its subfolders are class names), or a ``.txt`` list of image paths; resized to 32x32.
             By default the test split.
+        folds: Cross-validation: the training images split into this many folds, stratified by
+            class and chosen with ``seed``; ``fold`` is the validation set, the others train.
+            ``val_fraction`` does not apply. By default (``None``) ``val_fraction`` is held out.
+        fold: The fold, from 0 to ``folds - 1``, that validates.
 
     What each argument accepts is in ``IMAGE_DATA_ARGUMENTS``.
     """
@@ -92,6 +123,8 @@ class ImageDataModule(ImageSplits):
         num_workers: int = 0,
         seed: int = 42,
         predict_path: str | None = None,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         IMAGE_DATA_ARGUMENTS.check(locals())
         super().__init__()
@@ -118,17 +151,26 @@ class ImageDataModule(ImageSplits):
             train = make_synthetic_images(size, seed=self.hparams.seed)
             test = make_synthetic_images(size // 5, seed=self.hparams.seed + 1)
         images, labels = train
-        val_size = round(self.hparams.val_fraction * len(labels))
-        if not 0 < val_size < len(labels):
-            # Synthetic sizes are checked at construction; CIFAR-10's size is known only now.
-            raise ConfigError(
-                f"--data.val_fraction must leave at least one training and one validation image of the "
-                f"{len(labels)} training images, got {self.hparams.val_fraction}"
-            )
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))
-        val_idx, train_idx = order[:val_size], order[val_size:]
+        hp = self.hparams
+        if hp.folds is None:
+            train_idx, val_idx = self._val_split(len(labels))
+        else:
+            split = fold_split(labels.numpy(), hp.folds, hp.fold, hp.seed, self.class_names)
+            train_idx, val_idx = map(torch.from_numpy, split)
         self.splits.update(
             train=InMemoryDataset(images[train_idx], labels[train_idx]),
             val=InMemoryDataset(images[val_idx], labels[val_idx]),
             test=InMemoryDataset(*test),
         )
+
+    def _val_split(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training and validation indices of ``count`` images: ``val_fraction`` of them, chosen with the seed."""
+        val_size = round(self.hparams.val_fraction * count)
+        if not 0 < val_size < count:
+            # Synthetic sizes are checked at construction; CIFAR-10's size is known only now.
+            raise ConfigError(
+                f"--data.val_fraction must leave at least one training and one validation image of the "
+                f"{count} training images, got {self.hparams.val_fraction}"
+            )
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.hparams.seed))
+        return order[val_size:], order[:val_size]

@@ -24,6 +24,7 @@ from ..arguments import (
 )
 from ..errors import ConfigError
 from ..files import NotAFileError, open_regular
+from .folds import FOLD_ARGUMENTS, fold_rules, fold_split
 from .memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
@@ -44,8 +45,10 @@ ARGUMENTS = Arguments(
         "batch_size": BATCH_SIZE,
         "num_workers": WORKERS,
         "seed": SEED,
+        **FOLD_ARGUMENTS,
     },
     rules=[
+        *fold_rules(val_fraction=0.1),
         Together(
             ("vocab_size", "dataset"),
             lambda vocab_size, dataset: dataset != "synthetic" or vocab_size >= 3,
@@ -109,6 +112,11 @@ class SequenceDataModule(InMemoryDataModule):
         seed: Seed of the split and of the synthetic sequences.
         predict_path: What ``predict`` runs on: an ``.npz`` file with ``tokens`` (and, if known,
             ``labels``), as for ``dataset="file"``. By default the test split.
+        folds: Cross-validation: the sequences not held out for testing split into this many
+            folds, stratified by class and chosen with ``seed``; ``fold`` is the validation set,
+            the others train. ``val_fraction`` does not apply. By default (``None``)
+            ``val_fraction`` is held out.
+        fold: The fold, from 0 to ``folds - 1``, that validates.
 
     What each argument accepts is in ``ARGUMENTS``.
     """
@@ -127,6 +135,8 @@ class SequenceDataModule(InMemoryDataModule):
         num_workers: int = 0,
         seed: int = 42,
         predict_path: str | None = None,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         ARGUMENTS.check(locals())
         super().__init__()
@@ -157,7 +167,7 @@ class SequenceDataModule(InMemoryDataModule):
             tokens, labels = read_sequences(Path(hp.path), hp.vocab_size, hp.num_classes, hp.seq_len)
         n = len(labels)
         sizes = _split_sizes(n, hp.val_fraction, hp.test_fraction)
-        if min(sizes) < 1:
+        if min(sizes if hp.folds is None else [n - sizes[2], sizes[2]]) < 1:
             # Synthetic sizes are checked at construction; a file's is known only now.
             raise ConfigError(
                 f"{hp.path} holds {n} sequences, too few for one training, validation and test sequence each at "
@@ -166,6 +176,10 @@ class SequenceDataModule(InMemoryDataModule):
             )
         order = torch.randperm(n, generator=torch.Generator().manual_seed(hp.seed))
         parts = order.split(sizes)
+        if hp.folds is not None:  # the same test split; the folds divide the rest
+            pool = order[: n - sizes[2]]
+            train, val = fold_split(labels[pool].numpy(), hp.folds, hp.fold, hp.seed, self.class_names)
+            parts = (pool[torch.from_numpy(train)], pool[torch.from_numpy(val)], parts[2])
         self.splits.update(
             (name, InMemoryDataset(tokens[idx], labels[idx]))
             for name, idx in zip(("train", "val", "test"), parts, strict=True)

@@ -22,10 +22,20 @@ def make_synthetic_images(num_images: int, seed: int) -> tuple[torch.Tensor, tor
     patterns = torch.rand(NUM_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(SYNTHETIC_PATTERN_SEED))
     patterns = F.interpolate(patterns, size=(32, 32), mode="bilinear", align_corners=False)
     generator = torch.Generator().manual_seed(seed)
-    labels = torch.randint(NUM_CLASSES, (num_images,), generator=generator)
+    labels = _draw_labels(num_images, generator)
     noise = 0.6 * torch.randn(num_images, 3, 32, 32, generator=generator)
     images = ((patterns[labels] + noise).clamp(0, 1) * 255).round().to(torch.uint8)
     return images, labels
+
+
+def synthetic_labels(num_images: int, seed: int) -> torch.Tensor:
+    """The labels of ``make_synthetic_images(num_images, seed)``, without making the images."""
+    return _draw_labels(num_images, torch.Generator().manual_seed(seed))
+
+
+def _draw_labels(num_images: int, generator: torch.Generator) -> torch.Tensor:
+    # The first draw from the seed's generator, so the labels can be known before the images are made.
+    return torch.randint(NUM_CLASSES, (num_images,), generator=generator)
 
 
 def fills_every_split(size: int, val_fraction: float) -> bool:

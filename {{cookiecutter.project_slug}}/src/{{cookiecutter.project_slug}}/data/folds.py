@@ -1,0 +1,74 @@
+"""Cross-validation folds: the training and validation data split into K stratified, disjoint folds by a seed.
+
+With ``--data.folds K --data.fold i`` an in-memory data module validates on fold ``i`` and
+trains on the other ``K - 1``; the test split is never part of the folds.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..arguments import NULL, Accepted, Together, integer
+from ..errors import ConfigError
+
+# The two arguments of every data module that can be cross-validated, for its table of accepted values.
+FOLD_ARGUMENTS: dict[str, Accepted] = {"folds": NULL | integer(2), "fold": integer(0)}
+
+
+def fold_rules(val_fraction: float) -> list[Together]:
+    """The rules over the fold arguments; ``val_fraction``: the module's default share held out for validation."""
+    return [
+        Together(
+            ("folds", "fold"),
+            lambda folds, fold: fold < (folds or 1),
+            lambda folds, fold: (
+                f"<fold> must be from 0 to {folds - 1}, one of the <folds> {folds} folds"
+                if folds
+                else "<fold> picks the validation fold: give <folds> too, the number of folds (at least 2)"
+            ),
+            shown=("fold",),
+        ),
+        Together(
+            ("folds", "val_fraction"),
+            lambda folds, given: folds is None or given == val_fraction,
+            "<val_fraction> does not apply with <folds>, where the fold <fold> is the validation set: leave it out",
+            shown=("val_fraction",),
+        ),
+    ]
+
+
+def assign_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """The fold, 0 to ``folds - 1``, of each sample, from its label and the seed alone.
+
+    The samples are ordered by class, randomly within each class, and dealt to the folds in
+    turn: each class's count differs by at most one between folds, and so do the folds' sizes.
+    """
+    labels = np.asarray(labels)
+    # RandomState: NumPy keeps its stream fixed across versions and machines (NEP 19), so a run
+    # evaluated later, anywhere, gets its fold back.
+    shuffled = np.random.RandomState(seed).permutation(len(labels))
+    order = np.lexsort((shuffled, labels))  # by label, then by the random rank
+    assigned = np.empty(len(labels), dtype=np.int64)
+    assigned[order] = np.arange(len(labels)) % folds
+    return assigned
+
+
+def fold_split(
+    labels: np.ndarray, folds: int, fold: int, seed: int, class_names: Sequence[str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of the training samples (every fold but ``fold``) and of the validation samples (``fold``).
+
+    Refused, naming the class, when a class has fewer samples than there are folds: each
+    fold must hold every class the data has.
+    """
+    labels = np.asarray(labels)
+    present, counts = np.unique(labels, return_counts=True)
+    if len(present) and counts.min() < folds:
+        smallest = present[counts.argmin()]
+        name = class_names[smallest] if class_names is not None else str(smallest)
+        raise ConfigError(
+            f"--data.folds {folds} is more than the {counts.min()} training and validation sample(s) of class "
+            f"{name!r}: each fold needs one of each class, so choose at most {counts.min()} folds, or add data"
+        )
+    assigned = assign_folds(labels, folds, seed)
+    return np.flatnonzero(assigned != fold), np.flatnonzero(assigned == fold)
