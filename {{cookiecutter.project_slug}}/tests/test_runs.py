@@ -184,12 +184,10 @@ def test_sorting_filtering_and_the_files_written(tmp_path, capsys):
     assert len((out / "t.csv").read_text().splitlines()) == 2
 
 
-def test_a_sweep_shows_its_trials_importances_and_optuna_plots(tmp_path, capsys):
-    """A sweep folder's runs carry their trial's number and state; below the table, each parameter's importance;
-    --plot writes Optuna's optimisation history and importances beside the curves."""
-    sweep = tmp_path / "runs" / "sweeps" / "lr"
+def make_sweep(sweep: Path, database: Path) -> None:
+    """A sweep folder as the sweep writes it: study.json, 5 trials (the last pruned) in ``database``, their runs."""
     sweep.mkdir(parents=True)
-    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{sweep / 'study.db'}", direction="maximize")
+    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{database}", direction="maximize")
     space = {
         "model.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
         "data.batch_size": optuna.distributions.IntDistribution(16, 128),
@@ -200,8 +198,16 @@ def test_a_sweep_shows_its_trials_importances_and_optuna_plots(tmp_path, capsys)
         params = {"model.lr": lr, "data.batch_size": batch}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=value, state=state))
         hand_made(sweep / f"trial_{number:04d}", lr=lr, accuracies=(0.4, 0.5 + lr))
-    storage = {"study_name": "lr", "storage": "sqlite:///runs/sweeps/lr/study.db", "monitor": "val/acc"}
+    storage = {"study_name": "lr", "storage": f"sqlite:///{database}", "monitor": "val/acc"}
     (sweep / "study.json").write_text(json.dumps({**storage, "direction": "maximize"}))
+
+
+@pytest.mark.slow
+def test_a_sweep_shows_its_trials_importances_and_optuna_plots(tmp_path, capsys):
+    """A sweep folder's runs carry their trial's number and state; below the table, each parameter's importance;
+    --plot writes Optuna's optimisation history and importances beside the curves."""
+    sweep = tmp_path / "runs" / "sweeps" / "lr"
+    make_sweep(sweep, sweep / "study.db")
     rows = table(capsys, str(tmp_path / "runs"))
     states = [(str(k), "complete") for k in range(4)] + [("4", "pruned")]
     assert [(row["trial"], row["state"]) for row in rows] == states
@@ -211,6 +217,19 @@ def test_a_sweep_shows_its_trials_importances_and_optuna_plots(tmp_path, capsys)
     assert "  importance (" in out and "model.lr 0." in out and "data.batch_size 0." in out
     for name in ("curves.png", "curves-lr-history.png", "curves-lr-importances.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_study_stored_elsewhere_is_read_from_the_storage_given(tmp_path, capsys):
+    """A sweep whose study is not in its folder is read from --storage; without it, the URL that study.json
+    records is not connected to, and a note says to give --storage."""
+    sweep = tmp_path / "runs" / "sweeps" / "lr"
+    make_sweep(sweep, tmp_path / "shared.db")
+    rows = table(capsys, str(sweep))
+    assert {row["state"] for row in rows} == {"?"}
+    runs([str(sweep)])
+    assert "note: the study is in sqlite:///" in capsys.readouterr().out
+    rows = table(capsys, str(sweep), "--storage", f"sqlite:///{tmp_path / 'shared.db'}")
+    assert [row["state"] for row in rows] == ["complete"] * 4 + ["pruned"]
 
 
 def test_mistakes_are_one_line(tmp_path, capsys):

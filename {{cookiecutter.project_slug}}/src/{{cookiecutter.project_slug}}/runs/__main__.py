@@ -52,6 +52,10 @@ def main(args: list[str] | None = None) -> None:
         _list(options)
     except UserError as err:
         parser.exit(1, f"error: {err}\n")
+    except BrokenPipeError:
+        # The reader stopped early (| head): the rest is not wanted, and Python must not complain when it exits.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 def _list(options: argparse.Namespace) -> None:

@@ -128,7 +128,7 @@ def _read_status(run: Run, root: Path) -> None:
             if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
                 raise ValueError("not a run record")
             run.record = record
-            run.started = datetime.fromisoformat(record["started"])
+            run.started = datetime.fromisoformat(record["started"]).astimezone()  # local, if it has no offset
         except (*_UNREADABLE, KeyError, TypeError) as err:
             run.status = UNREADABLE
             run.notes.append(f"{RUN_FILE} unreadable: {_reason(err)}")
@@ -240,7 +240,10 @@ def flatten(config: Any) -> dict[str, Any]:
         _spend(budget, depth)
         if isinstance(value, dict) and value and set(value) <= {"class_path", "init_args", "dict_kwargs"}:
             flat[key] = _text(value.get("class_path"), budget, depth)
-            value = {**(value.get("init_args") or {}), **(value.get("dict_kwargs") or {})}
+            arguments = [value.get(name) or {} for name in ("init_args", "dict_kwargs")]
+            if not all(isinstance(part, dict) for part in arguments):
+                raise ValueError(f"{key}: init_args that are no mapping")
+            value = {**arguments[0], **arguments[1]}
         if isinstance(value, dict):
             for name, item in value.items():
                 walk(item, f"{key}.{name}" if key else str(name), depth + 1)
@@ -266,7 +269,7 @@ def read_metrics(text: str) -> dict[str, dict[int, float]]:
             for column, value in row.items():
                 if value and isinstance(column, str) and column not in ("epoch", "step"):
                     values.setdefault(column, {})[epoch] = float(value)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OverflowError) as err:
             raise ValueError(f"line {line} is not a metrics row ({err})") from None
     return values
 

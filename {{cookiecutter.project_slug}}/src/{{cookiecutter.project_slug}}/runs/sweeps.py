@@ -66,9 +66,11 @@ def read_sweep(folder: Path, name: str, root: Path, storage: str | None) -> Swee
         return sweep
     sweep.study_name = info["study_name"]
     sweep.monitor, sweep.direction = _text(info.get("monitor")), _text(info.get("direction"))
-    url = _storage(folder, root, storage, _text(info.get("storage")))
+    url = _storage(folder, root, storage)
     if url is None:
-        sweep.notes.append(f"no {STUDY_DB} here and no storage named: give --storage URL")
+        # A URL in a folder is data: it never makes this command connect anywhere.
+        recorded = _text(info.get("storage"))
+        sweep.notes.append(f"the study is in {recorded or 'another store'}, not {STUDY_DB} here: give --storage URL")
         return sweep
     if url.startswith("sqlite:") and not Path(url.partition(":///")[2]).is_file():
         # SQLite would make an empty file there.
@@ -119,8 +121,9 @@ def _load(sweep: Sweep, url: str) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        # Read only: no tables made in a file that has none.
-        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        # Read only: no tables made in a file that has none. Without Alembic's schema check (a second to import):
+        # a store Optuna cannot read fails below, in a note.
+        storage = optuna.storages.RDBStorage(url, skip_compatibility_check=True, skip_table_creation=True)
         sweep.study = optuna.load_study(study_name=sweep.study_name, storage=storage)
         trials = sweep.study.get_trials(deepcopy=False)
     except Exception as err:  # a store's failures are many (SQLAlchemy's, Optuna's, the driver's): each is a note
@@ -154,9 +157,8 @@ def _evaluator():
         return optuna.importance.PedAnovaImportanceEvaluator()
 
 
-def _storage(folder: Path, root: Path, given: str | None, recorded: str | None) -> str | None:
-    """The study's store: ``study.db`` beside ``study.json`` when it is a plain file inside ``root``, else ``given``,
-    else the URL recorded."""
+def _storage(folder: Path, root: Path, given: str | None) -> str | None:
+    """The study's store: ``study.db`` beside ``study.json`` when it is a plain file inside ``root``, else ``given``."""
     database = folder / STUDY_DB
     try:
         plain = stat.S_ISREG(database.stat().st_mode)
@@ -164,7 +166,7 @@ def _storage(folder: Path, root: Path, given: str | None, recorded: str | None) 
         plain = False
     if plain and Path(os.path.realpath(database)).is_relative_to(root.resolve()):
         return f"sqlite:///{database.resolve()}"
-    return given or recorded
+    return given
 
 
 def _without_password(url: str) -> str:
