@@ -16,7 +16,7 @@ import yaml
 from conftest import HANG_GUARD_S, PROJECT
 
 from {{ cookiecutter.project_slug }}.cli import main as train
-from {{ cookiecutter.project_slug }}.run_record import RUN_FILE, process_token
+from {{ cookiecutter.project_slug }}.run_record import RUN_FILE, process_token, write_record
 from {{ cookiecutter.project_slug }}.runs.__main__ import main as runs
 
 
@@ -230,6 +230,19 @@ def test_a_study_stored_elsewhere_is_read_from_the_storage_given(tmp_path, capsy
     assert "note: the study is in sqlite:///" in capsys.readouterr().out
     rows = table(capsys, str(sweep), "--storage", f"sqlite:///{tmp_path / 'shared.db'}")
     assert [row["state"] for row in rows] == ["complete"] * 4 + ["pruned"]
+
+
+def test_the_record_is_replaced_whole_and_never_written_through_a_link(tmp_path):
+    """run.json is written beside its name and renamed: an earlier record is replaced whole, and a link planted
+    at the temporary name is replaced, not written through."""
+    path = tmp_path / RUN_FILE
+    write_record(path, {"status": "running", "padding": "x" * 10_000})
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (tmp_path / f".writing.{os.getpid()}.{RUN_FILE}").symlink_to(victim)
+    write_record(path, {"status": "finished"})
+    assert json.loads(path.read_text()) == {"status": "finished"}
+    assert victim.read_text() == "untouched" and sorted(p.name for p in tmp_path.iterdir()) == [RUN_FILE, "victim"]
 
 
 def test_mistakes_are_one_line(tmp_path, capsys):
