@@ -132,8 +132,10 @@ def test_statuses_of_running_runs_follow_their_process(tmp_path, capsys):
 
 def test_files_that_cannot_be_read_make_one_row_say_so(tmp_path, capsys, make_fifo):
     """A damaged metrics.csv, config.yaml or run.json, a FIFO, aliases expanding without end, a link out of the
-    folder: each makes its own row say which file and why, and every other row is whole."""
+    folder: each makes its own row say which file and why, and every other row is whole. Control characters a
+    record carries (a terminal's escapes) are not printed."""
     hand_made(tmp_path / "fine")
+    hand_made(tmp_path / "escapes", record={"status": "failed", "error": "boom\x1b[2J\nsecond line"})
     (hand_made(tmp_path / "metrics") / "metrics.csv").write_text("epoch,step,val/acc\n0,0,not a number\n")
     (hand_made(tmp_path / "config") / "config.yaml").write_text("model: [unclosed\n")
     (hand_made(tmp_path / "record") / RUN_FILE).write_text('{"status": "finish')
@@ -148,7 +150,8 @@ def test_files_that_cannot_be_read_make_one_row_say_so(tmp_path, capsys, make_fi
     (tmp_path / "linked" / "config.yaml").symlink_to(outside / "config.yaml")
     (tmp_path / "elsewhere").symlink_to(outside, target_is_directory=True)
     rows = {row["run"]: row for row in table(capsys, str(tmp_path))}
-    assert list(rows) == ["aliases", "config", "fifo", "fine", "linked", "metrics", "record"]
+    assert list(rows) == ["aliases", "config", "escapes", "fifo", "fine", "linked", "metrics", "record"]
+    assert rows["escapes"]["note"] == "boom?[2J?second line"
     assert rows["fine"]["note"] == "" and rows["fine"]["val/acc"] == "0.7"
     assert "metrics.csv unreadable: line 2" in rows["metrics"]["note"]
     assert "config.yaml unreadable" in rows["config"]["note"]

@@ -16,7 +16,7 @@ from ..run_record import ENDINGS, RUNNING
 from .curves import plot_curves
 from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run
 from .sweeps import plot_sweep, read_sweep, trial_of
-from .table import FORMATS, Table
+from .table import FORMATS, Table, printable
 
 STATUSES = (RUNNING, *ENDINGS, UNKNOWN, UNREADABLE)
 OUTPUTS = ("csv", "markdown", "plot")
@@ -91,7 +91,7 @@ def _list(options: argparse.Namespace) -> None:
     for _, *paths in plots:
         for path in paths:
             check_output_file(path, "--plot", overwrite=options.overwrite, overwrite_flag="--overwrite")
-    below = "".join(f"{line}\n" for sweep in sweeps for line in sweep.summary())
+    below = "".join(f"{printable(line)}\n" for sweep in sweeps for line in sweep.summary())
     sys.stdout.write(FORMATS[options.format](table) + (f"\n{below}" if below and options.format != "csv" else ""))
     for name in ("csv", "markdown"):
         path = getattr(options, name)
@@ -102,7 +102,7 @@ def _list(options: argparse.Namespace) -> None:
         notes.append(f"written: {plot_curves(runs, Path(options.plot))}")
         for sweep, history, importances in plots:
             notes += plot_sweep(sweep, history, importances) or [f"written: {history}, {importances}"]
-    for note in notes:
+    for note in map(printable, notes):
         sys.stderr.write(f"note: {note}\n" if not note.startswith("written: ") else f"{note}\n")
 
 

@@ -100,6 +100,7 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
             else:
                 pending.append((path, owner if evaluation else None, evaluation))
     runs.sort(key=lambda run: _natural(run.name))
+    sweeps.sort(key=lambda folder: _natural(folder.as_posix()))
     return runs, sweeps, notes
 
 
@@ -145,7 +146,7 @@ def _read_status(run: Run, root: Path) -> None:
             else:
                 run.duration_s = (datetime.now().astimezone() - run.started).total_seconds()
         duration = record.get("duration_s")
-        if isinstance(duration, int | float) and not isinstance(duration, bool):
+        if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
             run.duration_s = float(duration)
         if record.get("error"):
             run.notes.append(str(record["error"])[:200])
@@ -304,7 +305,10 @@ def _in_this_folder(folder: Path, recorded: str) -> str:
     """A recorded best checkpoint's path as found from here when it is in ``folder``; else as recorded."""
     path = Path(recorded)
     here = folder / "checkpoints" / path.name
-    return str(here) if path.parent.name == "checkpoints" and here.is_file() else recorded
+    try:
+        return str(here) if path.parent.name == "checkpoints" and here.is_file() else recorded
+    except (OSError, ValueError):  # a name no file can have (a NUL in it)
+        return recorded
 
 
 def _load_yaml(text: str) -> Any:
@@ -344,7 +348,7 @@ def _within(path: Path, inside: Path) -> bool:
 def _resolved(path: Path) -> Path:
     try:
         return path.resolve()
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):
         return path
 
 

@@ -61,7 +61,7 @@ def read_sweep(folder: Path, name: str, root: Path, storage: str | None) -> Swee
         info = json.loads(read_text(folder / STUDY_FILE, root))
         if not isinstance(info, dict) or not isinstance(info.get("study_name"), str):
             raise ValueError("no study_name")
-    except (OSError, ValueError, UserError) as err:
+    except (OSError, ValueError, RecursionError, UserError) as err:
         sweep.notes.append(f"{STUDY_FILE} unreadable: {_line(err)}")
         return sweep
     sweep.study_name = info["study_name"]

@@ -3,6 +3,7 @@
 import csv
 import io
 import math
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,6 +13,7 @@ from .folders import Run, best_epoch, best_file
 # Before the hyperparameters, and after them. A sweep's trials add "trial" and "state" after "run".
 FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")
 _MISSING = object()
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class Table:
@@ -110,7 +112,7 @@ def _raw(value: Any) -> str:
     value = _value(value)
     if value is None:
         return ""
-    return value.isoformat() if isinstance(value, datetime) else str(value)
+    return value.isoformat() if isinstance(value, datetime) else printable(str(value))
 
 
 def _shown(value: Any, column: str) -> str:
@@ -126,7 +128,12 @@ def _shown(value: Any, column: str) -> str:
         return duration_text(value)
     if isinstance(value, float):
         return f"{value:.4f}" if column.startswith(("val/", "test/")) else f"{value:g}"
-    return str(value)
+    return printable(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, without the control characters a folder's name or a file could carry to a terminal."""
+    return _CONTROL.sub("?", text)
 
 
 def duration_text(seconds: float) -> str:
