@@ -2,6 +2,9 @@
 fold i validating, and the arguments checked where they enter."""
 
 import csv
+{%- if cookiecutter.task == "image" %}
+import pickle
+{%- endif %}
 
 import numpy as np
 import pytest
@@ -13,10 +16,12 @@ from conftest import RUNS, checkpoint, epoch_metrics, refused
 {%- endif %}
 
 from {{ cookiecutter.project_slug }}.cli import main
-from {{ cookiecutter.project_slug }}.data.folds import fold_split
 {%- if cookiecutter.task == "image" %}
+from {{ cookiecutter.project_slug }}.data.cifar10 import CIFAR10_BATCHES, CIFAR10_FOLDER
+from {{ cookiecutter.project_slug }}.data.folds import fold_split
 from {{ cookiecutter.project_slug }}.data.images import ImageDataModule, ImageFolderDataModule
 {%- else %}
+from {{ cookiecutter.project_slug }}.data.folds import fold_split
 from {{ cookiecutter.project_slug }}.data.sequences import SequenceDataModule
 {%- endif %}
 from {{ cookiecutter.project_slug }}.errors import ConfigError
@@ -108,6 +113,18 @@ def test_image_folders_divide_the_train_and_val_folders_into_the_folds(tmp_path)
         fitted.setup("test")
         assert len(fitted.splits["test"]) == 2
     assert sorted(validation) == pool
+
+
+def test_cifar10_with_more_folds_than_a_class_has_images_is_refused_naming_it(tmp_path):
+    """CIFAR-10's classes are counted once read: two folds of a single training airplane are refused in one line."""
+    (tmp_path / CIFAR10_FOLDER).mkdir()
+    for name in CIFAR10_BATCHES:  # two images each; only the first batch holds an airplane (label 0)
+        batch = {"data": np.zeros((2, 3072), dtype=np.uint8), "labels": [0, 1] if name == "data_batch_1" else [1, 2]}
+        (tmp_path / CIFAR10_FOLDER / name).write_bytes(pickle.dumps(batch, protocol=2))
+    data = ImageDataModule(dataset="cifar10", data_dir=str(tmp_path), folds=2)
+    with pytest.raises(ConfigError, match=r"^--data\.folds 2 is more than the 1 .* of class 'airplane'") as caught:
+        data.setup("fit")
+    assert "\n" not in str(caught.value)
 {%- endif %}
 
 
