@@ -33,7 +33,7 @@ def main(args: list[str] | None = None) -> None:
         prog=f"python -m {__package__}",
         description="List the runs below FOLDER: status, the settings that differ, best and test metrics, checkpoint.",
     )
-    parser.add_argument("folder", nargs="?", default="runs", help="where to look for runs, at any depth (default runs)")
+    parser.add_argument("folder", nargs="?", default="runs", metavar="FOLDER", help="where to look (default: runs)")
     parser.add_argument("--sort", metavar="COLUMN", help="order by this column (-COLUMN or --desc: largest first)")
     parser.add_argument("--desc", action="store_true", help="sort in descending order")
     parser.add_argument("--status", action="append", choices=STATUSES, help="only runs with this status (repeatable)")
