@@ -4,6 +4,7 @@ import inspect
 import logging
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -328,6 +329,20 @@ def build_all(args: list[str], prog: str | None = None) -> tuple[Classifier, Dat
     return cli.model, cli.datamodule, cli.trainer
 
 
+def fit(args: list[str], callbacks: Sequence[L.Callback] = ()) -> ProjectCLI:
+    """Run ``train.py fit`` on ``args`` in this process, with ``callbacks`` beside the project's (not in its
+    config.yaml). Errors are raised, not shown: the caller records how the run ended first (a sweep's trial)."""
+    return _make_cli(expand_shortcuts(["fit", *args]), run=True, callbacks=callbacks, cli_class=_FitCLI)
+
+
+class _FitCLI(ProjectCLI):
+    """The command line of ``fit`` alone: the parsers of the other subcommands took a second of every sweep trial."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": LightningCLI.subcommands()["fit"]}
+
+
 # What Lightning prints that a user of this project cannot act on, silenced here and nowhere
 # else, each by its message (and category), with the reason. Every other warning still shows.
 _UNACTIONABLE_WARNINGS = (
@@ -363,10 +378,12 @@ def _silence_the_unactionable() -> None:
         logging.getLogger(name).addFilter(_keep_actionable)  # added once, however often called
 
 
-def _make_cli(args: list[str], run: bool, prog: str | None = None) -> ProjectCLI:
+def _make_cli(
+    args: list[str], run: bool, prog: str | None = None, callbacks: Sequence[L.Callback] = (), cli_class=ProjectCLI
+) -> ProjectCLI:
     _silence_the_unactionable()
     bound_yaml_loading()
-    return ProjectCLI(
+    return cli_class(
         Classifier,
         L.LightningDataModule,
         subclass_mode_data=True,
@@ -386,6 +403,7 @@ def _make_cli(args: list[str], run: bool, prog: str | None = None) -> ProjectCLI
                 BestEpoch(),
                 RandomState(),
                 RunPlots(),
+                *callbacks,
                 # Last: a run's end time counts its plots. run.json says running, finished, interrupted, ...
                 RunStatus(),
             ],

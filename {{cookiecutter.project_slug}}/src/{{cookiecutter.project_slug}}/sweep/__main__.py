@@ -1,0 +1,236 @@
+"""Hyperparameter sweeps and cross-validation: many runs of train.py as one resumable Optuna study.
+
+    python -m {{ cookiecutter.project_slug }}.sweep --space configs/sweep.yaml --trials 20 --config configs/synthetic.yaml
+    python -m {{ cookiecutter.project_slug }}.sweep --folds 5 --config configs/synthetic.yaml
+
+Every trial is an ordinary run folder, runs/sweeps/<study>/trial_<number>/. Run the same
+command again after any stop to continue; run it on several machines with one --storage to
+share the trials.
+"""
+
+import argparse
+import inspect
+import itertools
+import re
+import shlex
+import signal
+import statistics
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from ..cli import SUBCOMMANDS, build_all
+from ..errors import ConfigError
+from ..messages import errors_as_messages, report
+from ..placement.lightning import simulated_run
+from ..supervision import leave_process_group
+from .queue import COUNTED, RUN_FOLDER, queue_retry, run_trials
+from .space import SearchSpace, argument_names, refusal
+from .store import default_url, open_storage, write_study_file
+from .study import open_study
+from .trial import ONE_DEVICE, InterruptionError, Plan, run_trial
+
+PROG = f"python -m {__package__}"
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+# A grid (every combination of the space's lists) of more trials than this is a mistake.
+MAX_GRID = 10_000
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (options: {PROG} --help)\n")
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
+    parser.add_argument("--space", type=Path, help="the search space: a YAML file of train.py flags and their ranges")
+    parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
+    parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
+    parser.add_argument("--study", help="the study's name (default: the space file's name, or folds)")
+    parser.add_argument("--storage", help="a database URL shared by the workers (default: study.db beside the trials)")
+    parser.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="(default tpe)")
+    parser.add_argument("--pruner", choices=("median", "none"), default="median", help="(default median)")
+    parser.add_argument(
+        "--prune_after", type=int, default=5, help="trials finished before any is pruned (default 5, Optuna's)"
+    )
+    options, train_args = parser.parse_known_args(args)
+    # Optuna's heartbeat is experimental since 2.9, and meant for Study.optimize: this is how a sweep uses it.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # each trial's end is reported here, in a line of ours
+    _check_options(parser, options)
+    if train_args[:1] == ["fit"]:
+        train_args = train_args[1:]
+    elif train_args and train_args[0] in SUBCOMMANDS:
+        parser.error(f"a sweep trains: give the arguments of fit, not of {train_args[0]}")
+    # SIGTERM between trials stops the sweep as Ctrl-C does; during a trial, the trial's own handlers take over.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    with simulated_run:
+        try:
+            with errors_as_messages():
+                sweep(options, train_args, args if args is not None else sys.argv[1:])
+        finally:
+            leave_process_group()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
+
+
+_EPILOG = "Other arguments go to train.py (fit), as to train.py itself."
+
+
+def _check_options(parser: _Parser, options: argparse.Namespace) -> None:
+    if (options.space is None) == (options.folds is None):
+        parser.error("give --space FILE (a sweep) or --folds K (cross-validation), one of them")
+    if options.folds is not None and options.folds < 2:
+        parser.error(f"--folds must be 2 or more, got {options.folds}")
+    if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
+        parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
+    if options.space is not None and (options.trials is None) != (options.sampler == "grid"):
+        parser.error("--trials N is needed, except with --sampler grid, which runs every combination once")
+    if options.trials is not None and options.trials < 1:
+        parser.error(f"--trials must be 1 or more, got {options.trials}")
+    if options.prune_after < 0:
+        parser.error(f"--prune_after must be 0 or more, got {options.prune_after}")
+    if options.study is not None and not STUDY_NAME.fullmatch(options.study):
+        parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
+
+
+def sweep(options: argparse.Namespace, train_args: list[str], command: list[str]) -> None:
+    """Run trials of ``options``' study until it has its number, then report the best (or the folds' spread)."""
+    started = time.perf_counter()
+    _, datamodule, trainer = build_all([*ONE_DEVICE, *train_args], prog=f"{PROG} [train.py arguments]")
+    monitor, direction = _monitored(trainer)
+    if options.folds is not None:
+        space, fixed = _folds(options.folds, datamodule, train_args), ["--data.folds", str(options.folds)]
+    else:
+        space, fixed = SearchSpace.read(options.space), []
+        space.check([*ONE_DEVICE, *train_args], argument_names(trainer))
+    grid = _grid(space) if options.folds is not None or options.sampler == "grid" else []
+    wanted = len(grid) or options.trials
+    name = options.study or ("folds" if options.folds is not None else space.path.stem)
+    folder = Path(trainer.logger.save_dir) / "sweeps" / name
+    url = options.storage or default_url(folder)
+    storage = open_storage(url, on_stale=queue_retry)
+    if name not in optuna.study.get_all_study_names(storage) and any(folder.glob("trial_*")):
+        raise ConfigError(f"{folder} holds the trials of a study not in {url}: give another --study, or move it away")
+    settings = {
+        "train_args": train_args,
+        "space": space.as_settings(),
+        "sampler": "grid" if grid else "drawn",
+        "monitor": monitor,
+        "direction": direction,
+    }
+    study = open_study(name, storage, url, settings, grid, _sampler(options), _pruner(options))
+    write_study_file(folder, study, url, monitor)
+    plan = Plan(study, space, train_args, fixed, folder, monitor)
+    report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
+    trials_started = time.perf_counter()
+    try:
+        ran = run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial))
+    except (InterruptionError, KeyboardInterrupt) as stop:
+        where = ""
+        if isinstance(stop, InterruptionError):
+            where = f" in trial {stop.number} ({f'{stop.saved} saved' if stop.saved else 'nothing saved yet'})"
+        sys.exit(f"stopped by Ctrl-C or SIGTERM{where}: to continue the sweep, "
+                 f"run the same command again: {PROG} {shlex.join(command)}")  # fmt: skip
+    _summary(study, options.folds, monitor)
+    if ran:
+        # Outside trainer.fit: building each trial through the command line, and the study's bookkeeping.
+        outside = time.perf_counter() - trials_started - plan.fit_seconds
+        report(f"sweep overhead: {outside / ran:.2f} s a trial outside trainer.fit ({ran} trials run here: "
+               f"{plan.fit_seconds:.1f} s in fit, {outside:.1f} s outside it), after "
+               f"{trials_started - started:.1f} s of checks and setup")  # fmt: skip
+
+
+def _monitored(trainer) -> tuple[str, str]:
+    """The metric the checkpoint callback judges runs by, and the study's direction; the run folder it needs."""
+    judge = trainer.checkpoint_callback
+    if judge is None or not getattr(judge, "monitor", None):
+        raise ConfigError("a sweep judges trials by the checkpoint callback's monitored metric: this run has none")
+    if len(trainer.loggers) != 1 or not isinstance(trainer.logger, CSVLogger | TensorBoardLogger):
+        raise ConfigError(
+            "a sweep writes each trial's run folder with one CSVLogger or TensorBoardLogger: "
+            f"give one of them as --trainer.logger, not {[type(logger).__name__ for logger in trainer.loggers]}"
+        )
+    if trainer.world_size > 1:
+        raise ConfigError(
+            "a sweep trains each trial in one process, on one device: leave out --devices and --num_nodes "
+            "(more workers run more trials at once: scripts/sweep.sbatch); to train a chosen trial on more, "
+            "give train.py --config <its folder>/config.yaml --devices N"
+        )
+    return judge.monitor, "maximize" if judge.mode == "max" else "minimize"
+
+
+def _folds(folds: int, datamodule, train_args: list[str]) -> SearchSpace:
+    """The space of a cross-validation: the fold, one trial each; refused for data that cannot be split into folds."""
+    if "folds" not in inspect.signature(type(datamodule)).parameters:
+        raise ConfigError(
+            f"--folds: {type(datamodule).__name__} cannot be split into folds (it takes no --data.folds): "
+            "cross-validation needs a data module that holds its data in memory"
+        )
+    reason = refusal([*ONE_DEVICE, *train_args], {"data.folds": folds, "data.fold": folds - 1})
+    if reason is not None:
+        raise ConfigError(f"--folds {folds}: {reason}")
+    return SearchSpace(Path("folds"), {"data.fold": CategoricalDistribution(list(range(folds)))})
+
+
+def _grid(space: SearchSpace) -> list[dict]:
+    """Every combination of the space's choices, in the file's order, each once."""
+    lists = {name: d.choices for name, d in space.distributions.items() if isinstance(d, CategoricalDistribution)}
+    if len(lists) < len(space.distributions):
+        ranges = sorted(space.distributions.keys() - lists.keys())
+        raise ConfigError(f"{space.path}: --sampler grid takes lists of choices only, not ranges: {', '.join(ranges)}")
+    size = 1
+    for choices in lists.values():
+        size *= len(choices)
+    if size > MAX_GRID:
+        raise ConfigError(f"{space.path}: the grid has {size} combinations, more than {MAX_GRID}: search it with tpe")
+    return [dict(zip(lists, values, strict=True)) for values in itertools.product(*lists.values())]
+
+
+def _sampler(options: argparse.Namespace) -> optuna.samplers.BaseSampler:
+    # A grid's and the folds' trials are queued when the study is created: the sampler draws none of them.
+    return optuna.samplers.TPESampler() if options.sampler == "tpe" else optuna.samplers.RandomSampler()
+
+
+def _pruner(options: argparse.Namespace) -> optuna.pruners.BasePruner:
+    if options.pruner == "none" or options.folds is not None:
+        return optuna.pruners.NopPruner()
+    # From the second epoch on: the first one's metric says more about the initial weights than the settings.
+    return optuna.pruners.MedianPruner(n_startup_trials=options.prune_after, n_warmup_steps=1)
+
+
+def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
+    """The best trial and how to train it again; for folds, the metric's mean and spread over them."""
+    counted = [trial for trial in study.get_trials(deepcopy=False) if trial.state in COUNTED]
+    complete = [trial for trial in counted if trial.state == TrialState.COMPLETE]
+    pruned = len(counted) - len(complete)
+    report(f"{len(complete)} trials complete, {pruned} pruned")
+    if not complete:
+        return
+    if folds is not None:
+        values = [trial.value for trial in complete]
+        mean, spread = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+        report(f"{monitor} over {len(values)} folds: mean {mean:.4f}, standard deviation {spread:.4f}")
+        return
+    best = study.best_trial
+    shown = ", ".join(f"{name}={value}" for name, value in best.params.items())
+    report(f"best trial {best.number}: {monitor}={best.value:.4f} with {shown}")
+    report(f"its run folder: {best.user_attrs.get(RUN_FOLDER)}")
+    report(f"train it again: {best.user_attrs.get('command')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The search space: a YAML file keyed by train.py's own flags, each a range or a list of choices.
+
+    model.lr: {low: 1.0e-4, high: 0.1, log: true}     # a float, log-uniform
+    model.weight_decay: {low: 0.0, high: 0.01}         # a float, uniform
+    data.batch_size: [32, 64, 128]                     # one of these
+    model.net.init_args.width: {low: 16, high: 64, step: 16}   # an integer (both ends integers)
+
+Checked before any trial runs: the file itself, each range (Optuna's distributions check
+theirs), and each key and value against the command line that takes them, by building
+what train.py would build with them (without training).
+"""
+
+import contextlib
+import difflib
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import yaml
+from lightning.pytorch.cli import SaveConfigCallback
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import Trial
+
+from ..cli import build_all
+from ..config_files import read_config_file
+from ..errors import ConfigError
+from ..trust import flag_pairs
+
+RANGE_KEYS = ("low", "high", "log", "step")
+# What a sweep sets itself for every trial, or that would make a trial more than one process.
+NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.devices", "trainer.strategy")
+
+
+class SearchSpace:
+    """Each flag searched (``model.lr``) and its Optuna distribution, in the file's order."""
+
+    def __init__(self, path: Path, distributions: dict[str, BaseDistribution]) -> None:
+        self.path, self.distributions = path, distributions
+
+    @classmethod
+    def read(cls, path: str | Path) -> "SearchSpace":
+        """The space in the YAML file ``path``; a file that is not one stops with one line naming it and the key."""
+        path = Path(path)
+        text = read_config_file(path)
+        try:
+            settings = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not YAML: {' '.join(str(err).split())}") from None
+        if not isinstance(settings, dict) or not settings:
+            raise ConfigError(
+                f"{path} must map train.py flags to ranges or lists of choices, e.g. 'model.lr: [0.01, 0.001]'"
+            )
+        return cls(path, {str(key): _distribution(path, str(key), value) for key, value in settings.items()})
+
+    def suggest(self, trial: Trial) -> dict[str, Any]:
+        """Each flag's value for ``trial``, drawn by the study's sampler (or the trial's own, when retried)."""
+        values = {}
+        for name, distribution in self.distributions.items():
+            if isinstance(distribution, CategoricalDistribution):
+                values[name] = trial.suggest_categorical(name, distribution.choices)
+            elif isinstance(distribution, IntDistribution):
+                values[name] = trial.suggest_int(name, distribution.low, distribution.high, **_spacing(distribution))
+            else:
+                values[name] = trial.suggest_float(name, distribution.low, distribution.high, **_spacing(distribution))
+        return values
+
+    def as_settings(self) -> dict[str, str]:
+        """The space as plain data, to record with the study: a re-run with another space is refused."""
+        return {name: repr(distribution) for name, distribution in self.distributions.items()}
+
+    def check(self, train_args: Sequence[str], known: set[str]) -> None:
+        """Refuse, in one line naming the key, a flag train.py does not take or a value it would not accept.
+
+        Each key is looked up among train.py's arguments; then what train.py builds is built
+        (nothing trained) with every choice of each list and both ends of each range: together
+        first, and one at a time to name the key when together they fail.
+        """
+        given = {flag[2:] for flag, _ in flag_pairs(train_args)}
+        for name in self.distributions:
+            if name in given:
+                raise ConfigError(f"{self.path}: {name} is searched, and given as --{name} too: leave one of them")
+            if name.startswith(NOT_SEARCHED):
+                raise ConfigError(f"{self.path}: {name}: the sweep sets it (not searched: {', '.join(NOT_SEARCHED)})")
+        classes = [name for name, d in self.distributions.items() if isinstance(d, CategoricalDistribution)]
+        for name in self.distributions:
+            if known and _plain(name) not in known and not any(name.startswith(f"{chosen}.") for chosen in classes):
+                close = difflib.get_close_matches(_plain(name), sorted(known), n=1)
+                hint = f"did you mean {close[0]}?" if close else "see python train.py --help"
+                raise ConfigError(f"{self.path}: {name} is not an argument of train.py: {hint}")
+        corners = self._corners()
+        for corner in corners:
+            if refusal(train_args, corner) is None:
+                continue
+            for name, value in corner.items():
+                if (reason := refusal(train_args, {name: value})) is not None:
+                    raise ConfigError(f"{self.path}: {name}: {_flag_value(value)} is refused: {reason}")
+            shown = ", ".join(f"{name}={_flag_value(value)}" for name, value in corner.items())
+            raise ConfigError(f"{self.path}: the values {shown} are refused together: {refusal(train_args, corner)}")
+
+    def _corners(self) -> list[dict[str, Any]]:
+        """Assignments that take each choice of every list and both ends of every range at least once."""
+        options = {
+            name: list(d.choices) if isinstance(d, CategoricalDistribution) else [d.low, d.high]
+            for name, d in self.distributions.items()
+        }
+        count = max(len(values) for values in options.values())
+        return [{name: values[k % len(values)] for name, values in options.items()} for k in range(count)]
+
+
+def flags(values: dict[str, Any]) -> list[str]:
+    """train.py's flags for ``values``: ``{"model.lr": 0.01}`` -> ``["--model.lr", "0.01"]``."""
+    return [item for name, value in values.items() for item in (f"--{name}", _flag_value(value))]
+
+
+def _flag_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _spacing(distribution: FloatDistribution | IntDistribution) -> dict[str, Any]:
+    return {"log": distribution.log, **({"step": distribution.step} if distribution.step is not None else {})}
+
+
+def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
+    """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``."""
+    accepted = "a list of choices, or {low: ..., high: ...} with log: true or step: ... if wanted"
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{path}: {name}: the list of choices is empty; accepted: {accepted}")
+        if not all(choice is None or isinstance(choice, bool | int | float | str) for choice in value):
+            raise ConfigError(f"{path}: {name}: each choice must be a number, a string, true, false or null")
+        if len(set(map(repr, value))) < len(value):
+            raise ConfigError(f"{path}: {name}: a choice is listed twice: {value}")
+        return CategoricalDistribution(value)
+    if not isinstance(value, dict) or not {"low", "high"} <= value.keys() or value.keys() - set(RANGE_KEYS):
+        raise ConfigError(f"{path}: {name}: {value!r} is not a range; accepted: {accepted}")
+    low, high, log, step = (value.get(key) for key in RANGE_KEYS)
+    numbers = [low, high] + ([step] if step is not None else [])
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+        raise ConfigError(f"{path}: {name}: low, high and step must be finite numbers, got {value}")
+    if not isinstance(log, bool | None):
+        raise ConfigError(f"{path}: {name}: log must be true or false, got {log!r}")
+    if not low < high:
+        raise ConfigError(f"{path}: {name}: low must be below high, got low={low} and high={high}")
+    integer = all(isinstance(n, int) for n in numbers)
+    if integer and step is not None and (high - low) % step:
+        raise ConfigError(f"{path}: {name}: high - low must be a multiple of step, got {low}..{high} by {step}")
+    try:
+        kind = IntDistribution if integer else FloatDistribution
+        return kind(low, high, log=bool(log), step=step if step is not None or not integer else 1)
+    except ValueError as err:  # Optuna's own checks: a log range from 0 or below, a step with log
+        raise ConfigError(f"{path}: {name}: {' '.join(str(err).split())}") from None
+
+
+def argument_names(trainer: L.Trainer) -> set[str]:
+    """The flags (without dashes) that train.py took to build ``trainer``: ``model.lr``, ``data.batch_size``, ...
+
+    Read from the configuration its own parser made (which LightningCLI hands the Trainer's
+    SaveConfigCallback to write as config.yaml): ``data.init_args.batch_size`` is ``data.batch_size``.
+    """
+    saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
+    names = set()
+    for key in saver.config.keys() if saver is not None else ():
+        names.add(_plain(key).removesuffix(".class_path"))
+    return names
+
+
+def _plain(name: str) -> str:
+    """``name`` without ``init_args``, which the command line lets one leave out: ``data.batch_size``."""
+    return ".".join(part for part in name.split(".") if part != "init_args")
+
+
+def refusal(train_args: Sequence[str], values: dict[str, Any]) -> str | None:
+    """Why train.py refuses ``train_args`` with ``values``, in its own words; None when it takes them."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            build_all([*train_args, *flags(values)])
+    except SystemExit as stop:
+        message = stop.code if isinstance(stop.code, str) else captured.getvalue()
+        return message.strip().removeprefix("error: ")
+    return None
