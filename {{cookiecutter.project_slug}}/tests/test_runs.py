@@ -249,7 +249,8 @@ def test_the_record_is_replaced_whole_and_never_written_through_a_link(tmp_path)
 
 
 def test_mistakes_are_one_line(tmp_path, capsys):
-    """A missing folder, a file given as the folder, a folder without runs, an unknown column: one line each."""
+    """A missing folder, a file given as the folder, a folder without runs, an unknown column, an unknown format,
+    two outputs to one file: one line each."""
     assert "does not exist" in refused(capsys, str(tmp_path / "nowhere"))
     (tmp_path / "file").write_text("")
     assert "is not a folder" in refused(capsys, str(tmp_path / "file"))
@@ -258,6 +259,8 @@ def test_mistakes_are_one_line(tmp_path, capsys):
     message = refused(capsys, str(tmp_path), "--sort", "lr")
     assert "--sort lr: not a column; accepted: run, started, status" in message
     assert "--format" in refused(capsys, str(tmp_path), "--format", "html")
+    same = [str(tmp_path / "t.txt"), str(tmp_path / "run" / ".." / "t.txt")]
+    assert "name the same file" in refused(capsys, str(tmp_path), "--csv", same[0], "--markdown", same[1])
 
 
 def test_the_command_reads_runs_without_pytorch(tmp_path):

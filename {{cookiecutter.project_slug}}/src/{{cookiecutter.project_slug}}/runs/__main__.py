@@ -64,10 +64,11 @@ def _list(options: argparse.Namespace) -> None:
         raise UserError(f"FOLDER {root} does not exist: give the folder of your runs (by default runs/)")
     if not root.is_dir():
         raise UserError(f"FOLDER {root} is not a folder: give the folder of your runs (by default runs/)")
-    for name in OUTPUTS:
-        path = getattr(options, name)
-        if path is not None:
-            check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
+    outputs = {name: getattr(options, name) for name in OUTPUTS if getattr(options, name) is not None}
+    for name, path in outputs.items():
+        check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
+    if len({os.path.abspath(path) for path in outputs.values()}) < len(outputs):
+        raise UserError(f"{' and '.join(f'--{name}' for name in outputs)} name the same file: give each its own")
     runs, sweep_folders, notes = find_folders(root)
     for run in runs:
         read_run(run, root)
@@ -137,6 +138,9 @@ def _write(path: Path, text: str) -> None:
         with temporary.open("x") as file:
             file.write(text)
         os.replace(temporary, path)
+    except OSError as err:
+        temporary.unlink(missing_ok=True)
+        raise UserError(f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room") from err
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
