@@ -97,6 +97,9 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     program = torch.export.export(wrapped, (inputs,), dynamic_shapes={"inputs": dims})
     class_names = list(model.class_names)
     description = {"dtype": str(inputs.dtype).removeprefix("torch."), "shape": list(inputs.shape), "varies": list(dims)}
+{%- if cookiecutter.task == "sequence" %}
+    description["vocab_size"] = datamodule.vocab_size  # token ids lie in [0, vocab_size)
+{%- endif %}
     extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(description)}
     try:
         with written_whole(output) as temporary:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ConfigError
 from ..files import NotAFileError, open_regular
@@ -28,6 +28,10 @@ STATS_CHUNK_VALUES = 1 << 22
 
 class UnreadableImageError(DataUnavailableError):
     """Image files that no decoder could read: corrupt, truncated, or not images at all."""
+
+
+class ImageTooLargeError(ValueError):
+    """An image with more pixels than allowed, refused before decoding."""
 
 
 def load_images(
@@ -167,6 +171,30 @@ def _reason(err: Exception) -> str:
         return f"it is {err.kind}, not a file"
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
+
+
+def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
+    """One image file's bytes as ``uint8`` RGB ``(size, size, 3)``, decoded exactly as ``load_images`` decodes each.
+
+    For bytes from elsewhere (a request to the server): an image of more than ``max_pixels``
+    pixels is refused from its header, before any pixel is decoded, so a small file that would
+    decode to gigabytes (a decompression bomb) costs nothing. Raises ``ImageTooLargeError`` for
+    that, and ``UnreadableImageError`` with the decoder's reason for bytes that are no image it reads.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            width, height = opened.size
+        if width * height > max_pixels:
+            raise ImageTooLargeError(f"an image of {width}x{height} pixels, more than {max_pixels:,}")
+        return _decode(data, size)
+    except ImageTooLargeError:
+        raise
+    except Image.DecompressionBombError as err:  # over twice Pillow's own limit: refused by Image.open
+        raise ImageTooLargeError(_reason(err)) from err
+    except UnidentifiedImageError as err:  # its message names an in-memory file object, which says nothing here
+        raise UnreadableImageError("no image format that Pillow reads") from err
+    except Exception as err:  # corrupt files make decoders raise almost any type
+        raise UnreadableImageError(_reason(err)) from err
 
 
 def _in_threads(work: Callable[[int], list], count: int, workers: int) -> list:

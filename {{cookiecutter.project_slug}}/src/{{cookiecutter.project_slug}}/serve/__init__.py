@@ -1,0 +1,9 @@
+"""Serving an exported model over HTTP: ``python -m {{ cookiecutter.project_slug }}.serve MODEL`` (see ``__main__``).
+
+LitServe, the ``serve`` extra, is imported only by the modules that run the server
+(``api``, ``inputs``); the model file's checks (``model_file``) need PyTorch alone.
+"""
+
+from .model_file import ModelFileError, ModelInfo, read_model
+
+__all__ = ["ModelFileError", "ModelInfo", "read_model"]
