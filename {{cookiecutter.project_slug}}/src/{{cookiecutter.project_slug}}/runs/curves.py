@@ -1,5 +1,6 @@
 """The validation curves of the runs listed, in one figure: loss and accuracy by epoch, a line per run."""
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from .folders import Run, full_history
 CURVES = (("val/loss", "Validation loss"), ("val/acc", "Validation accuracy"))
 # More lines than this make a legend that hides the curves: the runs are then named in the table only.
 MAX_LEGEND = 20
+# Values spanning more than this factor are drawn on a log scale.
+SPREAD_FOR_LOG = 100
 
 
 def plot_curves(runs: Sequence[Run], path: Path) -> Path:
@@ -22,6 +25,9 @@ def plot_curves(runs: Sequence[Run], path: Path) -> Path:
                 epochs, values = zip(*points, strict=True)
                 axes.plot([epoch + 1 for epoch in epochs], values, marker="o", markersize=3, label=run.name)
         axes.set(title=title, xlabel="epoch", ylabel=column)
+        values = [value for line in axes.lines for value in line.get_ydata() if math.isfinite(value)]
+        if values and min(values) > 0 and max(values) > SPREAD_FOR_LOG * min(values):
+            axes.set_yscale("log")  # one run's loss in the thousands would flatten every other run's
         axes.xaxis.get_major_locator().set_params(integer=True)
         axes.grid(alpha=0.3)
     lines = panels[-1].lines
