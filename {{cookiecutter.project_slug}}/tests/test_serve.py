@@ -17,7 +17,10 @@ import time
 import zipfile
 {%- if cookiecutter.task == "image" %}
 import zlib
+from dataclasses import replace
 from io import BytesIO
+{%- else %}
+from dataclasses import replace
 {%- endif %}
 from pathlib import Path
 
@@ -33,7 +36,9 @@ from PIL import Image
 
 from {{ cookiecutter.project_slug }}.cli import main as train
 from {{ cookiecutter.project_slug }}.export import main as export
+from {{ cookiecutter.project_slug }}.serve import read_model
 from {{ cookiecutter.project_slug }}.serve.__main__ import main as serve
+from {{ cookiecutter.project_slug }}.serve.__main__ import model_file, parser
 
 pytest.importorskip("litserve", reason='serving needs LitServe: pip install -e ".[serve]"')
 
@@ -331,7 +336,7 @@ def answered(connection: http.client.HTTPConnection) -> int:
 @pytest.mark.slow
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(exported):
     """SIGTERM while requests wait for their batch: each is answered, and the server exits with status 0."""
-    process, url = start_server(exported, "--max_batch_size", "64", "--batch_timeout", "3")
+    process, url = start_server(exported, "--max_batch_size", "64", "--batch_timeout", "2")
     host, port = url.removeprefix("http://").split(":")
     connections = [http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S) for _ in range(4)]
     try:
@@ -341,7 +346,7 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(exported):
         for connection in connections:
             answers.append(answered(connection))
             connection.request("POST", "/predict", body=GOOD[0], headers={"Content-Type": GOOD[1]})
-        # The four wait up to 3 s for a batch of 64 to fill; SIGTERM comes meanwhile, once the last was sent.
+        # The four wait up to 2 s for a batch of 64 to fill; SIGTERM comes meanwhile, once the last was sent.
         time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
         answers += [answered(connection) for connection in connections]
@@ -425,6 +430,16 @@ def test_a_bad_model_file_stops_the_server_with_one_line_before_the_port_is_take
         probe.bind(("127.0.0.1", port))  # nothing took the port
 
 
+@pytest.mark.slow
+def test_a_checkpoint_is_served_through_a_temporary_export(exported, monkeypatch):
+    """--ckpt_path last serves the newest run's checkpoint, exported into a temporary folder that goes afterwards."""
+    monkeypatch.chdir(exported)
+    with model_file(parser().parse_args(["--ckpt_path", "last"]), []) as path:
+        assert path.parent.parent.resolve() != exported.resolve()
+        assert read_model(path)[1] == replace(read_model(Path("model.pt2"))[1], path=path)
+    assert not path.exists()
+
+
 def test_a_port_in_use_is_one_line(exported, monkeypatch):
     """A port another program answers at stops the server at start with one line naming --port."""
     monkeypatch.chdir(exported)
@@ -434,6 +449,14 @@ def test_a_port_in_use_is_one_line(exported, monkeypatch):
         port = taken.getsockname()[1]
         with pytest.raises(SystemExit, match=rf"^error: --port {port} on 127\.0\.0\.1 cannot be used"):
             serve(["model.pt2", "--port", str(port)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_asked_for_on_a_machine_without_one_is_one_line(exported, monkeypatch):
+    """--accelerator gpu without a GPU stops at start with one line naming the flag."""
+    monkeypatch.chdir(exported)
+    with pytest.raises(SystemExit, match=r"^error: --accelerator gpu was requested but no CUDA GPU was found"):
+        serve(["model.pt2", "--accelerator", "gpu"])
 
 
 def test_without_litserve_the_command_says_how_to_install_it(monkeypatch):

@@ -108,7 +108,7 @@ def main(args: list[str] | None = None) -> None:
     if rest and known.ckpt_path is None:
         parser().error(f"unrecognized arguments: {' '.join(rest)} (train.py's arguments go with --ckpt_path only)")
     if (known.model is None) == (known.ckpt_path is None):
-        parser().error("give the model file, or --ckpt_path, not both")
+        parser().error("give the model file or --ckpt_path, one of the two")
     try:  # the serve extra: checked before anything else is done
         import litserve  # noqa: F401
 {%- if cookiecutter.task == "image" %}

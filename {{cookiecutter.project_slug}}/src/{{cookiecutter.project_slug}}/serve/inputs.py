@@ -23,6 +23,7 @@ from fastapi import HTTPException, Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 {%- endif %}
+from starlette.requests import ClientDisconnect
 
 {% if cookiecutter.task == "image" -%}
 from ..data.image_decoding import ImageTooLargeError, UnreadableImageError, decode_image
@@ -95,11 +96,14 @@ class InputReader:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_long
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_long
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_long
+                chunks.append(chunk)
+        except ClientDisconnect as err:  # nobody is left to answer; not the server's error
+            raise HTTPException(400, "the client closed the connection before the body was sent") from err
         return b"".join(chunks)
 {%- if cookiecutter.task == "image" %}
 
