@@ -37,8 +37,9 @@ from ..export import export, load_trained
 from ..messages import errors_as_messages
 from .model_file import EXPORT_COMMAND, ModelInfo, read_model
 
-# Measured with --bench on 2 CPU cores (README, "Serving the model"): at concurrency 32, batches of up to 32
-# gave the most requests/s; waiting 5 ms for a batch to fill cost an idle request nothing it could notice.
+# Measured with --bench on 2 CPU cores (README, "Serving the model"): an idle request waits the whole timeout
+# for its batch to fill (p50 10 ms at 2 or 5 ms, 16 ms at 10 ms); at concurrency 32, waiting 10 ms made batches
+# larger but answered no more requests/s, and batches of up to 8 fewer than of up to 32.
 MAX_BATCH_SIZE = 32
 BATCH_TIMEOUT_S = 0.005
 MAX_BODY_BYTES = 20 * 1024 * 1024
@@ -116,16 +117,17 @@ def main(args: list[str] | None = None) -> None:
 {%- endif %}
     except ImportError as err:
         sys.exit(f'error: serving needs {err.name}, which is not installed: pip install -e ".[serve]"')
-    with errors_as_messages(), model_file(known, rest) as path:
+    with errors_as_messages():
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
-        _, model = read_model(path)
-        if known.bench:
-            from .bench import bench  # the load test's client: only for --bench
+        with model_file(known, rest) as path:
+            _, model = read_model(path)
+            if known.bench:
+                from .bench import bench  # the load test's client: only for --bench
 
-            bench(known, model)
-            return
-        check_port_free(known.host, known.port)
-        serve(known, model)
+                bench(known, model)
+                return
+            check_port_free(known.host, known.port)
+            serve(known, model)
 
 
 @contextmanager

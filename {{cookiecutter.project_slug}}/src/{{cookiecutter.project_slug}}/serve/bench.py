@@ -50,6 +50,7 @@ STOP_S = 60
 
 def bench(known: argparse.Namespace, model: ModelInfo) -> None:
     """Measure and print; the settings are the server's flags, with --requests, --concurrency and --url."""
+    signal.signal(signal.SIGTERM, _stopped)  # so that the servers started here are stopped too (see _with_server)
     bodies = sample_bodies(model, DISTINCT_INPUTS)
     print(
         f"{model.path}: {known.requests} requests of {_described(model)}, {known.concurrency} at a time",
@@ -214,6 +215,10 @@ def wait_until_healthy(url: str, server: subprocess.Popen, log) -> None:
     log.seek(0)
     said = log.read().decode(errors="replace").strip().splitlines()[-5:]
     raise UserError(f"the server for the load test did not start: {' / '.join(said) or 'it said nothing'}")
+
+
+def _stopped(signum, frame) -> None:
+    raise SystemExit("the load test was stopped by SIGTERM")
 
 
 def _described(model: ModelInfo) -> str:
