@@ -17,11 +17,11 @@ COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 {%- if cookiecutter.task == "image" %}
 # Two learning rates that learn the synthetic images in a few steps, and one that cannot learn at all.
 LEARNING_RATES = "[0.001, 0.002, 1.0e-9]"
-LEARNING_STEPS = "3"
+LEARNING = ["--trainer.limit_train_batches", "3"]
 {%- else %}
 # Two learning rates that learn the synthetic sequences in a few steps, and one that cannot learn at all.
 LEARNING_RATES = "[0.003, 0.01, 1.0e-9]"
-LEARNING_STEPS = "20"
+LEARNING = ["--trainer.limit_train_batches", "20", "--data.batch_size", "32", "--data.num_sequences", "2000"]
 {%- endif %}
 
 
@@ -74,7 +74,7 @@ def grid_sweep(tmp_path_factory, sweep_args) -> Path:
     (folder / "lr.yaml").write_text(f"model.lr: {LEARNING_RATES}\n")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        main([*GRID, *sweep_args, "--max_epochs", "3", "--trainer.limit_train_batches", LEARNING_STEPS])
+        main([*GRID, *sweep_args, "--max_epochs", "3", *LEARNING])
     return folder
 
 

@@ -3,6 +3,7 @@
 import inspect
 import logging
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -341,6 +342,9 @@ class _FitCLI(ProjectCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {"fit": LightningCLI.subcommands()["fit"]}
+
+    def before_fit(self) -> None:
+        self.fit_started = time.perf_counter()  # for the sweep's own overhead: the time outside trainer.fit
 
 
 # What Lightning prints that a user of this project cannot act on, silenced here and nowhere

@@ -33,7 +33,7 @@ from ..placement.lightning import simulated_run
 from ..supervision import leave_process_group
 from .queue import COUNTED, RUN_FOLDER, queue_retry, run_trials
 from .space import SearchSpace, argument_names, refusal
-from .store import default_url, open_storage, write_study_file
+from .store import default_url, open_storage, shown, write_study_file
 from .study import open_study
 from .trial import ONE_DEVICE, InterruptionError, Plan, run_trial
 
@@ -124,7 +124,7 @@ def sweep(options: argparse.Namespace, train_args: list[str], command: list[str]
     url = options.storage or default_url(folder)
     storage = open_storage(url, on_stale=queue_retry)
     if name not in optuna.study.get_all_study_names(storage) and any(folder.glob("trial_*")):
-        raise ConfigError(f"{folder} holds the trials of a study not in {url}: give another --study, or move it away")
+        raise ConfigError(f"{folder} holds trials of a study not in {shown(url)}: give another --study or move it away")
     settings = {
         "train_args": train_args,
         "space": space.as_settings(),

@@ -31,7 +31,7 @@ from ..trust import flag_pairs
 
 RANGE_KEYS = ("low", "high", "log", "step")
 # What a sweep sets itself for every trial, or that would make a trial more than one process.
-NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.devices", "trainer.strategy")
+NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.devices", "trainer.num_nodes")
 
 
 class SearchSpace:

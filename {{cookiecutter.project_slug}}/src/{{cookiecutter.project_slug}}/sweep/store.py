@@ -25,7 +25,7 @@ from optuna.exceptions import ExperimentalWarning, StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, ProgrammingError
 
 from ..checkpoints import written_whole
 from ..errors import ConfigError
@@ -91,9 +91,10 @@ def open_storage(url: str, on_stale) -> RDBStorage:
                 f"--storage {shown(url)}: the database driver for {driver} is not installed "
                 f"({_reason(err)}); for PostgreSQL: pip install -e '.[postgres]' and postgresql+psycopg://..."
             ) from None
-        except (OperationalError, StorageInternalError) as err:
-            # Two workers creating the tables of a new SQLite file at once: one finds them half made.
-            if sqlite and attempt < 2:
+        except (IntegrityError, ProgrammingError, OperationalError, StorageInternalError) as err:
+            # Two workers creating the tables of a new store at once: one finds them half made, and tries again.
+            # (For a server, an OperationalError is one that cannot be reached: said at once.)
+            if attempt < 2 and (sqlite or not isinstance(err, OperationalError)):
                 time.sleep(1)
                 continue
             raise ConfigError(f"--storage {shown(url)} cannot be reached: {_reason(err)}") from None

@@ -34,7 +34,7 @@ class ReportEpochs(L.Callback):
     """Report the monitored metric to the trial after each epoch that validated, and stop ``fit`` if it is pruned.
 
     Stopped the way early stopping stops a run: at the end of the epoch, its checkpoints,
-    metrics and plots written. Also times ``fit``, for the sweep's own overhead.
+    metrics and plots written. Also times ``fit`` from the callbacks' setup, for a fit that raised.
     """
 
     def __init__(self, trial: Trial, monitor: str) -> None:
@@ -100,7 +100,9 @@ def run_trial(plan: Plan, trial: Trial) -> None:
     args += ["--ckpt_path", resume] if resume else []
     try:
         cli = fit(args, callbacks=[reporter])
+        plan.fit_seconds += time.perf_counter() - cli.fit_started
     except DivergenceError as err:
+        plan.fit_seconds += reporter.seconds  # from the Trainer's setup: no later than the fit's start
         trial.set_user_attr("diverged", str(err))
         plan.study.tell(trial, state=TrialState.PRUNED)
         report(f"trial {trial.number} diverged: pruned ({err})")
@@ -111,8 +113,6 @@ def run_trial(plan: Plan, trial: Trial) -> None:
     except BaseException as err:
         _fail(plan.study, trial, err)
         raise
-    finally:
-        plan.fit_seconds += reporter.seconds
     _tell(plan, trial, cli.trainer, reporter, folder)
 
 
