@@ -3,7 +3,6 @@
 import inspect
 import logging
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -330,21 +329,10 @@ def build_all(args: list[str], prog: str | None = None) -> tuple[Classifier, Dat
     return cli.model, cli.datamodule, cli.trainer
 
 
-def fit(args: list[str], callbacks: Sequence[L.Callback] = ()) -> ProjectCLI:
+def fit(args: list[str], callbacks: Sequence[L.Callback] = (), cli_class: type[ProjectCLI] = ProjectCLI) -> ProjectCLI:
     """Run ``train.py fit`` on ``args`` in this process, with ``callbacks`` beside the project's (not in its
     config.yaml). Errors are raised, not shown: the caller records how the run ended first (a sweep's trial)."""
-    return _make_cli(expand_shortcuts(["fit", *args]), run=True, callbacks=callbacks, cli_class=_FitCLI)
-
-
-class _FitCLI(ProjectCLI):
-    """The command line of ``fit`` alone: the parsers of the other subcommands took a second of every sweep trial."""
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        return {"fit": LightningCLI.subcommands()["fit"]}
-
-    def before_fit(self) -> None:
-        self.fit_started = time.perf_counter()  # for the sweep's own overhead: the time outside trainer.fit
+    return _make_cli(expand_shortcuts(["fit", *args]), run=True, callbacks=callbacks, cli_class=cli_class)
 
 
 # What Lightning prints that a user of this project cannot act on, silenced here and nowhere
