@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import UserError
+from .run_record import pid_alive
 from .trust import check_trusted
 
 # What `--ckpt_path last` may resume from: the end of an epoch, or an interrupted step.
@@ -68,18 +69,8 @@ def _remove_abandoned_files(folder: Path) -> None:
     """Remove temporary files of saves that were killed: those of processes that no longer exist."""
     for path in folder.glob(f"{TEMPORARY_PREFIX}*"):
         pid = path.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process
-    return True
 
 
 def latest_checkpoint(runs_root: str | Path, report=print) -> Path:

@@ -84,16 +84,19 @@ def process_alive(record: dict[str, Any]) -> bool | None:
     if record.get("host") != socket.gethostname():
         return None
     pid = record.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process
-    except (OSError, OverflowError):
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not pid_alive(pid):
         return False
     recorded = record.get("process")
     # Without a token (not Linux), a live process with that id is taken to be the run's.
     return recorded is None or process_token(pid) == recorded
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this host (any process: see ``process_token``)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # another user's process
+    except (OSError, OverflowError):  # ProcessLookupError among them
+        return False
+    return True
