@@ -21,7 +21,7 @@ COMMON_FILES = {
     "docs/device-placement.md",
     "pyproject.toml",
     "train.py",
-    "configs/sweep.yaml",
+    "configs/sweeps/example.yaml",
     "configs/synthetic.yaml",
     "configs/tensorboard.yaml",
     "scripts/slurm.sbatch",

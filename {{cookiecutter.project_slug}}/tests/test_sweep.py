@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import HANG_GUARD_S, PROJECT, exit_message, wait_until_written
+from conftest import CONFIGS, HANG_GUARD_S, PROJECT, exit_message, wait_until_written
 from optuna.trial import TrialState
 
 from {{ cookiecutter.project_slug }}.sweep.__main__ import main
@@ -139,17 +139,17 @@ def test_a_trial_stopped_by_sigterm_then_killed_resumes_from_its_checkpoint_each
 
 @pytest.mark.slow
 def test_two_workers_share_a_study_without_running_a_trial_twice(in_tmp_path, sweep_args):
-    """Two sweep processes started at once on one study run its 2 trials between them, each once."""
-    (in_tmp_path / "lr.yaml").write_text("model.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
-    args = ["--space", "lr.yaml", "--trials", "2", *sweep_args, "--max_epochs", "1"]
+    """Two sweep processes started at once on one study of the shipped example space run its 2 trials between them,
+    each once."""
+    args = ["--space", str(CONFIGS / "sweeps" / "example.yaml"), "--trials", "2", *sweep_args, "--max_epochs", "1"]
     workers = [start_sweep(in_tmp_path, *args) for _ in range(2)]
     for worker in workers:
         finished(worker)
-    trials = study(in_tmp_path, "lr").trials
+    trials = study(in_tmp_path, "example").trials
     assert sum(trial.state in COUNTED for trial in trials) == 2
     started = [trial.number for trial in trials if "run_folder" in trial.user_attrs]
     assert len(started) == 2
-    assert sorted(path.name for path in (SWEEPS / "lr").glob("trial_*")) == [f"trial_{n:04d}" for n in started]
+    assert sorted(path.name for path in (SWEEPS / "example").glob("trial_*")) == [f"trial_{n:04d}" for n in started]
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Hyperparameter sweeps and cross-validation: many runs of train.py as one resumable Optuna study.
 
-    python -m {{ cookiecutter.project_slug }}.sweep --space configs/sweep.yaml --trials 20 --config configs/synthetic.yaml
+    python -m {{ cookiecutter.project_slug }}.sweep --space configs/sweeps/example.yaml --trials 20 --config configs/synthetic.yaml
     python -m {{ cookiecutter.project_slug }}.sweep --folds 5 --config configs/synthetic.yaml
 
 Every trial is an ordinary run folder, runs/sweeps/<study>/trial_<number>/. Run the same
