@@ -226,6 +226,11 @@ def test_a_re_bake_never_writes_through_a_symbolic_link(rebake, records, capfd, 
     assert not any(records.iterdir()), "a rejected bake left a record behind"
 
 
+def _files_below(folder):
+    """Each file below ``folder`` (its subfolders too), by relative path, with its bytes."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
 def test_a_re_bake_never_writes_into_a_linked_folder_nor_through_a_dangling_link(rebake, records, capfd, tmp_path):
     """A linked folder the template writes into, and a link to no file yet, are each named; nothing is written."""
     root = rebake(task="sequence")
@@ -234,14 +239,14 @@ def test_a_re_bake_never_writes_into_a_linked_folder_nor_through_a_dangling_link
     (root / "configs").symlink_to(shared)
     (root / "README.md").unlink()
     (root / "README.md").symlink_to(tmp_path / "nowhere.md")
-    before = {path.name: path.read_bytes() for path in shared.iterdir()}
+    before = _files_below(shared)
     capfd.readouterr()
 
     with pytest.raises(FailedHookException):
         rebake(task="image")
     errors = [line.split(" is ")[0] for line in capfd.readouterr().err.splitlines() if line.startswith("ERROR: ")]
     assert errors == ["ERROR: README.md", "ERROR: configs"]
-    assert {path.name: path.read_bytes() for path in shared.iterdir()} == before
+    assert _files_below(shared) == before
     assert not (tmp_path / "nowhere.md").exists()
     assert not any(records.iterdir()), "a rejected bake left a record behind"
 
