@@ -1,15 +1,12 @@
 """The command line: LightningCLI, with the everyday Trainer flags as top-level shortcuts."""
 
 import inspect
-import logging
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
 from jsonargparse import DefaultHelpFormatter
-from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -45,7 +42,7 @@ from .evaluation import (
     config_flags,
     split_run_configs,
 )
-from .messages import errors_as_messages, one_line, report
+from .messages import errors_as_messages, one_line, report, silence_the_unactionable
 {%- if cookiecutter.task == "image" %}
 from .models.cnn import ReferenceCNN as Net
 {%- else %}
@@ -335,45 +332,10 @@ def fit(args: list[str], callbacks: Sequence[L.Callback] = (), cli_class: type[P
     return _make_cli(expand_shortcuts(["fit", *args]), run=True, callbacks=callbacks, cli_class=cli_class)
 
 
-# What Lightning prints that a user of this project cannot act on, silenced here and nowhere
-# else, each by its message (and category), with the reason. Every other warning still shows.
-_UNACTIONABLE_WARNINGS = (
-    # train.py hands LightningCLI the arguments after expanding --accelerator & co: intended.
-    ("LightningCLI's args parameter is intended to run from within Python", UserWarning),
-    # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
-    # nothing in this project calls it.
-    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # Only epoch-level metrics are logged (the step loss goes to the progress bar), so the
-    # logging interval does not matter however few batches an epoch has.
-    (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
-)
-_UNACTIONABLE_INFO = (
-    # An advertisement for a cloud service, printed by every run.
-    "💡 Tip: For seamless cloud logging",
-    # The seed is in the run's config.yaml; a GPU present but unused gets its own warning, and
-    # --accelerator gpu without one stops with a message.
-    "Seed set to ",
-    "GPU available: ",
-    "TPU available: ",
-    "HPU available: ",
-)
-
-
-def _keep_actionable(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith(_UNACTIONABLE_INFO)
-
-
-def _silence_the_unactionable() -> None:
-    for message, category in _UNACTIONABLE_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed"):
-        logging.getLogger(name).addFilter(_keep_actionable)  # added once, however often called
-
-
 def _make_cli(
     args: list[str], run: bool, prog: str | None = None, callbacks: Sequence[L.Callback] = (), cli_class=ProjectCLI
 ) -> ProjectCLI:
-    _silence_the_unactionable()
+    silence_the_unactionable()
     bound_yaml_loading()
     return cli_class(
         Classifier,

@@ -1,12 +1,15 @@
 """What the person at the command line is told: a mistake of theirs as one line, never a traceback."""
 
+import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .arguments import TRAINER
@@ -92,3 +95,39 @@ def errors_as_messages() -> Iterator[None]:
         if not isinstance(found, DevicePlacementError):
             raise
         sys.exit(f"error: this would fail on a GPU: {found}")
+
+
+# What Lightning prints that a user of this project cannot act on, silenced here and nowhere
+# else, each by its message (and category), with the reason. Every other warning still shows.
+_UNACTIONABLE_WARNINGS = (
+    # train.py hands LightningCLI the arguments after expanding --accelerator & co: intended.
+    ("LightningCLI's args parameter is intended to run from within Python", UserWarning),
+    # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
+    # nothing in this project calls it.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # Only epoch-level metrics are logged (the step loss goes to the progress bar), so the
+    # logging interval does not matter however few batches an epoch has.
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
+)
+_UNACTIONABLE_INFO = (
+    # An advertisement for a cloud service, printed by every run.
+    "💡 Tip: For seamless cloud logging",
+    # The seed is in the run's config.yaml; a GPU present but unused gets its own warning, and
+    # --accelerator gpu without one stops with a message.
+    "Seed set to ",
+    "GPU available: ",
+    "TPU available: ",
+    "HPU available: ",
+)
+
+
+def _keep_actionable(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_UNACTIONABLE_INFO)
+
+
+def silence_the_unactionable() -> None:
+    """Silence what Lightning prints that a user of this project cannot act on (above); safe to call often."""
+    for message, category in _UNACTIONABLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed"):
+        logging.getLogger(name).addFilter(_keep_actionable)  # added once, however often called
