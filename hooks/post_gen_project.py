@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -29,6 +30,11 @@ TEMPLATE_FOLDER = {{(cookiecutter.get("_repo_dir") or "") | tojson}}
 CHECKOUT = {{(cookiecutter.get("_checkout") or "") | tojson}}
 # Cruft renders with the commit in `_commit` and writes .cruft.json itself, after this hook.
 UNDER_CRUFT = {{"_commit" in cookiecutter}}
+COMMIT = {{(cookiecutter.get("_commit") or "") | tojson}}
+# The library every project depends on: its folder in the template's repository, beside the template, and its name.
+LIBRARY = "lightning-kit"
+# Its requirements in pyproject.toml, with or without extras, as the template writes them: "lightning-kit[serve]".
+LIBRARY_REQUIREMENT = re.compile(r'"lightning-kit(\[[a-z,]+\])?"')
 CRUFT_FILE = Path(".cruft.json")
 # The questions in cookiecutter.json's order, which is cruft's; .cookiecutter.json has them sorted.
 QUESTIONS = {{cookiecutter.keys() | list | tojson}}
@@ -38,12 +44,7 @@ CRUFT_SKIP = [".git", "data/", "runs/"]
 IMAGE_FILES = [
     PACKAGE / "models" / "cnn.py",
     PACKAGE / "data" / "images.py",
-    PACKAGE / "data" / "folders.py",
-    PACKAGE / "data" / "augment.py",
     PACKAGE / "data" / "cifar10.py",
-    PACKAGE / "data" / "image_decoding.py",
-    PACKAGE / "data" / "image_files.py",
-    PACKAGE / "data" / "image_splits.py",
     PACKAGE / "data" / "synthetic.py",
     Path("tests") / "test_images.py",
     Path("tests") / "test_folders.py",
@@ -174,6 +175,45 @@ def template_source() -> tuple[str, str, str | None] | None:
     return source, commit, prefix.rstrip("/") or None
 
 
+def library_reference(source: tuple[str, str, str | None] | None) -> str | None:
+    """Where pip finds the library for this project, as a PEP 508 direct reference's URL; None where it cannot be told.
+
+    Baked from a folder on this machine: that folder's library, as it is. Baked from a git
+    repository: the library in that repository at the commit baked, which `cruft update`
+    moves to the commit it updates to (it renders this template again, with that commit).
+    """
+    if UNDER_CRUFT:
+        template, commit, directory = TEMPLATE, COMMIT, None
+    elif TEMPLATE_FOLDER and (TEMPLATE_FOLDER == TEMPLATE or TEMPLATE_FOLDER.startswith(os.path.join(TEMPLATE, ""))):
+        folder = template_folder()  # a local template, a git checkout or not
+        return (folder / LIBRARY).as_uri() if folder is not None and (folder / LIBRARY).is_dir() else None
+    elif source is None:
+        return None
+    else:
+        template, commit, directory = source
+    subdirectory = f"{directory}/{LIBRARY}" if directory else LIBRARY
+    if "://" not in template and Path(template).is_absolute():  # cruft's record of a local template: its repository
+        return (Path(template) / subdirectory).as_uri()
+    url = template.removeprefix("git+")
+    if re.fullmatch(r"[\w.-]+@[\w.-]+:.+", url):  # scp-like git@host:org/name.git, which pip does not take
+        user_host, _, path = url.partition(":")
+        url = f"ssh://{user_host}/{path}"
+    return f"git+{url}@{commit}#subdirectory={subdirectory}"
+
+
+def point_at_library(reference: str | None) -> None:
+    """Make pyproject.toml's requirements of the library direct references to where it was found."""
+    if reference is None:
+        print(
+            f"note: {LIBRARY} was not found beside the template {TEMPLATE}: install it before the project "
+            f"(pip install {LIBRARY}), or give its location in pyproject.toml"
+        )
+        return
+    path = Path("pyproject.toml")
+    text = path.read_text(encoding="utf-8")
+    path.write_text(LIBRARY_REQUIREMENT.sub(lambda m: f'"{LIBRARY}{m.group(1) or ""} @ {reference}"', text), "utf-8")
+
+
 def record_answers(source: str | None) -> dict:
     """Keep the user's answers, not the paths of the machine that baked the project; return them.
 
@@ -224,11 +264,12 @@ if __name__ == "__main__":
     remove_files(SEQUENCE_FILES if TASK == "image" else IMAGE_FILES, record)
     if GITHUB_ACTIONS != "yes":
         remove_github_actions(record)
+    source = None if UNDER_CRUFT else template_source()
+    point_at_library(library_reference(source))
     if UNDER_CRUFT:
         record_answers(None)
     elif CRUFT_FILE.exists():
         record_answers(recorded_template())
     else:
-        source = template_source()
         record_cruft_state(record_answers(source[0] if source else None), source)
     record_path().unlink(missing_ok=True)

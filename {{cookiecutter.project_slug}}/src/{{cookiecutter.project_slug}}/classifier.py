@@ -7,8 +7,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from .arguments import BOOLEAN, Arguments, FitsInMemory, integer, number
-from .errors import ConfigError
+from lightning_kit.arguments import BOOLEAN, Arguments, FitsInMemory, integer, number
+from lightning_kit.errors import ConfigError
 
 # Showing the training loss every step would cost a call into Lightning's logging
 # per step; every 20 is enough to watch it move.

@@ -3,6 +3,6 @@
 The shared base is in ``memory``; each source of data has a module of its own.
 """
 
-from .memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+from lightning_kit.data.memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 __all__ = ["DataUnavailableError", "InMemoryDataModule", "InMemoryDataset"]

@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..arguments import (
+from lightning_kit.arguments import (
     BATCH_SIZE,
     FRACTION,
     SEED,
@@ -22,10 +22,10 @@ from ..arguments import (
     is_integer,
     one_of,
 )
-from ..errors import ConfigError
-from ..files import NotAFileError, open_regular
-from .folds import FOLD_ARGUMENTS, fold_rules, fold_split
-from .memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+from lightning_kit.errors import ConfigError
+from lightning_kit.files import NotAFileError, open_regular
+from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
+from lightning_kit.data.memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1

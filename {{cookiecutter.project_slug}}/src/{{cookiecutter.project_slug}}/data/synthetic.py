@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..arguments import is_integer
+from lightning_kit.arguments import is_integer
 
 # As many classes as CIFAR-10, so either data set fits the same network.
 NUM_CLASSES = 10

@@ -4,40 +4,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..arguments import Arguments, FitsInMemory, Together, integer, number
-
 
 def parameter_count(vocab_size: int, num_classes: int, max_len: int, d_model: int, num_layers: int) -> int:
     """The network's parameters: embeddings, ``num_layers`` blocks of about 12 d_model² each, and the head."""
     block = 12 * d_model**2 + 13 * d_model  # two layer norms, qkv, proj and the MLP, with their biases
     return (vocab_size + max_len) * d_model + num_layers * block + 2 * d_model + (d_model + 1) * num_classes
-
-
-ARGUMENTS = Arguments(
-    "--model.net.init_args.",
-    {
-        "vocab_size": integer(1),
-        "num_classes": integer(2),
-        "max_len": integer(1),
-        "d_model": integer(1),
-        "num_heads": integer(1),
-        "num_layers": integer(1),
-        "dropout": number(0, 1, high_open=True),
-    },
-    rules=[
-        Together(
-            ("num_heads", "d_model"),
-            lambda heads, width: width % heads == 0,
-            lambda heads, width: f"<num_heads> must divide <d_model> {width}",
-            shown=("num_heads",),
-        ),
-        FitsInMemory(
-            ("vocab_size", "num_classes", "max_len", "d_model", "num_layers"),
-            lambda *sizes: 4 * parameter_count(*sizes),
-            "the network",
-        ),
-    ],
-)
 
 
 class SelfAttention(nn.Module):
@@ -92,7 +63,7 @@ class AttentionClassifier(nn.Module):
         num_layers: Attention blocks, at least 1.
         dropout: Share of attention weights and MLP outputs dropped in training, in [0, 1).
 
-    What each argument accepts is in ``ARGUMENTS``.
+    What each argument accepts is in ``NET_ARGUMENTS`` of ``cli.py``, where the arguments enter.
     """
 
     def __init__(
@@ -105,7 +76,6 @@ class AttentionClassifier(nn.Module):
         num_layers: int = 2,
         dropout: float = 0.0,
     ) -> None:
-        ARGUMENTS.check(locals())
         super().__init__()
         self.num_classes = num_classes
         self.max_len = max_len

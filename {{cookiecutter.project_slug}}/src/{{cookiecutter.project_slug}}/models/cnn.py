@@ -5,8 +5,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..arguments import Accepted, Arguments, FitsInMemory, integer, number
-
 # Per-channel statistics of the CIFAR-10 training images, in [0, 1] units.
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -17,25 +15,6 @@ CONV_PARAMETERS = (3 * 25 + 1) * 32 + (32 * 25 + 1) * 32 + (32 * 25 + 1) * 64
 def parameter_count(num_classes: int, image_size: int) -> int:
     """The network's parameters: the first linear layer grows with the square of the image size."""
     return CONV_PARAMETERS + (64 * (image_size // 8) ** 2 + 1) * 64 + (64 + 1) * num_classes
-
-
-def _three(accepted: Accepted) -> Accepted:
-    return Accepted(
-        lambda values: isinstance(values, Sequence) and len(values) == 3 and all(map(accepted.test, values)),
-        f"three numbers (red, green, blue), each {accepted.description}",
-    )
-
-
-ARGUMENTS = Arguments(
-    "--model.net.init_args.",
-    {
-        "num_classes": integer(2),
-        "image_size": integer(8),
-        "mean": _three(number(0, 1)),
-        "std": _three(number(0, 1, low_open=True)),
-    },
-    rules=[FitsInMemory(("num_classes", "image_size"), lambda *sizes: 4 * parameter_count(*sizes), "the network")],
-)
 
 
 class ReferenceCNN(nn.Module):
@@ -54,7 +33,7 @@ class ReferenceCNN(nn.Module):
             its own (image folders) replaces it when training starts (``normalize_with``).
         std: Per-channel standard deviation, likewise; each in (0, 1].
 
-    What each argument accepts is in ``ARGUMENTS``.
+    What each argument accepts is in ``NET_ARGUMENTS`` of ``cli.py``, where the arguments enter.
     """
 
     def __init__(
@@ -64,7 +43,6 @@ class ReferenceCNN(nn.Module):
         mean: tuple[float, float, float] = CIFAR10_MEAN,
         std: tuple[float, float, float] = CIFAR10_STD,
     ) -> None:
-        ARGUMENTS.check(locals())
         super().__init__()
         self.num_classes = num_classes
         self.image_size = image_size

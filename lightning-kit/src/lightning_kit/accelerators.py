@@ -41,5 +41,5 @@ def _check_simulated(trainer) -> None:
     if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
         raise SimulatedGPUError(
             f"--accelerator {SIMULATED} runs one process on one simulated GPU: leave --devices, --num_nodes and "
-            "--strategy at their defaults (python -m {{ cookiecutter.project_slug }}.placement also audits DDP)"
+            "--strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
         )

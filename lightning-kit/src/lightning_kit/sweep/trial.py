@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from optuna.trial import Trial, TrialState
 
 from ..callbacks import DivergenceError, InterruptCheckpoint
-from ..cli import ProjectCLI, fit
+from ..cli import KitCLI, fit
 from ..errors import ConfigError
 from ..messages import report
 from .queue import RESUMED_FROM, RUN_FOLDER, fail_and_retry, resume_point
@@ -23,7 +23,7 @@ from .space import SearchSpace, flags
 ONE_DEVICE = ["--trainer.devices", "1"]
 
 
-class FitCLI(ProjectCLI):
+class _FitOnly:
     """The command line of ``fit`` alone: the parsers of the other subcommands took a second of every trial."""
 
     @staticmethod
@@ -32,6 +32,11 @@ class FitCLI(ProjectCLI):
 
     def before_fit(self) -> None:
         self.fit_started = time.perf_counter()  # for the sweep's own overhead: the time outside trainer.fit
+
+
+def fit_only(cli_class: type[KitCLI]) -> type[KitCLI]:
+    """``cli_class`` with the command line of ``fit`` alone, timing the fit."""
+    return type(cli_class.__name__, (_FitOnly, cli_class), {"__module__": cli_class.__module__})
 
 
 class InterruptionError(Exception):
@@ -79,6 +84,7 @@ class ReportEpochs(L.Callback):
 class Plan:
     """What every trial of a sweep shares: the study, the space, train.py's arguments and where the runs go."""
 
+    cli_class: type[KitCLI]
     study: optuna.Study
     space: SearchSpace
     train_args: list[str]  # as given, for the command line that reproduces a trial
@@ -111,7 +117,7 @@ def run_trial(plan: Plan, trial: Trial) -> None:
     args = [*ONE_DEVICE, *plan.train_args, *plan.fixed_args, *flags(values), *logger]
     args += ["--ckpt_path", resume] if resume else []
     try:
-        cli = fit(args, callbacks=[reporter], cli_class=FitCLI)
+        cli = fit(fit_only(plan.cli_class), args, callbacks=[reporter])
         plan.fit_seconds += time.perf_counter() - cli.fit_started
     except DivergenceError as err:
         plan.fit_seconds += reporter.seconds  # from the Trainer's setup: no later than the fit's start

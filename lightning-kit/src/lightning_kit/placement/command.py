@@ -1,6 +1,8 @@
-"""``python -m {{ cookiecutter.project_slug }}.placement``: audit what ``train.py`` builds from the same arguments.
+"""The audit's command: audit what ``train.py`` builds from the same arguments.
 
-The audit's entry point, and the only part of the audit that uses the command line (``cli``).
+``python -m lightning_kit.placement --model their.Module --data their.DataModule`` for any
+Lightning project; a project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as
+``python -m <package>.placement``. The only part of the audit that uses the command line (``cli``).
 Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
 configuration is wrong; 3 no bug was found but part of the run could not be audited.
 """
@@ -8,14 +10,15 @@ configuration is wrong; 3 no bug was found but part of the run could not be audi
 import sys
 from typing import Any
 
-from ..cli import build_all
+from ..cli import GenericCLI, KitCLI, build_all, invoked_as
 from .audit import run_audit
 from .simulated import SimulationUnavailableError
 from .verdict import EXIT_PASSED, EXIT_USAGE
 
 
-def main(args: list[str] | None = None) -> None:
-    """Audit the model, data and Trainer settings that ``train.py`` builds from the same arguments."""
+def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
+    """Audit the model, data and Trainer settings that ``cli_class`` builds from the same arguments; ``prog``
+    names the command in messages."""
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["fit"]:
         args = args[1:]
@@ -23,7 +26,7 @@ def main(args: list[str] | None = None) -> None:
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     settings_only += ["--trainer.num_nodes", "1"]
     try:
-        model, datamodule, trainer = build_all([*args, *settings_only], prog=f"python -m {__package__}")
+        model, datamodule, trainer = build_all(cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}"))
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
     net = getattr(model, "net", None)
@@ -48,6 +51,3 @@ def _usage(message: Any) -> int:
     print(message, file=sys.stderr)
     return EXIT_USAGE
 
-
-if __name__ == "__main__":
-    main()

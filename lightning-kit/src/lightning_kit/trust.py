@@ -3,10 +3,11 @@
 A run folder (its ``config.yaml``, its checkpoints) and a data folder are data. The class
 paths they name are imported only when the code is
 
-- this project's own package, or a library it is built on (``BUILT_ON``);
+- the project's own package (the package of its ``KitCLI``), this library, or a library it is
+  built on (``BUILT_ON``);
 - named by the person on the current command line (``--data mymodule.MyData``), or in a
   configuration file they pass with ``--config`` that is not itself in a run folder;
-- in a module listed in ``TRUSTED_MODULES`` below: a team's shared code, trusted once here.
+- in a module the project trusts (``KitCLI.trusted_modules``): a team's shared code, trusted once there.
 
 Code that lives in a run folder or a data folder is never imported, even when named: a
 shared run folder must not be able to run code by being evaluated. Where a module lives is
@@ -27,10 +28,10 @@ import yaml
 from .config_files import read_config_file
 from .errors import UserError
 
-# Modules whose classes a run's config.yaml or a checkpoint may name, e.g. ("our_team.datasets",):
-# each entry also admits the modules below it. Add a module here when its code is trusted
-# and it is used by many runs; for one command, naming the class (--data x.Y) is enough.
-TRUSTED_MODULES: tuple[str, ...] = ()
+# Modules whose classes a run's config.yaml or a checkpoint may name beyond this library and those it is
+# built on: the project's package and its KitCLI.trusted_modules (trust_modules); each entry also admits
+# the modules below it.
+_trusted: list[str] = []
 
 # The libraries this project is built on: their classes (loggers, callbacks, optimizers) appear in every run's config.
 BUILT_ON = ("lightning", "torch", "torchvision", "torchmetrics")
@@ -70,12 +71,18 @@ def check_trusted(settings: Any, source: str | Path, args: Sequence[str] = (), f
                 "imported (code in a run or data folder is never imported: move the module out of it, beside "
                 f"train.py or into src/, and name its class with {_flag(keys)})"
             )
-        if not (_within(module, (__package__, *BUILT_ON, *TRUSTED_MODULES)) or module in named):
+        if not (_within(module, (__package__, *BUILT_ON, *_trusted)) or module in named):
             raise UntrustedCodeError(
                 f"{source} names code outside this project ({name}): refused, nothing was imported. If you trust "
-                f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to TRUSTED_MODULES in "
-                f"{_shown(Path(__file__))}"
+                f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to trusted_modules of "
+                "the project's command line (its KitCLI subclass, in cli.py)"
             )
+
+
+def trust_modules(modules: Iterable[str]) -> None:
+    """Trust ``modules`` (and the modules below each) from now on, in this process: a project's own package and
+    its ``KitCLI.trusted_modules``."""
+    _trusted.extend(module for module in modules if module not in _trusted)
 
 
 def check_command_line(args: Sequence[str]) -> None:

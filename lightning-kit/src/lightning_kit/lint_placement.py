@@ -6,8 +6,8 @@ rest. This check reads the source (nothing is imported or run), prints
 there is none. The pre-commit hook ``no-manual-placement`` runs it on every changed file in
 ``src/`` and ``train.py``, and ``tests/test_lint_placement.py`` runs it on the whole project::
 
-    python -m {{ cookiecutter.project_slug }}.lint_placement FILES...   # no FILES: src/ and train.py here
-    python src/{{ cookiecutter.project_slug }}/lint_placement.py FILES...  # the same, before `pip install -e .`
+    python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py here
+    python src/lightning_kit/lint_placement.py FILES...  # the same, before `pip install -e .`
 
 It finds the ways of naming a device in code: ``.cuda()`` and ``.cpu()`` (also passed on as
 functions, or through ``getattr``); ``.to(...)`` with a device (``"cuda"``, ``0``, ``device``,

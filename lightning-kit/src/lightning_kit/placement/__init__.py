@@ -12,7 +12,7 @@ what CUDA would say, and the fix.
 
 From the command line, with the same arguments as ``train.py``:
 
-    python -m {{ cookiecutter.project_slug }}.placement --config configs/synthetic.yaml
+    python -m lightning_kit.placement --config configs/synthetic.yaml
 
 Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
 configuration is wrong; 3 no bug was found but part of the run could not be audited
@@ -38,7 +38,7 @@ uses the command line:
 - ``lightning.py``: the simulated GPU in Lightning: the ``simgpu`` accelerator, the strategy
   for one GPU or a DDP rank, the hook tracker, the run of ``--accelerator simgpu``;
 - ``audit.py``: the runner, ``audit()`` and ``run_audit()``;
-- ``__main__.py``: ``python -m {{ cookiecutter.project_slug }}.placement``.
+- ``__main__.py``: ``python -m lightning_kit.placement``.
 
 This package is the only place in the project that places tensors by hand: it plays the
 part Lightning plays on a real GPU.

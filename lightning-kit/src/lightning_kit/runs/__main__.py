@@ -1,7 +1,7 @@
-"""``python -m {{ cookiecutter.project_slug }}.runs [FOLDER]``: a table of the runs below FOLDER (default ``runs/``).
+"""``python -m lightning_kit.runs [FOLDER]``: a table of the runs below FOLDER (default ``runs/``).
 
 Every run, in folder order; a sweep's trials, best first; the finished runs into Markdown, with their curves:
-``python -m {{ cookiecutter.project_slug }}.runs``, ``... runs/sweeps/lr --sort=-val/acc``,
+``python -m lightning_kit.runs``, ``... runs/sweeps/lr --sort=-val/acc``,
 ``... --status finished --markdown runs.md --plot curves.png``.
 """
 

@@ -1,4 +1,4 @@
-"""The table of runs: ``python -m {{ cookiecutter.project_slug }}.runs [FOLDER]`` lists every run below a folder.
+"""The table of runs: ``python -m lightning_kit.runs [FOLDER]`` lists every run below a folder.
 
 ``folders.py`` finds and reads run folders as data, ``sweeps.py`` reads a sweep's study,
 ``table.py`` makes and formats the table, ``curves.py`` draws the validation curves, and

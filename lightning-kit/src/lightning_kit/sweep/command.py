@@ -1,7 +1,7 @@
 """Hyperparameter sweeps and cross-validation: many runs of train.py as one resumable Optuna study.
 
-    python -m {{ cookiecutter.project_slug }}.sweep --space configs/sweeps/example.yaml --trials 20 --config configs/synthetic.yaml
-    python -m {{ cookiecutter.project_slug }}.sweep --folds 5 --config configs/synthetic.yaml
+    python -m lightning_kit.sweep --space configs/sweeps/example.yaml --trials 20 --config configs/synthetic.yaml
+    python -m lightning_kit.sweep --folds 5 --config configs/synthetic.yaml
 
 Every trial is an ordinary run folder, runs/sweeps/<study>/trial_<number>/. Run the same
 command again after any stop to continue; run it on several machines with one --storage to
@@ -26,7 +26,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from ..cli import SUBCOMMANDS, build_all
+from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all, invoked_as
 from ..errors import ConfigError
 from ..messages import errors_as_messages, report
 from ..placement.lightning import simulated_run
@@ -37,7 +37,6 @@ from .store import default_url, open_storage, shown, write_study_file
 from .study import open_study
 from .trial import ONE_DEVICE, InterruptionError, Plan, run_trial
 
-PROG = f"python -m {__package__}"
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 # A grid (every combination of the space's lists) of more trials than this is a mistake.
 MAX_GRID = 10_000
@@ -45,11 +44,13 @@ MAX_GRID = 10_000
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        self.exit(2, f"error: {message} (options: {PROG} --help)\n")
+        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
 
 
-def main(args: list[str] | None = None) -> None:
-    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
+def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
+    """Run the sweep that ``args`` describe over ``cli_class``'s fit; ``prog`` names the command in messages."""
+    prog = prog or invoked_as(f"python -m {__package__}")
+    parser = _Parser(prog=prog, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
     parser.add_argument("--space", type=Path, help="the search space: a YAML file of train.py flags and their ranges")
     parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
     parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
@@ -76,7 +77,7 @@ def main(args: list[str] | None = None) -> None:
     with simulated_run:
         try:
             with errors_as_messages():
-                sweep(options, train_args, args if args is not None else sys.argv[1:])
+                sweep(options, train_args, args if args is not None else sys.argv[1:], cli_class, prog)
         finally:
             leave_process_group()
             if previous is not None:
@@ -107,16 +108,18 @@ def _check_options(parser: _Parser, options: argparse.Namespace) -> None:
         parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
 
 
-def sweep(options: argparse.Namespace, train_args: list[str], command: list[str]) -> None:
+def sweep(
+    options: argparse.Namespace, train_args: list[str], command: list[str], cli_class: type[KitCLI], prog: str
+) -> None:
     """Run trials of ``options``' study until it has its number, then report the best (or the folds' spread)."""
     started = time.perf_counter()
-    _, datamodule, trainer = build_all([*ONE_DEVICE, *train_args], prog=f"{PROG} [train.py arguments]")
+    _, datamodule, trainer = build_all(cli_class, [*ONE_DEVICE, *train_args], prog=f"{prog} [train.py arguments]")
     monitor, direction = _monitored(trainer)
     if options.folds is not None:
-        space, fixed = _folds(options.folds, datamodule, train_args), ["--data.folds", str(options.folds)]
+        space, fixed = _folds(options.folds, datamodule, train_args, cli_class), ["--data.folds", str(options.folds)]
     else:
         space, fixed = SearchSpace.read(options.space), []
-        space.check([*ONE_DEVICE, *train_args], argument_names(trainer))
+        space.check(cli_class, [*ONE_DEVICE, *train_args], argument_names(trainer))
     grid = _grid(space) if options.folds is not None or options.sampler == "grid" else []
     wanted = len(grid) or options.trials
     name = options.study or ("folds" if options.folds is not None else space.path.stem)
@@ -134,7 +137,7 @@ def sweep(options: argparse.Namespace, train_args: list[str], command: list[str]
     }
     study = open_study(name, storage, url, settings, grid, _sampler(options), _pruner(options))
     write_study_file(folder, study, url, monitor)
-    plan = Plan(study, space, train_args, fixed, folder, monitor)
+    plan = Plan(cli_class, study, space, train_args, fixed, folder, monitor)
     report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
     trials_started = time.perf_counter()
     try:
@@ -144,7 +147,7 @@ def sweep(options: argparse.Namespace, train_args: list[str], command: list[str]
         if isinstance(stop, InterruptionError):
             where = f" in trial {stop.number} ({f'{stop.saved} saved' if stop.saved else 'nothing saved yet'})"
         sys.exit(f"stopped by Ctrl-C or SIGTERM{where}: to continue the sweep, "
-                 f"run the same command again: {PROG} {shlex.join(command)}")  # fmt: skip
+                 f"run the same command again: {prog} {shlex.join(command)}")  # fmt: skip
     _summary(study, options.folds, monitor)
     if ran:
         # Outside trainer.fit: building each trial through the command line, and the study's bookkeeping.
@@ -173,14 +176,14 @@ def _monitored(trainer) -> tuple[str, str]:
     return judge.monitor, "maximize" if judge.mode == "max" else "minimize"
 
 
-def _folds(folds: int, datamodule, train_args: list[str]) -> SearchSpace:
+def _folds(folds: int, datamodule, train_args: list[str], cli_class: type[KitCLI]) -> SearchSpace:
     """The space of a cross-validation: the fold, one trial each; refused for data that cannot be split into folds."""
     if "folds" not in inspect.signature(type(datamodule)).parameters:
         raise ConfigError(
             f"--folds: {type(datamodule).__name__} cannot be split into folds (it takes no --data.folds): "
             "cross-validation needs a data module that holds its data in memory"
         )
-    reason = refusal([*ONE_DEVICE, *train_args], {"data.folds": folds, "data.fold": folds - 1})
+    reason = refusal(cli_class, [*ONE_DEVICE, *train_args], {"data.folds": folds, "data.fold": folds - 1})
     if reason is not None:
         raise ConfigError(f"--folds {folds}: {reason}")
     return SearchSpace(Path("folds"), {"data.fold": CategoricalDistribution(list(range(folds)))})
@@ -231,6 +234,3 @@ def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
     report(f"its run folder: {best.user_attrs.get(RUN_FOLDER)}")
     report(f"train it again: {best.user_attrs.get('command')}")
 
-
-if __name__ == "__main__":
-    main()

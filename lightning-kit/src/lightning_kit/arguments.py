@@ -67,6 +67,14 @@ def integer(minimum: int, maximum: int | None = None) -> Accepted:
     )
 
 
+def per_channel(accepted: Accepted) -> Accepted:
+    """Three values, one per colour channel (red, green, blue), each accepted by ``accepted``."""
+    return Accepted(
+        lambda values: isinstance(values, Sequence) and len(values) == 3 and all(map(accepted.test, values)),
+        f"three numbers (red, green, blue), each {accepted.description}",
+    )
+
+
 def number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Accepted:
     """Finite real numbers between ``low`` and ``high``, each bound included unless open."""
 

@@ -24,7 +24,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import Trial
 
-from ..cli import build_all
+from ..cli import KitCLI, build_all
 from ..config_files import read_config_file
 from ..errors import ConfigError
 from ..trust import flag_pairs
@@ -71,7 +71,7 @@ class SearchSpace:
         """The space as plain data, to record with the study: a re-run with another space is refused."""
         return {name: repr(distribution) for name, distribution in self.distributions.items()}
 
-    def check(self, train_args: Sequence[str], known: set[str]) -> None:
+    def check(self, cli_class: type[KitCLI], train_args: Sequence[str], known: set[str]) -> None:
         """Refuse, in one line naming the key, a flag train.py does not take or a value it would not accept.
 
         Each key is looked up among train.py's arguments; then what train.py builds is built
@@ -92,13 +92,13 @@ class SearchSpace:
                 raise ConfigError(f"{self.path}: {name} is not an argument of train.py: {hint}")
         corners = self._corners()
         for corner in corners:
-            if refusal(train_args, corner) is None:
+            if refusal(cli_class, train_args, corner) is None:
                 continue
             for name, value in corner.items():
-                if (reason := refusal(train_args, {name: value})) is not None:
+                if (reason := refusal(cli_class, train_args, {name: value})) is not None:
                     raise ConfigError(f"{self.path}: {name}: {_flag_value(value)} is refused: {reason}")
             shown = ", ".join(f"{name}={_flag_value(value)}" for name, value in corner.items())
-            raise ConfigError(f"{self.path}: the values {shown} are refused together: {refusal(train_args, corner)}")
+            raise ConfigError(f"{self.path}: the values {shown} are refused together: {refusal(cli_class, train_args, corner)}")
 
     def _corners(self) -> list[dict[str, Any]]:
         """Assignments that take each choice of every list and both ends of every range at least once."""
@@ -176,12 +176,12 @@ def _plain(name: str) -> str:
     return ".".join(part for part in name.split(".") if part != "init_args")
 
 
-def refusal(train_args: Sequence[str], values: dict[str, Any]) -> str | None:
+def refusal(cli_class: type[KitCLI], train_args: Sequence[str], values: dict[str, Any]) -> str | None:
     """Why train.py refuses ``train_args`` with ``values``, in its own words; None when it takes them."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            build_all([*train_args, *flags(values)])
+            build_all(cli_class, [*train_args, *flags(values)])
     except SystemExit as stop:
         message = stop.code if isinstance(stop.code, str) else captured.getvalue()
         return message.strip().removeprefix("error: ")

@@ -2,7 +2,7 @@
 
 Drawn into the run's folder after ``fit``; redraw them from a run's logs with
 
-    python -m {{ cookiecutter.project_slug }}.plots runs/lightning_logs/version_0
+    python -m lightning_kit.plots runs/lightning_logs/version_0
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Sweeps and cross-validation: many runs of train.py as one Optuna study that survives any stop.
 
-``python -m {{ cookiecutter.project_slug }}.sweep``; the command line is in ``__main__.py``.
+``python -m lightning_kit.sweep``; the command line is in ``__main__.py``.
 """
 
 from .space import SearchSpace

@@ -1,7 +1,7 @@
 """The GPU check: one command that tries the project on a real CUDA GPU and writes what it found into one file.
 
-    python -m {{ cookiecutter.project_slug }}.gpu_check                  # writes gpu-check.md
-    python -m {{ cookiecutter.project_slug }}.gpu_check --out FILE --overwrite
+    python -m lightning_kit.gpu_check                  # writes gpu-check.md
+    python -m lightning_kit.gpu_check --out FILE --overwrite
 
 Run it from the project's folder, on a machine with a CUDA GPU. Each step runs in a process of
 its own, with a time limit (under 8 minutes in all):

@@ -1,0 +1,334 @@
+"""Benchmark the training path against a hand-written PyTorch loop, the data pipeline, and per-step overhead.
+
+    python -m {{ cookiecutter.project_slug }}.bench --config configs/synthetic.yaml --accelerator cpu
+    python -m {{ cookiecutter.project_slug }}.bench --config configs/synthetic.yaml --accelerator gpu
+{%- if cookiecutter.task == "image" %}
+    python -m {{ cookiecutter.project_slug }}.bench --image_folder 10000
+{%- endif %}
+
+Measured in one process, on the same batches, alternating the contenders and
+reporting medians, because timings on a shared machine drift between runs:
+
+  (a) the project's own training path: the Trainer, callbacks and logging that
+      `train.py` builds from the same arguments;
+  (b) a minimal hand-written PyTorch loop doing the same work;
+  (c) the data pipeline alone (batches sliced, moved and augmented), against (d)
+      the training throughput of (a);
+  (e) per-step framework overhead with a near-zero-cost network: the project's
+      path against `Trainer(barebones=True)` and a hand-written loop.
+
+This is measurement code: unlike the project, it moves tensors and synchronises
+the device itself, as a hand-written loop must. It runs with any configuration
+`train.py` takes; callbacks that would end training before the timed steps
+(`EarlyStopping`, `Timer`) are left out, as validation is.
+{%- if cookiecutter.task == "image" %}
+
+With `--image_folder N` it measures reading an image folder instead: N generated
+JPEG and PNG images of 48-128 px, like small photos, are listed, decoded and
+resized to 32x32 with the cache written, then read again from the cache. The
+files were just written, so the operating system has them in memory: this times
+decoding and the cache, not the disk.
+{%- endif %}
+"""
+
+import argparse
+import copy
+import math
+{%- if cookiecutter.task == "image" %}
+import os
+{%- endif %}
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+{%- if cookiecutter.task == "image" %}
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+{%- endif %}
+
+import lightning as L
+{%- if cookiecutter.task == "image" %}
+import numpy as np
+{%- endif %}
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, Timer
+{%- if cookiecutter.task == "image" %}
+from PIL import Image
+{%- endif %}
+from torch import nn
+
+from .cli import build_all
+{%- if cookiecutter.task == "image" %}
+from .data.image_decoding import load_images
+from .data.image_files import list_labelled_images
+{%- endif %}
+from .errors import UserError
+from .messages import errors_as_messages
+
+# Callbacks that end training early: they would stop a run before its timed steps.
+STOPPING_CALLBACKS = (EarlyStopping, Timer)
+{%- if cookiecutter.task == "image" %}
+IMAGE_FOLDER_CLASSES = 10
+IMAGE_FOLDER_SIDES = (48, 128)  # smallest and largest side, in pixels
+IMAGE_FOLDER_SIZE = 32  # the side the images are resized to, as CIFAR-10's
+{%- endif %}
+
+
+class NearZeroNet(nn.Module):
+    """Logits from a learnt bias alone: a network that costs next to nothing, to expose framework overhead."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(num_classes))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.bias.expand(inputs.shape[0], -1)
+
+
+class StepWindow(L.Callback):
+    """Times the steps after ``warmup``, the way ``hand_written_loop`` does: from the first timed step's start."""
+
+    def __init__(self, warmup: int, steps: int, synchronize: Callable[[], None]) -> None:
+        self.warmup, self.steps, self.synchronize = warmup, steps, synchronize
+        self.seconds = float("nan")
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.warmup:
+            self.synchronize()
+            self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.warmup + self.steps:
+            self.synchronize()
+            self.seconds = time.perf_counter() - self._start
+
+
+def lightning_path(make, warmup: int, steps: int, net: nn.Module | None = None, barebones: bool = False) -> float:
+    """Seconds for ``steps`` training steps through a Trainer; the project's own unless ``barebones``."""
+    model, datamodule, trainer = make()
+    if net is not None:
+        model.net = net
+    synchronize = _synchronizer(trainer.strategy.root_device)
+    window = StepWindow(warmup, steps, synchronize)
+    if barebones:
+        # Barebones mode forbids self.log; the same step code runs with logging switched off.
+        model.log = lambda *args, **kwargs: None
+        trainer = L.Trainer(
+            barebones=True,
+            accelerator=trainer.accelerator,
+            devices=1,
+            max_steps=warmup + steps,
+            limit_val_batches=0,
+            callbacks=[window],
+        )
+    else:
+        trainer.callbacks.append(window)
+    trainer.fit(model, datamodule=datamodule)
+    if math.isnan(window.seconds):
+        raise UserError(
+            f"training stopped at step {trainer.global_step}, before the {warmup + steps} steps the benchmark "
+            "runs: leave out the callbacks or settings that end it early"
+        )
+    return window.seconds
+
+
+def hand_written_loop(make, warmup: int, steps: int, net: nn.Module | None = None) -> float:
+    """Seconds for ``steps`` training steps of a plain PyTorch loop: move, augment, forward, backward, step."""
+    model, datamodule, trainer = make()
+    device = trainer.strategy.root_device
+    synchronize = _synchronizer(device)
+    net = (net if net is not None else model.net).to(device)
+    model.net = net
+    optimizer = model.configure_optimizers()
+    augment = getattr(datamodule, "augment", None)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    batches = _forever(datamodule.train_dataloader())
+    for step in range(warmup + steps):
+        inputs, targets = (tensor.to(device, non_blocking=True) for tensor in next(batches))
+        if augment is not None:
+            inputs, targets = augment((inputs, targets), step=step)
+        if step == warmup:
+            synchronize()
+            start = time.perf_counter()
+        loss = nn.functional.cross_entropy(net(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def data_pipeline(make, batches: int) -> tuple[float, int]:
+    """Seconds and samples to slice, move and augment ``batches`` training batches, on one CPU thread."""
+    _, datamodule, trainer = make()
+    device = trainer.strategy.root_device
+    synchronize = _synchronizer(device)
+    augment = getattr(datamodule, "augment", None)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    loader = _forever(datamodule.train_dataloader())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        synchronize()
+        start, samples = time.perf_counter(), 0
+        for step in range(batches):
+            batch = tuple(tensor.to(device, non_blocking=True) for tensor in next(loader))
+            if augment is not None:
+                batch = augment(batch, step=step)
+            samples += len(batch[0])
+        synchronize()
+        return time.perf_counter() - start, samples
+    finally:
+        torch.set_num_threads(threads)
+{%- if cookiecutter.task == "image" %}
+
+
+def write_image_folder(root: Path, count: int, seed: int = 0) -> None:
+    """Write ``count`` images like small photos into ``root/<class>/``: half JPEG, half PNG, each its own size.
+
+    Each is a smooth random colour field with fine grain, so that both formats
+    compress it about as much as they would a photograph. Threads write them, as
+    creating many small files is slow on some file systems; each image has its own
+    random numbers, so the folder is the same however the threads take turns.
+    """
+    folders = [root / f"class_{label}" for label in range(IMAGE_FOLDER_CLASSES)]
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def write(index: int) -> None:
+        rng = np.random.default_rng([seed, index])
+        width, height = (int(side) for side in rng.integers(IMAGE_FOLDER_SIDES[0], IMAGE_FOLDER_SIDES[1] + 1, 2))
+        field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+        field = np.asarray(field.resize((width, height), Image.Resampling.BILINEAR))
+        pixels = (field + rng.normal(0, 12, field.shape)).clip(0, 255).astype(np.uint8)
+        path = folders[index // 2 % IMAGE_FOLDER_CLASSES] / f"{index:06d}{'.jpg' if index % 2 else '.png'}"
+        Image.fromarray(pixels).save(path, quality=90)
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(write, range(count)))
+
+
+def image_folder_benchmark(count: int) -> None:
+    """Time listing and decoding ``count`` generated images with the cache written, then reading them from it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root, cache = Path(scratch, "images"), Path(scratch, "cache")
+        write_image_folder(root, count)
+        seconds, results = [], []
+        for _ in ("first", "cached"):
+            start = time.perf_counter()
+            results.append(load_images(list_labelled_images(root).files, IMAGE_FOLDER_SIZE, cache_dir=cache))
+            seconds.append(time.perf_counter() - start)
+    (first, _), (cached, _) = results
+    if not torch.equal(first, cached):
+        raise RuntimeError("the images read from the cache differ from the decoded ones")
+    jpeg = count // 2
+    print(
+        f"image folder: {count:,} images ({jpeg:,} JPEG, {count - jpeg:,} PNG) of {IMAGE_FOLDER_SIDES[0]}-"
+        f"{IMAGE_FOLDER_SIDES[1]} px in {IMAGE_FOLDER_CLASSES} classes, resized to "
+        f"{IMAGE_FOLDER_SIZE}x{IMAGE_FOLDER_SIZE} in {os.cpu_count()} threads, torch {torch.__version__}"
+    )
+    print(f"first load: list, decode, resize, write cache {seconds[0]:>9.3f} s {count / seconds[0]:>12,.0f} images/s")
+    print(f"cached load: list, check, read cache          {seconds[1]:>9.3f} s")
+    print(f"    ratio first/cached                        {seconds[0] / seconds[1]:>9.1f}")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of images, got {text!r}")
+    return int(text)
+{%- endif %}
+
+
+def _forever(loader) -> Iterator:
+    while True:
+        yield from loader
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Other arguments go to train.py.")
+    parser.add_argument("--steps", type=int, default=50, help="timed training steps per run (default 50)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps before them (default 10)")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating runs of each contender (default 5)")
+{%- if cookiecutter.task == "image" %}
+    parser.add_argument(
+        "--image_folder",
+        type=_positive_int,
+        metavar="N",
+        help="instead, time reading a folder of N generated JPEG and PNG images, then reading them from the cache",
+    )
+{%- endif %}
+    options, train_args = parser.parse_known_args(args)
+{%- if cookiecutter.task == "image" %}
+    if options.image_folder is not None:
+        if train_args:
+            parser.error(f"--image_folder takes no training arguments, got {' '.join(train_args)}")
+        image_folder_benchmark(options.image_folder)
+        return
+{%- endif %}
+    with errors_as_messages():  # a missing data folder, say: one line
+        training_benchmark(options, train_args)
+
+
+def training_benchmark(options: argparse.Namespace, train_args: list[str]) -> None:
+    """Measure (a) to (e) on the model and data that ``train_args`` configure."""
+    warmup, steps = options.warmup, options.steps
+
+    with tempfile.TemporaryDirectory() as runs:
+        fixed = [
+            "--trainer.logger.init_args.save_dir", runs,
+            "--trainer.max_steps", str(warmup + steps),
+            "--trainer.max_epochs", "-1",
+            "--trainer.limit_val_batches", "0",
+            "--trainer.num_sanity_val_steps", "0",
+        ]  # fmt: skip
+
+        def make():
+            model, datamodule, trainer = build_all([*train_args, *fixed])
+            trainer.callbacks[:] = [c for c in trainer.callbacks if not isinstance(c, STOPPING_CALLBACKS)]
+            return model, datamodule, trainer
+
+        model, datamodule, trainer = make()
+        batch_size = datamodule.hparams.batch_size
+        initial_net = copy.deepcopy(model.net)
+        near_zero = NearZeroNet(model.hparams.num_classes)
+        print(
+            f"{type(model.net).__name__}, batch {batch_size}, {trainer.strategy.root_device}, torch {torch.__version__}"
+        )
+
+        times: dict[str, list[float]] = {
+            name: [] for name in ("project", "hand", "zero project", "zero bare", "zero hand")
+        }
+        for _ in range(options.repeats):
+            times["project"].append(lightning_path(make, warmup, steps, copy.deepcopy(initial_net)))
+            times["hand"].append(hand_written_loop(make, warmup, steps, copy.deepcopy(initial_net)))
+            times["zero project"].append(lightning_path(make, warmup, steps, copy.deepcopy(near_zero)))
+            times["zero bare"].append(lightning_path(make, warmup, steps, copy.deepcopy(near_zero), barebones=True))
+            times["zero hand"].append(hand_written_loop(make, warmup, steps, copy.deepcopy(near_zero)))
+        pipeline = [data_pipeline(make, batches=steps) for _ in range(options.repeats)]
+
+    median = {name: statistics.median(values) for name, values in times.items()}
+    rate = {name: steps * batch_size / seconds for name, seconds in median.items()}
+    pipeline_rate = statistics.median(samples / seconds for seconds, samples in pipeline)
+    per_step_ms = {name: 1000 * median[name] / steps for name in ("zero project", "zero bare", "zero hand")}
+    print(f"medians of {options.repeats} alternating runs of {steps} steps (after {warmup} warm-up steps)")
+    print(f"(a) project training path   {rate['project']:>12,.0f} samples/s")
+    print(f"(b) hand-written loop       {rate['hand']:>12,.0f} samples/s")
+    print(f"    ratio (a)/(b)           {rate['project'] / rate['hand']:>12.3f}")
+    print(f"(c) data pipeline, 1 thread {pipeline_rate:>12,.0f} samples/s")
+    print(f"(d) training, (a)           {rate['project']:>12,.0f} samples/s")
+    print(f"    ratio (c)/(d)           {pipeline_rate / rate['project']:>12.1f}")
+    print(f"(e) per step, near-zero net: project {per_step_ms['zero project']:.2f} ms, "
+          f"barebones {per_step_ms['zero bare']:.2f} ms, hand-written {per_step_ms['zero hand']:.2f} ms")  # fmt: skip
+    print(f"    ratio project/barebones {per_step_ms['zero project'] / per_step_ms['zero bare']:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,447 @@
+"""The command line: LightningCLI, with the everyday Trainer flags as top-level shortcuts.
+
+A project subclasses ``KitCLI`` with its classes and defaults, and runs it with ``main``::
+
+    class ProjectCLI(KitCLI):
+        model_class = Classifier
+        default_classes = {"model.net": ReferenceCNN, "data": ImageDataModule}
+        data_links = {"model.num_classes": "num_classes", "model.net.init_args.num_classes": "num_classes"}
+        argument_tables = {ReferenceCNN: CNN_ARGUMENTS}
+
+    main(ProjectCLI)  # train.py
+
+``GenericCLI`` takes any ``LightningModule`` and ``LightningDataModule`` by class path
+(``--model their.Module --data their.DataModule``): the library's own commands use it, for a
+project that has no ``KitCLI`` of its own.
+"""
+
+import inspect
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+from jsonargparse import DefaultHelpFormatter, Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
+
+from .accelerators import check_accelerator
+from .arguments import RUN, TRAINER, Arguments
+from .callbacks import (
+    BestCheckpoint,
+    BestEpoch,
+    CSVPredictionWriter,
+    InterruptCheckpoint,
+    RandomState,
+    RunPlots,
+    RunStatus,
+    StopOnDivergence,
+)
+from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
+from .config_files import bound_yaml_loading, check_files_given
+from .errors import ConfigError
+from .evaluation import (
+    EVALUATIONS,
+    UNTRAINED_FLAG,
+    check_evaluation,
+    check_new_log_dir,
+    checkpoint_run_settings,
+    choose_checkpoint,
+    config_flags,
+    split_run_configs,
+)
+from .messages import errors_as_messages, one_line, report, silence_the_unactionable
+from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
+from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
+from .trust import check_command_line, trust_modules
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# `train.py --accelerator gpu` is short for `train.py fit --trainer.accelerator gpu`.
+TRAINER_SHORTCUTS = ("accelerator", "devices", "strategy", "num_nodes", "precision", "max_epochs")
+
+DESCRIPTION = """\
+Train and evaluate the model. Without a subcommand, `fit` is run.
+Shortcuts: --accelerator, --devices, --strategy, --num_nodes, --precision and
+--max_epochs stand for --trainer.<name>. Example: train.py --accelerator gpu
+--accelerator simgpu runs on a simulated GPU, to find what would fail on a real one."""
+
+
+class KitCLI(LightningCLI):
+    """LightningCLI with a project's defaults, checked checkpoints and clear answers to common mistakes.
+
+    A project sets the class attributes below in a subclass (see the module's docstring); every
+    other method is LightningCLI's hook, overridden here, and may be extended as Lightning's are.
+    """
+
+    #: The LightningModule; with ``subclass_mode_model``, the base of the classes ``--model`` may name.
+    model_class: type[L.LightningModule] = L.LightningModule
+    subclass_mode_model: bool = False
+    #: The classes used when the command line names none: ``{"model.net": Net, "data": DataModule}``.
+    default_classes: dict[str, type] = {}
+    #: What the model takes from the data: argument -> the data module's attribute. Each link applies
+    #: when the data module has the attribute and the class takes the argument.
+    data_links: dict[str, str] = {}
+    #: What the arguments of classes that keep no table of their own accept (a plain ``nn.Module``
+    #: network): class -> ``Arguments``, checked where the class is built from the command line.
+    argument_tables: dict[type, Arguments] = {}
+    #: Modules beyond the project's package whose classes a run's config.yaml or a checkpoint may name.
+    trusted_modules: tuple[str, ...] = ()
+    #: The metric the best checkpoint is chosen by, and how (``None``: no best checkpoint is kept).
+    monitor: tuple[str, str] | None = ("val/acc", "max")
+    #: The metrics the end of ``fit`` reports, the best epoch's where there is one.
+    summary_metrics: tuple[str, ...] = ("val/loss", "val/acc")
+    #: Steps between redraws of the progress bar, and between checks of the loss for divergence.
+    refresh_every: int = 20
+    seed: int = 42
+    description: str = DESCRIPTION
+
+    def __init__(self, *args, **kwargs) -> None:
+        own = type(self).own_package()
+        trust_modules((*([own] if own else []), *self.trusted_modules))
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def own_package(cls) -> str | None:
+        """The package of the project this command line is (its top-level package); None for the library's own."""
+        package = cls.__module__.partition(".")[0]
+        return None if package in (__package__, "__main__") else package
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
+        for cls, table in self.argument_tables.items():
+            parser.add_instantiator(_CheckedInstantiator(table), cls, subclasses=False, prepend=True)
+        # `predict` writes its probabilities here: --predictions.path out.csv
+        parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
+        # The data decides the class count, its names and the input size, so the network and
+        # the Classifier cannot disagree with it. Each link applies when the data module has
+        # the attribute and the network takes the argument: a network without one is left as is.
+        for target, source in self.data_links.items():
+            parser.link_arguments(f"data.{source}", target, apply_on="instantiate")
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand in EVALUATIONS:
+            parser.add_argument(
+                UNTRAINED_FLAG,
+                type=bool,
+                default=False,
+                help=f"{subcommand} the model's fresh, untrained weights: without it, {subcommand} needs --ckpt_path",
+            )
+        return parser
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        # Before any parsing: jsonargparse imports the classes it is given.
+        check_command_line(args)
+        check_files_given(args)  # too large, not text, or expanding without end: refused before being read
+        # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
+        run_configs, args = split_run_configs(args)
+        subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
+        rest = args[len(subcommand_given) :]
+        self._parse_with_class_defaults(parser, [*subcommand_given, *config_flags(run_configs), *rest])
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        ckpt_path = choose_checkpoint(subcommand, config, args)
+        # Checked before anything its run folder names is imported, and before the Trainer loads it.
+        self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
+        logger = config.trainer.logger
+        settings = checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args, run_configs) if ckpt_path else []
+        if settings:
+            # Parsed again, the checkpoint run's settings first: the flags given still win.
+            self._parse_with_class_defaults(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
+            config = self.config[subcommand]
+        if subcommand in EVALUATIONS:
+            check_evaluation(subcommand, config, args)
+        _check_run_arguments(config)  # before LightningCLI seeds with them
+
+    def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
+        """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
+
+        jsonargparse keeps the default class's values for the arguments that the chosen class
+        also takes (``--data my_project.data.digits.Digits`` got ImageDataModule's batch size,
+        not its own). Parsed again with the chosen classes as the defaults, it does not.
+        """
+        printing = _without_print_config(args)
+        super().parse_arguments(parser, printing or args)  # --print_config would print before the second parse
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        target = parser._subcommands_action._name_parser_map[subcommand] if subcommand else parser
+        chosen = {}
+        for key in ("data", "model", "model.net"):
+            if not isinstance(config.get(key), Namespace) or "class_path" not in config.get(key):
+                continue
+            class_path = config.get(key).class_path
+            default = target.get_default(key)
+            if getattr(default, "class_path", class_path) != class_path:
+                chosen[key] = {"class_path": class_path}
+        if chosen:
+            target.set_defaults(chosen)
+        if chosen or printing:
+            super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Not LightningCLI's: there the checkpoint's hyperparameters override the flags given (a new
+        --model.lr on resume was silently dropped). The checkpoint's run folder's config.yaml gives
+        the settings instead, under the flags given (``parse_arguments``)."""
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("weights_only") is None and "weights_only" in config:
+            config.weights_only = True  # checkpoints are read as data, never run as code
+        check_accelerator(config.trainer)
+        if config.trainer.accelerator == SIMULATED:
+            simulated_run.start(self.subcommand or "fit")
+        check_cpu_processes(config.trainer)
+        if self.subcommand:
+            check_new_log_dir(config.trainer.logger)
+        if self.subcommand == "predict":
+            # Before the data is read and the model run: a path that cannot be written would waste that work.
+            CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
+
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = list(trainer_config.get("callbacks") or [])
+        if trainer_config.get("enable_progress_bar") and not any(isinstance(c, ProgressBar) for c in callbacks):
+            # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
+            callbacks.append(TQDMProgressBar(refresh_rate=self.refresh_every))
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            # Checkpoints written beside their final name and renamed: never left truncated.
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        if trainer_config.get("accelerator") == SIMULATED:
+            # Lightning would pick a CPU strategy for an accelerator it does not know. The
+            # tracker names the hook in which a GPU would fail.
+            kwargs.update(accelerator="auto", strategy=SimulatedGPUStrategy())
+            mixed = mixed_precision(trainer_config.get("precision"))
+            if mixed is not None:  # autocast on the simulated GPU, by CUDA's rules
+                kwargs.update(precision=None, plugins=[*kwargs.get("plugins", plugins), mixed])
+            if trainer_config.get("profiler") is None:
+                kwargs["profiler"] = HookTracker()
+        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+
+    def after_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        _check_given_against_data(config, self.datamodule, self.model, self.data_links)
+        if self._trained is not None:
+            check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
+
+    def after_fit(self) -> None:
+        log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
+        best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
+        # The best checkpoint's numbers, not the last epoch's, when there is a best.
+        metrics = best.metrics if best is not None and best.epoch is not None else self.trainer.callback_metrics
+        summary = " ".join(f"{name}={metrics[name]:.4f}" for name in self.summary_metrics if name in metrics)
+        if best is not None and best.epoch is not None:
+            summary = f"best epoch {best.epoch}: {summary}"
+        if self.trainer.world_size > 1:
+            # Every process reports: the values are synced, so they must agree.
+            report(f"rank {self.trainer.global_rank}/{self.trainer.world_size} fit finished: {summary}")
+        elif self.trainer.is_global_zero:
+            report(f"fit finished: {summary}")
+        if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
+            report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
+            report(f"run folder: {log_dir}")
+
+
+def _check_run_arguments(config) -> None:
+    """The Trainer's arguments and the seed, each against what it accepts (``arguments.TRAINER``, ``arguments.RUN``)."""
+    TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
+    if "seed_everything" in config:
+        RUN.check({"seed_everything": config.seed_everything})
+
+
+def _check_given_against_data(config, datamodule, model: L.LightningModule, data_links: dict[str, str]) -> None:
+    """A value given for an argument the data sets (``KitCLI.data_links``) that differs from the data's stops the run.
+
+    The link would replace it without a word: ``--model.net.init_args.image_size 64`` would train at
+    the data's 32. Given means set to other than the class's default, by a flag or a --config file.
+    """
+    for target, source in data_links.items():
+        given, data_value = config.get(target), getattr(datamodule, source, None)
+        owner = type(model.net) if target.startswith("model.net.") else type(model)
+        default = inspect.signature(owner).parameters.get(target.rpartition(".")[2])
+        if given is None or data_value is None or given == data_value or (default and given == default.default):
+            continue
+        data_flag = f"--data.{source}" if source in inspect.signature(type(datamodule)).parameters else None
+        raise ConfigError(
+            f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
+            + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
+        )
+
+
+def _without_print_config(args: list[str]) -> list[str] | None:
+    """``args`` without ``--print_config[=flags]``; None when it is not there."""
+    kept = [arg for arg in args if arg != "--print_config" and not arg.startswith("--print_config=")]
+    return kept if len(kept) < len(args) else None
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _CheckedInstantiator:
+    """Builds a class from the command line after holding its arguments against its table (``KitCLI.argument_tables``).
+
+    The values are the constructor's, its defaults filled in, so a table checks what the class gets;
+    the network itself stays a plain ``nn.Module`` that knows nothing of the command line.
+    """
+
+    def __init__(self, table: Arguments) -> None:
+        self.table = table
+
+    def __call__(self, class_type: type, *args, **kwargs):
+        bound = inspect.signature(class_type).bind_partial(*args, **kwargs)
+        bound.apply_defaults()
+        self.table.check(dict(bound.arguments))
+        return class_type(*args, **kwargs)
+
+
+class _HelpFormatter(DefaultHelpFormatter):
+    """Lists only the project's classes as choices for ``--data`` and ``--model.net``.
+
+    jsonargparse lists every imported subclass: for ``--model.net``, each ``nn.Module`` of
+    PyTorch and its libraries, some hundreds of lines that bury the options people look for.
+    """
+
+    #: Where the project's choices live: argument -> module prefix (set per command line by ``_make_cli``).
+    own_choices: dict[str, str] = {}
+
+    def _get_help_string(self, action) -> str:
+        help_string = super()._get_help_string(action)
+        if action.dest not in self.own_choices:
+            return help_string
+        head, found, listed = help_string.partition(", known subclasses: ")
+        if not found:
+            return help_string
+        listed, _, tail = listed.rpartition(")")
+        own = [name for name in listed.split(", ") if name.startswith(self.own_choices[action.dest])]
+        return f"{head}, this project's: {', '.join(own)}; or any other importable class){tail}"
+
+
+class KitArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with shorter help and one-line errors."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None):
+        """Exit with one line naming the flag, what it accepts and what was given, instead of the usage and a nest."""
+        if not self.exit_on_error:
+            super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
+        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
+
+
+class GenericCLI(KitCLI):
+    """The command line of any Lightning project: ``--model their.Module --data their.DataModule``.
+
+    What the library's own commands (``python -m lightning_kit.placement``, ...) build from a command
+    line. The best checkpoint is not chosen by a metric, since the module's metrics are its own.
+    """
+
+    subclass_mode_model = True
+    monitor = None
+    summary_metrics = ()
+
+
+def invoked_as(default: str) -> str:
+    """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
+    (a project's ``python -m my_project.placement``), else ``default``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
+
+
+def expand_shortcuts(args: list[str]) -> list[str]:
+    """Expand ``--<shortcut>`` to ``--trainer.<shortcut>``, in both ``--flag value`` and ``--flag=value`` forms."""
+    expanded = []
+    for arg in args:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        expanded.append(f"--trainer.{arg[2:]}" if name in TRAINER_SHORTCUTS else arg)
+    return expanded
+
+
+def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) -> None:
+    """Run ``cli_class``'s command line on ``args`` (default: ``sys.argv[1:]``); without a subcommand, ``fit``.
+
+    What a project's ``train.py`` calls. A mistake ends in one line and exit status 1 or 2.
+    """
+    args = sys.argv[1:] if args is None else list(args)
+    if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
+        args = ["fit", *args]
+    with simulated_run:
+        try:
+            with errors_as_messages():  # inside: it tells a lost DDP process by the live process group
+                _make_cli(cli_class, expand_shortcuts(args), run=True)
+        finally:
+            leave_process_group()
+
+
+def build(cli_class: type[KitCLI], args: list[str]) -> tuple[L.LightningModule, L.LightningDataModule]:
+    """The model and data module that ``train.py fit`` would build from ``args``, without running anything."""
+    model, datamodule, _ = build_all(cli_class, args)
+    return model, datamodule
+
+
+def build_all(
+    cli_class: type[KitCLI], args: list[str], prog: str | None = None
+) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
+    """The model, data module and Trainer that ``train.py fit`` would build from ``args``; ``prog`` names the
+    command in messages (by default, the script's file name)."""
+    with errors_as_messages():
+        cli = _make_cli(cli_class, expand_shortcuts(args), run=False, prog=prog)
+    return cli.model, cli.datamodule, cli.trainer
+
+
+def fit(cli_class: type[KitCLI], args: list[str], callbacks: Sequence[L.Callback] = ()) -> KitCLI:
+    """Run ``train.py fit`` on ``args`` in this process, with ``callbacks`` beside the project's (not in its
+    config.yaml). Errors are raised, not shown: the caller records how the run ended first (a sweep's trial)."""
+    return _make_cli(cli_class, expand_shortcuts(["fit", *args]), run=True, callbacks=callbacks)
+
+
+def _make_cli(
+    cli_class: type[KitCLI], args: list[str], run: bool, prog: str | None = None, callbacks: Sequence[L.Callback] = ()
+) -> KitCLI:
+    silence_the_unactionable()
+    bound_yaml_loading()
+    own = cli_class.own_package()
+    formatter = type(
+        "_ProjectHelpFormatter", (_HelpFormatter,), {"own_choices": {"data": f"{own}.", "model.net": f"{own}."}}
+    )
+    best = []
+    if cli_class.monitor is not None:
+        # The best epoch by the monitored metric (validation accuracy), every epoch.
+        monitor, mode = cli_class.monitor
+        best = [BestCheckpoint(monitor=monitor, mode=mode, filename="best-{epoch}-{step}")]
+    return cli_class(
+        cli_class.model_class,
+        L.LightningDataModule,
+        subclass_mode_model=cli_class.subclass_mode_model,
+        subclass_mode_data=True,
+        args=args,
+        run=run,
+        seed_everything_default=cli_class.seed,
+        trainer_defaults={
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
+            "callbacks": [
+                *best,
+                # The latest epoch, every epoch.
+                ModelCheckpoint(filename="last"),
+                # Before InterruptCheckpoint: the watch ends before a stop's checkpoint is written.
+                ProcessWatch(),
+                InterruptCheckpoint(),
+                StopOnDivergence(check_every=cli_class.refresh_every),
+                BestEpoch(),
+                RandomState(),
+                RunPlots(),
+                *callbacks,
+                # Last: a run's end time counts its plots. run.json says running, finished, interrupted, ...
+                RunStatus(),
+            ],
+            # A progress bar for people; none in CI logs and other redirected output.
+            "enable_progress_bar": sys.stderr.isatty(),
+        },
+        parser_class=KitArgumentParser,
+        parser_kwargs={"description": cli_class.description, "formatter_class": formatter, **({"prog": prog} if prog else {})},
+    )

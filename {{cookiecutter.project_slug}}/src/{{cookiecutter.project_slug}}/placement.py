@@ -1,0 +1,11 @@
+"""``python -m {{ cookiecutter.project_slug }}.placement``: the device audit of what ``train.py`` builds from the same arguments, on a simulated GPU.
+
+lightning_kit's command, run with this project's command line (``cli.ProjectCLI``): ``--help`` lists its options.
+"""
+
+from lightning_kit.placement.command import main
+
+from .cli import ProjectCLI
+
+if __name__ == "__main__":
+    main(cli_class=ProjectCLI)
