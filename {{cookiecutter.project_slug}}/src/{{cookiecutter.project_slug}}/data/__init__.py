@@ -1,8 +1,4 @@
-"""LightningDataModules: where data comes from, how it is split and batched.
+"""This project's LightningDataModules: where the data comes from, how it is split and batched.
 
-The shared base is in ``memory``; each source of data has a module of its own.
+They build on lightning_kit's bases (``lightning_kit.data``: in-memory data, folds, image folders).
 """
-
-from lightning_kit.data.memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
-
-__all__ = ["DataUnavailableError", "InMemoryDataModule", "InMemoryDataset"]

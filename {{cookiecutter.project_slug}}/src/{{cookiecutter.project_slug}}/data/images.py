@@ -18,7 +18,7 @@ from .cifar10 import (
 from lightning_kit.data.folders import ImageFolderDataModule as ImageFolderDataModule  # configs and saved runs name it here too
 from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
 from lightning_kit.data.image_splits import ImageSplits
-from lightning_kit.data.memory import InMemoryDataset
+from lightning_kit.data import InMemoryDataset
 from .synthetic import (
     NUM_CLASSES,
     fills_every_split,

@@ -25,7 +25,7 @@ from lightning_kit.arguments import (
 from lightning_kit.errors import ConfigError
 from lightning_kit.files import NotAFileError, open_regular
 from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
-from lightning_kit.data.memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+from lightning_kit.data import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1

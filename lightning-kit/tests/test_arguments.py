@@ -1,0 +1,211 @@
+import inspect
+import typing
+
+import lightning as L
+import pytest
+from conftest import refused
+
+from lightning_kit.arguments import TRAINER
+from image_project.classifier import ARGUMENTS as CLASSIFIER_ARGUMENTS
+from image_project.classifier import Classifier
+{%- if cookiecutter.task == "image" %}
+from lightning_kit.data.folders import IMAGE_FOLDER_ARGUMENTS, ImageFolderDataModule
+from image_project.data.images import IMAGE_DATA_ARGUMENTS, ImageDataModule
+from image_project.models.cnn import ARGUMENTS as NET_ARGUMENTS
+from image_project.models.cnn import ReferenceCNN as Net
+from image_project.models.cnn import parameter_count
+
+CLASSES = [
+    (Net, NET_ARGUMENTS),
+    (Classifier, CLASSIFIER_ARGUMENTS),
+    (ImageDataModule, IMAGE_DATA_ARGUMENTS),
+    (ImageFolderDataModule, IMAGE_FOLDER_ARGUMENTS),
+]
+{%- else %}
+from sequence_project.data.sequences import ARGUMENTS as DATA_ARGUMENTS
+from sequence_project.data.sequences import SequenceDataModule
+from sequence_project.models.attention import ARGUMENTS as NET_ARGUMENTS
+from sequence_project.models.attention import AttentionClassifier as Net
+from sequence_project.models.attention import parameter_count
+
+CLASSES = [(Net, NET_ARGUMENTS), (Classifier, CLASSIFIER_ARGUMENTS), (SequenceDataModule, DATA_ARGUMENTS)]
+{%- endif %}
+
+NET = "--model.net.init_args."
+# Trainer arguments that are numbers or choices which Lightning checks itself, in one line, before a run starts.
+LEFT_TO_LIGHTNING = {"precision", "max_time", "deterministic", "accelerator", "strategy", "profiler"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--trainer.log_every_n_steps", "0"], "--trainer.log_every_n_steps must be"),
+        (["--trainer.check_val_every_n_epoch", "0"], "--trainer.check_val_every_n_epoch must be"),
+        (["--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches must be"),
+        (["--trainer.accumulate_grad_batches", "-2"], "--trainer.accumulate_grad_batches must be"),
+        (["--trainer.val_check_interval", "0"], "--trainer.val_check_interval must be"),
+        (["--trainer.val_check_interval", "1.5"], "--trainer.val_check_interval must be"),
+        (["--trainer.val_check_interval", "-3"], "--trainer.val_check_interval must be"),
+        (["--trainer.limit_train_batches", "-1"], "--trainer.limit_train_batches must be"),
+        (["--trainer.limit_val_batches", "1.5"], "--trainer.limit_val_batches must be"),
+        (["--trainer.limit_test_batches", "-0.5"], "--trainer.limit_test_batches must be"),
+        (["--trainer.limit_predict_batches", "-2"], "--trainer.limit_predict_batches must be"),
+        (["--trainer.overfit_batches", "-1"], "--trainer.overfit_batches must be"),
+        (["--trainer.max_epochs", "-5"], "--max_epochs must be"),
+        (["--max_epochs", "0"], "--max_epochs must be"),
+        (["--trainer.min_epochs", "-3"], "--trainer.min_epochs must be"),
+        (["--trainer.min_epochs", "5", "--max_epochs", "2"], "--trainer.min_epochs must be at most --max_epochs"),
+        (["--trainer.max_steps", "-7"], "--trainer.max_steps must be"),
+        (["--trainer.max_steps", "0"], "--trainer.max_steps must be"),
+        (["--trainer.min_steps", "-2"], "--trainer.min_steps must be"),
+        (["--trainer.min_steps", "9", "--trainer.max_steps", "3"], "--trainer.min_steps must be at most"),
+        (["--trainer.num_sanity_val_steps", "-4"], "--trainer.num_sanity_val_steps must be"),
+        (["--trainer.gradient_clip_val", "-1"], "--trainer.gradient_clip_val must be"),
+        (["--trainer.gradient_clip_val", "inf"], "--trainer.gradient_clip_val"),
+        (["--trainer.gradient_clip_algorithm", "clip"], "--trainer.gradient_clip_algorithm must be"),
+        (["--trainer.reload_dataloaders_every_n_epochs", "-1"], "--trainer.reload_dataloaders_every_n_epochs must"),
+        (["--trainer.fast_dev_run", "-2"], "--trainer.fast_dev_run must be"),
+        (["--trainer.num_nodes", "0"], "--num_nodes must be"),
+        (["--devices", "-3"], "--devices must be"),
+        (["--devices", "0"], "--devices must be"),
+        (["--devices", "[0, 0]"], "--devices must be"),
+        (["--devices", "[-1]"], "--devices must be"),
+        (["--trainer.accumulate_grad_batches", str(10**20)], "--trainer.accumulate_grad_batches 1000"),
+        (["--seed_everything", str(2**40)], "--seed_everything must be"),
+        (["--seed_everything", "-1"], "--seed_everything must be"),
+    ],
+)
+def test_trainer_and_seed_arguments_out_of_range_are_one_line_naming_the_flag(
+    in_tmp_path, synthetic_config, capsys, flags, named
+):
+    """A Trainer argument or seed that Lightning would divide by, count with or refuse deep in a run stops at once."""
+    message = refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
+    assert message.startswith(f"error: {named}"), message
+
+
+def test_every_numeric_trainer_argument_is_in_the_table():
+    """Each Trainer argument that takes a number or a choice is checked here, or named as checked by Lightning."""
+    numeric = set()
+    for name, parameter in inspect.signature(L.Trainer).parameters.items():
+        kinds = typing.get_args(parameter.annotation) or (parameter.annotation,)
+        if any(kind in (int, float) or typing.get_origin(kind) is typing.Literal for kind in kinds):
+            numeric.add(name)
+    assert numeric - LEFT_TO_LIGHTNING - set(TRAINER.table) == set()
+
+
+@pytest.mark.parametrize(("cls", "arguments"), CLASSES, ids=lambda value: getattr(value, "__name__", ""))
+def test_every_numeric_argument_of_a_shipped_class_is_in_its_table(cls, arguments):
+    """Each constructor argument that takes a number, a flag or a choice has an accepted range in its class's table."""
+    hints = typing.get_type_hints(cls.__init__)
+    numeric = set()
+    for name in inspect.signature(cls).parameters:
+        kinds = typing.get_args(hints.get(name)) or (hints.get(name),)
+        if any(kind in (int, float, bool) or typing.get_origin(kind) in (typing.Literal, tuple) for kind in kinds):
+            numeric.add(name)
+    assert numeric - set(arguments.table) == set()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+{%- if cookiecutter.task == "image" %}
+        (["--data.synthetic_size", str(10**12)], "the synthetic images would need about"),
+        (["--data.synthetic_size", "-4"], "--data.synthetic_size must be"),
+        (["--data.batch_size", "0"], "--data.batch_size must be"),
+        (["--data.batch_size", str(10**12)], "--data.batch_size must be"),
+        (["--data.val_fraction", "1.0"], "--data.val_fraction must be"),
+        (["--data.val_fraction", "nan"], "--data.val_fraction"),
+        (["--data.num_workers", "-1"], "--data.num_workers must be"),
+        (["--data.num_workers", str(10**6)], "--data.num_workers must be"),
+        (["--data.seed", "-1"], "--data.seed must be"),
+        (["--data.seed", str(2**40)], "--data.seed must be"),
+        (["--data.dataset", "imagenet"], "--data.dataset"),
+        ([f"{NET}std", "[0.2, 0.0, 0.2]"], f"{NET}std must be"),
+        ([f"{NET}std", "[0.2, -1, 0.2]"], f"{NET}std must be"),
+        ([f"{NET}mean", "[0.5, 0.5, 2.0]"], f"{NET}mean must be"),
+        (["--model.lr", "0"], "--model.lr must be"),
+        (["--model.lr", "inf"], "--model.lr"),
+        (["--model.weight_decay", "-1"], "--model.weight_decay must be"),
+{%- else %}
+        (["--data.num_sequences", str(10**12)], "the synthetic sequences would need about"),
+        (["--data.seq_len", str(10**9)], "the synthetic sequences would need about"),
+        (["--data.vocab_size", "2"], "--data.vocab_size must be at least 3"),
+        (["--data.seq_len", "1"], "--data.seq_len must be at least 2"),
+        (["--data.num_classes", "1"], "--data.num_classes must be"),
+        (["--data.batch_size", "0"], "--data.batch_size must be"),
+        (["--data.batch_size", str(10**12)], "--data.batch_size must be"),
+        (["--data.val_fraction", "0.6", "--data.test_fraction", "0.5"], "--data.val_fraction and --data.test_fraction"),
+        (["--data.num_workers", str(10**6)], "--data.num_workers must be"),
+        (["--data.seed", "-1"], "--data.seed must be"),
+        (["--data.seed", str(2**40)], "--data.seed must be"),
+        ([f"{NET}num_heads", "3"], f"{NET}num_heads must divide {NET}d_model 64, got 3"),
+        ([f"{NET}num_heads", "0"], f"{NET}num_heads must be"),
+        ([f"{NET}num_heads", "-4"], f"{NET}num_heads must be"),
+        ([f"{NET}d_model", "0"], f"{NET}d_model must be"),
+        ([f"{NET}d_model", str(10**8)], "the network would need about"),
+        ([f"{NET}num_layers", "-2"], f"{NET}num_layers must be"),
+        ([f"{NET}num_layers", "0"], f"{NET}num_layers must be"),
+        ([f"{NET}num_layers", str(10**9)], "the network would need about"),
+        ([f"{NET}dropout", "1.5"], f"{NET}dropout must be"),
+        ([f"{NET}dropout", "1.0"], f"{NET}dropout must be"),
+        ([f"{NET}dropout", "-0.1"], f"{NET}dropout must be"),
+        (["--model.lr", "0"], "--model.lr must be"),
+        (["--model.weight_decay", "-1"], "--model.weight_decay must be"),
+{%- endif %}
+    ],
+)
+def test_data_and_network_arguments_out_of_range_are_one_line_naming_the_flag(
+    in_tmp_path, synthetic_config, capsys, flags, named
+):
+    """A data or network argument out of its range, or too large for memory, stops before anything is allocated."""
+    message = refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
+    assert message.startswith(f"error: {named}"), message
+
+
+@pytest.mark.parametrize(
+    "sizes",
+{%- if cookiecutter.task == "image" %}
+    [{"num_classes": 10, "image_size": 32}, {"num_classes": 3, "image_size": 67}],
+{%- else %}
+    [
+        {"vocab_size": 16, "num_classes": 2, "max_len": 32, "d_model": 64, "num_layers": 2},
+        {"vocab_size": 100, "num_classes": 7, "max_len": 10, "d_model": 48, "num_layers": 3},
+    ],
+{%- endif %}
+)
+def test_the_memory_estimate_counts_the_network_parameters(sizes):
+    """The parameter count behind the memory check is the network's own (its bytes are 4 per parameter)."""
+    assert parameter_count(**sizes) == sum(parameter.numel() for parameter in Net(**sizes).parameters())
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+{%- if cookiecutter.task == "image" %}
+        [f"{NET}image_size", "64"],
+        ["--model.net.image_size", "16"],
+        [f"{NET}num_classes", "3"],
+{%- else %}
+        [f"{NET}max_len", "64"],
+        [f"{NET}vocab_size", "99"],
+        ["--model.net.num_classes", "5"],
+{%- endif %}
+    ],
+)
+def test_a_network_argument_the_data_sets_given_otherwise_is_one_line(in_tmp_path, synthetic_config, capsys, flags):
+    """A value given for an argument the data sets, differing from the data's, stops the run instead of vanishing."""
+    flag = flags[0] if flags[0].startswith(NET) else flags[0].replace("--model.net.", NET)
+    message = refused(["--config", synthetic_config, "--accelerator", "cpu", *flags], capsys)
+    assert message.startswith(f"error: {flag} {flags[1]} disagrees with the data's"), message
+
+
+{%- if cookiecutter.task == "sequence" %}
+
+
+def test_a_network_argument_given_as_the_data_has_it_is_accepted(in_tmp_path, synthetic_config):
+    """The same value as the data's is no contradiction: the run is built."""
+    from conftest import build
+
+    model, _ = build(["--config", synthetic_config, f"{NET}max_len", "48", "--data.seq_len", "48"])
+    assert model.net.max_len == 48
+{%- endif %}

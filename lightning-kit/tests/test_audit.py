@@ -1,0 +1,258 @@
+"""The audit's runner: every stage the model and data define, with the Trainer's settings, leaving no trace.
+
+Code that runs on a GPU passes the audit as a plain pass: values, autograd, optimizers,
+hooks, callbacks and the Trainer's settings run for real. A stage the data has nothing for
+is skipped with a note; one that fails for another reason is a gap, never a pass. The audit
+trains copies and leaves the model and the process's global state as it found them.
+"""
+
+import copy
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, StochasticWeightAveraging
+from test_simulated_gpu import BATCH, Probe
+from torch import nn
+from torch.utils.data import DataLoader
+from torchmetrics.classification import MulticlassAccuracy
+
+from conftest import build_all
+from lightning_kit.placement import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, simulated
+
+
+def test_shipped_model_and_data_pass_the_audit(in_tmp_path, synthetic_config):
+    """The project's own model, data module and callbacks run every stage on one GPU and as DDP rank 1."""
+    model, datamodule, trainer = build_all(["--config", synthetic_config, "--trainer.accelerator", "cpu"])
+    verdict = audit(model, datamodule, trainer=trainer)
+    ran = [(outcome.stage, outcome.rank) for outcome in verdict.outcomes]
+    assert ran == [(stage, rank) for rank in (0, 1) for stage in ("fit", "validate", "test", "predict")]
+    for hook in ("on_validation_epoch_end", "on_train_epoch_end", "on_fit_end", "configure_optimizers"):
+        assert any(hook in action for action in verdict.hooks), hook
+    assert any("RunPlots" in action for action in verdict.hooks), "the project's own callbacks ran"
+
+
+class ReadsValues(Probe):
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        keep = labels != 0
+        rows = keep.nonzero().squeeze(1)
+        if logits.abs().max().item() > 1e6:
+            raise ValueError("diverged")
+        return F.cross_entropy(logits[keep], labels[keep]) + 0 * logits[rows].sum() + 0 * torch.unique(labels).sum()
+
+
+class UpdatesMacroAccuracy(Probe):
+    """Lightning's MNIST tutorial: a metric updated with argmax predictions (torchmetrics uses unique)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accuracy = MulticlassAccuracy(3, average="macro")
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self.accuracy.update(self(features).argmax(dim=1), labels)
+        self.log("val/acc", self.accuracy)
+
+
+class GradientPenalty(Probe):
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        features = features.clone().requires_grad_(True)
+        logits = self(features)
+        (gradient,) = torch.autograd.grad(logits.sum(), features, create_graph=True)
+        return F.cross_entropy(logits, labels) + (gradient.norm(dim=1) - 1).pow(2).mean()
+
+
+class ManualOptimization(Probe):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        self.clip_gradients(optimizer, gradient_clip_val=1.0)
+        optimizer.step()
+
+
+class BuildsLayersLater(Probe):
+    def __init__(self) -> None:
+        super().__init__(nn.Identity())
+
+    def setup(self, stage):
+        self.hidden = nn.Linear(8, 8)
+
+    def configure_model(self):
+        if isinstance(self.net, nn.Identity):
+            self.net = nn.Sequential(nn.Linear(8, 3))
+
+    def forward(self, features):
+        return self.net(self.hidden(features))
+
+
+class NumPyAtEpochEnd(Probe):
+    def __init__(self) -> None:
+        super().__init__()
+        self.predictions = []
+
+    def validation_step(self, batch, batch_idx):
+        features, _ = batch
+        self.predictions.append(self(features).argmax(dim=1).cpu())
+
+    def on_validation_epoch_end(self):
+        self.log("val/zeros", float(np.mean(torch.cat(self.predictions).numpy() == 0)))
+        self.predictions.clear()
+
+
+class SchedulesAndCompiles(Probe):
+    def configure_model(self):
+        if not isinstance(self.net, torch._dynamo.OptimizedModule):
+            self.net = torch.compile(self.net)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
+
+
+class AveragedWeights(L.Callback):
+    """An exponential moving average of the weights, kept by a callback (EMA)."""
+
+    def on_fit_start(self, trainer, pl_module):
+        self.average = copy.deepcopy(pl_module.net)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        with torch.no_grad():
+            for average, weight in zip(self.average.parameters(), pl_module.net.parameters(), strict=True):
+                average.lerp_(weight, 0.1)
+
+
+class CheckpointsActivations(Probe):
+    def forward(self, features):
+        return torch.utils.checkpoint.checkpoint(self.net, features, use_reentrant=False)
+
+
+class GatedRecurrent(Probe):
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(5, 3))
+        self.gru = nn.GRU(4, 5, num_layers=2, batch_first=True)
+
+    def forward(self, features):
+        output, _ = self.gru(features.view(features.shape[0], 2, 4))
+        return self.net(output[:, -1])
+
+
+class PinsAndLogsToTensorBoard(Probe):
+    def train_dataloader(self):
+        pinned = [tuple(tensor.pin_memory() for tensor in BATCH)] * 2
+        return DataLoader(pinned, batch_size=None, pin_memory=True)
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if isinstance(self.logger, L.pytorch.loggers.TensorBoardLogger):
+            self.logger.experiment.add_histogram("val/logits", self(batch[0]), self.global_step)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        ReadsValues,
+        UpdatesMacroAccuracy,
+        GradientPenalty,
+        ManualOptimization,
+        BuildsLayersLater,
+        NumPyAtEpochEnd,
+        CheckpointsActivations,
+        GatedRecurrent,
+    ],
+)
+def test_code_that_runs_on_a_gpu_passes(model):
+    """.item(), masks, nonzero, unique, autograd.grad, manual optimization, late layers, RNNs: a plain pass."""
+    verdict = audit(model(), BATCH)
+    assert verdict.exit_code == EXIT_PASSED and not verdict.errors and not verdict.gaps
+
+
+def test_own_dataloaders_pinned_memory_and_the_logger_pass():
+    """A model's own (pinned) dataloaders, and its logger's own API, run as in training."""
+    verdict = audit(PinsAndLogsToTensorBoard(), BATCH, trainer=L.Trainer(callbacks=[LearningRateMonitor()]))
+    assert verdict.exit_code == EXIT_PASSED
+
+
+def test_schedulers_clipping_compile_and_ema_callbacks_pass():
+    callbacks = [
+        AveragedWeights(),
+        EarlyStopping("val/loss"),
+        StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1),
+    ]
+    trainer = L.Trainer(callbacks=callbacks, gradient_clip_val=0.5, accumulate_grad_batches=2, logger=False)
+    verdict = audit(SchedulesAndCompiles(), BATCH, trainer=trainer)
+    assert any("optimizer_step" in action for action in verdict.hooks)
+
+
+class WithTestStep(Probe):
+    def test_step(self, batch, batch_idx):
+        features, labels = batch
+        self.log("test/loss", F.cross_entropy(self(features), labels))
+
+
+class NoTestSplit(L.LightningDataModule):
+    """Training and validation data, and a test loader for a test split it says it does not have."""
+
+    def train_dataloader(self):
+        return DataLoader([BATCH, BATCH], batch_size=None)
+
+    def val_dataloader(self):
+        return DataLoader([BATCH, BATCH], batch_size=None)
+
+    def test_dataloader(self):
+        raise FileNotFoundError("no test/ folder")  # not audited
+
+    def has_data_for(self, stage):
+        return stage != "test"
+
+
+class BrokenTestSplit(NoTestSplit):
+    def has_data_for(self, stage):
+        return True
+
+
+class NoTestLoader(L.LightningDataModule):
+    train_dataloader = NoTestSplit.train_dataloader
+    val_dataloader = NoTestSplit.val_dataloader
+
+
+@pytest.mark.parametrize("data", [NoTestSplit, NoTestLoader])
+def test_a_stage_the_data_has_nothing_for_is_skipped_with_a_note(data):
+    """The model has a test step, the data no test split (or no test loader): audited are the stages it defines."""
+    verdict = audit(WithTestStep(), data())
+    assert verdict.exit_code == EXIT_PASSED and not verdict.gaps
+    assert {outcome.stage for outcome in verdict.outcomes} == {"fit", "validate"}
+    assert f"note: test skipped: {data.__name__} has no data for it" in verdict.report()
+
+
+def test_a_stage_the_data_defines_but_cannot_run_is_not_audited():
+    """A data module that says it has a test split which then fails leaves a gap: exit status 3, never a pass."""
+    with pytest.raises(AuditIncompleteError) as caught:
+        audit(WithTestStep(), BrokenTestSplit())
+    verdict = caught.value.verdict
+    assert verdict.exit_code == EXIT_INCOMPLETE and not verdict.skipped
+    assert [outcome.stage for outcome in verdict.gaps] == ["test", "test"]
+    assert "FileNotFoundError: no test/ folder" in verdict.gaps[0].gap
+
+
+def test_audit_leaves_the_model_and_global_state_as_it_found_them():
+    model = Probe()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    audit(model, BATCH)
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+    assert model.device == torch.device("cpu") and model.training
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.Generator is simulated.code_checks._RealGenerator
+    assert torch.get_default_device() == torch.device("cpu")

@@ -1,0 +1,42 @@
+"""A mistake the person can fix from the command line ends in one line, never a traceback."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from image_project.cli import main
+
+
+def test_a_trainer_argument_lightning_refuses_against_the_data_is_one_line(in_tmp_path, synthetic_config):
+    """A Trainer argument that only the data's size shows to be wrong ends in one line naming it, not a traceback."""
+    args = ["--config", synthetic_config, "--accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--trainer.limit_train_batches", "3", "--trainer.val_check_interval", "1000"])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: --trainer.val_check_interval: `val_check_interval` (1000)"), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--accelerator", "tpu"], "--accelerator tpu needs torch_xla"),
+        (["--accelerator", "cpu", "--devices", "64"], "--devices 64 on the CPU would start 64 processes"),
+        (["--model.lr", "-1"], "--model.lr must be a positive number"),
+        (["--model.weight_decay", "-0.1"], "--model.weight_decay must be a number of at least 0"),
+    ],
+    ids=["tpu", "too-many-processes", "negative-lr", "negative-weight-decay"],
+)
+def test_mistakes_on_the_command_line_are_one_line(in_tmp_path, synthetic_config, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", synthetic_config, *flags])
+    assert str(exit_info.value.code).startswith(f"error: {message}")
+    assert not Path("runs").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/sys refuses new files on Linux, to root too")
+def test_an_output_folder_that_cannot_be_written_is_one_line(in_tmp_path, fast_args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fast_args, "--max_epochs", "1", "--trainer.logger.init_args.save_dir", "/sys/runs"])
+    assert str(exit_info.value.code).startswith("error: cannot write /sys/runs")

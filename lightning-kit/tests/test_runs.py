@@ -1,0 +1,280 @@
+"""The table of runs (python -m lightning_kit.runs) and the status record every run writes (run.json)."""
+
+import csv
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import optuna
+import pytest
+import yaml
+from conftest import HANG_GUARD_S, PROJECT
+
+from image_project.cli import main as train
+from lightning_kit.run_record import RUN_FILE, process_token, write_record
+from lightning_kit.runs.__main__ import main as runs
+
+
+class FailAt(L.Callback):
+    """A bug in the run's own code, in its second training step."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 1:
+            raise RuntimeError("a bug in the second step")
+
+
+@pytest.fixture(scope="module")
+def experiments(tmp_path_factory, fast_args) -> Path:
+    """Real runs: one finished (and tested), one diverged, one stopped by SIGTERM, one failed by a bug."""
+    folder = tmp_path_factory.mktemp("experiments")
+    runs_dir = folder / "runs" / "lightning_logs"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        fit = [*fast_args, "--max_epochs", "2"]
+        train(fit)
+        with pytest.raises(SystemExit, match="diverged"):
+            train([*fit, "--model.lr", "1e9"])
+        stop = ["--trainer.callbacks+=conftest.SignalAt", "--trainer.callbacks.init_args.train_batch", "1"]
+        with pytest.raises(SystemExit, match="stopped by Ctrl-C or SIGTERM"):
+            train([*fit, *stop])
+        with pytest.raises(RuntimeError, match="a bug"):
+            train([*fit, "--trainer.callbacks+=test_runs.FailAt"])
+        best = next((runs_dir / "version_0" / "checkpoints").glob("best-*.ckpt"))
+        train(["test", "--ckpt_path", str(best), *fast_args])
+    return folder
+
+
+def table(capsys, *args: str) -> list[dict[str, str]]:
+    """The rows of ``python -m ...runs --format csv args``."""
+    runs([*args, "--format", "csv"])
+    return list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+
+
+def refused(capsys, *args: str) -> str:
+    """The one line with which ``python -m ...runs args`` stops."""
+    with pytest.raises(SystemExit) as exit_info:
+        runs(list(args))
+    message = capsys.readouterr().err
+    assert exit_info.value.code != 0 and message.startswith("error: ") and "\n" not in message.strip(), message
+    return message
+
+
+def hand_made(folder: Path, lr: float = 0.001, accuracies=(0.5, 0.7, 0.6), record: dict | None = None) -> Path:
+    """A run folder as fit writes it: config.yaml, metrics.csv (one validation row per epoch) and run.json."""
+    folder.mkdir(parents=True)
+    config = {"model": {"lr": lr}, "data": {"class_path": "some.Data", "init_args": {"batch_size": 64}}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = "".join(f"{epoch},{epoch},{acc},{1 - acc}\n" for epoch, acc in enumerate(accuracies))
+    (folder / "metrics.csv").write_text("epoch,step,val/acc,val/loss\n" + rows)
+    started = "2026-01-01T10:00:00+00:00"
+    record = {"status": "finished", "started": started, "host": "elsewhere", "pid": 1, **(record or {})}
+    (folder / RUN_FILE).write_text(json.dumps(record))
+    return folder
+
+
+@pytest.mark.slow
+def test_real_runs_show_their_status_best_epoch_and_test(experiments, capsys, monkeypatch):
+    """Real runs: finished, diverged, interrupted and failed each say so; the best epoch and its metrics are those
+    of the best checkpoint; the test metrics attach to the run tested, whose evaluation is no row of its own."""
+    monkeypatch.chdir(experiments)
+    rows = {row["run"]: row for row in table(capsys)}
+    assert list(rows) == [f"lightning_logs/version_{k}" for k in range(4)]
+    assert [row["status"] for row in rows.values()] == ["finished", "diverged", "interrupted", "failed"]
+    assert "RuntimeError: a bug in the second step" in rows["lightning_logs/version_3"]["note"]
+    first = rows["lightning_logs/version_0"]
+    record = json.loads(Path("runs/lightning_logs/version_0/run.json").read_text())
+    assert record["status"] == "finished" and record["pid"] == os.getpid() and record["duration_s"] > 0
+    assert Path(first["checkpoint"]).is_file() and f"best-epoch={first['best_epoch']}-" in first["checkpoint"]
+    assert Path(record["best_checkpoint"]).name == Path(first["checkpoint"]).name
+    with open("runs/lightning_logs/version_0/metrics.csv") as file:
+        accuracies = {int(row["epoch"]): float(row["val/acc"]) for row in csv.DictReader(file) if row["val/acc"]}
+    best = max(sorted(accuracies), key=accuracies.get)
+    assert int(first["best_epoch"]) == best and float(first["val/acc"]) == accuracies[best]
+    assert float(first["test/acc"]) >= 0 and rows["lightning_logs/version_2"]["test/acc"] == ""
+    assert Path("runs/lightning_logs/version_2/checkpoints/on_exception.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_only_the_settings_that_differ_are_columns(experiments, capsys, monkeypatch):
+    """model.lr differs between the runs and is a column; the batch size and the epochs, the same in all, and the
+    logger's folder (a place, not a setting) are not; the text table lines up its columns."""
+    monkeypatch.chdir(experiments)
+    columns = list(table(capsys)[0])
+    assert "model.lr" in columns
+    assert not [column for column in columns if column.startswith(("data.", "trainer.logger", "trainer.max_epochs"))]
+    runs([])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["run", "started", "status"]
+    assert lines[0].index("status") == lines[1].index("finished")
+
+
+def test_statuses_of_running_runs_follow_their_process(tmp_path, capsys):
+    """A run recorded as running is running while its process lives; a process gone, or the id now another
+    process's, is a killed run: interrupted. A run on another host cannot be asked: unknown."""
+    here = {"status": "running", "host": socket.gethostname()}
+    hand_made(tmp_path / "alive", record={**here, "pid": os.getpid(), "process": process_token(os.getpid())})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.DEVNULL)
+    gone.wait(timeout=HANG_GUARD_S)
+    hand_made(tmp_path / "gone", record={**here, "pid": gone.pid, "process": "boot:1"})
+    hand_made(tmp_path / "reused", record={**here, "pid": os.getpid(), "process": "another boot:1"})
+    hand_made(tmp_path / "remote", record={**here, "host": "not-" + socket.gethostname(), "pid": os.getpid()})
+    rows = {row["run"]: row for row in table(capsys, str(tmp_path))}
+    assert rows["alive"]["status"] == "running"
+    assert rows["gone"]["status"] == rows["reused"]["status"] == "interrupted"
+    assert "killed" in rows["gone"]["note"]
+    assert rows["remote"]["status"] == "unknown"
+
+
+def test_files_that_cannot_be_read_make_one_row_say_so(tmp_path, capsys, make_fifo):
+    """A damaged metrics.csv, config.yaml or run.json, a FIFO, aliases expanding without end, a link out of the
+    folder: each makes its own row say which file and why, and every other row is whole. Control characters a
+    record carries (a terminal's escapes) are not printed."""
+    hand_made(tmp_path / "fine")
+    hand_made(tmp_path / "escapes", record={"status": "failed", "error": "boom\x1b[2J\nsecond line"})
+    (hand_made(tmp_path / "metrics") / "metrics.csv").write_text("epoch,step,val/acc\n0,0,not a number\n")
+    (hand_made(tmp_path / "config") / "config.yaml").write_text("model: [unclosed\n")
+    (hand_made(tmp_path / "record") / RUN_FILE).write_text('{"status": "finish')
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + k)}: &{chr(98 + k)} [{', '.join([f'*{chr(97 + k)}'] * 10)}]\n" for k in range(6)
+    )
+    (hand_made(tmp_path / "aliases") / "config.yaml").write_text(bomb)
+    (hand_made(tmp_path / "fifo") / "metrics.csv").unlink()
+    make_fifo(tmp_path / "fifo" / "metrics.csv")
+    outside = hand_made(tmp_path.parent / f"{tmp_path.name}-outside")
+    (hand_made(tmp_path / "linked") / "config.yaml").unlink()
+    (tmp_path / "linked" / "config.yaml").symlink_to(outside / "config.yaml")
+    (tmp_path / "elsewhere").symlink_to(outside, target_is_directory=True)
+    rows = {row["run"]: row for row in table(capsys, str(tmp_path))}
+    assert list(rows) == ["aliases", "config", "escapes", "fifo", "fine", "linked", "metrics", "record"]
+    assert rows["escapes"]["note"] == "boom?[2J?second line"
+    assert rows["fine"]["note"] == "" and rows["fine"]["val/acc"] == "0.7"
+    assert "metrics.csv unreadable: line 2" in rows["metrics"]["note"]
+    assert "config.yaml unreadable" in rows["config"]["note"]
+    assert rows["record"]["status"] == "unreadable" and "run.json" in rows["record"]["note"]
+    assert "config.yaml unreadable: it stands for over" in rows["aliases"]["note"]
+    assert "metrics.csv unreadable" in rows["fifo"]["note"] and "FIFO" in rows["fifo"]["note"]
+    assert "links outside" in rows["linked"]["note"]
+    runs([str(tmp_path)])
+    assert f"elsewhere links to {outside}, outside {tmp_path}: not followed" in capsys.readouterr().err
+
+
+def test_sorting_filtering_and_the_files_written(tmp_path, capsys):
+    """--sort orders by any column, -COLUMN largest first, empty cells last; --status filters; CSV and Markdown
+    files parse and are never overwritten without --overwrite; --plot draws a PNG."""
+    hand_made(tmp_path / "runs" / "a", lr=0.1, accuracies=(0.2, 0.3))
+    hand_made(tmp_path / "runs" / "b", lr=0.01, accuracies=(0.9, 0.8))
+    hand_made(tmp_path / "runs" / "c", lr=0.001, accuracies=(0.4,), record={"status": "failed"})
+    (tmp_path / "runs" / "c" / "metrics.csv").write_text("epoch,step,val/acc,val/loss\n")
+    folder = str(tmp_path / "runs")
+    assert [row["run"] for row in table(capsys, folder, "--sort", "model.lr")] == ["c", "b", "a"]
+    assert [row["run"] for row in table(capsys, folder, "--sort", "-val/acc")] == ["b", "a", "c"]
+    assert [row["run"] for row in table(capsys, folder, "--sort", "val/acc")] == ["a", "b", "c"]
+    assert [row["run"] for row in table(capsys, folder, "--status", "failed")] == ["c"]
+    out = tmp_path / "out"
+    runs([folder, "--csv", str(out / "t.csv"), "--markdown", str(out / "t.md"), "--plot", str(out / "t.png")])
+    capsys.readouterr()
+    assert [row["model.lr"] for row in csv.DictReader((out / "t.csv").open())] == ["0.1", "0.01", "0.001"]
+    markdown = (out / "t.md").read_text().splitlines()
+    assert markdown[0].startswith("| run |") and set(markdown[1]) <= set("|- ") and len(markdown) == 5
+    assert (out / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert "exists" in refused(capsys, folder, "--csv", str(out / "t.csv"))
+    runs([folder, "--csv", str(out / "t.csv"), "--overwrite", "--status", "failed"])
+    assert len((out / "t.csv").read_text().splitlines()) == 2
+
+
+def make_sweep(sweep: Path, database: Path) -> None:
+    """A sweep folder as the sweep writes it: study.json, 5 trials (the last pruned) in ``database``, their runs."""
+    sweep.mkdir(parents=True)
+    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{database}", direction="maximize")
+    space = {
+        "model.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+        "data.batch_size": optuna.distributions.IntDistribution(16, 128),
+    }
+    for number, (lr, batch) in enumerate([(1e-4, 16), (1e-3, 64), (1e-2, 32), (5e-2, 128), (1e-1, 16)]):
+        state = optuna.trial.TrialState.PRUNED if number == 4 else optuna.trial.TrialState.COMPLETE
+        value = None if number == 4 else 0.5 + lr
+        params = {"model.lr": lr, "data.batch_size": batch}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=value, state=state))
+        hand_made(sweep / f"trial_{number:04d}", lr=lr, accuracies=(0.4, 0.5 + lr))
+    storage = {"study_name": "lr", "storage": f"sqlite:///{database}", "monitor": "val/acc"}
+    (sweep / "study.json").write_text(json.dumps({**storage, "direction": "maximize"}))
+
+
+@pytest.mark.slow
+def test_a_sweep_shows_its_trials_importances_and_optuna_plots(tmp_path, capsys):
+    """A sweep folder's runs carry their trial's number and state; below the table, each parameter's importance;
+    --plot writes Optuna's optimisation history and importances beside the curves."""
+    sweep = tmp_path / "runs" / "sweeps" / "lr"
+    make_sweep(sweep, sweep / "study.db")
+    rows = table(capsys, str(tmp_path / "runs"))
+    states = [(str(k), "complete") for k in range(4)] + [("4", "pruned")]
+    assert [(row["trial"], row["state"]) for row in rows] == states
+    runs([str(tmp_path / "runs"), "--plot", str(tmp_path / "curves.png")])
+    out = capsys.readouterr().out
+    assert "sweep sweeps/lr (study lr, maximize val/acc): 5 trials, 4 complete, 1 pruned" in out
+    assert "  importance (" in out and "model.lr 0." in out and "data.batch_size 0." in out
+    for name in ("curves.png", "curves-lr-history.png", "curves-lr-importances.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_study_stored_elsewhere_is_read_from_the_storage_given(tmp_path, capsys):
+    """A sweep whose study is not in its folder is read from --storage; without it, the URL that study.json
+    records is not connected to, and a note says to give --storage."""
+    sweep = tmp_path / "runs" / "sweeps" / "lr"
+    make_sweep(sweep, tmp_path / "shared.db")
+    rows = table(capsys, str(sweep))
+    assert {row["state"] for row in rows} == {"?"}
+    runs([str(sweep)])
+    assert "note: the study is in sqlite:///" in capsys.readouterr().out
+    rows = table(capsys, str(sweep), "--storage", f"sqlite:///{tmp_path / 'shared.db'}")
+    assert [row["state"] for row in rows] == ["complete"] * 4 + ["pruned"]
+
+
+def test_the_record_is_replaced_whole_and_never_written_through_a_link(tmp_path):
+    """run.json is written beside its name and renamed: an earlier record is replaced whole, and a link planted
+    at the temporary name is replaced, not written through."""
+    path = tmp_path / RUN_FILE
+    write_record(path, {"status": "running", "padding": "x" * 10_000})
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (tmp_path / f".writing.{os.getpid()}.{RUN_FILE}").symlink_to(victim)
+    write_record(path, {"status": "finished"})
+    assert json.loads(path.read_text()) == {"status": "finished"}
+    assert victim.read_text() == "untouched" and sorted(p.name for p in tmp_path.iterdir()) == [RUN_FILE, "victim"]
+
+
+def test_mistakes_are_one_line(tmp_path, capsys):
+    """A missing folder, a file given as the folder, a folder without runs, an unknown column, an unknown format,
+    two outputs to one file: one line each."""
+    assert "does not exist" in refused(capsys, str(tmp_path / "nowhere"))
+    (tmp_path / "file").write_text("")
+    assert "is not a folder" in refused(capsys, str(tmp_path / "file"))
+    assert "no runs below" in refused(capsys, str(tmp_path))
+    hand_made(tmp_path / "run")
+    message = refused(capsys, str(tmp_path), "--sort", "lr")
+    assert "--sort lr: not a column; accepted: run, started, status" in message
+    assert "--format" in refused(capsys, str(tmp_path), "--format", "html")
+    same = [str(tmp_path / "t.txt"), str(tmp_path / "run" / ".." / "t.txt")]
+    assert "name the same file" in refused(capsys, str(tmp_path), "--csv", same[0], "--markdown", same[1])
+
+
+def test_the_command_reads_runs_without_pytorch(tmp_path):
+    """python -m ...runs lists runs without importing PyTorch, Lightning or Optuna (no sweep listed)."""
+    hand_made(tmp_path / "run")
+    check = "import sys; from lightning_kit.runs.__main__ import main; main(sys.argv[1:]); "
+    check += "print(sorted(name for name in ('torch', 'lightning', 'optuna') if name in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(PROJECT / "src")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]" and done.stdout.startswith("run ")

@@ -1,0 +1,466 @@
+"""The served model over real HTTP: the predict command's answers, 4xx for bad requests, batching, a clean stop."""
+
+import csv
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+{%- if cookiecutter.task == "image" %}
+import struct
+{%- endif %}
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+{%- if cookiecutter.task == "image" %}
+import zlib
+from dataclasses import replace
+from io import BytesIO
+{%- else %}
+from dataclasses import replace
+{%- endif %}
+from pathlib import Path
+
+{% if cookiecutter.task == "sequence" -%}
+import numpy as np
+{% endif -%}
+import pytest
+import torch
+from conftest import HANG_GUARD_S, PROJECT
+{%- if cookiecutter.task == "image" %}
+from PIL import Image
+{%- endif %}
+
+from image_project.cli import main as train
+from lightning_kit.export import main as export
+from lightning_kit.serve import read_model
+from lightning_kit.serve.__main__ import main as serve
+from lightning_kit.serve.__main__ import model_file, parser
+
+pytest.importorskip("litserve", reason='serving needs LitServe: pip install -e ".[serve]"')
+
+from lightning_kit.serve.bench import free_port, wait_until_healthy
+
+# The test server's limits, small enough to reach with small requests.
+MAX_BODY_BYTES = 100_000
+{%- if cookiecutter.task == "image" %}
+MAX_PIXELS = 1_000_000
+{%- endif %}
+
+
+@pytest.fixture(scope="module")
+def exported(trained_once, tmp_path_factory) -> Path:
+    """A folder with a copy of a short run and its exported model.pt2."""
+    folder = tmp_path_factory.mktemp("serve")
+    shutil.copytree(trained_once / "runs", folder / "runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        export(["--ckpt_path", "last", "--output", "model.pt2", "--onnx", "no"])
+    return folder
+
+
+def start_server(folder: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """``python -m ...serve model.pt2`` in ``folder`` on a free port, once its /health answers; and its address."""
+    port = free_port()
+    command = [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port), *flags]
+    log = (folder / f"server-{port}.log").open("w+b")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src")}
+    server = subprocess.Popen(
+        command, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, server, log)
+    except BaseException:
+        server.kill()
+        server.wait()
+        raise
+    return server, url
+
+
+def stop(server: subprocess.Popen) -> int:
+    server.send_signal(signal.SIGTERM)
+    try:
+        return server.wait(HANG_GUARD_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+@pytest.fixture(scope="module")
+def server(exported):
+    """A server of the exported model, with small limits and batches of up to 4 gathered for up to 0.1 s."""
+    flags = ["--max_batch_size", "4", "--batch_timeout", "0.1", "--max_body_bytes", str(MAX_BODY_BYTES)]
+{%- if cookiecutter.task == "image" %}
+    flags += ["--max_pixels", str(MAX_PIXELS)]
+{%- endif %}
+    process, url = start_server(exported, *flags)
+    yield url
+    stop(process)
+
+
+def request(url: str, body=b"", content_type: str | None = None, method: str = "POST", path: str = "/predict", **kw):
+    """Send one request; its status, headers and JSON answer."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S)
+    headers = {"Content-Type": content_type} if content_type else {}
+    try:
+        connection.request(method, path, body=body, headers=headers, **kw)
+        response = connection.getresponse()
+        return response.status, response.headers, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def predicted(answer: dict) -> tuple[str, list[float]]:
+    return answer["predicted"], list(answer["probabilities"].values())
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as file:
+        return list(csv.DictReader(file))
+{%- if cookiecutter.task == "image" %}
+
+
+def encoded(pixels: torch.Tensor, format: str = "PNG", mode: str = "RGB") -> bytes:
+    """Image file bytes of ``pixels`` (``uint8`` ``(H, W, 3)``)."""
+    written = BytesIO()
+    Image.fromarray(pixels.numpy()).convert(mode).save(written, format=format)
+    return written.getvalue()
+
+
+def sample_files() -> dict[str, bytes]:
+    """Image files of several formats and sizes, none of them the model's size."""
+    generator = torch.Generator().manual_seed(0)
+    pixels = [
+        torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
+        for height, width in ((40, 50), (64, 64), (20, 31), (33, 33))
+    ]
+    return {
+        "a.png": encoded(pixels[0]),
+        "b.jpg": encoded(pixels[1], "JPEG"),
+        "c.png": encoded(pixels[2], mode="L"),
+        "d.bmp": encoded(pixels[3], "BMP"),
+    }
+
+
+GOOD = (encoded(torch.zeros(32, 32, 3, dtype=torch.uint8)), "image/png")
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG file that says it holds ``width`` x ``height`` pixels, with next to no data: a decompression bomb."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def form(*files: tuple[str, bytes], boundary: str = "b0undary") -> tuple[bytes, str]:
+    """A multipart form body holding ``files`` (named ``file``), and its Content-Type."""
+    head = '--{}\r\nContent-Disposition: form-data; name="file"; filename="{}"\r\nContent-Type: image/png\r\n\r\n'
+    parts = [head.format(boundary, name).encode() + data + b"\r\n" for name, data in files]
+    body = b"".join(parts) + f'--{boundary}\r\nContent-Disposition: form-data; name="note"\r\n\r\nhi\r\n'.encode()
+    return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.slow
+def test_answers_equal_the_predict_command(exported, server):
+    """Each image file, as the body or as a form's file, is answered as `predict` answers it in its CSV."""
+    files = sample_files()
+    folder = exported / "inputs"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(exported)
+        train(["predict", "--ckpt_path", "last", "--data.predict_path", "inputs", "--predictions.path", "out.csv"])
+    rows = {Path(row["file"]).name: row for row in read_csv(exported / "out.csv")}
+    assert sorted(rows) == sorted(files)
+    for name, data in files.items():
+        expected = [float(value) for key, value in rows[name].items() if key.startswith("p_")]
+        for body, content_type in [(data, "image/whatever"), form((name, data))]:
+            status, _, answer = request(server, body, content_type)
+            assert status == 200, answer
+            assert answer["predicted"] == rows[name]["predicted"]
+            assert list(answer["probabilities"]) == [key.removeprefix("p_") for key in rows[name] if key[:2] == "p_"]
+            assert predicted(answer)[1] == pytest.approx(expected, abs=2e-6)
+
+
+def bad_requests() -> list[tuple[str, bytes, str | None, int]]:
+    """(what, body, Content-Type, the status expected) of requests the server must refuse."""
+    good = encoded(torch.zeros(40, 40, 3, dtype=torch.uint8))
+    return [
+        ("not an image", b"hello, this is text", "image/png", 400),
+        ("a truncated image", good[: len(good) // 2], "image/png", 400),
+        ("an empty body", b"", "image/png", 400),
+        ("an empty body without a type", b"", None, 400),
+        ("a decompression bomb", png_header(100_000, 100_000), "image/png", 413),
+        ("more pixels than --max_pixels", encoded(torch.zeros(1001, 1000, 3, dtype=torch.uint8)), "image/png", 413),
+        ("a wrong content type", good, "text/plain", 415),
+        ("a form without a file", form()[0], form()[1], 400),
+        ("a form with two files", *form(("a.png", good), ("b.png", good)), 400),
+        ("a body over --max_body_bytes", b"\0" * (MAX_BODY_BYTES + 1), "image/png", 413),
+    ]
+{%- else %}
+
+
+GOOD = (json.dumps({"tokens": [0, 1, 2, 3]}).encode(), "application/json")
+
+
+@pytest.mark.slow
+def test_answers_equal_the_predict_command(exported, server):
+    """Token sequences are answered as `predict` answers them in its CSV, whatever their length."""
+    generator = np.random.default_rng(0)
+    for length in (20, 32):
+        tokens = generator.integers(0, 16, (3, length))
+        np.savez(exported / f"tokens{length}.npz", tokens=tokens)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(exported)
+            path = ["--data.predict_path", f"tokens{length}.npz", "--predictions.path", f"out{length}.csv"]
+            train(["predict", "--ckpt_path", "last", *path])
+        rows = read_csv(exported / f"out{length}.csv")
+        assert len(rows) == len(tokens)
+        for row, sequence in zip(rows, tokens.tolist(), strict=True):
+            status, _, answer = request(server, json.dumps({"tokens": sequence}).encode(), "application/json")
+            assert status == 200, answer
+            assert answer["predicted"] == row["predicted"]
+            assert list(answer["probabilities"]) == [key.removeprefix("p_") for key in row if key[:2] == "p_"]
+            expected = [float(value) for key, value in row.items() if key.startswith("p_")]
+            assert predicted(answer)[1] == pytest.approx(expected, abs=2e-6)
+
+
+def bad_requests() -> list[tuple[str, bytes, str | None, int]]:
+    """(what, body, Content-Type, the status expected) of requests the server must refuse."""
+    return [
+        ("a token id out of the vocabulary", b'{"tokens": [0, 1, 16]}', "application/json", 400),
+        ("a negative token id", b'{"tokens": [0, -1]}', "application/json", 400),
+        ("a sequence too long", json.dumps({"tokens": [0] * 33}).encode(), "application/json", 400),
+        ("a sequence too short", b'{"tokens": [0]}', "application/json", 400),
+        ("an empty sequence", b'{"tokens": []}', "application/json", 400),
+        ("ids that are not whole numbers", b'{"tokens": [0, 1.5, true]}', "application/json", 400),
+        ("a bare list", b"[0, 1, 2]", "application/json", 400),
+        ("malformed JSON", b'{"tokens": [0, 1', "application/json", 400),
+        ("not UTF-8", b'{"tokens": "\xff"}', "application/json", 400),
+        ("an empty body", b"", "application/json", 400),
+        ("a wrong content type", b'{"tokens": [0, 1]}', "text/plain", 415),
+        ("a body over --max_body_bytes", b" " * (MAX_BODY_BYTES + 1), "application/json", 413),
+    ]
+{%- endif %}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("what", "body", "content_type", "status"), bad_requests(), ids=lambda value: value)
+def test_a_bad_request_answers_its_4xx_and_the_server_keeps_serving(server, what, body, content_type, status):
+    """Each bad request answers its 4xx with a JSON detail, never a 500; a good request is answered after it."""
+    answered, _, answer = request(server, body, content_type)
+    assert (answered, type(answer.get("detail"))) == (status, str), answer
+    assert request(server, *GOOD)[0] == 200
+
+
+@pytest.mark.slow
+def test_an_oversized_body_without_a_length_is_refused_as_it_comes(server):
+    """A body sent in chunks, with no Content-Length, is refused with 413 once it passes --max_body_bytes."""
+    chunks = (b"\0" * 10_000 for _ in range(MAX_BODY_BYTES // 10_000 + 5))
+    status, _, answer = request(server, chunks, GOOD[1], encode_chunked=True)
+    assert (status, type(answer.get("detail"))) == (413, str)
+    assert request(server, *GOOD)[0] == 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/predict", 405), ("POST", "/nowhere", 404)])
+def test_a_wrong_method_or_path_answers_as_the_framework_does(server, method, path, status):
+    """GET /predict is 405 and an unknown path 404, each with a JSON detail; /health says ok."""
+    answered, _, answer = request(server, GOOD[0], GOOD[1], method=method, path=path)
+    assert (answered, type(answer.get("detail"))) == (status, str)
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S)
+    connection.request("GET", "/health")
+    assert connection.getresponse().read() == b"ok"
+
+
+def concurrently(url: str, requests: list[tuple[bytes, str]]) -> list[tuple[int, dict, dict]]:
+    """Send ``requests`` at once, each from its own thread; each one's status, headers and answer, in order."""
+    answers: list = [None] * len(requests)
+    ready = threading.Barrier(len(requests))
+
+    def send(index: int) -> None:
+        ready.wait()
+        status, headers, answer = request(url, *requests[index])
+        answers[index] = (status, headers, answer)
+
+    threads = [threading.Thread(target=send, args=(index,)) for index in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(HANG_GUARD_S)
+    return answers
+
+
+@pytest.mark.slow
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server):
+    """Requests sent at once reach the model in batches (X-Batch-Size), each answered as when sent alone; bad
+    requests among them answer their 4xx without failing their batch-mates."""
+{%- if cookiecutter.task == "image" %}
+    generator = torch.Generator().manual_seed(1)
+    goods = [
+        (encoded(torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator)), "image/png")
+        for _ in range(8)
+    ]
+    bad = (b"not an image", "image/png")
+{%- else %}
+    goods = [(json.dumps({"tokens": [index % 16, 1, 2, 3, 4, 5]}).encode(), "application/json") for index in range(8)]
+    bad = (b'{"tokens": [99, 1]}', "application/json")
+{%- endif %}
+    alone = [request(server, *good)[2] for good in goods]
+    answers = concurrently(server, [item for good in goods for item in (good, bad)])
+    assert [status for status, _, _ in answers] == [200, 400] * len(goods)
+    for (_, _, answer), expected in zip(answers[::2], alone, strict=True):  # batched, the sums round differently
+        assert answer["predicted"] == expected["predicted"]
+        assert predicted(answer)[1] == pytest.approx(predicted(expected)[1], abs=1e-6)
+    sizes = [int(headers["X-Batch-Size"]) for _, headers, _ in answers[::2]]
+    assert max(sizes) > 1 and all(1 <= size <= 4 for size in sizes), sizes
+
+
+def answered(connection: http.client.HTTPConnection) -> int:
+    """The status of the answer to the request sent on ``connection``, once it is read whole."""
+    response = connection.getresponse()
+    response.read()
+    return response.status
+
+
+@pytest.mark.slow
+def test_sigterm_answers_the_requests_in_flight_then_exits_0(exported):
+    """SIGTERM while requests wait for their batch: each is answered, and the server exits with status 0."""
+    process, url = start_server(exported, "--max_batch_size", "64", "--batch_timeout", "2")
+    host, port = url.removeprefix("http://").split(":")
+    connections = [http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S) for _ in range(4)]
+    try:
+        for connection in connections:  # accepted: a request in flight is one the server has read
+            connection.request("POST", "/predict", body=GOOD[0], headers={"Content-Type": GOOD[1]})
+        answers = []
+        for connection in connections:
+            answers.append(answered(connection))
+            connection.request("POST", "/predict", body=GOOD[0], headers={"Content-Type": GOOD[1]})
+        # The four wait up to 2 s for a batch of 64 to fill; SIGTERM comes meanwhile, once the last was sent.
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        answers += [answered(connection) for connection in connections]
+        assert answers == [200] * 8
+        assert process.wait(HANG_GUARD_S) == 0
+    finally:
+        for connection in connections:
+            connection.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def other_task_model(path: Path) -> None:
+    """Write a .pt2 file as the export writes it, of a model of the other task."""
+{%- if cookiecutter.task == "image" %}
+    inputs, description = torch.zeros(2, 8, dtype=torch.long), {"dtype": "int64", "shape": [2, 8], "vocab_size": 4}
+{%- else %}
+    inputs, description = torch.zeros(2, 3, 8, 8, dtype=torch.uint8), {"dtype": "uint8", "shape": [2, 3, 8, 8]}
+{%- endif %}
+    program = torch.export.export(torch.nn.Flatten(), (inputs,))
+    extra = {"class_names.json": '["a", "b"]', "input.json": json.dumps(description)}
+    torch.export.save(program, path, extra_files=extra)
+
+
+def rewritten(source: Path, target: Path, changed: dict[str, bytes], added: dict[str, bytes]) -> None:
+    """Copy the .pt2 archive ``source`` to ``target``: the entries ending in a key of ``changed`` hold its bytes,
+    and the entries ``added`` (named inside the archive's folder) are added."""
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as written:
+        folder = archive.namelist()[0].split("/")[0]
+        for item in archive.infolist():
+            ending = next((end for end in changed if item.filename.endswith(end)), None)
+            written.writestr(item, changed[ending] if ending else archive.read(item))
+        for name, data in added.items():
+            written.writestr(f"{folder}/{name}", data)
+
+
+def bad_model_files(folder: Path) -> list[tuple[str, str]]:
+    """(file, what its error line must say) for model files the server must refuse at start."""
+    model = folder / "model.pt2"
+    (folder / "folder.pt2").mkdir()
+    (folder / "truncated.pt2").write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    (folder / "random.pt2").write_bytes(bytes(range(256)) * 64)
+    (folder / "model.ckpt").write_bytes(model.read_bytes())
+    other_task_model(folder / "other.pt2")
+    rewritten(model, folder / "compiled.pt2", {}, {"data/aotinductor/model/model.so": b"\x7fELF"})
+    opaque = {"config": {"net.thing": {"path_name": "opaque_obj_0", "use_pickle": False}}}
+    constants = {"model_constants_config.json": json.dumps(opaque).encode()}
+    rewritten(model, folder / "opaque.pt2", constants, {"data/constants/opaque_obj_0": b"cos\nsystem\n"})
+    with zipfile.ZipFile(model) as archive:
+        weights_file = next(name for name in archive.namelist() if name.endswith("model_weights_config.json"))
+        weights = json.loads(archive.read(weights_file))
+    for entry in weights["config"].values():
+        entry["use_pickle"] = True
+    rewritten(model, folder / "pickled.pt2", {"model_weights_config.json": json.dumps(weights).encode()}, {})
+    refused = "only unpickling can load: refused, nothing was loaded"
+    return [
+        ("missing.pt2", "missing.pt2 does not exist"),
+        ("folder.pt2", "folder.pt2 is a folder, not a file"),
+        ("truncated.pt2", "truncated.pt2 is not an exported model"),
+        ("random.pt2", "random.pt2 is not an exported model"),
+        ("model.ckpt", "model.ckpt is not a .pt2 file"),
+        ("other.pt2", "another task's model"),
+        ("compiled.pt2", "model.so, which a plain exported program does not: refused, nothing was loaded"),
+        ("opaque.pt2", refused),
+        ("pickled.pt2", refused),
+    ]
+
+
+def test_a_bad_model_file_stops_the_server_with_one_line_before_the_port_is_taken(exported, tmp_path, monkeypatch):
+    """A missing, folder, truncated, random, misnamed, other task's or pickle-bearing model file: one line each."""
+    shutil.copy(exported / "model.pt2", tmp_path / "model.pt2")
+    monkeypatch.chdir(tmp_path)
+    port = free_port()
+    for name, expected in bad_model_files(tmp_path):
+        with pytest.raises(SystemExit) as exit_info:
+            serve([name, "--port", str(port)])
+        message = str(exit_info.value.code)
+        assert message.startswith(f"error: {name}") and expected in message and "\n" not in message, message
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # nothing took the port
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_served_through_a_temporary_export(exported, monkeypatch):
+    """--ckpt_path last serves the newest run's checkpoint, exported into a temporary folder that goes afterwards."""
+    monkeypatch.chdir(exported)
+    with model_file(parser().parse_args(["--ckpt_path", "last"]), []) as path:
+        assert path.parent.parent.resolve() != exported.resolve()
+        assert read_model(path)[1] == replace(read_model(Path("model.pt2"))[1], path=path)
+    assert not path.exists()
+
+
+def test_a_port_in_use_is_one_line(exported, monkeypatch):
+    """A port another program answers at stops the server at start with one line naming --port."""
+    monkeypatch.chdir(exported)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit, match=rf"^error: --port {port} on 127\.0\.0\.1 cannot be used"):
+            serve(["model.pt2", "--port", str(port)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_asked_for_on_a_machine_without_one_is_one_line(exported, monkeypatch):
+    """--accelerator gpu without a GPU stops at start with one line naming the flag."""
+    monkeypatch.chdir(exported)
+    with pytest.raises(SystemExit, match=r"^error: --accelerator gpu was requested but no CUDA GPU was found"):
+        serve(["model.pt2", "--accelerator", "gpu"])
+
+
+def test_without_litserve_the_command_says_how_to_install_it(monkeypatch):
+    """Without the serve extra, one line says how to install it."""
+    monkeypatch.setitem(sys.modules, "litserve", None)
+    with pytest.raises(SystemExit, match=r'^error: serving needs litserve, .*: pip install -e "\.\[serve\]"$'):
+        serve(["model.pt2"])
