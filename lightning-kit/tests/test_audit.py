@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import build_all
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, StochasticWeightAveraging
 from test_simulated_gpu import BATCH, Probe
 from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from conftest import build_all
 from lightning_kit.placement import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, simulated
 
 

@@ -10,10 +10,11 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from image_project.cli import ProjectCLI
 from test_simulated_gpu import BATCH, Probe, assert_rule
 
 from lightning_kit.placement import audit, simulated
-from lightning_kit.placement.__main__ import main as audit_main
+from lightning_kit.placement.command import main as audit_main
 from lightning_kit.placement.simulated.autocast import cuda_policies
 
 
@@ -156,7 +157,7 @@ def test_the_trainers_mixed_precision_runs_as_mixed_precision_and_is_named():
 def test_the_audit_command_runs_16_mixed_as_given(in_tmp_path, synthetic_config, capsys):
     """``--precision 16-mixed`` is audited as float16 with a gradient scaler, and named so (not bf16-mixed)."""
     with pytest.raises(SystemExit) as stop:
-        audit_main(["--config", synthetic_config, "--precision", "16-mixed"])
+        audit_main(["--config", synthetic_config, "--precision", "16-mixed"], cli_class=ProjectCLI)
     out = capsys.readouterr().out
     assert stop.value.code == 0, out
     assert "note: precision 16-mixed ran as on a CUDA GPU: autocast to float16, gradients scaled" in out

@@ -9,7 +9,6 @@ from unittest import mock
 import pytest
 import torch
 from conftest import HANG_GUARD_S, RUNS, checkpoint, epoch_metrics, wait_until_written
-
 from image_project.cli import main
 
 

@@ -14,8 +14,8 @@ from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from vision_project.placement import audit, simulated
-from vision_project.placement.simulated.rules import CUDA_PATHS, HOST_ARGUMENTS
+from lightning_kit.placement import audit, simulated
+from lightning_kit.placement.simulated.rules import CUDA_PATHS, HOST_ARGUMENTS
 
 
 class PackedLSTM(Probe):

@@ -1,13 +1,24 @@
-"""The placement check (lint_placement.py, the pre-commit hook no-manual-placement) finds every way of naming
-a device in code, names its file and line, and leaves device-agnostic code alone."""
+"""The placement check (``python -m lightning_kit.lint_placement``, a project's pre-commit hook no-manual-placement)
+finds every way of naming a device in code, names its file and line, and leaves device-agnostic code alone.
 
+That a project's own code places nothing by hand is the project's test (the template's tests);
+these test the check, on planted files and on the library's own sources.
+"""
+
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD_S
 
 from lightning_kit import lint_placement
 
-PROJECT = Path(__file__).resolve().parents[1]
+# The library's folder: src/lightning_kit holds its sources, and no train.py.
+LIBRARY = Path(__file__).resolve().parents[1]
+PACKAGE = LIBRARY / "src" / "lightning_kit"
+# The library's modules that play Lightning's part, so place by hand, and are exempt.
+EXEMPT = [PACKAGE / "placement" / "simulated", PACKAGE / "placement" / "lightning.py", PACKAGE / "bench.py"]
 HOOK = "def transfer_batch_to_device(self, batch, device, dataloader_idx):\n    return "
 
 
@@ -131,26 +142,97 @@ def test_the_placement_check_leaves_device_agnostic_code_alone(tmp_path, source)
     assert lint_placement.check([planted]) == []
 
 
-def test_project_code_places_no_tensors_by_hand():
+def test_the_library_places_by_hand_only_where_it_plays_lightnings_part():
     """Lightning places everything; see docs/device-placement.md.
 
-    Three parts stand in for Lightning and are exempt: the simulated GPU and its Lightning
-    side, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
+    Three parts of the library stand in for Lightning and are exempt: the simulated GPU and its
+    Lightning side, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
+    Every other module is checked, and places nothing.
     """
-    files = lint_placement.project_files(PROJECT)
-    assert PROJECT / "train.py" in files and PROJECT / "src" / "lightning_kit" / "cli.py" in files
+    files = lint_placement.project_files(LIBRARY)
+    assert PACKAGE / "cli.py" in files and PACKAGE / "placement" / "audit.py" in files
+    assert not [path for path in files if any(path == part or part in path.parents for part in EXEMPT)]
     offenders = lint_placement.check(files)
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("part", EXEMPT, ids=lambda path: path.relative_to(PACKAGE).as_posix())
+def test_each_exempt_part_of_the_library_places_by_hand_and_is_skipped(part):
+    """The exemptions are not stale: each exempt part does place by hand, and the check skips it."""
+    files = sorted(part.rglob("*.py")) if part.is_dir() else [part]
+    assert any(lint_placement.manual_placements(path.read_text(encoding="utf-8")) for path in files), part
+    assert all(lint_placement.is_exempt(path) for path in files)
+    assert lint_placement.check(files) == []
+
+
+@pytest.mark.parametrize("inside", ["bench.py", "placement/lightning.py", "placement/simulated/devices.py"])
+def test_a_file_named_as_an_exempt_part_elsewhere_is_checked(tmp_path, inside):
+    """Only the library's own files are exempt: a project's file of the same name and folder is checked."""
+    planted = tmp_path / "src" / "lightning_kit" / inside
+    planted.parent.mkdir(parents=True)
+    planted.write_text("import torch\n\nx = torch.zeros(3).cuda()\n", encoding="utf-8")
+    assert not lint_placement.is_exempt(planted)
+    [found] = lint_placement.check([planted])
+    assert found.startswith(f"{planted}:3: `.cuda()`"), found
 
 
 def test_the_placement_check_names_file_line_and_fix(tmp_path, capsys):
     planted = tmp_path / "planted.py"
     planted.write_text("import torch\n\nx = torch.zeros(3).cuda()\n", encoding="utf-8")
-    assert lint_placement.main([str(planted), str(PROJECT / "train.py")]) == 1
+    clean = tmp_path / "clean.py"
+    clean.write_text("import torch\n\nx = torch.zeros(3, device=y.device)\n", encoding="utf-8")
+    assert lint_placement.main([str(planted), str(clean)]) == 1
     out = capsys.readouterr().out
     assert out.startswith(f"{planted}:3: `.cuda()` — delete it") and "docs/device-placement.md" in out
     assert len(out.splitlines()) == 1
-    assert lint_placement.main([str(PROJECT / "train.py")]) == 0
+    assert lint_placement.main([str(clean)]) == 0
+
+
+def _project_with_placements(root: Path) -> None:
+    """A project's layout: a placement in src/, one in train.py, and one in tests/, which is not checked."""
+    for path, source in [
+        ("src/their_project/model.py", "import torch\n\nnet = torch.nn.Linear(1, 1).cuda()\n"),
+        ("src/their_project/clean.py", "import torch\n\nx = torch.zeros(3)\n"),
+        ("train.py", "import torch\n\nx = torch.zeros(3)\nx = x.to('cuda')\n"),
+        ("tests/test_model.py", "import torch\n\nx = torch.zeros(3).cuda()\n"),
+    ]:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(source, encoding="utf-8")
+
+
+def _found_in(root: Path) -> list[str]:
+    """Where the placements of ``_project_with_placements`` are reported: src/'s and train.py's, not tests/'."""
+    return [f"{root / 'src' / 'their_project' / 'model.py'}:3", f"{root / 'train.py'}:4"]
+
+
+def test_without_files_it_checks_src_and_train_py_of_the_current_folder(in_tmp_path, capsys):
+    _project_with_placements(in_tmp_path)
+    assert lint_placement.main([]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0] for line in lines] == _found_in(in_tmp_path), lines
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_it_runs_as_python_m_lightning_kit_lint_placement_and_as_a_script(in_tmp_path, how):
+    """``python -m lightning_kit.lint_placement`` (a project's hook), or the file itself, standard library only."""
+    _project_with_placements(in_tmp_path)
+    # -I: the script alone, without this folder or PYTHONPATH on the import path.
+    command = ["-m", "lightning_kit.lint_placement"] if how == "module" else ["-I", lint_placement.__file__]
+    checked = subprocess.run(
+        [sys.executable, *command],
+        cwd=in_tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert [line.split(": ")[0] for line in checked.stdout.splitlines()] == _found_in(in_tmp_path), checked.stdout
+    (in_tmp_path / "src" / "their_project" / "model.py").unlink()
+    (in_tmp_path / "train.py").unlink()
+    clean = subprocess.run(
+        [sys.executable, *command], cwd=in_tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert (clean.returncode, clean.stdout, clean.stderr) == (0, "", "")
 
 
 def test_invalid_python_is_one_line_naming_its_line(tmp_path, capsys):

@@ -1,30 +1,104 @@
-"""``python -m <package>.placement``: the audit of what ``train.py`` builds from the same arguments; its exit status."""
+"""The audit's command: the audit of what ``train.py`` builds from the same arguments; its exit status.
 
+A project's ``python -m <package>.placement`` runs ``lightning_kit.placement.command.main`` with the
+project's command line (``ProjectCLI``); ``python -m lightning_kit.placement`` runs it with
+``GenericCLI``, which takes any ``--model`` and ``--data`` by class path.
+"""
+
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_GUARD_S, IMAGE_PROJECT, PROJECT, SEQUENCE_PROJECT
+from image_project.cli import ProjectCLI as ImageCLI
+from sequence_project.cli import ProjectCLI as SequenceCLI
 from test_simulated_gpu import line_of
 from torch import nn
 
-from lightning_kit.placement.__main__ import main
+from lightning_kit.placement import command
 from lightning_kit.placement.verdict import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE
 
-PROJECT = Path(__file__).resolve().parents[1]
+# Each task's project, its command line and its offline configuration.
+PROJECTS = {"image": (IMAGE_PROJECT, ImageCLI), "sequence": (SEQUENCE_PROJECT, SequenceCLI)}
+# The image project's classes, named for GenericCLI: what its ProjectCLI builds by default.
+GENERIC_IMAGE = [
+    *("--model", "image_project.classifier.Classifier", "--model.num_classes", "10"),
+    *("--model.net", "image_project.models.cnn.ReferenceCNN", "--model.net.num_classes", "10"),
+    *("--data", "image_project.data.images.ImageDataModule", "--data.dataset", "synthetic"),
+]
 
 
-def test_the_command_line_audit_reports_every_stage(in_tmp_path, synthetic_config, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--config", synthetic_config])
-    out = capsys.readouterr().out
-    assert exit_info.value.code == EXIT_PASSED, out
+def main(args: list[str], cli_class=ImageCLI) -> None:
+    """The image project's ``python -m image_project.placement args``, in this process."""
+    command.main(args, cli_class=cli_class)
+
+
+def run_module(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m module args`` in its own process, in ``cwd``, with the baked projects importable."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+
+
+def assert_every_stage(out: str) -> None:
     for stage in ("fit", "validate", "test", "predict"):
         assert f"{stage} on simgpu:0 " in out and f"{stage} on simgpu:1 (DDP rank 1 of 2)" in out
     assert "the model will run on a GPU" in out
+
+
+@pytest.mark.parametrize("task", PROJECTS)
+def test_the_command_line_audit_reports_every_stage(in_tmp_path, task, capsys):
+    """Each task's project: images, and token sequences (integer inputs, an attention network)."""
+    project, cli_class = PROJECTS[task]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(project / "configs" / "synthetic.yaml")], cli_class)
+    out = capsys.readouterr().out
+    assert exit_info.value.code == EXIT_PASSED, out
+    assert_every_stage(out)
     assert not list(in_tmp_path.iterdir()), "the audit writes nothing where it runs"
 
 
-{%- if cookiecutter.task == "image" %}
+@pytest.mark.slow
+def test_a_projects_placement_module_runs_the_audit_with_its_command_line(in_tmp_path, synthetic_config):
+    """``python -m image_project.placement``: the project's thin command, with its ProjectCLI's defaults."""
+    audited = run_module("image_project.placement", "--config", synthetic_config, cwd=in_tmp_path)
+    assert audited.returncode == EXIT_PASSED, audited.stdout + audited.stderr
+    assert "Auditing Classifier (ReferenceCNN) with ImageDataModule on a simulated GPU" in audited.stdout
+    assert_every_stage(audited.stdout)
+    assert not list(in_tmp_path.iterdir()), "the audit writes nothing where it runs"
+
+
+@pytest.mark.slow
+def test_the_librarys_placement_module_audits_any_classes_named(in_tmp_path):
+    """``python -m lightning_kit.placement --model ... --data ...`` (GenericCLI); a mistake names that command."""
+    audited = run_module("lightning_kit.placement", *GENERIC_IMAGE, cwd=in_tmp_path)
+    assert audited.returncode == EXIT_PASSED, audited.stdout + audited.stderr
+    assert "Auditing Classifier (ReferenceCNN) with ImageDataModule on a simulated GPU" in audited.stdout
+    assert_every_stage(audited.stdout)
+    assert not list(in_tmp_path.iterdir()), "the audit writes nothing where it runs"
+
+    wrong = run_module("lightning_kit.placement", *GENERIC_IMAGE, "--model.lr", "fast", cwd=in_tmp_path)
+    assert wrong.returncode == EXIT_USAGE, wrong.stdout + wrong.stderr
+    [line] = wrong.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "python -m lightning_kit.placement" in line and "lr" in line, line
+
+
+def test_the_generic_command_line_audits_a_projects_classes(in_tmp_path, capsys):
+    """``lightning_kit.placement.command.main`` with GenericCLI (its default), in this process."""
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(GENERIC_IMAGE)
+    out = capsys.readouterr().out
+    assert exit_info.value.code == EXIT_PASSED, out
+    assert_every_stage(out)
 
 
 @pytest.mark.slow
@@ -55,7 +129,6 @@ def test_the_command_line_audit_passes_an_image_folder_without_a_test_split(in_t
         out = capsys.readouterr().out
         assert exit_info.value.code == EXIT_PASSED and "skipped" not in out, out
         assert "test on simgpu:1 (DDP rank 1 of 2)" in out and "predict on simgpu:0" in out
-{%- endif %}
 
 
 class PlainAttributeNet(nn.Module):
@@ -70,9 +143,12 @@ class PlainAttributeNet(nn.Module):
         return self.head(inputs.float().flatten(1).mean(dim=1, keepdim=True)) + self.offset  # CPU offset
 
 
-def test_the_command_line_audit_exits_1_at_a_bug(in_tmp_path, synthetic_config, capsys):
+@pytest.mark.parametrize("task", PROJECTS)
+def test_the_command_line_audit_exits_1_at_a_bug(in_tmp_path, task, capsys):
+    project, cli_class = PROJECTS[task]
+    config = str(project / "configs" / "synthetic.yaml")
     with pytest.raises(SystemExit) as exit_info:
-        main(["--config", synthetic_config, "--model.net", f"{__name__}.PlainAttributeNet"])
+        main(["--config", config, "--model.net", f"{__name__}.PlainAttributeNet"], cli_class)
     out = capsys.readouterr().out
     assert exit_info.value.code == EXIT_FAILED
     assert f"{__file__}:{line_of('# CPU offset', __file__)}" in out and "`net.offset`, a plain tensor attribute" in out

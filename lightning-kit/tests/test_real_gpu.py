@@ -14,6 +14,9 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import IMAGE_PROJECT, SEQUENCE_PROJECT
+from image_project.cli import ProjectCLI as ImageCLI
+from sequence_project.cli import ProjectCLI as SequenceCLI
 from test_autocast import FillsFloat32Zeros, FillsZerosOfItsDtype
 from test_code_checks import NoisyWithCPUGenerator, NoisyWithDeviceGenerator, NumpyAfterCPU, NumpyOfAGPUTensor
 from test_collectives import CountsOnTheCPU, CountsOnTheDevice
@@ -38,7 +41,7 @@ from test_simulated_gpu import (
 )
 from torch.utils.data import DataLoader
 
-from image_project.cli import main as train
+from lightning_kit.cli import main as train
 from lightning_kit.placement import DevicePlacementError, SimulatedGPUStrategy, audit, simulated
 from lightning_kit.placement.simulated.collectives import process_group
 
@@ -139,9 +142,18 @@ def test_the_device_runs_what_the_audit_passes(case, device, record_property):
     assert row["audit right"] == "ok" == row["device right"], row
 
 
+# Each task's project: its command line and its offline configuration.
+PROJECTS = {"image": (IMAGE_PROJECT, ImageCLI), "sequence": (SEQUENCE_PROJECT, SequenceCLI)}
+
+
 @pytest.mark.gpu
 @needs_a_gpu
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_the_shipped_model_trains_on_a_gpu(in_tmp_path, fast_args, precision, capsys):
-    train([*fast_args, "--accelerator", "gpu", "--max_epochs", "1", "--precision", precision])
+@pytest.mark.parametrize("task", PROJECTS)
+def test_the_shipped_model_trains_on_a_gpu(in_tmp_path, fast_args, synthetic_config, task, precision, capsys):
+    """Each task's project trains on a GPU: images, and token sequences."""
+    project, cli_class = PROJECTS[task]
+    config = str(project / "configs" / "synthetic.yaml")
+    args = [config if arg == synthetic_config else arg for arg in fast_args]
+    train(cli_class, [*args, "--accelerator", "gpu", "--max_epochs", "1", "--precision", precision])
     assert "fit finished: best epoch 0: val/loss=" in capsys.readouterr().out

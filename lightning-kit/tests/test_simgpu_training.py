@@ -5,12 +5,12 @@ import sys
 import lightning as L
 import pytest
 import torch
+from image_project.cli import main as train
 from test_placement_main import PlainAttributeNet
 from test_simulated_gpu import BATCH, Probe, line_of
 from torch import nn
 from torch.utils.data import DataLoader
 
-from image_project.cli import main as train
 from lightning_kit.placement import SIMULATED, simulated
 from lightning_kit.placement.lightning import SimulatedGPUStrategy
 

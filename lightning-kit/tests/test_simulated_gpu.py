@@ -10,6 +10,8 @@ runs the same versions on a real GPU and checks that it agrees with the audit.
 """
 
 import inspect
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import HANG_GUARD_S
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -362,3 +365,29 @@ def test_the_audit_module_names_each_private_api_it_uses():
         "_group_tensors_by_device_and_dtype",
     ):
         assert api in doc, api
+
+
+TOO_LATE = """import torch
+from lightning_kit.placement import simulated
+
+weight = torch.ones(1, requires_grad=True)
+(weight * 2).sum().backward()  # the process's first backward pass, on the CPU
+try:
+    simulated.enable()
+except simulated.SimulationUnavailableError as err:
+    print(err)
+"""
+
+
+@pytest.mark.slow
+def test_a_simulated_gpu_set_up_too_late_says_how_to_set_it_up_in_one_line():
+    """After a first backward pass on the CPU it cannot be set up: the line names the library's pytest plugin
+    (which sets it up first in a project's tests) and the commands that audit in a process of their own."""
+    late = subprocess.run(
+        [sys.executable, "-c", TOO_LATE], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert late.returncode == 0, late.stdout + late.stderr
+    [line] = late.stdout.splitlines()
+    assert line.startswith("the simulated GPU must be set up before this process's first backward pass"), line
+    assert "lightning_kit.placement.simulated.enable()" in line and "lightning_kit's pytest plugin" in line, line
+    assert "python -m lightning_kit.placement" in line and "conftest" not in line, line

@@ -19,6 +19,7 @@ import inspect
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 from jsonargparse import DefaultHelpFormatter, Namespace
@@ -52,6 +53,7 @@ from .evaluation import (
     split_run_configs,
 )
 from .messages import errors_as_messages, one_line, report, silence_the_unactionable
+from .placement.explain import count_as_user_code
 from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
 from .trust import check_command_line, trust_modules
@@ -78,13 +80,13 @@ class KitCLI(LightningCLI):
     model_class: type[L.LightningModule] = L.LightningModule
     subclass_mode_model: bool = False
     #: The classes used when the command line names none: ``{"model.net": Net, "data": DataModule}``.
-    default_classes: dict[str, type] = {}
+    default_classes: ClassVar[dict[str, type]] = {}
     #: What the model takes from the data: argument -> the data module's attribute. Each link applies
     #: when the data module has the attribute and the class takes the argument.
-    data_links: dict[str, str] = {}
+    data_links: ClassVar[dict[str, str]] = {}
     #: What the arguments of classes that keep no table of their own accept (a plain ``nn.Module``
     #: network): class -> ``Arguments``, checked where the class is built from the command line.
-    argument_tables: dict[type, Arguments] = {}
+    argument_tables: ClassVar[dict[type, Arguments]] = {}
     #: Modules beyond the project's package whose classes a run's config.yaml or a checkpoint may name.
     trusted_modules: tuple[str, ...] = ()
     #: The metric the best checkpoint is chosen by, and how (``None``: no best checkpoint is kept).
@@ -222,6 +224,8 @@ class KitCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.trainer.accelerator == SIMULATED:  # a failure on it names the line in the project's own files
+            count_as_user_code(self.model, self.datamodule)
         _check_given_against_data(config, self.datamodule, self.model, self.data_links)
         if self._trained is not None:
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
@@ -305,7 +309,7 @@ class _HelpFormatter(DefaultHelpFormatter):
     """
 
     #: Where the project's choices live: argument -> module prefix (set per command line by ``_make_cli``).
-    own_choices: dict[str, str] = {}
+    own_choices: ClassVar[dict[str, str]] = {}
 
     def _get_help_string(self, action) -> str:
         help_string = super()._get_help_string(action)
@@ -443,5 +447,9 @@ def _make_cli(
             "enable_progress_bar": sys.stderr.isatty(),
         },
         parser_class=KitArgumentParser,
-        parser_kwargs={"description": cli_class.description, "formatter_class": formatter, **({"prog": prog} if prog else {})},
+        parser_kwargs={
+            "description": cli_class.description,
+            "formatter_class": formatter,
+            **({"prog": prog} if prog else {}),
+        },
     )

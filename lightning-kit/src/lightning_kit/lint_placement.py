@@ -1,13 +1,12 @@
 """Find manual device placement in Python files: calls that move tensors or modules, and devices written in.
 
-Lightning places the model and the batches; docs/device-placement.md gives the rules for the
-rest. This check reads the source (nothing is imported or run), prints
+Lightning places the model and the batches; a project's docs/device-placement.md gives the
+rules for the rest. This check reads the source (nothing is imported or run), prints
 ``path:line: <what> — <the fix>`` for each placement it finds and exits 1, or exits 0 when
-there is none. The pre-commit hook ``no-manual-placement`` runs it on every changed file in
-``src/`` and ``train.py``, and ``tests/test_lint_placement.py`` runs it on the whole project::
+there is none. A project runs it on its own files (its pre-commit hook ``no-manual-placement``
+on every changed file in ``src/`` and ``train.py``, its tests on all of them)::
 
-    python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py here
-    python src/lightning_kit/lint_placement.py FILES...  # the same, before `pip install -e .`
+    python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py of the current folder
 
 It finds the ways of naming a device in code: ``.cuda()`` and ``.cpu()`` (also passed on as
 functions, or through ``getattr``); ``.to(...)`` with a device (``"cuda"``, ``0``, ``device``,
@@ -28,10 +27,12 @@ the GPU faster, and on a machine without one it does nothing. Reading alone cann
 device from a dtype in a variable of any other name (``.to(d)``), or in another tensor
 (``.to(other)``): the device audit finds what those do wrong.
 
-Three parts of the package stand in for Lightning and are exempt: the simulated GPU
-(``placement/simulated/``) and its Lightning side (``placement/lightning.py``), which play
-Lightning's part on a GPU, and the benchmark's hand-written loop (``bench.py``).
-It needs the standard library only, so that it runs as a script too.
+Three parts of this library stand in for Lightning and are exempt, as the library's own files
+only: the simulated GPU (``lightning_kit/placement/simulated/``) and its Lightning side
+(``lightning_kit/placement/lightning.py``), which play Lightning's part on a GPU, and the
+benchmark's hand-written loop (``lightning_kit/bench.py``). A project's files are never exempt.
+It needs the standard library only, so that it also runs as a script (``python .../lint_placement.py``)
+where lightning_kit's dependencies are not installed.
 """
 
 import ast
@@ -40,8 +41,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-EXEMPT = ("placement/simulated", "placement/lightning.py", "bench.py")  # within the package
-PACKAGE = Path(__file__).resolve().parent.name
+EXEMPT = ("placement/simulated", "placement/lightning.py", "bench.py")  # within this library's package
+LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
 DOCS = "docs/device-placement.md"
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
 FIXES = {
@@ -242,17 +243,16 @@ def manual_placements(source: str) -> list[Finding]:
 
 
 def is_exempt(path: Path) -> bool:
-    """One of the package's modules that play Lightning's part."""
+    """One of this library's modules that play Lightning's part (a file of the same name elsewhere is not)."""
     resolved = path.resolve()
-    package = next((folder for folder in resolved.parents if folder.name == PACKAGE), None)
-    if package is None:
+    if not resolved.is_relative_to(LIBRARY):
         return False
-    inside = resolved.relative_to(package).as_posix()
+    inside = resolved.relative_to(LIBRARY).as_posix()
     return any(inside == exempt or inside.startswith(f"{exempt}/") for exempt in EXEMPT)
 
 
 def project_files(root: Path) -> list[Path]:
-    """The Python files of ``src/`` and ``train.py`` under ``root`` that the check applies to."""
+    """The Python files of ``src/`` and ``train.py`` under ``root`` (either may be absent) that the check covers."""
     files = [*sorted((root / "src").rglob("*.py")), root / "train.py"]
     return [path for path in files if path.is_file() and not is_exempt(path)]
 

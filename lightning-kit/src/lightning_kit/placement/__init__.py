@@ -10,9 +10,12 @@ are not on the GPU, fail as they would under DDP. Whatever would stop a GPU run
 stops the audit at the same operation, reported with the hook, your file and line,
 what CUDA would say, and the fix.
 
-From the command line, with the same arguments as ``train.py``:
+From the command line, with the same arguments as a project's ``train.py`` (its own command,
+``placement.py``, runs ``command.main`` with its ``ProjectCLI``), or of any Lightning project by
+class path (``GenericCLI``):
 
-    python -m lightning_kit.placement --config configs/synthetic.yaml
+    python -m <package>.placement --config configs/synthetic.yaml
+    python -m lightning_kit.placement --model their.Module --data their.DataModule
 
 Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
 configuration is wrong; 3 no bug was found but part of the run could not be audited
@@ -26,7 +29,7 @@ audited, and otherwise returns the ``Verdict``.
 
 The same simulated GPU also trains from ``train.py``: ``--accelerator simgpu``.
 
-Its files, bottom to top; each imports only from those below it, and only ``__main__``
+Its files, bottom to top; each imports only from those below it, and only ``command``
 uses the command line:
 
 - ``simulated/``: the simulated device, the one home of PyTorch's private APIs; nothing of
@@ -38,10 +41,12 @@ uses the command line:
 - ``lightning.py``: the simulated GPU in Lightning: the ``simgpu`` accelerator, the strategy
   for one GPU or a DDP rank, the hook tracker, the run of ``--accelerator simgpu``;
 - ``audit.py``: the runner, ``audit()`` and ``run_audit()``;
-- ``__main__.py``: ``python -m lightning_kit.placement``.
+- ``command.py``: the audit's command, ``main(args, cli_class)``; ``__main__.py``:
+  ``python -m lightning_kit.placement``, with ``GenericCLI``.
 
-This package is the only place in the project that places tensors by hand: it plays the
-part Lightning plays on a real GPU.
+Besides the benchmark's hand-written loop, this package's ``simulated/`` and ``lightning.py`` are the
+only places in the library that place tensors by hand (``lint_placement`` exempts them): they play
+the part Lightning plays on a real GPU.
 """
 
 from .audit import audit, run_audit

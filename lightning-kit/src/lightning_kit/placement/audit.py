@@ -32,7 +32,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, Dataset
 
 from . import simulated
-from .explain import explain, is_user_code
+from .explain import count_as_user_code, explain, is_user_code
 from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import process_group
@@ -74,6 +74,7 @@ def run_audit(
     With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages.
     """
     simulated.enable()
+    count_as_user_code(model, data)
     settings, callbacks, notes = _settings(trainer)
     verdict = Verdict(notes=notes)
     stages = []

@@ -26,7 +26,9 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     settings_only += ["--trainer.num_nodes", "1"]
     try:
-        model, datamodule, trainer = build_all(cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}"))
+        model, datamodule, trainer = build_all(
+            cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}")
+        )
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
     net = getattr(model, "net", None)
@@ -50,4 +52,3 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
 def _usage(message: Any) -> int:
     print(message, file=sys.stderr)
     return EXIT_USAGE
-

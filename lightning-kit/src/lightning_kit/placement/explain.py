@@ -206,7 +206,27 @@ _OURS = tuple(
     str(folder) + os.sep
     for folder in (Path(__file__).resolve().parent, Path(simulated.to_cpu.__code__.co_filename).resolve().parent)
 )
-_PROJECT = str(Path(__file__).resolve().parents[1])
+# The rest of this library (its callbacks, data modules, command line): shown as the user's code wherever
+# it is installed, so that a bug in one of its parts is named at its line.
+_KIT = str(Path(__file__).resolve().parents[1]) + os.sep
+# The packages of the models and data modules audited or run: the project's code, even where the project
+# is installed among the libraries (``pip install .``, not ``-e``). Filled in by ``count_as_user_code``.
+_AUDITED: set[str] = set()
+# Frameworks whose own classes (a demo model, a plain DataModule) do not make their package the user's.
+_FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_kit", "torch")
+
+
+def count_as_user_code(*objects: Any) -> None:
+    """Count the packages that ``objects``' classes come from as the user's code, wherever they are installed."""
+    for obj in objects:
+        top = type(obj).__module__.partition(".")[0]
+        module = sys.modules.get(top)
+        if obj is None or top in _FRAMEWORKS or module is None:
+            continue
+        if hasattr(module, "__path__"):  # a package: its folders
+            _AUDITED.update(str(Path(folder).resolve()) + os.sep for folder in module.__path__)
+        elif getattr(module, "__file__", None):  # a module alone: its file
+            _AUDITED.add(str(Path(module.__file__).resolve()))
 
 
 def is_user_code(filename: str) -> bool:
@@ -214,7 +234,7 @@ def is_user_code(filename: str) -> bool:
     path = str(Path(filename).resolve())
     if path.startswith(_OURS) or filename.startswith("<"):
         return False
-    return path.startswith(_PROJECT) or not path.startswith(_LIBRARIES)
+    return path.startswith((_KIT, *_AUDITED)) or not path.startswith(_LIBRARIES)
 
 
 def _user_frame(chain: list[BaseException]) -> traceback.FrameSummary | None:

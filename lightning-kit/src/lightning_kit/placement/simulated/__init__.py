@@ -46,8 +46,8 @@ Its files, bottom to top (each imports only those above it in this list):
 - ``code_checks.py``: ``simulating()`` and the checks on code it turns on.
 
 This package is the simulated device alone: it imports nothing of Lightning, and nothing else
-of the project. Private and experimental PyTorch APIs it relies on, all of them in this
-package and nowhere else in the project (tested with torch 2.10 and 2.14):
+of the library. Private and experimental PyTorch APIs it relies on, all of them in this
+package and nowhere else in the library (tested with torch 2.10 and 2.14):
 
 - ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (new in
   torch 2.10: older versions stop with ``SimulationUnavailableError``) (``backend.py``);
@@ -113,9 +113,10 @@ __all__ = [
 ]
 
 # PyTorch has one spare device type, so a process has one simulated GPU. A second copy of
-# this package (the package of another project made from this template, in the same
-# process) takes over the first copy's names, in each of its files, and so its tensor
-# type, kernels and state.
+# this package in the same process (the ``<package>.placement.simulated`` of a project made
+# from the template before lightning_kit, or another copy of the library under another name)
+# takes over the first copy's names, in each of its files, and so its tensor type, kernels
+# and state.
 _first = next(
     (
         module

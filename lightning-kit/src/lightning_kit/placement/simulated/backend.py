@@ -133,8 +133,9 @@ def _check_backward() -> None:
             raise
         raise SimulationUnavailableError(
             "the simulated GPU must be set up before this process's first backward pass: call "
-            f"{_PACKAGE}.enable() first (the tests' conftest.py does), or audit in a process of its own "
-            f"(python -m {_PACKAGE.rpartition('.')[0]})"
+            f"{_PACKAGE}.enable() first (in tests, lightning_kit's pytest plugin does, unless -p no:lightning_kit "
+            f"turns it off), or audit in a process of its own (python -m {_PACKAGE.rpartition('.')[0]}, or a "
+            "project's python -m <package>.placement)"
         ) from None
 
 
