@@ -128,6 +128,20 @@ def trained_once(tmp_path_factory, fast_args) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def trained_sequence_once(tmp_path_factory, fast_args, synthetic_config) -> Path:
+    """``trained_once`` of the sequence project: the ``runs/`` of one short fit of its attention classifier."""
+    from sequence_project.cli import main as train_sequence
+
+    folder = tmp_path_factory.mktemp("trained-sequence")
+    sequence_config = str(SEQUENCE_PROJECT / "configs" / "synthetic.yaml")
+    args = [sequence_config if arg == synthetic_config else arg for arg in fast_args]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        train_sequence([*args, "--max_epochs", "1"])
+    return folder
+
+
 @pytest.fixture
 def run_copy(trained_once, in_tmp_path, monkeypatch) -> Path:
     """A copy of a short run in the test's folder, which is importable as code would be beside train.py."""
@@ -143,10 +157,11 @@ def exit_message(run, *args) -> str:
     return str(exit_info.value.code)
 
 
-def refused(args: list[str], capsys: pytest.CaptureFixture) -> str:
-    """The one line with which ``train.py args`` stops; fails when it does not stop, or with more than a line."""
+def refused(args: list[str], capsys: pytest.CaptureFixture, run=main) -> str:
+    """The one line with which ``train.py args`` stops (``run``: the main of a project's train.py, by default the
+    image project's); fails when it does not stop, or with more than a line."""
     with pytest.raises(SystemExit) as exit_info:
-        main(args)
+        run(args)
     # The parser itself (a value not of the argument's type) prints its line and exits with 2.
     message = capsys.readouterr().err if exit_info.value.code == 2 else str(exit_info.value.code)
     assert message.startswith("error: ") and "\n" not in message.strip(), message
@@ -402,4 +417,3 @@ def layout(tmp_path: Path) -> Path:
     solid(root / ".thumbnails" / "x.png")
     (root / "dog" / "notes.txt").write_text("not an image")
     return root
-

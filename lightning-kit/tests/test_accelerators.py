@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from image_project.cli import main
 
 

@@ -13,6 +13,7 @@ from unittest import mock
 import pytest
 import torch
 from conftest import HANG_GUARD_S, PROJECT, RUNS, checkpoint
+from image_project.cli import main
 
 from lightning_kit.checkpoints import (
     INFLATION_LIMIT,
@@ -22,7 +23,6 @@ from lightning_kit.checkpoints import (
     latest_checkpoint,
     read_checkpoint,
 )
-from image_project.cli import main
 
 
 def _digest(path: Path) -> str:

@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 from conftest import refused
-
 from image_project.cli import main
+
 from lightning_kit.config_files import MAX_BYTES, MAX_VALUES
 
 

@@ -6,7 +6,6 @@ import lightning as L
 import pytest
 import torch
 from conftest import RUNS, checkpoint
-
 from image_project.cli import main
 
 

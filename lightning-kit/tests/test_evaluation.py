@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import LAST, RUN, RUNS, epoch_metrics, exit_message
-
 from image_project.cli import main
 
 

@@ -5,9 +5,9 @@ import re
 import sys
 
 import pytest
+from image_project.cli import main
 
 from lightning_kit.checkpoints import TEMPORARY_PREFIX, AtomicCheckpointIO
-from image_project.cli import main
 from lightning_kit.errors import ConfigError, UserError
 from lightning_kit.files import NotAFileError, check_output_file, open_regular
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import build, main
+
 from lightning_kit.data.image_decoding import channel_stats
 from lightning_kit.errors import ConfigError
 

@@ -2,28 +2,20 @@
 fold i validating, and the arguments checked where they enter."""
 
 import csv
-{%- if cookiecutter.task == "image" %}
 import pickle
-{%- endif %}
 
 import numpy as np
 import pytest
 import torch
-{%- if cookiecutter.task == "image" %}
-from conftest import RUNS, checkpoint, epoch_metrics, refused, solid
-{%- else %}
-from conftest import RUNS, checkpoint, epoch_metrics, refused
-{%- endif %}
-
+from conftest import RUNS, SEQUENCE_PROJECT, checkpoint, epoch_metrics, refused, solid
 from image_project.cli import main
-{%- if cookiecutter.task == "image" %}
 from image_project.data.cifar10 import CIFAR10_BATCHES, CIFAR10_FOLDER
-from lightning_kit.data.folds import fold_split
-from image_project.data.images import ImageDataModule, ImageFolderDataModule
-{%- else %}
-from lightning_kit.data.folds import fold_split
+from image_project.data.images import ImageDataModule
+from sequence_project.cli import main as sequence_main
 from sequence_project.data.sequences import SequenceDataModule
-{%- endif %}
+
+from lightning_kit.data.folders import ImageFolderDataModule
+from lightning_kit.data.folds import fold_split
 from lightning_kit.errors import ConfigError
 
 # Four classes of 13, 7, 4 and 9 samples, shuffled: the smallest has as many samples as there are folds.
@@ -61,12 +53,11 @@ def test_more_folds_than_a_class_has_samples_is_refused_naming_the_class():
     assert "\n" not in str(caught.value)
 
 
-def _data(**folds):
-{%- if cookiecutter.task == "image" %}
-    return ImageDataModule(dataset="synthetic", synthetic_size=200, seed=3, **folds)
-{%- else %}
-    return SequenceDataModule(num_sequences=300, seed=3, **folds)
-{%- endif %}
+# The data modules of both projects, which take their folds from the library (``FOLD_ARGUMENTS``, ``fold_split``).
+DATA = {
+    "image": lambda **folds: ImageDataModule(dataset="synthetic", synthetic_size=200, seed=3, **folds),
+    "sequence": lambda **folds: SequenceDataModule(num_sequences=300, seed=3, **folds),
+}
 
 
 def _rows(split) -> list[bytes]:
@@ -74,10 +65,11 @@ def _rows(split) -> list[bytes]:
     return sorted(row.numpy().tobytes() for row in split.tensors[0])
 
 
-def test_the_data_module_validates_on_fold_i_and_trains_on_the_others():
+@pytest.mark.parametrize("task", DATA)
+def test_the_data_module_validates_on_fold_i_and_trains_on_the_others(task):
     """With --data.folds 3, fold i's run validates on fold i and trains on the rest of the data the run without folds
     trains and validates on; the three validation sets cover it once, stratified; the test split is unchanged."""
-    plain, folded = _data(), [_data(folds=3, fold=fold) for fold in range(3)]
+    plain, folded = DATA[task](), [DATA[task](folds=3, fold=fold) for fold in range(3)]
     for data in (plain, *folded):
         data.setup("fit")
     pool = sorted(_rows(plain.splits["train"]) + _rows(plain.splits["val"]))
@@ -87,7 +79,6 @@ def test_the_data_module_validates_on_fold_i_and_trains_on_the_others():
         assert torch.equal(data.splits["test"].tensors[0], plain.splits["test"].tensors[0])
     counts = torch.stack([torch.bincount(data.splits["val"].tensors[1], minlength=data.num_classes) for data in folded])
     assert (counts.max(dim=0).values - counts.min(dim=0).values).max() <= 1, counts
-{%- if cookiecutter.task == "image" %}
 
 
 def test_image_folders_divide_the_train_and_val_folders_into_the_folds(tmp_path):
@@ -125,25 +116,33 @@ def test_cifar10_with_more_folds_than_a_class_has_images_is_refused_naming_it(tm
     with pytest.raises(ConfigError, match=r"^--data\.folds 2 is more than the 1 .* of class 'airplane'") as caught:
         data.setup("fit")
     assert "\n" not in str(caught.value)
-{%- endif %}
+
+
+FOLD_MISTAKES = [
+    (["--data.folds", "1"], "--data.folds must be null or an integer of at least 2, got 1"),
+    (["--data.fold", "2"], "--data.fold picks the validation fold: give --data.folds too"),
+    (["--data.folds", "3", "--data.fold", "3"], "--data.fold must be from 0 to 2, one of the --data.folds 3 folds"),
+    (["--data.folds", "3", "--data.fold", "-1"], "--data.fold must be an integer of at least 0, got -1"),
+    (["--data.folds", "3", "--data.val_fraction", "0.2"], "--data.val_fraction does not apply with --data.folds"),
+]
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("task", "flags", "message"),
     [
-        (["--data.folds", "1"], "--data.folds must be null or an integer of at least 2, got 1"),
-        (["--data.fold", "2"], "--data.fold picks the validation fold: give --data.folds too"),
-        (["--data.folds", "3", "--data.fold", "3"], "--data.fold must be from 0 to 2, one of the --data.folds 3 folds"),
-        (["--data.folds", "3", "--data.fold", "-1"], "--data.fold must be an integer of at least 0, got -1"),
-        (["--data.folds", "3", "--data.val_fraction", "0.2"], "--data.val_fraction does not apply with --data.folds"),
-{%- if cookiecutter.task == "image" %}
-        (["--data.folds", "9", "--data.synthetic_size", "60"], "--data.folds must be at most 3, the training images"),
-{%- endif %}
+        *(("image", *mistake) for mistake in FOLD_MISTAKES),
+        ("image", ["--data.folds", "9", "--data.synthetic_size", "60"], "--data.folds must be at most 3, the training"),
+        *(("sequence", *mistake) for mistake in FOLD_MISTAKES),
     ],
 )
-def test_bad_fold_arguments_are_refused_in_one_line(in_tmp_path, fast_args, capsys, flags, message):
+def test_bad_fold_arguments_are_refused_in_one_line(
+    in_tmp_path, fast_args, synthetic_config, capsys, task, flags, message
+):
     """Each fold argument out of range, or not applying, stops train.py before anything is built, naming its flag."""
-    assert message in refused([*fast_args, *flags], capsys)
+    if task == "sequence":  # the same flags on the sequence project's offline data
+        config = str(SEQUENCE_PROJECT / "configs" / "synthetic.yaml")
+        fast_args = [config if arg == synthetic_config else arg for arg in fast_args]
+    assert message in refused([*fast_args, *flags], capsys, run=main if task == "image" else sequence_main)
 
 
 def _validated(run: int) -> float:

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from image_project.cli import main
 
 

@@ -7,9 +7,7 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
-from conftest import RUNS, checkpoint, epoch_metrics
-
-from conftest import build, main
+from conftest import RUNS, build, checkpoint, epoch_metrics, main
 
 
 class RightOnlyIn(L.Callback):

@@ -5,37 +5,52 @@ import signal
 
 import pytest
 import torch
-from conftest import HANG_GUARD_S, checkpoint, epoch_metrics, wait_until_written
-
+from conftest import HANG_GUARD_S, SEQUENCE_PROJECT, checkpoint, epoch_metrics, wait_until_written
 from image_project.cli import main
+from sequence_project.cli import main as sequence_main
 
-# Six training and three validation batches an epoch{% if cookiecutter.task == "sequence" %}, and dropout, so that the random stream matters too{% endif %}.
-RESUMABLE = [
-    *("--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3", "--data.batch_size", "16"),
-{%- if cookiecutter.task == "sequence" %}
-    *("--model.net.init_args.dropout", "0.1"),
-{%- endif %}
-]
+# Six training and three validation batches an epoch.
+RESUMABLE = ["--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "3", "--data.batch_size", "16"]
+# Each project's train.py main, and what its runs add: the image project augments its batches, the sequence
+# project's network gets dropout, so that the random stream matters to both.
+PROJECTS = {
+    "image": (main, RESUMABLE),
+    "sequence": (sequence_main, [*RESUMABLE, "--model.net.init_args.dropout", "0.1"]),
+}
+
+
+def _project_args(task: str, fast_args: list[str], synthetic_config: str) -> list[str]:
+    """``fast_args`` on ``task``'s project: its own offline configuration, and its resumable flags."""
+    config = {"image": synthetic_config, "sequence": str(SEQUENCE_PROJECT / "configs" / "synthetic.yaml")}[task]
+    return [*(config if arg == synthetic_config else arg for arg in fast_args), *PROJECTS[task][1]]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, fast_args) -> dict:
-    """Two epochs without a stop: the final weights and every epoch's metrics."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        main([*fast_args, *RESUMABLE, "--max_epochs", "2"])
-        return {"weights": torch.load(checkpoint(0), weights_only=True), "metrics": epoch_metrics(0)}
+def uninterrupted(tmp_path_factory, fast_args, synthetic_config):
+    """Two epochs without a stop, once per project: the final weights and every epoch's metrics."""
+    runs = {}
+
+    def run(task: str) -> dict:
+        if task not in runs:
+            folder = tmp_path_factory.mktemp(f"uninterrupted-{task}")
+            with pytest.MonkeyPatch.context() as patch:
+                patch.chdir(folder)
+                PROJECTS[task][0]([*_project_args(task, fast_args, synthetic_config), "--max_epochs", "2"])
+                runs[task] = {"weights": torch.load(checkpoint(0), weights_only=True), "metrics": epoch_metrics(0)}
+        return runs[task]
+
+    return run
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("task", PROJECTS)
 @pytest.mark.parametrize(
     ("epoch", "train_batch", "val_batch", "signum"),
     [(0, 2, -1, signal.SIGTERM), (0, 5, -1, signal.SIGTERM), (0, -1, 1, signal.SIGTERM), (1, 0, -1, signal.SIGINT)],
     ids=["mid-epoch", "last-batch", "mid-validation", "ctrl-c-next-epoch"],
 )
 def test_resume_from_anywhere_continues_exactly(
-    in_tmp_path, fast_args, uninterrupted, epoch, train_batch, val_batch, signum
+    in_tmp_path, fast_args, synthetic_config, uninterrupted, task, epoch, train_batch, val_batch, signum
 ):
     """Stopped by a signal mid-epoch, at an epoch's last batch or during validation, then resumed: the weights
     are the uninterrupted run's, bit for bit, and so is every epoch's metrics (the resumed epoch's are whole)."""
@@ -44,16 +59,17 @@ def test_resume_from_anywhere_continues_exactly(
     stop += [str(val_batch), "--trainer.callbacks.init_args.signum", str(int(signum))]
     # Ctrl-C handled as in a terminal, also when the tests run as a background job (SIGINT ignored).
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    run, args = PROJECTS[task][0], _project_args(task, fast_args, synthetic_config)
     try:
         with pytest.raises(SystemExit, match="stopped by Ctrl-C or SIGTERM"):
-            main([*fast_args, *RESUMABLE, "--max_epochs", "2", *stop])
+            run([*args, "--max_epochs", "2", *stop])
     finally:
         signal.signal(signal.SIGINT, previous)
     assert torch.load(checkpoint(0, "on_exception.ckpt"), weights_only=True)["global_step"] > 0
-    main([*fast_args, *RESUMABLE, "--max_epochs", "2", "--ckpt_path", "last"])
+    run([*args, "--max_epochs", "2", "--ckpt_path", "last"])
 
     resumed = torch.load(checkpoint(1), weights_only=True)
-    expected = uninterrupted["weights"]
+    expected = uninterrupted(task)["weights"]
     assert resumed["global_step"] == expected["global_step"]
     assert resumed["state_dict"].keys() == expected["state_dict"].keys()
     for name, tensor in expected["state_dict"].items():
@@ -61,7 +77,7 @@ def test_resume_from_anywhere_continues_exactly(
     metrics = epoch_metrics(0) if checkpoint(0).parent.parent.joinpath("metrics.csv").exists() else {}
     for run_epoch, values in epoch_metrics(1).items():
         metrics.setdefault(run_epoch, {}).update(values)
-    assert metrics == uninterrupted["metrics"]
+    assert metrics == uninterrupted(task)["metrics"]
 
 
 @pytest.mark.slow

@@ -1,4 +1,9 @@
+"""Sweeps and cross-validation (``lightning_kit.sweep``), run as the image project runs them: its ``ProjectCLI``
+in this process, ``python -m image_project.sweep`` in processes of their own; and once through ``GenericCLI``
+(``python -m lightning_kit.sweep --model ... --data ...``), as a project without a command line of its own."""
+
 import csv
+import functools
 import os
 import signal
 import subprocess
@@ -7,22 +12,29 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import CONFIGS, HANG_GUARD_S, PROJECT, exit_message, wait_until_written
+from conftest import CONFIGS, HANG_GUARD_S, exit_message, wait_until_written
+from image_project.cli import ProjectCLI
 from optuna.trial import TrialState
 
-from lightning_kit.sweep.__main__ import main
+from lightning_kit.cli import GenericCLI
+from lightning_kit.sweep.command import main as sweep_main
 
 SWEEPS = Path("runs/sweeps")
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
-{%- if cookiecutter.task == "image" %}
 # Two learning rates that learn the synthetic images in a few steps, and one that cannot learn at all.
 LEARNING_RATES = "[0.001, 0.002, 1.0e-9]"
 LEARNING = ["--trainer.limit_train_batches", "3"]
-{%- else %}
-# Two learning rates that learn the synthetic sequences in a few steps, and one that cannot learn at all.
-LEARNING_RATES = "[0.003, 0.01, 1.0e-9]"
-LEARNING = ["--trainer.limit_train_batches", "20", "--data.batch_size", "32", "--data.num_sequences", "2000"]
-{%- endif %}
+# The image project's classes, named on the command line as GenericCLI takes them (the data sets no sizes there).
+GENERIC = [
+    *("--model", "image_project.classifier.Classifier", "--model.num_classes", "10"),
+    *("--model.net", "image_project.models.cnn.ReferenceCNN"),
+    *("--data", "image_project.data.images.ImageDataModule", "--data.dataset", "synthetic"),
+]
+
+
+def main(args: list[str]) -> None:
+    """``python -m image_project.sweep args``, in this process."""
+    sweep_main(args, cli_class=ProjectCLI)
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +54,13 @@ def epochs_validated(run_folder: Path) -> list[int]:
         return [int(row["epoch"]) for row in csv.DictReader(file) if row.get("val/acc")]
 
 
-def start_sweep(folder: Path, *args: str) -> subprocess.Popen:
-    """``python -m <pkg>.sweep args`` in its own process in ``folder``, with Ctrl-C's default handling."""
+def start_sweep(folder: Path, *args: str, module: str = "image_project.sweep") -> subprocess.Popen:
+    """``python -m image_project.sweep args`` (or another ``module``) in its own process in ``folder``, with Ctrl-C's
+    default handling."""
     return subprocess.Popen(
-        [sys.executable, "-m", "lightning_kit.sweep", *args],
+        [sys.executable, "-m", module, *args],
         cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # the baked projects are on its PYTHONPATH (conftest)
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -116,7 +129,7 @@ def test_a_trial_stopped_by_sigterm_then_killed_resumes_from_its_checkpoint_each
     assert process.returncode == 1, output
     assert output.strip().splitlines()[-1] == (
         f"stopped by Ctrl-C or SIGTERM in trial 0 ({saved} saved): to continue the sweep, run the same command "
-        f"again: python -m lightning_kit.sweep {' '.join(args)}"
+        f"again: python -m image_project.sweep {' '.join(args)}"
     )
 
     process = start_sweep(in_tmp_path, *args)
@@ -219,3 +232,35 @@ def test_a_bad_sweep_option_ends_in_one_line_naming_it(in_tmp_path, sweep_args, 
     code = exit_message(main, "--space", "lr.yaml", *args, *sweep_args)
     message = capsys.readouterr().err if code == "2" else code
     assert message.startswith(f"error: {named}") and "\n" not in message.strip(), message
+
+
+@pytest.mark.slow
+def test_a_sweep_through_the_generic_command_line(in_tmp_path):
+    """``python -m lightning_kit.sweep`` builds any project's classes by class path (GenericCLI), and judges its
+    trials by the metric of the ModelCheckpoint it is given: a grid of two learning rates, each trained once."""
+    (in_tmp_path / "lr.yaml").write_text("model.lr: [0.001, 0.002]\n")
+    judge = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/acc"]
+    args = ["--space", "lr.yaml", "--sampler", "grid", *GENERIC, "--accelerator", "cpu", "--max_epochs", "1"]
+    args += [*judge, "--trainer.callbacks.mode", "max", "--trainer.enable_progress_bar", "false"]
+    args += ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"]
+    output = finished(start_sweep(in_tmp_path, *args, module="lightning_kit.sweep"))
+    assert "study lr: 2 trials, judged by val/acc (maximize)" in output, output
+    trials = study(in_tmp_path, "lr").trials
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert sorted(trial.params["model.lr"] for trial in trials) == [0.001, 0.002]
+    for trial in trials:
+        folder = in_tmp_path / trial.user_attrs["run_folder"]
+        assert epochs_validated(folder) == [0]
+        assert "class_path: image_project.classifier.Classifier" in (folder / "config.yaml").read_text()
+        assert (folder / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_generic_sweep_without_a_monitored_metric_says_how_to_give_one(in_tmp_path):
+    """GenericCLI chooses no best checkpoint by a metric (the module's metrics are its own): a sweep through it
+    without one stops in one line that says how to give it, before any trial."""
+    (in_tmp_path / "lr.yaml").write_text("model.lr: [0.1, 0.01]\n")
+    generic = functools.partial(sweep_main, cli_class=GenericCLI)
+    message = exit_message(generic, "--space", "lr.yaml", "--trials", "1", *GENERIC, "--accelerator", "cpu")
+    assert message.startswith("error: a sweep judges trials by the checkpoint callback's monitored metric"), message
+    assert "--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor <metric>" in message
+    assert "\n" not in message and not (in_tmp_path / "runs").exists()

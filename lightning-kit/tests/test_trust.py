@@ -1,15 +1,18 @@
 """What a run folder or a checkpoint names is data: code is imported only when the person named it, or trusts it."""
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import LAST, RUN, exit_message
+from conftest import LAST, RUN, build_all, exit_message, main
+from image_project.cli import ProjectCLI
 
-from lightning_kit import trust
-from conftest import build_all, main
-from lightning_kit.export import main as export
+from lightning_kit.export import main as export_main
+
+# The image project's export command: python -m image_project.export.
+export = functools.partial(export_main, cli_class=ProjectCLI)
 
 # A module that leaves a mark when it is imported: proof that code ran.
 MARKS_IMPORT = """
@@ -66,10 +69,10 @@ def test_a_checkpoint_naming_code_in_a_run_folder_is_refused(run_folder_with_cod
 
 
 OWN_DATA = """
-from image_project.cli import DataModule
+from image_project.data.images import ImageDataModule
 
 
-class MyData(DataModule):
+class MyData(ImageDataModule):
     \"\"\"A data module of the person's own, beside train.py, not in the project's package.\"\"\"
 """
 
@@ -79,19 +82,23 @@ def test_your_own_data_module_can_be_evaluated_and_exported_when_named_or_truste
     in_tmp_path, fast_args, monkeypatch, capsys
 ):
     """Trained with --data mymodule.MyData, its checkpoint is evaluated and exported when the class is named again
-    or its module is in TRUSTED_MODULES; otherwise one line says how to allow it."""
+    or its module is in the project's trusted_modules (ProjectCLI, cli.py); otherwise one line says how to allow it.
+    The trust is the command line's: once it no longer names the module, the checkpoint is refused again."""
     Path("mymodule.py").write_text(OWN_DATA)
     monkeypatch.syspath_prepend(str(in_tmp_path))
     own = ["--data", "mymodule.MyData", "--data.dataset", "synthetic"]
     main([*fast_args, *own, "--max_epochs", "1"])
     message = exit_message(main, "test", *fast_args, "--ckpt_path", str(LAST))
     assert "names code outside this project (mymodule.MyData)" in message
-    assert "--data mymodule.MyData" in message and "'mymodule' to TRUSTED_MODULES in " in message
+    assert "--data mymodule.MyData" in message
+    assert "add 'mymodule' to trusted_modules of the project's command line (its KitCLI subclass, in cli.py)" in message
     for subcommand in ("validate", "test", "predict"):
         main([subcommand, *fast_args, "--ckpt_path", str(LAST), "--data", "mymodule.MyData"])
     export(["--ckpt_path", str(LAST), "--onnx", "no", "--data", "mymodule.MyData"])
     assert (RUN / "model.pt2").is_file()
-    monkeypatch.setattr(trust, "TRUSTED_MODULES", ("mymodule",))
-    main(["test", *fast_args, "--ckpt_path", str(LAST)])
+    with monkeypatch.context() as patch:
+        patch.setattr(ProjectCLI, "trusted_modules", ("mymodule",))
+        main(["test", *fast_args, "--ckpt_path", str(LAST)])
     out = capsys.readouterr().out
     assert out.count("test/acc") == 2 and "val/acc" in out and "predictions for " in out
+    assert "names code outside this project (mymodule.MyData)" in exit_message(main, "test", "--ckpt_path", str(LAST))

@@ -29,8 +29,8 @@ from .config_files import read_config_file
 from .errors import UserError
 
 # Modules whose classes a run's config.yaml or a checkpoint may name beyond this library and those it is
-# built on: the project's package and its KitCLI.trusted_modules (trust_modules); each entry also admits
-# the modules below it.
+# built on: the package of the command line running and its KitCLI.trusted_modules (trust_modules); each
+# entry also admits the modules below it.
 _trusted: list[str] = []
 
 # The libraries this project is built on: their classes (loggers, callbacks, optimizers) appear in every run's config.
@@ -80,9 +80,10 @@ def check_trusted(settings: Any, source: str | Path, args: Sequence[str] = (), f
 
 
 def trust_modules(modules: Iterable[str]) -> None:
-    """Trust ``modules`` (and the modules below each) from now on, in this process: a project's own package and
-    its ``KitCLI.trusted_modules``."""
-    _trusted.extend(module for module in modules if module not in _trusted)
+    """Trust ``modules`` (and the modules below each), and no others beyond the library and those it is built on:
+    the own package of the command line now starting and its ``KitCLI.trusted_modules``. Each command line sets its
+    own, so what one trusted is not trusted by the next one in the same process (a test's, another project's)."""
+    _trusted[:] = dict.fromkeys(modules)
 
 
 def check_command_line(args: Sequence[str]) -> None:

@@ -161,7 +161,11 @@ def _monitored(trainer) -> tuple[str, str]:
     """The metric the checkpoint callback judges runs by, and the study's direction; the run folder it needs."""
     judge = trainer.checkpoint_callback
     if judge is None or not getattr(judge, "monitor", None):
-        raise ConfigError("a sweep judges trials by the checkpoint callback's monitored metric: this run has none")
+        raise ConfigError(
+            "a sweep judges trials by the checkpoint callback's monitored metric: this run has none: give one, "
+            "--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor <metric> "
+            "--trainer.callbacks.mode max (or min)"
+        )
     if len(trainer.loggers) != 1 or not isinstance(trainer.logger, CSVLogger | TensorBoardLogger):
         raise ConfigError(
             "a sweep writes each trial's run folder with one CSVLogger or TensorBoardLogger: "
@@ -233,4 +237,3 @@ def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
     report(f"best trial {best.number}: {monitor}={best.value:.4f} with {shown}")
     report(f"its run folder: {best.user_attrs.get(RUN_FOLDER)}")
     report(f"train it again: {best.user_attrs.get('command')}")
-

@@ -98,7 +98,9 @@ class SearchSpace:
                 if (reason := refusal(cli_class, train_args, {name: value})) is not None:
                     raise ConfigError(f"{self.path}: {name}: {_flag_value(value)} is refused: {reason}")
             shown = ", ".join(f"{name}={_flag_value(value)}" for name, value in corner.items())
-            raise ConfigError(f"{self.path}: the values {shown} are refused together: {refusal(cli_class, train_args, corner)}")
+            raise ConfigError(
+                f"{self.path}: the values {shown} are refused together: {refusal(cli_class, train_args, corner)}"
+            )
 
     def _corners(self) -> list[dict[str, Any]]:
         """Assignments that take each choice of every list and both ends of every range at least once."""
