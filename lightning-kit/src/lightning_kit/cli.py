@@ -97,6 +97,8 @@ class KitCLI(LightningCLI):
     refresh_every: int = 20
     seed: int = 42
     description: str = DESCRIPTION
+    #: How a person runs this command line, for messages that tell them what to type: ``python train.py``.
+    command: str = "python train.py"
 
     def __init__(self, *args, **kwargs) -> None:
         own = type(self).own_package()
@@ -235,7 +237,9 @@ class KitCLI(LightningCLI):
         best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
         # The best checkpoint's numbers, not the last epoch's, when there is a best.
         metrics = best.metrics if best is not None and best.epoch is not None else self.trainer.callback_metrics
-        summary = " ".join(f"{name}={metrics[name]:.4f}" for name in self.summary_metrics if name in metrics)
+        # Without metrics of its own to name (GenericCLI), every validation metric of the module.
+        names = self.summary_metrics or sorted(name for name in metrics if name.startswith("val"))
+        summary = " ".join(f"{name}={float(metrics[name]):.4f}" for name in names if name in metrics)
         if best is not None and best.epoch is not None:
             summary = f"best epoch {best.epoch}: {summary}"
         if self.trainer.world_size > 1:
@@ -348,6 +352,7 @@ class GenericCLI(KitCLI):
     subclass_mode_model = True
     monitor = None
     summary_metrics = ()
+    command = "python -m lightning_kit"
 
 
 def invoked_as(default: str) -> str:

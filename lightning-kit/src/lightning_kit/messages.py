@@ -108,6 +108,9 @@ _UNACTIONABLE_WARNINGS = (
     # Only epoch-level metrics are logged (the step loss goes to the progress bar), so the
     # logging interval does not matter however few batches an epoch has.
     (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
+    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds, and so does
+    # KitCLI for the networks' argument tables: until LightningCLI moves on, there is no other way in.
+    (r"\s*``ArgumentParser.add_instantiator`` was deprecated", DeprecationWarning),
 )
 _UNACTIONABLE_INFO = (
     # An advertisement for a cloud service, printed by every run.

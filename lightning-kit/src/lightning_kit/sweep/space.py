@@ -88,8 +88,8 @@ class SearchSpace:
         for name in self.distributions:
             if known and _plain(name) not in known and not any(name.startswith(f"{chosen}.") for chosen in classes):
                 close = difflib.get_close_matches(_plain(name), sorted(known), n=1)
-                hint = f"did you mean {close[0]}?" if close else "see python train.py --help"
-                raise ConfigError(f"{self.path}: {name} is not an argument of train.py: {hint}")
+                hint = f"did you mean {close[0]}?" if close else f"see {cli_class.command} --help"
+                raise ConfigError(f"{self.path}: {name} is not an argument of {cli_class.command}: {hint}")
         corners = self._corners()
         for corner in corners:
             if refusal(cli_class, train_args, corner) is None:

@@ -107,7 +107,7 @@ def run_trial(plan: Plan, trial: Trial) -> None:
     trial.set_user_attr(RUN_FOLDER, str(folder))
     if resume is not None:
         trial.set_user_attr(RESUMED_FROM, resume)
-    command = ["python", "train.py", *plan.train_args, *plan.fixed_args, *flags(values)]
+    command = [*shlex.split(plan.cli_class.command), *plan.train_args, *plan.fixed_args, *flags(values)]
     trial.set_user_attr("command", shlex.join(command))
     shown = ", ".join(f"{name}={value}" for name, value in values.items())
     report(f"trial {trial.number}: {shown}" + (f", resuming from {resume}" if resume else ""))
