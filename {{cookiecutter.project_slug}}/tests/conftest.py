@@ -1,43 +1,21 @@
+"""What the tests share: the project's folders, a folder of the test's own to run in, the flags of a short run.
+
+The simulated GPU that ``lightning_kit.audit`` trains on is set up by lightning-kit's pytest
+plugin, before the first test: nothing to do here.
+"""
+
 import contextlib
-import csv
-import ctypes
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import lightning as L
 import pytest
-{%- if cookiecutter.task == "image" %}
-from PIL import Image
-{%- endif %}
-
-from {{ cookiecutter.project_slug }}.cli import main
-from {{ cookiecutter.project_slug }}.placement import simulated
-
-# The placement audit's simulated GPU must exist before the first backward pass of the
-# test process: PyTorch's autograd engine counts the devices then.
-simulated.enable()
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"
-# The run that `trained_once` trains, and its last checkpoint, relative to the run's folder.
-RUN = Path("runs/lightning_logs/version_0")
-LAST = RUN / "checkpoints" / "last.ckpt"
-
-# Every wall-clock limit in these tests (`from conftest import HANG_GUARD_S`) guards against a
-# hang and judges no speed: a busy machine makes the tests slower, never wrong. The slowest single
-# wait, a short training run in its own process, took about 2 minutes on 2 cores beside two CPU-bound
-# processes and other test runs; 20 minutes is an order of magnitude above that. It stays under the
-# half hour a DDP process waits for a dead one, so the test that a dying rank ends the others at once
-# cannot pass late.
+# Where train.py writes its runs, relative to the folder it runs in.
+RUNS = Path("runs/lightning_logs")
+# A guard against a hang, not a judge of speed: a test's subprocess that takes this long has stopped.
 HANG_GUARD_S = 20 * 60
 
 
@@ -56,57 +34,12 @@ def synthetic_config() -> str:
 
 @pytest.fixture(scope="session")
 def fast_args(synthetic_config: str) -> list[str]:
-    """Command-line flags for a short CPU run on offline data: a few batches of each stage."""
+    """train.py's flags for a short CPU run on offline data: a few batches of each stage."""
     return [
-        "--config",
-        synthetic_config,
-        "--accelerator",
-        "cpu",
-        "--trainer.enable_progress_bar",
-        "false",
+        *("--config", synthetic_config, "--accelerator", "cpu", "--trainer.enable_progress_bar", "false"),
         *("--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"),
         *("--trainer.limit_test_batches", "2", "--trainer.limit_predict_batches", "2"),
     ]
-
-
-@pytest.fixture(scope="session")
-def trained_once(tmp_path_factory, fast_args) -> Path:
-    """A folder holding the ``runs/`` of one short fit, trained once for every test that only reads it."""
-    folder = tmp_path_factory.mktemp("trained")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        main([*fast_args, "--max_epochs", "1"])
-    return folder
-
-
-@pytest.fixture
-def run_copy(trained_once, in_tmp_path, monkeypatch) -> Path:
-    """A copy of a short run in the test's folder, which is importable as code would be beside train.py."""
-    shutil.copytree(trained_once / "runs", in_tmp_path / "runs")
-    monkeypatch.syspath_prepend(str(in_tmp_path))
-    return in_tmp_path
-
-
-def exit_message(run, *args) -> str:
-    """What ``run(args)`` exits with; fails when it does not exit."""
-    with pytest.raises(SystemExit) as exit_info:
-        run(list(args))
-    return str(exit_info.value.code)
-
-
-def refused(args: list[str], capsys: pytest.CaptureFixture) -> str:
-    """The one line with which ``train.py args`` stops; fails when it does not stop, or with more than a line."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    # The parser itself (a value not of the argument's type) prints its line and exits with 2.
-    message = capsys.readouterr().err if exit_info.value.code == 2 else str(exit_info.value.code)
-    assert message.startswith("error: ") and "\n" not in message.strip(), message
-    assert not Path("runs").exists(), "a refused run must write nothing"
-    return message
-
-
-def _with_ctrl_c() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture
@@ -140,218 +73,3 @@ def make_fifo():
     yield make
     done.set()
     thread.join()
-
-
-@pytest.fixture
-def train_process(in_tmp_path: Path):
-    """Start ``train.py`` with the given arguments in its own process, in the test's folder.
-
-    For what cannot run inside pytest: signals, and strategies that launch processes.
-    The process gets Ctrl-C's default handling even when the tests run as a background
-    job, whose children inherit SIGINT ignored: it stands for a run started in a terminal.
-    """
-    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
-    started = []
-
-    def start(*args: str) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, str(PROJECT / "train.py"), *args],
-            cwd=in_tmp_path,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=_with_ctrl_c,
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:  # a failed test leaves no run behind (the others of a DDP run follow it)
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-
-# Where the command line writes its runs, relative to the folder it runs in.
-RUNS = Path("runs/lightning_logs")
-
-
-def checkpoint(run: int, name: str = "last.ckpt") -> Path:
-    return RUNS / f"version_{run}" / "checkpoints" / name
-
-
-def wait_until_written(path: Path, process: subprocess.Popen) -> None:
-    """Return once ``path`` exists, however slow the machine; fail if the run ends first or hangs."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not path.exists():
-        assert process.poll() is None, f"the run ended before writing {path}:\n{process.communicate()[0]}"
-        assert time.monotonic() < deadline, f"no {path} after {HANG_GUARD_S} s: the run hangs"
-        time.sleep(0.05)
-
-
-def epoch_metrics(run: int, evaluation: str | None = None) -> dict[int, dict[str, str]]:
-    """{epoch: {column: value}} of a run's metrics.csv (or of an evaluation of it), merging the rows of each epoch."""
-    merged: dict[int, dict[str, str]] = {}
-    folder = RUNS / f"version_{run}" / (f"{evaluation}/version_0" if evaluation else "")
-    with (folder / "metrics.csv").open() as file:
-        for row in csv.DictReader(file):
-            merged.setdefault(int(row["epoch"]), {}).update({key: value for key, value in row.items() if value})
-    return merged
-
-
-class SignalAt(L.Callback):
-    """Send this process a signal after a given training or validation batch: a scheduler's SIGTERM, or Ctrl-C."""
-
-    def __init__(self, epoch: int = 0, train_batch: int = -1, val_batch: int = -1, signum: int = 15) -> None:
-        self.epoch, self.train_batch, self.val_batch, self.signum = epoch, train_batch, val_batch, signum
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if (trainer.current_epoch, batch_idx) == (self.epoch, self.train_batch):
-            os.kill(os.getpid(), self.signum)
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if not trainer.sanity_checking and (trainer.current_epoch, batch_idx) == (self.epoch, self.val_batch):
-            os.kill(os.getpid(), self.signum)
-
-
-@pytest.fixture
-def trained_run(trained_once, in_tmp_path) -> Path:
-    """The last checkpoint of a short fit, in a copy of its run folder in the test's own folder."""
-    shutil.copytree(trained_once / "runs", in_tmp_path / "runs")
-    return checkpoint(0)
-
-
-# A PostgreSQL server for the tests of the database path (Optuna's RDB storage). Its waits are
-# hang guards, like HANG_GUARD_S: the server starts and stops in about a second.
-POSTGRES_WAIT_S = 120
-
-
-def _postgres_binaries() -> Path | None:
-    """The folder of PostgreSQL's initdb and postgres: on PATH, else the newest in /usr/lib/postgresql (Debian)."""
-
-    def version(folder: Path) -> list[int]:
-        return [int(part) for part in folder.parent.name.split(".") if part.isdigit()]
-
-    on_path = shutil.which("initdb")
-    folders = [Path(on_path).parent] if on_path else []
-    folders += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
-    return next((folder for folder in folders if (folder / "initdb").exists() and (folder / "postgres").exists()), None)
-
-
-def _unprivileged_account() -> dict:
-    """Popen's arguments that run PostgreSQL as the postgres (else nobody) user when we are root, which it refuses."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return {}
-    import pwd  # POSIX only, and only needed as root
-
-    for name in ("postgres", "nobody"):
-        with contextlib.suppress(KeyError):
-            account = pwd.getpwnam(name)
-            return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
-    pytest.skip("PostgreSQL refuses to run as root, and there is no postgres or nobody user to run it as")
-
-
-def _ends_with_this_process() -> None:
-    """Have Linux stop the server (PostgreSQL's immediate shutdown) should this process die without stopping it."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, signal.SIGQUIT)  # 1: PR_SET_PDEATHSIG
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """The SQLAlchemy URL of an empty database on a PostgreSQL server of this test process, removed at the end.
-
-    Skipped, with the reason, where PostgreSQL's binaries or psycopg are not installed.
-    """
-    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
-    binaries = _postgres_binaries()
-    if binaries is None:
-        pytest.skip("PostgreSQL is not installed: no initdb and postgres on PATH or in /usr/lib/postgresql/*/bin")
-    account = _unprivileged_account()
-    # Not in tmp_path: its parent folders are closed to the user the server runs as.
-    folder = Path(tempfile.mkdtemp(prefix="postgres-"))
-    server = None
-    try:
-        if account:
-            os.chown(folder, account["user"], account["group"])
-        # UTF8: from the C locale's default, SQL_ASCII, psycopg returns bytes, not text. -N: no fsync.
-        settings = ["-U", "postgres", "--auth=trust", "--locale=C", "-E", "UTF8", "-N"]
-        initdb = subprocess.run(
-            [binaries / "initdb", "-D", folder / "data", *settings],
-            cwd=folder,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=POSTGRES_WAIT_S,
-            **account,
-        )
-        assert initdb.returncode == 0, f"initdb failed:\n{initdb.stdout}"
-        port = _free_port()
-        log = folder / "server.log"
-        with log.open("wb") as output:  # -F: no fsync, a test's database need not survive a power cut
-            server = subprocess.Popen(
-                [binaries / "postgres", "-D", folder / "data", "-h", "127.0.0.1", "-p", str(port), "-k", folder, "-F"],
-                cwd=folder,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_ends_with_this_process,
-                **account,
-            )
-        deadline = time.monotonic() + POSTGRES_WAIT_S
-        while True:
-            try:
-                address = {"host": "127.0.0.1", "port": port, "user": "postgres", "connect_timeout": 10}
-                with psycopg.connect(**address, autocommit=True) as connection:
-                    connection.execute("CREATE DATABASE tests")
-                break
-            except psycopg.OperationalError:
-                assert server.poll() is None, f"PostgreSQL stopped while starting:\n{log.read_text()}"
-                assert time.monotonic() < deadline, f"PostgreSQL did not start in time:\n{log.read_text()}"
-                time.sleep(0.05)
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/tests"
-    finally:
-        if server is not None:
-            server.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown: it ends the open sessions, then itself
-            try:
-                server.wait(timeout=POSTGRES_WAIT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
-{%- if cookiecutter.task == "image" %}
-
-
-# Image files for the tests of listing and decoding.
-ORANGE = (200, 100, 50)
-
-
-def solid(path: Path, colour=ORANGE, size: tuple[int, int] = (20, 12), mode: str = "RGB", **save) -> Path:
-    """An image of one colour, in ``mode``, written in the format its suffix names."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image = Image.new("RGB", size, colour)
-    image = image.convert("P", palette=Image.Palette.ADAPTIVE) if mode == "P" else image.convert(mode)
-    image.save(path, **save)
-    return path
-
-
-@pytest.fixture
-def layout(tmp_path: Path) -> Path:
-    """Two classes, images at two depths and in mixed case, and what must be ignored: hidden and non-image files."""
-    root = tmp_path / "train"
-    for name in ("cat/b.png", "cat/a.jpg", "cat/deeper/c.PNG", "dog/z.jpeg"):
-        solid(root / name)
-    solid(root / "cat" / ".hidden.png")
-    solid(root / ".thumbnails" / "x.png")
-    (root / "dog" / "notes.txt").write_text("not an image")
-    return root
-{%- endif %}

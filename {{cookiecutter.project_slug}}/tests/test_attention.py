@@ -33,7 +33,7 @@ def test_position_indices_are_a_buffer_outside_the_checkpoint():
 
 @pytest.mark.slow
 def test_attention_classifier_learns_the_order_task():
-    """Three CPU epochs on the order task reach at least 90% validation accuracy, far above chance."""
+    """A one-block network reaches at least 90% validation accuracy on 8-token sequences in three CPU epochs."""
     L.seed_everything(0)
     trainer = L.Trainer(
         max_epochs=3,
@@ -43,5 +43,7 @@ def test_attention_classifier_learns_the_order_task():
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Classifier(AttentionClassifier(), num_classes=2, lr=3e-3), datamodule=SequenceDataModule())
+    net = AttentionClassifier(vocab_size=8, max_len=8, d_model=32, num_heads=2, num_layers=1)
+    datamodule = SequenceDataModule(vocab_size=8, seq_len=8, num_sequences=2000)
+    trainer.fit(Classifier(net, num_classes=2, lr=3e-3), datamodule=datamodule)
     assert trainer.callback_metrics["val/acc"] >= 0.9

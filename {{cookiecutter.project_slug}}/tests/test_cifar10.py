@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lightning_kit.data import DataUnavailableError
 
-from {{ cookiecutter.project_slug }}.data import DataUnavailableError, cifar10
+from {{ cookiecutter.project_slug }}.data import cifar10
 from {{ cookiecutter.project_slug }}.data.images import ImageDataModule
 
 

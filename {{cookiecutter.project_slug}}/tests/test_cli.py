@@ -1,180 +1,121 @@
-import os
-import re
-import subprocess
-import sys
+"""The project's command line (cli.py): the classes train.py builds, what flows from the data, what it accepts."""
 
 import pytest
-import yaml
-from conftest import HANG_GUARD_S, PROJECT
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning_kit.cli import build
 
-from {{ cookiecutter.project_slug }}.cli import build, build_all, expand_shortcuts, main
-
-
-def test_shortcuts_expand_to_trainer_flags():
-    assert expand_shortcuts(["--accelerator", "gpu"]) == ["--trainer.accelerator", "gpu"]
-    assert expand_shortcuts(["test", "--devices=2", "--model.lr", "1"]) == [
-        "test",
-        "--trainer.devices=2",
-        "--model.lr",
-        "1",
-    ]
-    assert expand_shortcuts(["--max_epochsx", "3"]) == ["--max_epochsx", "3"]
+from {{ cookiecutter.project_slug }}.classifier import Classifier
+from {{ cookiecutter.project_slug }}.cli import ProjectCLI, main
+{%- if cookiecutter.task == "image" %}
+from {{ cookiecutter.project_slug }}.data.images import ImageDataModule
+from {{ cookiecutter.project_slug }}.models.cnn import ReferenceCNN
+{%- else %}
+from {{ cookiecutter.project_slug }}.data.sequences import SequenceDataModule
+from {{ cookiecutter.project_slug }}.models.attention import AttentionClassifier
+{%- endif %}
 
 
-def test_without_a_subcommand_fit_runs(in_tmp_path, fast_args, capsys):
-    """`train.py --accelerator cpu ...` trains, as `train.py fit ...` does."""
-    main([*fast_args, "--max_epochs", "1"])
-    assert "fit finished: best epoch 0: val/loss=" in capsys.readouterr().out
+def refused(args: list[str]) -> str:
+    """The one line with which ``train.py args`` stops before anything is trained; fails when it does not."""
+    with pytest.raises(SystemExit) as stop:
+        build(ProjectCLI, args)
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
 
 
-def test_help_lists_the_subcommands(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    assert all(name in out for name in ("fit", "validate", "test", "predict"))
-
-
-@pytest.mark.slow
-def test_fit_then_each_subcommand_from_its_checkpoint(in_tmp_path, fast_args, capsys):
-    """fit writes a best and a last checkpoint; validate, test and predict run from it."""
-    main([*fast_args, "--max_epochs", "1"])
-    assert "fit finished" in capsys.readouterr().out
-    checkpoints = sorted(path.name for path in in_tmp_path.glob("runs/lightning_logs/version_0/checkpoints/*.ckpt"))
-    assert "last.ckpt" in checkpoints and len(checkpoints) == 2
-    last = str(in_tmp_path / "runs/lightning_logs/version_0/checkpoints/last.ckpt")
-    for subcommand in ("validate", "test", "predict"):
-        main([subcommand, *fast_args, "--ckpt_path", last])
-    out = capsys.readouterr().out
-    assert "val/acc" in out and "test/acc" in out
-
-
-def test_the_progress_bar_redraws_every_20_steps(in_tmp_path, synthetic_config):
-    """A bar redrawn every step costs time on every step; when shown, it is redrawn every 20."""
-    _, _, trainer = build_all(["--config", synthetic_config, "--trainer.enable_progress_bar", "true"])
-    assert isinstance(trainer.progress_bar_callback, TQDMProgressBar)
-    assert trainer.progress_bar_callback.refresh_rate == 20
-    _, _, quiet = build_all(["--config", synthetic_config, "--trainer.enable_progress_bar", "false"])
-    assert quiet.progress_bar_callback is None
+def test_train_py_builds_the_classifier_around_this_projects_network_and_data():
+    """Without a --model.net or --data, ProjectCLI's default classes, each with its own defaults."""
+    model, datamodule = build(ProjectCLI, [])
+{%- if cookiecutter.task == "image" %}
+    assert (type(model), type(model.net), type(datamodule)) == (Classifier, ReferenceCNN, ImageDataModule)
+    assert datamodule.hparams.dataset == "cifar10" and model.hparams.lr == 1e-3
+{%- else %}
+    assert (type(model), type(model.net), type(datamodule)) == (Classifier, AttentionClassifier, SequenceDataModule)
+    assert datamodule.hparams.dataset == "synthetic" and model.hparams.lr == 1e-3
+{%- endif %}
+    assert model.class_names == datamodule.class_names
+{%- if cookiecutter.task == "image" %}
 
 
 USER_DATA = """
-from {{ cookiecutter.project_slug }}.data import InMemoryDataModule
+from lightning_kit.data import InMemoryDataModule
 
 
-class TinyData(InMemoryDataModule):
-    def __init__(self, batch_size: int = 8, seed: int = 0, num_workers: int = 0) -> None:
+class SmallImages(InMemoryDataModule):
+    def __init__(self, batch_size: int = 8) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.num_classes = 3
+        self.num_classes, self.image_size = 3, 16
         self.class_names = ["red", "green", "blue"]
 
     def setup(self, stage: str) -> None:
-        pass
+        pass  # no splits: nothing is trained here
 """
 
 
-@pytest.fixture
-def user_data(tmp_path, monkeypatch) -> str:
-    """The class path of a data module written outside the project, as a user's own module."""
+def test_the_class_count_names_and_image_size_flow_from_any_data_module_to_the_network(tmp_path, monkeypatch):
+    """data_links: a data module of 3 classes of 16x16 images gets a network and a Classifier made for them."""
     (tmp_path / "user_data.py").write_text(USER_DATA)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return "user_data.TinyData"
+    model, datamodule = build(ProjectCLI, ["--data", "user_data.SmallImages"])
+    assert (model.net.image_size, model.net.num_classes, model.hparams.num_classes) == (16, 3, 3)
+    assert model.net.layers[-1].out_features == 3 and model.class_names == ["red", "green", "blue"]
+    assert datamodule.hparams.batch_size == 8  # its own default, not ImageDataModule's 64
+{%- else %}
 
 
-def test_any_data_module_from_the_command_line_starts_from_its_own_defaults(user_data):
-    """--data takes any LightningDataModule; the default's batch size (64) is not carried over to it."""
-    model, datamodule = build(["--data", user_data])
-    assert type(datamodule).__name__ == "TinyData"
-    assert datamodule.hparams.batch_size == 8
-    # The class count and names flow from the data to the network and the Classifier.
-    assert model.hparams.num_classes == model.net.num_classes == 3
-    assert model.class_names == ["red", "green", "blue"]
-    _, chosen = build(["--data", user_data, "--data.batch_size", "5"])
-    assert chosen.hparams.batch_size == 5
+def test_the_vocabulary_length_and_classes_flow_from_the_data_to_the_network():
+    """data_links: the network's vocab_size, max_len and num_classes are the data's vocab_size, seq_len, num_classes."""
+    args = ["--data.dataset", "file", "--data.vocab_size", "20", "--data.seq_len", "12", "--data.num_classes", "3"]
+    model, _ = build(ProjectCLI, args)
+    assert model.net.token_embedding.num_embeddings == 20 and model.net.max_len == 12
+    assert model.net.head.out_features == model.hparams.num_classes == 3
+    assert model.class_names == ["0", "1", "2"]
+{%- endif %}
 
 
-def test_print_config_shows_the_chosen_classs_own_defaults(user_data, capsys):
-    with pytest.raises(SystemExit):
-        main(["fit", "--data", user_data, "--print_config"])
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["data"] == {"class_path": user_data, "init_args": {"batch_size": 8, "seed": 0, "num_workers": 0}}
+def test_a_value_for_the_network_that_disagrees_with_the_data_is_refused():
+    message = refused(["--model.net.init_args.num_classes", "5"])
+    assert message.startswith("error: --model.net.init_args.num_classes 5 disagrees with the data's num_classes")
 
 
-def test_a_data_module_from_a_config_file(user_data, tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text(f"data:\n  class_path: {user_data}\n  init_args:\n    batch_size: 4\n")
-    model, datamodule = build(["--config", str(config)])
-    assert type(datamodule).__name__ == "TinyData" and datamodule.hparams.batch_size == 4
-    assert model.net.num_classes == 3
-
-
-def test_another_network_starts_from_its_own_defaults(tmp_path, monkeypatch):
-    """--model.net switches the network; arguments it shares with the default one keep its own defaults."""
-    (tmp_path / "user_net.py").write_text(
-        "from torch import nn\n\n\n"
-        "class Wide(nn.Module):\n"
-        "    def __init__(self, num_classes: int = 2, mean: float = 0.5) -> None:\n"
-        "        super().__init__()\n"
-        "        self.mean, self.head = mean, nn.LazyLinear(num_classes)\n\n"
-        "    def forward(self, x):\n"
-        "        return self.head(x.flatten(1).float())\n"
+@pytest.mark.parametrize(
+    ("flag", "value", "accepted"),
+    [
+{%- if cookiecutter.task == "image" %}
+        ("mean", "[2, 0.5, 0.5]", "must be three numbers (red, green, blue), each a number in [0, 1]"),
+        ("std", "[0.2, 0, 0.2]", "must be three numbers (red, green, blue), each a number in (0, 1]"),
+{%- else %}
+        ("num_heads", "3", "must divide --model.net.init_args.d_model 64"),
+        ("d_model", "0", "must be a positive integer"),
+        ("dropout", "1", "must be a number in [0, 1)"),
+        ("num_layers", "0", "must be a positive integer"),
+{%- endif %}
+    ],
+)
+def test_a_bad_value_for_the_network_is_one_line_naming_its_flag(flag, value, accepted):
+    """NET_ARGUMENTS in cli.py: the network is a plain nn.Module, so its arguments are checked where they enter."""
+    assert refused([f"--model.net.init_args.{flag}", value]).startswith(
+        f"error: --model.net.init_args.{flag} {accepted}"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model, datamodule = build(["--model.net", "user_net.Wide"])
-    assert model.net.mean == 0.5  # not the default network's statistics
-    assert model.net.head.out_features == datamodule.num_classes
 
 
-def test_a_mistake_in_a_chosen_data_module_is_one_line(user_data, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        build(["--data", user_data, "--data.batch_size", "many"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert err.startswith("error: --data.batch_size: Expected a <class 'int'>. Got value: many")
+@pytest.mark.parametrize(("flag", "value"), [("lr", "0"), ("weight_decay", "-1")])
+def test_a_bad_value_for_the_classifier_is_one_line_naming_its_flag(flag, value):
+    assert refused([f"--model.{flag}", value]).startswith(f"error: --model.{flag} ")
 
 
-def test_fit_help_lists_this_projects_classes_only(capsys):
-    """--model.net and --data list this project's classes, not every nn.Module installed."""
-    with pytest.raises(SystemExit):
+def test_fit_help_lists_this_projects_networks_and_data_modules(capsys):
+    """--model.net and --data list this package's classes, not every nn.Module installed."""
+    with pytest.raises(SystemExit) as stop:
         main(["fit", "--help"])
-    out = capsys.readouterr().out
-    assert "torchvision.models" not in out and "torch.nn.modules" not in out
-    assert "{{ cookiecutter.project_slug }}.models." in out and "{{ cookiecutter.project_slug }}.data." in out
-    assert len(out.splitlines()) < 700, len(out.splitlines())  # 1,240 when every nn.Module was listed
-
-
-WARNS_LIKE_OLD_CODE = """
-import warnings
-
-from {{ cookiecutter.project_slug }}.cli import Net
-
-
-class OldNet(Net):
-    def forward(self, inputs):
-        warnings.warn("old_api() is deprecated: use new_api()", FutureWarning, stacklevel=1)
-        return super().forward(inputs)
-"""
-# Lines of Lightning's model summary (rich's table, or the plain one) and its totals.
-TOTALS = r"(Trainable|Non-trainable|Total|Modules in) "
-MODEL_SUMMARY = re.compile(r"^\s*[┏┃┡│└|]|^---|^\s*\d+\s+\||^" + TOTALS + r"|^[\d.]+( [KMGT])?\s+" + TOTALS)
-
-
-@pytest.mark.slow
-def test_a_short_fit_prints_only_lines_a_user_can_act_on(in_tmp_path, fast_args):
-    """The project's own lines, the model summary, why fit stopped and the metrics; a user's warning still shows."""
-    (in_tmp_path / "old_code.py").write_text(WARNS_LIKE_OLD_CODE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT / "src"), str(in_tmp_path)])}
-    command = [sys.executable, str(PROJECT / "train.py"), *fast_args, "--model.net", "old_code.OldNet"]
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_GUARD_S
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    own = ("fit finished: best epoch 0: ", "best checkpoint: ", "run folder: ", "`Trainer.fit` stopped: ")
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    warned = [line for line in lines if "FutureWarning: old_api() is deprecated: use new_api()" in line]
-    rest = [line for line in lines if not (MODEL_SUMMARY.match(line) or line.startswith(own)) and line not in warned]
-    source = '  warnings.warn("old_api() is deprecated: use new_api()", FutureWarning, stacklevel=1)'
-    assert warned and rest == [source], lines  # Python prints the warning's source line after it
+    assert stop.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+{%- if cookiecutter.task == "image" %}
+    assert "{{ cookiecutter.project_slug }}.models.cnn.ReferenceCNN" in shown
+    assert "{{ cookiecutter.project_slug }}.data.images.ImageDataModule" in shown
+{%- else %}
+    assert "{{ cookiecutter.project_slug }}.models.attention.AttentionClassifier" in shown
+    assert "{{ cookiecutter.project_slug }}.data.sequences.SequenceDataModule" in shown
+{%- endif %}
+    assert "torch.nn.modules" not in shown and "torchvision.models" not in shown

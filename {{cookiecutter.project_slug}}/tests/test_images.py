@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from lightning_kit.errors import ConfigError
 
 from {{ cookiecutter.project_slug }}.data.images import ImageDataModule
-from {{ cookiecutter.project_slug }}.errors import ConfigError
 
 
 def test_splits_are_disjoint_and_seeded():

@@ -5,16 +5,17 @@ import re
 import numpy as np
 import pytest
 import torch
+from lightning_kit.cli import build
+from lightning_kit.data import DataUnavailableError
+from lightning_kit.errors import ConfigError
 
-from {{ cookiecutter.project_slug }}.cli import build
-from {{ cookiecutter.project_slug }}.data import DataUnavailableError
+from {{ cookiecutter.project_slug }}.cli import ProjectCLI
 from {{ cookiecutter.project_slug }}.data.sequences import (
     FIRST_MARKER,
     SECOND_MARKER,
     SequenceDataModule,
     make_order_task,
 )
-from {{ cookiecutter.project_slug }}.errors import ConfigError
 
 
 def test_order_task_labels_say_which_marker_comes_first():
@@ -194,5 +195,5 @@ def test_the_number_of_sequences_named_is_enough(val_fraction, test_fraction):
 def test_a_bad_size_on_the_command_line_is_one_line_naming_the_flag(in_tmp_path, synthetic_config):
     """`--data.num_sequences 0` ends in "error: --data.num_sequences ...", not a traceback."""
     with pytest.raises(SystemExit) as exit_info:
-        build(["--config", synthetic_config, "--data.num_sequences", "0"])
+        build(ProjectCLI, ["--config", synthetic_config, "--data.num_sequences", "0"])
     assert str(exit_info.value.code).startswith("error: --data.num_sequences must give at least one training")

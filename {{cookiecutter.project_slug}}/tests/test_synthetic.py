@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from lightning_kit.cli import build
+from lightning_kit.errors import ConfigError
 
-from {{ cookiecutter.project_slug }}.cli import build
+from {{ cookiecutter.project_slug }}.cli import ProjectCLI
 from {{ cookiecutter.project_slug }}.data.images import ImageDataModule
 from {{ cookiecutter.project_slug }}.data.synthetic import make_synthetic_images
-from {{ cookiecutter.project_slug }}.errors import ConfigError
 
 
 def test_synthetic_images_are_deterministic_uint8():
@@ -32,5 +33,5 @@ def test_the_smallest_synthetic_size_named_is_the_smallest_that_works():
 def test_a_bad_size_on_the_command_line_is_one_line_naming_the_flag(in_tmp_path, synthetic_config):
     """`--data.synthetic_size 0` ends in "error: --data.synthetic_size ...", not a traceback blaming val_fraction."""
     with pytest.raises(SystemExit) as exit_info:
-        build(["--config", synthetic_config, "--data.synthetic_size", "0"])
+        build(ProjectCLI, ["--config", synthetic_config, "--data.synthetic_size", "0"])
     assert str(exit_info.value.code).startswith("error: --data.synthetic_size must be an integer of at least 6")

@@ -3,12 +3,11 @@
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning_kit.arguments import BOOLEAN, Arguments, FitsInMemory, integer, number
+from lightning_kit.errors import ConfigError
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
-
-from lightning_kit.arguments import BOOLEAN, Arguments, FitsInMemory, integer, number
-from lightning_kit.errors import ConfigError
 
 # Showing the training loss every step would cost a call into Lightning's logging
 # per step; every 20 is enough to watch it move.
@@ -35,8 +34,8 @@ class Classifier(L.LightningModule):
             for predictions and exported models.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
-        compile: Compile the network with ``torch.compile`` before training (see the README's
-            performance notes for when it pays).
+        compile: Compile the network with ``torch.compile`` before training: for long runs, where
+            the compile time pays back.
 
     What each argument accepts is in ``ARGUMENTS``.
     """

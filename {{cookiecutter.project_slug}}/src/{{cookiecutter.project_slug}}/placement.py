@@ -1,6 +1,8 @@
-"""``python -m {{ cookiecutter.project_slug }}.placement``: the device audit of what ``train.py`` builds from the same arguments, on a simulated GPU.
+"""The device audit: ``python -m {{ cookiecutter.project_slug }}.placement``.
 
-lightning_kit's command, run with this project's command line (``cli.ProjectCLI``): ``--help`` lists its options.
+Trains what ``train.py`` builds from the same arguments on a simulated CUDA GPU, and names the line
+that would fail on a real one (docs/device-placement.md). lightning_kit's command, run with this
+project's command line (``cli.ProjectCLI``): ``--help`` lists its options.
 """
 
 from lightning_kit.placement.command import main

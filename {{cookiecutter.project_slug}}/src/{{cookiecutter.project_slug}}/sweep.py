@@ -1,6 +1,7 @@
-"""``python -m {{ cookiecutter.project_slug }}.sweep``: Optuna sweeps and cross-validation over ``train.py``'s own flags.
+"""Sweeps and cross-validation: ``python -m {{ cookiecutter.project_slug }}.sweep``.
 
-lightning_kit's command, run with this project's command line (``cli.ProjectCLI``): ``--help`` lists its options.
+Optuna studies over ``train.py``'s own flags, each trial an ordinary run. lightning_kit's command,
+run with this project's command line (``cli.ProjectCLI``): ``--help`` lists its options.
 """
 
 from lightning_kit.sweep.command import main

@@ -11,9 +11,8 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 import torch
-
-from lightning_kit.files import NotAFileError, kind_of, open_regular
 from lightning_kit.data import DataUnavailableError
+from lightning_kit.files import NotAFileError, kind_of, open_regular
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"

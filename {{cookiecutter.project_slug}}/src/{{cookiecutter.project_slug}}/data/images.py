@@ -4,9 +4,23 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-
-from lightning_kit.arguments import BATCH_SIZE, BOOLEAN, FRACTION, SEED, WORKERS, Arguments, FitsInMemory, Together, integer, one_of
+from lightning_kit.arguments import (
+    BATCH_SIZE,
+    BOOLEAN,
+    FRACTION,
+    SEED,
+    WORKERS,
+    Arguments,
+    FitsInMemory,
+    Together,
+    integer,
+    one_of,
+)
+from lightning_kit.data import InMemoryDataset
+from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
+from lightning_kit.data.image_splits import ImageSplits
 from lightning_kit.errors import ConfigError
+
 from .cifar10 import (
     CIFAR10_CLASSES,
     CIFAR10_FOLDER,
@@ -15,10 +29,6 @@ from .cifar10 import (
     ensure_cifar10,
     read_cifar10_batches,
 )
-from lightning_kit.data.folders import ImageFolderDataModule as ImageFolderDataModule  # configs and saved runs name it here too
-from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
-from lightning_kit.data.image_splits import ImageSplits
-from lightning_kit.data import InMemoryDataset
 from .synthetic import (
     NUM_CLASSES,
     fills_every_split,

@@ -9,7 +9,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-
 from lightning_kit.arguments import (
     BATCH_SIZE,
     FRACTION,
@@ -22,10 +21,10 @@ from lightning_kit.arguments import (
     is_integer,
     one_of,
 )
+from lightning_kit.data import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
 from lightning_kit.errors import ConfigError
 from lightning_kit.files import NotAFileError, open_regular
-from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
-from lightning_kit.data import DataUnavailableError, InMemoryDataModule, InMemoryDataset
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
@@ -60,6 +59,12 @@ ARGUMENTS = Arguments(
             lambda seq_len, dataset: dataset != "synthetic" or seq_len >= 2,
             "<seq_len> must be at least 2 for the synthetic task (one position per marker)",
             shown=("seq_len",),
+        ),
+        Together(
+            ("num_classes", "dataset"),
+            lambda num_classes, dataset: dataset != "synthetic" or num_classes == 2,
+            "<num_classes> must be 2 for the synthetic task (which of two markers comes first)",
+            shown=("num_classes",),
         ),
         Together(
             ("val_fraction", "test_fraction"),
@@ -102,7 +107,7 @@ class SequenceDataModule(InMemoryDataModule):
         path: The ``.npz`` file read when ``dataset="file"``.
         vocab_size: Number of distinct token ids (must match the network's); at least 3 for the synthetic task.
         seq_len: Tokens per sequence (at most the network's ``max_len``); at least 2 for the synthetic task.
-        num_classes: Number of labels (must match the network's); at least 2.
+        num_classes: Number of labels (must match the network's); at least 2, and 2 for the synthetic task.
         num_sequences: Sequences generated when ``dataset="synthetic"``: enough for a training,
             validation and test sequence each.
         val_fraction: Share of the sequences held out for validation.

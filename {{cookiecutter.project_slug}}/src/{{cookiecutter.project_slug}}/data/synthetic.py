@@ -4,7 +4,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from lightning_kit.arguments import is_integer
 
 # As many classes as CIFAR-10, so either data set fits the same network.
