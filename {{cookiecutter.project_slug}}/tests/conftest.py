@@ -10,6 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from lightning_kit.cli import build
+
+from {{ cookiecutter.project_slug }}.cli import ProjectCLI
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"
@@ -17,6 +20,18 @@ CONFIGS = PROJECT / "configs"
 RUNS = Path("runs/lightning_logs")
 # A guard against a hang, not a judge of speed: a test's subprocess that takes this long has stopped.
 HANG_GUARD_S = 20 * 60
+
+
+def refused(args: list[str], capsys: pytest.CaptureFixture | None = None) -> str:
+    """The one line with which ``train.py args`` stops before anything is trained; fails when it does not.
+
+    The parser itself (a value not of the argument's type) prints its line and exits with 2: pass ``capsys``.
+    """
+    with pytest.raises(SystemExit) as stop:
+        build(ProjectCLI, args)
+    message = capsys.readouterr().err.strip() if capsys is not None and stop.value.code == 2 else str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The project's command line (cli.py): the classes train.py builds, what flows from the data, what it accepts."""
 
 import pytest
+from conftest import refused
 from lightning_kit.cli import build
 
 from {{ cookiecutter.project_slug }}.classifier import Classifier
@@ -12,15 +13,6 @@ from {{ cookiecutter.project_slug }}.models.cnn import ReferenceCNN
 from {{ cookiecutter.project_slug }}.data.sequences import SequenceDataModule
 from {{ cookiecutter.project_slug }}.models.attention import AttentionClassifier
 {%- endif %}
-
-
-def refused(args: list[str]) -> str:
-    """The one line with which ``train.py args`` stops before anything is trained; fails when it does not."""
-    with pytest.raises(SystemExit) as stop:
-        build(ProjectCLI, args)
-    message = str(stop.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 def test_train_py_builds_the_classifier_around_this_projects_network_and_data():
