@@ -1,37 +1,40 @@
 """The benchmark runs and prints sane numbers. It asserts no timings: those belong in its report, not in tests."""
 
 import math
-{%- if cookiecutter.task == "image" %}
 import pickle
-{%- endif %}
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CONFIGS
+from conftest import CONFIGS, IMAGE_PROJECT, SEQUENCE_PROJECT
+from image_project.cli import ProjectCLI as ImageCLI
+from image_project.data import cifar10
+from sequence_project.cli import ProjectCLI as SequenceCLI
 
 from lightning_kit import bench
-{%- if cookiecutter.task == "image" %}
-from image_project.data import cifar10
-{%- endif %}
+
+# Each project's benchmark: the library's command with the project's command line.
+BENCH = {"image": partial(bench.main, cli_class=ImageCLI), "sequence": partial(bench.main, cli_class=SequenceCLI)}
+PROJECTS = {"image": IMAGE_PROJECT, "sequence": SEQUENCE_PROJECT}
 
 
-def write_the_data_of_every_config(folder: Path) -> None:
-    """The data the shipped configs read, tiny, where they read it (data/ under the working folder)."""
+def write_the_data_of_every_config(folder: Path, task: str) -> None:
+    """The data the ``task`` project's shipped configs read, tiny, where they read it (data/ under the working
+    folder)."""
     rng = np.random.default_rng(0)
-{%- if cookiecutter.task == "image" %}
-    cifar = folder / "data" / cifar10.CIFAR10_FOLDER  # extracted, as after the first download
-    cifar.mkdir(parents=True)
-    for name in cifar10.CIFAR10_BATCHES:
-        batch = {"labels": rng.integers(0, 10, 8).tolist(), "data": rng.integers(0, 256, (8, 3072), dtype=np.uint8)}
-        (cifar / name).write_bytes(pickle.dumps(batch, protocol=2))
-    bench.write_image_folder(folder / "data" / "images", count=40)
-{%- else %}
-    tokens, labels = rng.integers(0, 16, (64, 32)), rng.integers(0, 2, 64)
-    (folder / "data").mkdir()
-    np.savez(folder / "data" / "sequences.npz", tokens=tokens, labels=labels)
-{%- endif %}
+    if task == "image":
+        cifar = folder / "data" / cifar10.CIFAR10_FOLDER  # extracted, as after the first download
+        cifar.mkdir(parents=True)
+        for name in cifar10.CIFAR10_BATCHES:
+            labels, data = rng.integers(0, 10, 8).tolist(), rng.integers(0, 256, (8, 3072), dtype=np.uint8)
+            (cifar / name).write_bytes(pickle.dumps({"labels": labels, "data": data}, protocol=2))
+        bench.write_image_folder(folder / "data" / "images", count=40)
+    else:
+        tokens, labels = rng.integers(0, 16, (64, 32)), rng.integers(0, 2, 64)
+        (folder / "data").mkdir()
+        np.savez(folder / "data" / "sequences.npz", tokens=tokens, labels=labels)
 
 
 def measured(out: str) -> None:
@@ -50,32 +53,44 @@ def measured(out: str) -> None:
 
 @pytest.mark.slow
 def test_benchmark_reports_every_measurement(in_tmp_path, synthetic_config, capsys):
-    bench.main(
+    BENCH["image"](
         ["--config", synthetic_config, "--accelerator", "cpu", "--steps", "4", "--warmup", "2", "--repeats", "1"]
     )
     measured(capsys.readouterr().out)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", sorted(path.name for path in CONFIGS.glob("*.yaml")))
-def test_the_benchmark_runs_with_every_shipped_config(in_tmp_path, config, capsys):
-    """Each config the project ships, alone, as its own comment shows it used, with its data in place."""
-    write_the_data_of_every_config(in_tmp_path)
+@pytest.mark.parametrize(
+    ("task", "config"),
+    [(task, path.name) for task, project in PROJECTS.items() for path in sorted(project.glob("configs/*.yaml"))],
+)
+def test_the_benchmark_runs_with_every_shipped_config(in_tmp_path, task, config, capsys):
+    """Each config each project ships, alone, as its own comment shows it used, with its data in place."""
+    write_the_data_of_every_config(in_tmp_path, task)
     tiny = ["--steps", "2", "--warmup", "1", "--repeats", "1", "--data.batch_size", "4"]
-    bench.main(["--config", str(CONFIGS / config), "--accelerator", "cpu", *tiny])
+    BENCH[task](["--config", str(PROJECTS[task] / "configs" / config), "--accelerator", "cpu", *tiny])
     measured(capsys.readouterr().out)
 
 
 def test_a_missing_data_folder_is_one_line(in_tmp_path):
+    """The image project's folder of images, and the sequence project's file of sequences, not there: one line."""
     with pytest.raises(SystemExit) as exit_info:
-{%- if cookiecutter.task == "image" %}
-        bench.main(["--config", str(CONFIGS / "image_folder.yaml"), "--accelerator", "cpu"])
+        BENCH["image"](["--config", str(CONFIGS / "image_folder.yaml"), "--accelerator", "cpu"])
     assert str(exit_info.value.code).startswith("error: --data.root data/images is not a folder")
-{%- else %}
-        bench.main(["--config", str(CONFIGS / "from_file.yaml"), "--accelerator", "cpu", "--repeats", "1"])
+    from_file = str(SEQUENCE_PROJECT / "configs" / "from_file.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        BENCH["sequence"](["--config", from_file, "--accelerator", "cpu", "--repeats", "1"])
     assert str(exit_info.value.code).startswith("error: ") and "data/sequences.npz" in str(exit_info.value.code)
-{%- endif %}
-{%- if cookiecutter.task == "image" %}
+
+
+def test_a_model_without_a_net_is_one_line(in_tmp_path):
+    """The benchmark swaps the network a model trains (its ``net``): a model without one stops it in one line."""
+    model = ["--model", "lightning.pytorch.demos.boring_classes.BoringModel"]
+    data = ["--data", "lightning.pytorch.demos.boring_classes.BoringDataModule", "--accelerator", "cpu"]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main([*model, *data])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: the model BoringModel has no net") and "\n" not in message, message
 
 
 def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
@@ -87,4 +102,3 @@ def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
     [ratio] = re.findall(r"^ +ratio first/cached +([\d.]+)$", out, re.M)
     values = [float(first), float(rate.replace(",", "")), float(cached), float(ratio)]
     assert all(math.isfinite(value) and value > 0 for value in values), out
-{%- endif %}

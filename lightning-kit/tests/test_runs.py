@@ -14,10 +14,10 @@ import optuna
 import pytest
 import yaml
 from conftest import HANG_GUARD_S, PROJECT
-
 from image_project.cli import main as train
+
 from lightning_kit.run_record import RUN_FILE, process_token, write_record
-from lightning_kit.runs.__main__ import main as runs
+from lightning_kit.runs.command import main as runs
 
 
 class FailAt(L.Callback):
@@ -266,7 +266,7 @@ def test_mistakes_are_one_line(tmp_path, capsys):
 def test_the_command_reads_runs_without_pytorch(tmp_path):
     """python -m ...runs lists runs without importing PyTorch, Lightning or Optuna (no sweep listed)."""
     hand_made(tmp_path / "run")
-    check = "import sys; from lightning_kit.runs.__main__ import main; main(sys.argv[1:]); "
+    check = "import sys; from lightning_kit.runs.command import main; main(sys.argv[1:]); "
     check += "print(sorted(name for name in ('torch', 'lightning', 'optuna') if name in sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", check, str(tmp_path)],
@@ -278,3 +278,19 @@ def test_the_command_reads_runs_without_pytorch(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]" and done.stdout.startswith("run ")
+
+
+def test_the_command_names_itself_in_a_mistake(tmp_path, capsys):
+    """``python -m lightning_kit.runs``, or a project's command that runs it (``prog``): a mistake names its --help."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_kit.runs", str(tmp_path), "--format", "html"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 2 and done.stderr.startswith("error: argument --format"), done.stderr
+    assert done.stderr.strip().endswith("(options: python -m lightning_kit.runs --help)"), done.stderr
+    with pytest.raises(SystemExit):
+        runs([str(tmp_path), "--format", "html"], prog="python -m my_project.runs")
+    assert capsys.readouterr().err.strip().endswith("(options: python -m my_project.runs --help)")

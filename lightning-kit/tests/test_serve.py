@@ -1,44 +1,42 @@
-"""The served model over real HTTP: the predict command's answers, 4xx for bad requests, batching, a clean stop."""
+"""The served model over real HTTP: the predict command's answers, 4xx for bad requests, batching, a clean stop.
+
+One server (``python -m lightning_kit.serve MODEL``) serves either kind of model: what a request
+holds, an image file or JSON token ids, is what the model file records. The tests that differ by
+kind run on a model of each project: ``image_project``'s (images) and ``sequence_project``'s (tokens).
+"""
 
 import csv
 import http.client
 import json
-import os
 import shutil
 import signal
 import socket
-{%- if cookiecutter.task == "image" %}
 import struct
-{%- endif %}
 import subprocess
 import sys
 import threading
 import time
 import zipfile
-{%- if cookiecutter.task == "image" %}
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from io import BytesIO
-{%- else %}
-from dataclasses import replace
-{%- endif %}
 from pathlib import Path
 
-{% if cookiecutter.task == "sequence" -%}
 import numpy as np
-{% endif -%}
 import pytest
 import torch
-from conftest import HANG_GUARD_S, PROJECT
-{%- if cookiecutter.task == "image" %}
+from conftest import HANG_GUARD_S
+from image_project.cli import ProjectCLI as ImageCLI
+from image_project.cli import main as train_image
 from PIL import Image
-{%- endif %}
+from sequence_project.cli import ProjectCLI as SequenceCLI
+from sequence_project.cli import main as train_sequence
 
-from image_project.cli import main as train
+from lightning_kit.export import IMAGES, TOKENS
 from lightning_kit.export import main as export
 from lightning_kit.serve import read_model
-from lightning_kit.serve.__main__ import main as serve
-from lightning_kit.serve.__main__ import model_file, parser
+from lightning_kit.serve.command import main as serve
+from lightning_kit.serve.command import model_file, parser
 
 pytest.importorskip("litserve", reason='serving needs LitServe: pip install -e ".[serve]"')
 
@@ -46,31 +44,52 @@ from lightning_kit.serve.bench import free_port, wait_until_healthy
 
 # The test server's limits, small enough to reach with small requests.
 MAX_BODY_BYTES = 100_000
-{%- if cookiecutter.task == "image" %}
 MAX_PIXELS = 1_000_000
-{%- endif %}
 
 
-@pytest.fixture(scope="module")
-def exported(trained_once, tmp_path_factory) -> Path:
-    """A folder with a copy of a short run and its exported model.pt2."""
-    folder = tmp_path_factory.mktemp("serve")
-    shutil.copytree(trained_once / "runs", folder / "runs")
+@dataclass(frozen=True)
+class Project:
+    """A baked project whose model is served: its command line, its train.py, and the fixture of its short run."""
+
+    task: str
+    cli_class: type
+    train: object
+    runs: str
+
+
+PROJECTS = {
+    "image": Project("image", ImageCLI, train_image, "trained_once"),
+    "sequence": Project("sequence", SequenceCLI, train_sequence, "trained_sequence_once"),
+}
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A folder with a copy of a project's short run and its exported model.pt2."""
+
+    folder: Path
+    project: Project
+
+
+@pytest.fixture(scope="module", params=sorted(PROJECTS))
+def exported(request, tmp_path_factory) -> Exported:
+    """For each project (or the one a test names): a copy of its short run, exported to model.pt2."""
+    project = PROJECTS[request.param]
+    folder = tmp_path_factory.mktemp(f"serve-{project.task}")
+    shutil.copytree(request.getfixturevalue(project.runs) / "runs", folder / "runs")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        export(["--ckpt_path", "last", "--output", "model.pt2", "--onnx", "no"])
-    return folder
+        export(["--ckpt_path", "last", "--output", "model.pt2", "--onnx", "no"], cli_class=project.cli_class)
+    return Exported(folder, project)
 
 
 def start_server(folder: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """``python -m ...serve model.pt2`` in ``folder`` on a free port, once its /health answers; and its address."""
+    """``python -m lightning_kit.serve model.pt2`` in ``folder`` on a free port, once its /health answers; and its
+    address. The library's own command: it needs no project to serve a model file."""
     port = free_port()
     command = [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port), *flags]
     log = (folder / f"server-{port}.log").open("w+b")
-    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src")}
-    server = subprocess.Popen(
-        command, cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-    )
+    server = subprocess.Popen(command, cwd=folder, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, server, log)
@@ -94,10 +113,8 @@ def stop(server: subprocess.Popen) -> int:
 def server(exported):
     """A server of the exported model, with small limits and batches of up to 4 gathered for up to 0.1 s."""
     flags = ["--max_batch_size", "4", "--batch_timeout", "0.1", "--max_body_bytes", str(MAX_BODY_BYTES)]
-{%- if cookiecutter.task == "image" %}
     flags += ["--max_pixels", str(MAX_PIXELS)]
-{%- endif %}
-    process, url = start_server(exported, *flags)
+    process, url = start_server(exported.folder, *flags)
     yield url
     stop(process)
 
@@ -122,7 +139,6 @@ def predicted(answer: dict) -> tuple[str, list[float]]:
 def read_csv(path: Path) -> list[dict]:
     with path.open() as file:
         return list(csv.DictReader(file))
-{%- if cookiecutter.task == "image" %}
 
 
 def encoded(pixels: torch.Tensor, format: str = "PNG", mode: str = "RGB") -> bytes:
@@ -147,7 +163,7 @@ def sample_files() -> dict[str, bytes]:
     }
 
 
-GOOD = (encoded(torch.zeros(32, 32, 3, dtype=torch.uint8)), "image/png")
+IMAGE = (encoded(torch.zeros(32, 32, 3, dtype=torch.uint8)), "image/png")
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -169,17 +185,20 @@ def form(*files: tuple[str, bytes], boundary: str = "b0undary") -> tuple[bytes, 
 
 
 @pytest.mark.slow
-def test_answers_equal_the_predict_command(exported, server):
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
+def test_image_answers_equal_the_predict_command(exported, server):
     """Each image file, as the body or as a form's file, is answered as `predict` answers it in its CSV."""
     files = sample_files()
-    folder = exported / "inputs"
+    folder = exported.folder / "inputs"
     folder.mkdir()
     for name, data in files.items():
         (folder / name).write_bytes(data)
     with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(exported)
-        train(["predict", "--ckpt_path", "last", "--data.predict_path", "inputs", "--predictions.path", "out.csv"])
-    rows = {Path(row["file"]).name: row for row in read_csv(exported / "out.csv")}
+        patch.chdir(exported.folder)
+        train_image(
+            ["predict", "--ckpt_path", "last", "--data.predict_path", "inputs", "--predictions.path", "out.csv"]
+        )
+    rows = {Path(row["file"]).name: row for row in read_csv(exported.folder / "out.csv")}
     assert sorted(rows) == sorted(files)
     for name, data in files.items():
         expected = [float(value) for key, value in rows[name].items() if key.startswith("p_")]
@@ -191,7 +210,7 @@ def test_answers_equal_the_predict_command(exported, server):
             assert predicted(answer)[1] == pytest.approx(expected, abs=2e-6)
 
 
-def bad_requests() -> list[tuple[str, bytes, str | None, int]]:
+def bad_image_requests() -> list[tuple[str, bytes, str | None, int]]:
     """(what, body, Content-Type, the status expected) of requests the server must refuse."""
     good = encoded(torch.zeros(40, 40, 3, dtype=torch.uint8))
     return [
@@ -206,24 +225,24 @@ def bad_requests() -> list[tuple[str, bytes, str | None, int]]:
         ("a form with two files", *form(("a.png", good), ("b.png", good)), 400),
         ("a body over --max_body_bytes", b"\0" * (MAX_BODY_BYTES + 1), "image/png", 413),
     ]
-{%- else %}
 
 
-GOOD = (json.dumps({"tokens": [0, 1, 2, 3]}).encode(), "application/json")
+TOKENS_GOOD = (json.dumps({"tokens": [0, 1, 2, 3]}).encode(), "application/json")
 
 
 @pytest.mark.slow
-def test_answers_equal_the_predict_command(exported, server):
+@pytest.mark.parametrize("exported", ["sequence"], indirect=True)
+def test_token_answers_equal_the_predict_command(exported, server):
     """Token sequences are answered as `predict` answers them in its CSV, whatever their length."""
     generator = np.random.default_rng(0)
     for length in (20, 32):
         tokens = generator.integers(0, 16, (3, length))
-        np.savez(exported / f"tokens{length}.npz", tokens=tokens)
+        np.savez(exported.folder / f"tokens{length}.npz", tokens=tokens)
         with pytest.MonkeyPatch.context() as patch:
-            patch.chdir(exported)
+            patch.chdir(exported.folder)
             path = ["--data.predict_path", f"tokens{length}.npz", "--predictions.path", f"out{length}.csv"]
-            train(["predict", "--ckpt_path", "last", *path])
-        rows = read_csv(exported / f"out{length}.csv")
+            train_sequence(["predict", "--ckpt_path", "last", *path])
+        rows = read_csv(exported.folder / f"out{length}.csv")
         assert len(rows) == len(tokens)
         for row, sequence in zip(rows, tokens.tolist(), strict=True):
             status, _, answer = request(server, json.dumps({"tokens": sequence}).encode(), "application/json")
@@ -234,7 +253,7 @@ def test_answers_equal_the_predict_command(exported, server):
             assert predicted(answer)[1] == pytest.approx(expected, abs=2e-6)
 
 
-def bad_requests() -> list[tuple[str, bytes, str | None, int]]:
+def bad_token_requests() -> list[tuple[str, bytes, str | None, int]]:
     """(what, body, Content-Type, the status expected) of requests the server must refuse."""
     return [
         ("a token id out of the vocabulary", b'{"tokens": [0, 1, 16]}', "application/json", 400),
@@ -250,32 +269,44 @@ def bad_requests() -> list[tuple[str, bytes, str | None, int]]:
         ("a wrong content type", b'{"tokens": [0, 1]}', "text/plain", 415),
         ("a body over --max_body_bytes", b" " * (MAX_BODY_BYTES + 1), "application/json", 413),
     ]
-{%- endif %}
+
+
+# A good request to each project's model.
+GOOD = {"image": IMAGE, "sequence": TOKENS_GOOD}
+BAD_REQUESTS = [("image", *case) for case in bad_image_requests()] + [
+    ("sequence", *case) for case in bad_token_requests()
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("what", "body", "content_type", "status"), bad_requests(), ids=lambda value: value)
-def test_a_bad_request_answers_its_4xx_and_the_server_keeps_serving(server, what, body, content_type, status):
+@pytest.mark.parametrize(
+    ("exported", "what", "body", "content_type", "status"),
+    BAD_REQUESTS,
+    indirect=["exported"],
+    ids=[f"{task}-{what}" for task, what, *_ in BAD_REQUESTS],
+)
+def test_a_bad_request_answers_its_4xx_and_the_server_keeps_serving(exported, server, what, body, content_type, status):
     """Each bad request answers its 4xx with a JSON detail, never a 500; a good request is answered after it."""
     answered, _, answer = request(server, body, content_type)
     assert (answered, type(answer.get("detail"))) == (status, str), answer
-    assert request(server, *GOOD)[0] == 200
+    assert request(server, *GOOD[exported.project.task])[0] == 200
 
 
 @pytest.mark.slow
-def test_an_oversized_body_without_a_length_is_refused_as_it_comes(server):
+def test_an_oversized_body_without_a_length_is_refused_as_it_comes(exported, server):
     """A body sent in chunks, with no Content-Length, is refused with 413 once it passes --max_body_bytes."""
+    good = GOOD[exported.project.task]
     chunks = (b"\0" * 10_000 for _ in range(MAX_BODY_BYTES // 10_000 + 5))
-    status, _, answer = request(server, chunks, GOOD[1], encode_chunked=True)
+    status, _, answer = request(server, chunks, good[1], encode_chunked=True)
     assert (status, type(answer.get("detail"))) == (413, str)
-    assert request(server, *GOOD)[0] == 200
+    assert request(server, *good)[0] == 200
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "path", "status"), [("GET", "/predict", 405), ("POST", "/nowhere", 404)])
-def test_a_wrong_method_or_path_answers_as_the_framework_does(server, method, path, status):
+def test_a_wrong_method_or_path_answers_as_the_framework_does(exported, server, method, path, status):
     """GET /predict is 405 and an unknown path 404, each with a JSON detail; /health says ok."""
-    answered, _, answer = request(server, GOOD[0], GOOD[1], method=method, path=path)
+    answered, _, answer = request(server, *GOOD[exported.project.task], method=method, path=path)
     assert (answered, type(answer.get("detail"))) == (status, str)
     host, port = server.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S)
@@ -302,20 +333,20 @@ def concurrently(url: str, requests: list[tuple[bytes, str]]) -> list[tuple[int,
 
 
 @pytest.mark.slow
-def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server):
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(exported, server):
     """Requests sent at once reach the model in batches (X-Batch-Size), each answered as when sent alone; bad
     requests among them answer their 4xx without failing their batch-mates."""
-{%- if cookiecutter.task == "image" %}
-    generator = torch.Generator().manual_seed(1)
-    goods = [
-        (encoded(torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator)), "image/png")
-        for _ in range(8)
-    ]
-    bad = (b"not an image", "image/png")
-{%- else %}
-    goods = [(json.dumps({"tokens": [index % 16, 1, 2, 3, 4, 5]}).encode(), "application/json") for index in range(8)]
-    bad = (b'{"tokens": [99, 1]}', "application/json")
-{%- endif %}
+    if exported.project.task == "image":
+        generator = torch.Generator().manual_seed(1)
+        goods = [
+            (encoded(torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator)), "image/png")
+            for _ in range(8)
+        ]
+        bad = (b"not an image", "image/png")
+    else:
+        tokens = [[index % 16, 1, 2, 3, 4, 5] for index in range(8)]
+        goods = [(json.dumps({"tokens": sequence}).encode(), "application/json") for sequence in tokens]
+        bad = (b'{"tokens": [99, 1]}', "application/json")
     alone = [request(server, *good)[2] for good in goods]
     answers = concurrently(server, [item for good in goods for item in (good, bad)])
     assert [status for status, _, _ in answers] == [200, 400] * len(goods)
@@ -334,18 +365,20 @@ def answered(connection: http.client.HTTPConnection) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(exported):
     """SIGTERM while requests wait for their batch: each is answered, and the server exits with status 0."""
-    process, url = start_server(exported, "--max_batch_size", "64", "--batch_timeout", "2")
+    body, content_type = IMAGE
+    process, url = start_server(exported.folder, "--max_batch_size", "64", "--batch_timeout", "2")
     host, port = url.removeprefix("http://").split(":")
     connections = [http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S) for _ in range(4)]
     try:
         for connection in connections:  # accepted: a request in flight is one the server has read
-            connection.request("POST", "/predict", body=GOOD[0], headers={"Content-Type": GOOD[1]})
+            connection.request("POST", "/predict", body=body, headers={"Content-Type": content_type})
         answers = []
         for connection in connections:
             answers.append(answered(connection))
-            connection.request("POST", "/predict", body=GOOD[0], headers={"Content-Type": GOOD[1]})
+            connection.request("POST", "/predict", body=body, headers={"Content-Type": content_type})
         # The four wait up to 2 s for a batch of 64 to fill; SIGTERM comes meanwhile, once the last was sent.
         time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
@@ -360,13 +393,8 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(exported):
             process.wait()
 
 
-def other_task_model(path: Path) -> None:
-    """Write a .pt2 file as the export writes it, of a model of the other task."""
-{%- if cookiecutter.task == "image" %}
-    inputs, description = torch.zeros(2, 8, dtype=torch.long), {"dtype": "int64", "shape": [2, 8], "vocab_size": 4}
-{%- else %}
-    inputs, description = torch.zeros(2, 3, 8, 8, dtype=torch.uint8), {"dtype": "uint8", "shape": [2, 3, 8, 8]}
-{%- endif %}
+def model_of_inputs(path: Path, inputs: torch.Tensor, description: dict) -> None:
+    """Write a .pt2 file as the export writes it, of a model that takes ``inputs``, described by ``description``."""
     program = torch.export.export(torch.nn.Flatten(), (inputs,))
     extra = {"class_names.json": '["a", "b"]', "input.json": json.dumps(description)}
     torch.export.save(program, path, extra_files=extra)
@@ -391,7 +419,10 @@ def bad_model_files(folder: Path) -> list[tuple[str, str]]:
     (folder / "truncated.pt2").write_bytes(model.read_bytes()[: model.stat().st_size // 2])
     (folder / "random.pt2").write_bytes(bytes(range(256)) * 64)
     (folder / "model.ckpt").write_bytes(model.read_bytes())
-    other_task_model(folder / "other.pt2")
+    floats = torch.zeros(2, 10)
+    model_of_inputs(folder / "undecodable.pt2", floats, {"kind": "floats", "dtype": "float32", "shape": [2, 10]})
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    model_of_inputs(folder / "mislabelled.pt2", ids, {"kind": IMAGES, "dtype": "int64", "shape": [2, 8]})
     rewritten(model, folder / "compiled.pt2", {}, {"data/aotinductor/model/model.so": b"\x7fELF"})
     opaque = {"config": {"net.thing": {"path_name": "opaque_obj_0", "use_pickle": False}}}
     constants = {"model_constants_config.json": json.dumps(opaque).encode()}
@@ -409,7 +440,8 @@ def bad_model_files(folder: Path) -> list[tuple[str, str]]:
         ("truncated.pt2", "truncated.pt2 is not an exported model"),
         ("random.pt2", "random.pt2 is not an exported model"),
         ("model.ckpt", "model.ckpt is not a .pt2 file"),
-        ("other.pt2", "another task's model"),
+        ("undecodable.pt2", "neither images (uint8, (batch, 3, size, size)) nor token ids (int64, (batch, length))"),
+        ("mislabelled.pt2", "takes int64 inputs of shape (2, 8) (its input.json says 'images'), neither images"),
         ("compiled.pt2", "model.so, which a plain exported program does not: refused, nothing was loaded"),
         ("opaque.pt2", refused),
         ("pickled.pt2", refused),
@@ -417,8 +449,8 @@ def bad_model_files(folder: Path) -> list[tuple[str, str]]:
 
 
 def test_a_bad_model_file_stops_the_server_with_one_line_before_the_port_is_taken(exported, tmp_path, monkeypatch):
-    """A missing, folder, truncated, random, misnamed, other task's or pickle-bearing model file: one line each."""
-    shutil.copy(exported / "model.pt2", tmp_path / "model.pt2")
+    """A missing, folder, truncated, random, misnamed, undecodable or pickle-bearing model file: one line each."""
+    shutil.copy(exported.folder / "model.pt2", tmp_path / "model.pt2")
     monkeypatch.chdir(tmp_path)
     port = free_port()
     for name, expected in bad_model_files(tmp_path):
@@ -432,17 +464,19 @@ def test_a_bad_model_file_stops_the_server_with_one_line_before_the_port_is_take
 
 @pytest.mark.slow
 def test_a_checkpoint_is_served_through_a_temporary_export(exported, monkeypatch):
-    """--ckpt_path last serves the newest run's checkpoint, exported into a temporary folder that goes afterwards."""
-    monkeypatch.chdir(exported)
-    with model_file(parser().parse_args(["--ckpt_path", "last"]), []) as path:
-        assert path.parent.parent.resolve() != exported.resolve()
+    """--ckpt_path last serves the newest run's checkpoint, exported by the project's command line into a
+    temporary folder that goes afterwards."""
+    monkeypatch.chdir(exported.folder)
+    with model_file(parser().parse_args(["--ckpt_path", "last"]), [], exported.project.cli_class) as path:
+        assert path.parent.parent.resolve() != exported.folder.resolve()
         assert read_model(path)[1] == replace(read_model(Path("model.pt2"))[1], path=path)
     assert not path.exists()
 
 
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
 def test_a_port_in_use_is_one_line(exported, monkeypatch):
     """A port another program answers at stops the server at start with one line naming --port."""
-    monkeypatch.chdir(exported)
+    monkeypatch.chdir(exported.folder)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -452,9 +486,10 @@ def test_a_port_in_use_is_one_line(exported, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
 def test_a_gpu_asked_for_on_a_machine_without_one_is_one_line(exported, monkeypatch):
     """--accelerator gpu without a GPU stops at start with one line naming the flag."""
-    monkeypatch.chdir(exported)
+    monkeypatch.chdir(exported.folder)
     with pytest.raises(SystemExit, match=r"^error: --accelerator gpu was requested but no CUDA GPU was found"):
         serve(["model.pt2", "--accelerator", "gpu"])
 
@@ -464,3 +499,60 @@ def test_without_litserve_the_command_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "litserve", None)
     with pytest.raises(SystemExit, match=r'^error: serving needs litserve, .*: pip install -e "\.\[serve\]"$'):
         serve(["model.pt2"])
+
+
+EXPECTED_INFO = {
+    "image": {"kind": IMAGES, "image_size": 32},
+    "sequence": {"kind": TOKENS, "vocab_size": 16, "lengths": (2, 32)},
+}
+
+
+def test_the_model_file_says_what_a_request_holds(exported, tmp_path):
+    """The server reads the kind of input from the file: a model of images, or of token ids and their lengths. A
+    file exported before the kind was recorded is read by its inputs' type and shape."""
+    info = read_model(exported.folder / "model.pt2")[1]
+    expected = EXPECTED_INFO[exported.project.task]
+    assert {key: getattr(info, key) for key in expected} == expected
+    with zipfile.ZipFile(exported.folder / "model.pt2") as archive:
+        name = next(name for name in archive.namelist() if name.endswith("extra/input.json"))
+        described = json.loads(archive.read(name))
+    del described["kind"], described["varies"]
+    unrecorded = tmp_path / "unrecorded.pt2"
+    rewritten(exported.folder / "model.pt2", unrecorded, {"extra/input.json": json.dumps(described).encode()}, {})
+    assert read_model(unrecorded)[1] == replace(info, path=unrecorded)
+
+
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
+def test_a_projects_server_names_its_own_export_command(exported, monkeypatch):
+    """Run with the project's command line, a model file that is not there names the project's export command."""
+    monkeypatch.chdir(exported.folder)
+    with pytest.raises(SystemExit) as exit_info:
+        serve(["missing.pt2"], cli_class=ImageCLI)
+    assert (
+        str(exit_info.value.code)
+        == "error: missing.pt2 does not exist: export a checkpoint with python -m image_project.export"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        serve(["missing.pt2"])
+    assert str(exit_info.value.code).endswith("export a checkpoint with python -m lightning_kit.export")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
+def test_the_projects_serve_command_exports_its_checkpoint_in_a_fresh_process(exported):
+    """``python -m image_project.serve --ckpt_path last``: the project's thin command exports the newest run's
+    checkpoint with its own command line, then stops at a port in use with one line naming --port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "image_project.serve", "--ckpt_path", "last", "--port", str(port)],
+            cwd=exported.folder,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+        )
+    assert "to serve it" in done.stdout, done.stderr[-3000:]
+    assert done.returncode == 1 and done.stderr.strip().startswith(f"error: --port {port} on 127.0.0.1"), done.stderr

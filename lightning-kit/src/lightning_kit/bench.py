@@ -1,16 +1,15 @@
 """Benchmark the training path against a hand-written PyTorch loop, the data pipeline, and per-step overhead.
 
-    python -m {{ cookiecutter.project_slug }}.bench --config configs/synthetic.yaml --accelerator cpu
-    python -m {{ cookiecutter.project_slug }}.bench --config configs/synthetic.yaml --accelerator gpu
-{%- if cookiecutter.task == "image" %}
-    python -m {{ cookiecutter.project_slug }}.bench --image_folder 10000
-{%- endif %}
+    python -m my_project.bench --config configs/synthetic.yaml --accelerator cpu   # a project's own command line
+    python -m my_project.bench --config configs/synthetic.yaml --accelerator gpu
+    python -m lightning_kit.bench --model their.Module --data their.DataModule --accelerator cpu
+    python -m lightning_kit.bench --image_folder 10000
 
 Measured in one process, on the same batches, alternating the contenders and
 reporting medians, because timings on a shared machine drift between runs:
 
   (a) the project's own training path: the Trainer, callbacks and logging that
-      `train.py` builds from the same arguments;
+      `train.py` (the project's KitCLI) builds from the same arguments;
   (b) a minimal hand-written PyTorch loop doing the same work;
   (c) the data pipeline alone (batches sliced, moved and augmented), against (d)
       the training throughput of (a);
@@ -19,59 +18,47 @@ reporting medians, because timings on a shared machine drift between runs:
 
 This is measurement code: unlike the project, it moves tensors and synchronises
 the device itself, as a hand-written loop must. It runs with any configuration
-`train.py` takes; callbacks that would end training before the timed steps
-(`EarlyStopping`, `Timer`) are left out, as validation is.
-{%- if cookiecutter.task == "image" %}
+`train.py` takes, for a model with a ``net`` (the network it trains) and a data module with a
+``batch_size``; callbacks that would end training before the timed steps (`EarlyStopping`,
+`Timer`) are left out, as validation is.
 
 With `--image_folder N` it measures reading an image folder instead: N generated
 JPEG and PNG images of 48-128 px, like small photos, are listed, decoded and
 resized to 32x32 with the cache written, then read again from the cache. The
 files were just written, so the operating system has them in memory: this times
-decoding and the cache, not the disk.
-{%- endif %}
+decoding and the cache, not the disk. It needs no project: it times the library's image
+folder reader (``lightning_kit.data``), which any data module of image files may use.
 """
 
 import argparse
 import copy
 import math
-{%- if cookiecutter.task == "image" %}
 import os
-{%- endif %}
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-{%- if cookiecutter.task == "image" %}
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-{%- endif %}
 
 import lightning as L
-{%- if cookiecutter.task == "image" %}
 import numpy as np
-{%- endif %}
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, Timer
-{%- if cookiecutter.task == "image" %}
 from PIL import Image
-{%- endif %}
 from torch import nn
 
-from .cli import build_all
-{%- if cookiecutter.task == "image" %}
+from .cli import GenericCLI, KitCLI, build_all, invoked_as
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
-{%- endif %}
 from .errors import UserError
 from .messages import errors_as_messages
 
 # Callbacks that end training early: they would stop a run before its timed steps.
 STOPPING_CALLBACKS = (EarlyStopping, Timer)
-{%- if cookiecutter.task == "image" %}
 IMAGE_FOLDER_CLASSES = 10
 IMAGE_FOLDER_SIDES = (48, 128)  # smallest and largest side, in pixels
 IMAGE_FOLDER_SIZE = 32  # the side the images are resized to, as CIFAR-10's
-{%- endif %}
 
 
 class NearZeroNet(nn.Module):
@@ -182,7 +169,6 @@ def data_pipeline(make, batches: int) -> tuple[float, int]:
         return time.perf_counter() - start, samples
     finally:
         torch.set_num_threads(threads)
-{%- if cookiecutter.task == "image" %}
 
 
 def write_image_folder(root: Path, count: int, seed: int = 0) -> None:
@@ -238,7 +224,21 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number of images, got {text!r}")
     return int(text)
-{%- endif %}
+
+
+def _measured_sizes(model: L.LightningModule, datamodule: L.LightningDataModule) -> tuple[int, int]:
+    """The batch size and the class count of the runs; a ``UserError`` where the model or data does not say them."""
+    if not isinstance(getattr(model, "net", None), nn.Module):
+        raise UserError(
+            f"the model {type(model).__name__} has no net: the benchmark times the network a model trains as its "
+            "`net` attribute, against the same network in a hand-written loop"
+        )
+    batch_size = datamodule.hparams.get("batch_size", getattr(datamodule, "batch_size", None))
+    num_classes = model.hparams.get("num_classes", getattr(datamodule, "num_classes", None))
+    for name, value, owner in (("batch_size", batch_size, datamodule), ("num_classes", num_classes, model)):
+        if not isinstance(value, int):
+            raise UserError(f"{type(owner).__name__} has no {name}: the benchmark needs it to count samples")
+    return batch_size, num_classes
 
 
 def _forever(loader) -> Iterator:
@@ -252,33 +252,36 @@ def _synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Other arguments go to train.py.")
+def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
+    """Benchmark the training that ``cli_class`` (the project's ``KitCLI``; by default ``GenericCLI``, which takes
+    ``--model`` and ``--data``) builds from ``args``, or the image folder reader; ``prog`` names the command."""
+    prog = prog or invoked_as("python -m lightning_kit.bench")
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__.split("\n\n")[0], epilog=f"Other arguments go to {cli_class.command}."
+    )
     parser.add_argument("--steps", type=int, default=50, help="timed training steps per run (default 50)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps before them (default 10)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating runs of each contender (default 5)")
-{%- if cookiecutter.task == "image" %}
     parser.add_argument(
         "--image_folder",
         type=_positive_int,
         metavar="N",
         help="instead, time reading a folder of N generated JPEG and PNG images, then reading them from the cache",
     )
-{%- endif %}
     options, train_args = parser.parse_known_args(args)
-{%- if cookiecutter.task == "image" %}
     if options.image_folder is not None:
         if train_args:
             parser.error(f"--image_folder takes no training arguments, got {' '.join(train_args)}")
         image_folder_benchmark(options.image_folder)
         return
-{%- endif %}
     with errors_as_messages():  # a missing data folder, say: one line
-        training_benchmark(options, train_args)
+        training_benchmark(options, train_args, cli_class, prog)
 
 
-def training_benchmark(options: argparse.Namespace, train_args: list[str]) -> None:
-    """Measure (a) to (e) on the model and data that ``train_args`` configure."""
+def training_benchmark(
+    options: argparse.Namespace, train_args: list[str], cli_class: type[KitCLI] = GenericCLI, prog: str | None = None
+) -> None:
+    """Measure (a) to (e) on the model and data that ``cli_class`` builds from ``train_args``."""
     warmup, steps = options.warmup, options.steps
 
     with tempfile.TemporaryDirectory() as runs:
@@ -291,14 +294,14 @@ def training_benchmark(options: argparse.Namespace, train_args: list[str]) -> No
         ]  # fmt: skip
 
         def make():
-            model, datamodule, trainer = build_all([*train_args, *fixed])
+            model, datamodule, trainer = build_all(cli_class, [*train_args, *fixed], prog=prog)
             trainer.callbacks[:] = [c for c in trainer.callbacks if not isinstance(c, STOPPING_CALLBACKS)]
             return model, datamodule, trainer
 
         model, datamodule, trainer = make()
-        batch_size = datamodule.hparams.batch_size
+        batch_size, num_classes = _measured_sizes(model, datamodule)
         initial_net = copy.deepcopy(model.net)
-        near_zero = NearZeroNet(model.hparams.num_classes)
+        near_zero = NearZeroNet(num_classes)
         print(
             f"{type(model.net).__name__}, batch {batch_size}, {trainer.strategy.root_device}, torch {torch.__version__}"
         )

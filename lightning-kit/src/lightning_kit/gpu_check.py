@@ -1,20 +1,28 @@
-"""The GPU check: one command that tries the project on a real CUDA GPU and writes what it found into one file.
+"""The GPU check: one command that tries a project on a real CUDA GPU and writes what it found into one file.
 
-    python -m lightning_kit.gpu_check                  # writes gpu-check.md
-    python -m lightning_kit.gpu_check --out FILE --overwrite
+    python -m lightning_kit.gpu_check                  # in the project's folder (where train.py is): gpu-check.md
+    python -m lightning_kit.gpu_check --project ~/my_project --package my_project --out FILE --overwrite
 
-Run it from the project's folder, on a machine with a CUDA GPU. Each step runs in a process of
-its own, with a time limit (under 8 minutes in all):
+Run it on a machine with a CUDA GPU. Each step runs in a process of its own, with the project's
+``src/`` importable and a time limit (under 10 minutes in all):
 
-1. the tests marked ``gpu`` (``pytest -m gpu``): among them, every placement rule's wrong and
-   right version trained on the GPU next to the device audit's verdict;
-2. one epoch of training with ``--accelerator gpu --precision bf16-mixed`` on synthetic data;
-3. the benchmark with ``--accelerator gpu``, short.
+1. the library's tests marked ``gpu`` (``pytest -m gpu`` in lightning-kit's folder, where the
+   library is a checkout of its repository, with its tests): among them, every placement rule's
+   wrong and right version trained on the GPU next to the device audit's verdict;
+2. the project's own tests marked ``gpu`` (``pytest -m gpu`` in its folder, when it has ``tests/``);
+3. one epoch of its ``train.py`` (``python -m lightning_kit`` for a project without one, whose
+   ``--config`` then names ``--model`` and ``--data``) with ``--accelerator gpu --precision bf16-mixed``
+   on ``--config`` (by default the project's ``configs/synthetic.yaml``);
+4. its benchmark (``python -m <package>.bench``; ``python -m lightning_kit.bench`` for a project
+   without one) with ``--accelerator gpu``, short.
 
-The summary (Markdown) names the GPU and PyTorch, each step's result and time, the agreement
-table (rule, the audit's verdict and the GPU's for each version), and the end of the output of
-a step that failed. Exit status: 0 every step passed, 1 one failed, 2 no CUDA GPU here (one
-line, nothing written) or a summary that exists already (without ``--overwrite``).
+The project's package is ``--package``, else the package of the command line the check was started
+with (a project's thin module calls ``main(cli_class=ProjectCLI)``), else the one package in the
+project's ``src/`` with a ``bench`` module. The summary (Markdown) names the GPU and PyTorch, each
+step's result and time, the agreement table (rule, the audit's verdict and the GPU's for each
+version), and the end of the output of a step that failed. Exit status: 0 every step passed, 1 one
+failed, 2 no CUDA GPU here (one line, nothing written), a summary that exists already (without
+``--overwrite``), or a project folder or configuration that is not there.
 """
 
 import argparse
@@ -25,16 +33,23 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 import torch
 
-PROJECT = Path(__file__).resolve().parents[2]  # src/<package>/gpu_check.py
-PACKAGE = __package__
+from .cli import GenericCLI, KitCLI, invoked_as
+from .errors import UserError
+
+# The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
+LIBRARY = Path(__file__).resolve().parents[2]
 OUTPUT_LINES = 40  # of a failed step's output, in the summary
 TRAIN = "--accelerator gpu --precision bf16-mixed --max_epochs 1 --trainer.enable_progress_bar false"
 BENCH = "--accelerator gpu --steps 20 --warmup 5 --repeats 2"
+CONFIG = Path("configs") / "synthetic.yaml"  # in the project's folder
+# pytest's exit status when no test was collected: a project without tests marked gpu.
+NO_TESTS = 5
 
 
 @dataclass
@@ -48,46 +63,138 @@ class Step:
     returncode: int | None = None  # None: stopped at its time limit
     seconds: float = 0.0
     output: str = ""
+    # The exit statuses that pass, and how the summary says each.
+    passing: dict[int, str] = field(default_factory=lambda: {0: "passed"})
+    not_run: str | None = None  # why there was nothing to run it on: it is not run, and fails nothing
 
     @property
     def passed(self) -> bool:
-        return self.returncode == 0
+        return self.not_run is not None or self.returncode in self.passing
 
     @property
     def result(self) -> str:
+        if self.not_run is not None:
+            return f"not run: {self.not_run}"
         if self.returncode is None:
             return f"stopped after {self.limit_s} s"
-        return "passed" if self.passed else f"failed (exit status {self.returncode})"
+        return self.passing.get(self.returncode, f"failed (exit status {self.returncode})")
 
 
-def steps(folder: Path) -> list[Step]:
-    """The check's steps, writing into ``folder``."""
-    python, config = sys.executable, str(PROJECT / "configs" / "synthetic.yaml")
+@dataclass(frozen=True)
+class Project:
+    """What the check runs: the project's folder, its package, the configuration, and how it trains."""
+
+    folder: Path
+    package: str | None  # None: no thin commands of its own, the library's are run
+    config: Path
+    # What follows ``python`` to train: its train.py, or the library's command line (GenericCLI) without one.
+    train: tuple[str, ...]
+
+
+def library_tests(library: Path = LIBRARY) -> Path | None:
+    """The library's tests, where it is a checkout of its repository (an installed wheel has none)."""
+    tests = library / "tests"
+    pyproject = library / "pyproject.toml"
+    has_them = (tests / "conftest.py").is_file() and pyproject.is_file()
+    return tests if has_them and 'name = "lightning-kit"' in pyproject.read_text(encoding="utf-8") else None
+
+
+def find_project(
+    folder: str | Path, package: str | None, config: str | Path | None, cli_class: type[KitCLI] = GenericCLI
+) -> Project:
+    """The project in ``folder``, its package (given, ``cli_class``'s, or found), configuration and training
+    command, each checked. A folder without a train.py is a project without a KitCLI when ``cli_class`` is the
+    library's: it trains with ``python -m lightning_kit``."""
+    folder = Path(folder)
+    own = cli_class.own_package()
+    has_train = (folder / "train.py").is_file()
+    if not has_train and own is not None:
+        raise UserError(
+            f"--project {folder} holds no train.py: run the check in the project's folder, or give it with --project"
+        )
+    if config is None and not (folder / CONFIG).is_file():
+        raise UserError(
+            f"{folder / CONFIG} is not there: run the check in the project's folder or give it with --project, "
+            "or give the configuration to train with (--config)"
+        )
+    config = Path(config) if config is not None else folder / CONFIG
+    if not config.is_file():
+        raise UserError(f"--config {config} is not a file: give the configuration the check trains with")
+    package = package or own or _package_with_bench(folder)
+    if package is not None and not _has_module(folder, package, "bench"):
+        raise UserError(
+            f"--package {package} has no bench module (in {folder / 'src'} or on the import path): "
+            "give the package whose thin commands (bench.py) the check runs"
+        )
+    train = (str(folder.resolve() / "train.py"),) if has_train else ("-m", "lightning_kit")
+    return Project(folder, package, config, train)
+
+
+def _package_with_bench(folder: Path) -> str | None:
+    """The one package in ``folder``'s ``src/`` with a ``bench`` module (the thin command); None if there is none."""
+    src = folder / "src"
+    found = sorted(
+        path.name
+        for path in (src.iterdir() if src.is_dir() else ())
+        if (path / "__init__.py").is_file() and (path / "bench.py").is_file()
+    )
+    if len(found) > 1:
+        raise UserError(
+            f"{src} holds several packages with a bench module ({', '.join(found)}): name one with --package"
+        )
+    return found[0] if found else None
+
+
+def _has_module(folder: Path, package: str, module: str) -> bool:
+    """Whether ``package.module`` is in ``folder``'s ``src/`` or on the import path; found, not imported."""
+    inside = folder / "src" / package
+    if (inside / f"{module}.py").is_file() or (inside / module / "__init__.py").is_file():
+        return True
+    spec = PathFinder.find_spec(package)
+    locations = spec.submodule_search_locations if spec is not None else None
+    return bool(locations) and PathFinder.find_spec(f"{package}.{module}", list(locations)) is not None
+
+
+def steps(folder: Path, project: Project, library: Path | None = None) -> list[Step]:
+    """The check's steps for ``project``, writing into ``folder``; ``library``: the library's tests, if any."""
+    python, config = sys.executable, str(project.config.resolve())
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
+    agreement = "the library's tests marked gpu, with the agreement of each placement rule"
+    own_tests = "the project's tests marked gpu"
+    bench = f"{project.package}.bench" if project.package else "lightning_kit.bench"
     return [
+        Step(agreement, [*pytest, f"--junitxml={folder / 'gpu.xml'}", str(library)], cwd=library.parent, limit_s=240)
+        if library is not None
+        else Step(agreement, [], cwd=folder, limit_s=0, not_run="the library is installed without its tests"),
         Step(
-            "tests marked gpu, with the agreement of each placement rule",
-            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", f"--junitxml={folder / 'gpu.xml'}"],
-            cwd=PROJECT,
-            limit_s=240,
-        ),
+            own_tests,
+            [*pytest, f"--junitxml={folder / 'project-gpu.xml'}"],
+            cwd=project.folder,
+            limit_s=120,
+            passing={0: "passed", NO_TESTS: "passed (none is marked gpu)"},
+        )
+        if (project.folder / "tests").is_dir()
+        else Step(own_tests, [], cwd=folder, limit_s=0, not_run="the project has no tests/ folder"),
         Step(
             "one epoch with --accelerator gpu --precision bf16-mixed",
-            [python, str(PROJECT / "train.py"), "--config", config, *TRAIN.split()],
+            [python, *project.train, "--config", config, *TRAIN.split()],
             cwd=folder,
             limit_s=100,
         ),
         Step(
             "the benchmark with --accelerator gpu",
-            [python, "-m", f"{PACKAGE}.bench", "--config", config, *BENCH.split()],
+            [python, "-m", bench, "--config", config, *BENCH.split()],
             cwd=folder,
             limit_s=100,
         ),
     ]
 
 
-def run(step: Step) -> Step:
-    """Run ``step``, with the project's sources importable, and record what came of it."""
-    paths = [str(PROJECT / "src"), os.environ.get("PYTHONPATH")]
+def run(step: Step, project: Path) -> Step:
+    """Run ``step``, with the sources of the project in ``project`` importable, and record what came of it."""
+    if step.not_run is not None:
+        return step
+    paths = [str(project.resolve() / "src"), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
     start = time.monotonic()
     try:
@@ -162,8 +269,15 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.gpu_check", description=__doc__.split("\n\n")[0])
+def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
+    """Run the check on the project ``args`` name (by default the one in this folder); ``cli_class``: the
+    project's command line, whose package's commands are run; ``prog`` names the command in messages."""
+    parser = argparse.ArgumentParser(
+        prog=prog or invoked_as("python -m lightning_kit.gpu_check"), description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--project", type=Path, default=Path("."), help="the project's folder (default: this one)")
+    parser.add_argument("--package", help="the project's package, whose commands run (default: found, see above)")
+    parser.add_argument("--config", type=Path, help=f"what to train with (default: {CONFIG} in the project)")
     parser.add_argument("--out", type=Path, default=Path("gpu-check.md"), help="the summary (default gpu-check.md)")
     parser.add_argument("--overwrite", action="store_true", help="replace the summary if it exists")
     options = parser.parse_args(args)
@@ -173,14 +287,19 @@ def main(args: list[str] | None = None) -> None:
     if options.out.exists() and not options.overwrite:
         print(f"error: {options.out} exists: give another --out, or --overwrite to replace it")
         sys.exit(2)
+    try:
+        project = find_project(options.project, options.package, options.config, cli_class)
+    except UserError as err:
+        print(f"error: {err}")
+        sys.exit(2)
     device = f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
         done = []
-        for step in steps(Path(folder)):
+        for step in steps(Path(folder), project, library_tests()):
             print(f"{step.name} ...", flush=True)
-            done.append(run(step))
+            done.append(run(step, project.folder))
             print(f"  {step.result} ({step.seconds:.0f} s)", flush=True)
-        rows = agreement_rows(Path(folder) / "gpu.xml")
+        rows = [row for name in ("gpu.xml", "project-gpu.xml") for row in agreement_rows(Path(folder) / name)]
     write_atomically(options.out, summary(device, done, rows))
     print(f"summary: {options.out}")
     sys.exit(0 if all(step.passed for step in done) else 1)

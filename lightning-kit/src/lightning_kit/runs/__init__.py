@@ -2,7 +2,7 @@
 
 ``folders.py`` finds and reads run folders as data, ``sweeps.py`` reads a sweep's study,
 ``table.py`` makes and formats the table, ``curves.py`` draws the validation curves, and
-``__main__.py`` is the command.
+``command.py`` is the command (``main(args=None, prog=None)``), which ``__main__.py`` runs.
 """
 
 from .folders import Run, find_folders, read_run

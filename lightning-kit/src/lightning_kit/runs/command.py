@@ -1,8 +1,9 @@
-"""``python -m lightning_kit.runs [FOLDER]``: a table of the runs below FOLDER (default ``runs/``).
+"""The table of runs' command: a table of the runs below FOLDER (default ``runs/``).
 
 Every run, in folder order; a sweep's trials, best first; the finished runs into Markdown, with their curves:
 ``python -m lightning_kit.runs``, ``... runs/sweeps/lr --sort=-val/acc``,
-``... --status finished --markdown runs.md --plot curves.png``.
+``... --status finished --markdown runs.md --plot curves.png``. It reads run folders as data, whichever
+project wrote them, and imports no PyTorch (nor ``lightning_kit.cli``, which does).
 """
 
 import argparse
@@ -28,9 +29,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None, prog: str | None = None) -> None:
+    """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
     parser = _Parser(
-        prog=f"python -m {__package__}",
+        prog=prog or _invoked_as("python -m lightning_kit.runs"),
         description="List the runs below FOLDER: status, the settings that differ, best and test metrics, checkpoint.",
     )
     parser.add_argument("folder", nargs="?", default="runs", metavar="FOLDER", help="where to look (default: runs)")
@@ -116,6 +118,13 @@ def _sweep_plots(path: Path, sweeps) -> list:
     ]
 
 
+def _invoked_as(default: str) -> str:
+    """``lightning_kit.cli.invoked_as``, here without importing the command line (and with it PyTorch): how this
+    process's command was typed, ``python -m <module>`` when run with ``-m``, else ``default``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
+
+
 def _sort_values(args: list[str]) -> list[str]:
     """``--sort -val/loss`` as ``--sort=-val/loss``: argparse would take ``-val/loss`` for an option."""
     joined, position = [], 0
@@ -148,7 +157,3 @@ def _write(path: Path, text: str) -> None:
 
 def _name(folder: Path, root: Path) -> str:
     return folder.relative_to(root).as_posix() if folder != root else "."
-
-
-if __name__ == "__main__":
-    main()

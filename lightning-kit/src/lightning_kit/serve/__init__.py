@@ -1,4 +1,4 @@
-"""Serving an exported model over HTTP: ``python -m lightning_kit.serve MODEL`` (see ``__main__``).
+"""Serving an exported model over HTTP: ``python -m lightning_kit.serve MODEL`` (see ``command``).
 
 LitServe, the ``serve`` extra, is imported only by the modules that run the server
 (``api``, ``inputs``); the model file's checks (``model_file``) need PyTorch alone.

@@ -1,4 +1,4 @@
-"""The server under load: ``python -m {{ cookiecutter.project_slug }}.serve --bench MODEL``.
+"""The server under load: ``python -m lightning_kit.serve --bench MODEL``.
 
 Sends ``--requests`` requests, ``--concurrency`` at a time, from threads of this process
 (``http.client``, one kept-alive connection each) to a server on 127.0.0.1, and prints
@@ -13,11 +13,8 @@ machine its own work is part of what is measured.
 
 import argparse
 import http.client
-{%- if cookiecutter.task == "image" %}
 import io
-{%- else %}
 import json
-{%- endif %}
 import signal
 import socket
 import statistics
@@ -30,14 +27,11 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import torch
-{%- if cookiecutter.task == "image" %}
 from PIL import Image
-{%- endif %}
 
-{% if cookiecutter.task == "image" -%}
 from ..data.image_decoding import decode_image
-{% endif -%}
 from ..errors import UserError
+from ..export import IMAGES
 from .api import cpu_threads
 from .model_file import ModelInfo, load_program
 
@@ -86,15 +80,14 @@ def sample_bodies(model: ModelInfo, count: int) -> list[tuple[bytes, str]]:
     generator = np.random.default_rng(0)
     bodies = []
     for _ in range(count):
-{%- if cookiecutter.task == "image" %}
-        pixels = generator.integers(0, 256, (model.image_size, model.image_size, 3), dtype=np.uint8)
-        encoded = io.BytesIO()
-        Image.fromarray(pixels).save(encoded, format="PNG")
-        bodies.append((encoded.getvalue(), "image/png"))
-{%- else %}
-        tokens = generator.integers(0, model.vocab_size, model.lengths[1]).tolist()
-        bodies.append((json.dumps({"tokens": tokens}).encode(), "application/json"))
-{%- endif %}
+        if model.kind == IMAGES:
+            pixels = generator.integers(0, 256, (model.image_size, model.image_size, 3), dtype=np.uint8)
+            encoded = io.BytesIO()
+            Image.fromarray(pixels).save(encoded, format="PNG")
+            bodies.append((encoded.getvalue(), "image/png"))
+        else:
+            tokens = generator.integers(0, model.vocab_size, model.lengths[1]).tolist()
+            bodies.append((json.dumps({"tokens": tokens}).encode(), "application/json"))
     return bodies
 
 
@@ -113,11 +106,9 @@ def direct_throughput(
 
 
 def _decoded(model: ModelInfo, body: bytes) -> np.ndarray:
-{%- if cookiecutter.task == "image" %}
-    return decode_image(body, model.image_size, max_pixels=model.image_size**2 * 4).transpose(2, 0, 1)
-{%- else %}
+    if model.kind == IMAGES:
+        return decode_image(body, model.image_size, max_pixels=model.image_size**2 * 4).transpose(2, 0, 1)
     return np.array(json.loads(body)["tokens"], dtype=np.int64)
-{%- endif %}
 
 
 def load(url: str, bodies: list[tuple[bytes, str]], count: int, concurrency: int) -> dict:
@@ -222,11 +213,9 @@ def _stopped(signum, frame) -> None:
 
 
 def _described(model: ModelInfo) -> str:
-{%- if cookiecutter.task == "image" %}
-    return f"{model.image_size}x{model.image_size} PNG images"
-{%- else %}
+    if model.kind == IMAGES:
+        return f"{model.image_size}x{model.image_size} PNG images"
     return f"{model.lengths[1]} token ids"
-{%- endif %}
 
 
 def _summary(measured: dict) -> str:

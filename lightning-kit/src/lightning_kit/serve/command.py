@@ -1,23 +1,20 @@
 """Serve an exported model over HTTP with LitServe, batching concurrent requests.
 
-    python -m {{ cookiecutter.project_slug }}.serve runs/lightning_logs/version_3/model.pt2
-    python -m {{ cookiecutter.project_slug }}.serve --ckpt_path last --port 8080
-    python -m {{ cookiecutter.project_slug }}.serve --bench --ckpt_path last
+    python -m lightning_kit.serve runs/lightning_logs/version_3/model.pt2
+    python -m my_project.serve --ckpt_path last --port 8080     # a project's: exported by its command line
+    python -m my_project.serve --bench --ckpt_path last
 
-``POST /predict`` takes
-{%- if cookiecutter.task == "image" %}
-an image file (the body, or the one file of a multipart form)
-{%- else %}
-JSON ``{"tokens": [token ids]}``
-{%- endif %}
-and answers JSON ``{"predicted": name, "probabilities": {name: p, ...}}``, with the
-batch it was run in as the ``X-Batch-Size`` header; ``GET /health`` answers ``ok`` once the
-model is loaded. A bad request answers 4xx with a JSON ``detail``. SIGTERM stops the
-server once the requests in flight are answered. Needs the ``serve`` extra:
-``pip install -e ".[serve]"``.
+``POST /predict`` takes what the model file says its model takes (the export records it): for a
+model of images, an image file (the body, or the one file of a multipart form); for a model of
+token sequences, JSON ``{"tokens": [token ids]}``. It answers JSON ``{"predicted": name,
+"probabilities": {name: p, ...}}``, with the batch it was run in as the ``X-Batch-Size`` header;
+``GET /health`` answers ``ok`` once the model is loaded. A bad request answers 4xx with a JSON
+``detail``. SIGTERM stops the server once the requests in flight are answered. Needs the
+``serve`` extra: ``pip install -e ".[serve]"``.
 """
 
 import argparse
+import importlib.util
 import multiprocessing
 import os
 import signal
@@ -31,7 +28,7 @@ from types import SimpleNamespace
 
 from ..accelerators import check_accelerator
 from ..checkpoints import latest_checkpoint
-from ..cli import expand_shortcuts
+from ..cli import GenericCLI, KitCLI, expand_shortcuts, invoked_as
 from ..errors import ConfigError
 from ..export import export, load_trained
 from ..messages import errors_as_messages
@@ -43,9 +40,7 @@ from .model_file import EXPORT_COMMAND, ModelInfo, read_model
 MAX_BATCH_SIZE = 32
 BATCH_TIMEOUT_S = 0.005
 MAX_BODY_BYTES = 20 * 1024 * 1024
-{%- if cookiecutter.task == "image" %}
 MAX_PIXELS = 50_000_000  # a 50-megapixel photo; a larger image is refused from its header
-{%- endif %}
 # LitServe answers at these addresses only; ports below 1024 need root.
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 # How long the HTTP servers may take to answer the requests in flight after SIGTERM.
@@ -54,13 +49,18 @@ GRACE_S = 30
 _SERVER_PID = None
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(
+    prog: str | None = None, export_command: str = EXPORT_COMMAND, train_command: str = GenericCLI.command
+) -> argparse.ArgumentParser:
+    """The command's options; ``prog`` names it, ``export_command`` the command that writes its model files and
+    ``train_command`` the command line that builds the model of a checkpoint (``--ckpt_path``)."""
     described = argparse.ArgumentParser(
-        prog="python -m {{ cookiecutter.project_slug }}.serve",
+        prog=prog or invoked_as("python -m lightning_kit.serve"),
         description=__doc__.split("\n\n")[0],
-        epilog="With --ckpt_path, other arguments (--config, --data.*) go to train.py, as for the export.",
+        epilog=f"With --ckpt_path, other arguments (--config, --model, --data.*) go to {train_command}, as for the "
+        "export.",
     )
-    described.add_argument("model", nargs="?", help=f"the .pt2 file {EXPORT_COMMAND} wrote")
+    described.add_argument("model", nargs="?", help=f"the .pt2 file {export_command} wrote")
     described.add_argument("--ckpt_path", help="serve this checkpoint (`last`: the newest run's), exported first")
     described.add_argument("--host", choices=HOSTS, default="127.0.0.1", help="the address to answer at")
     described.add_argument("--port", type=_bounded(int, 1024, 65535), default=8000, help="1024 to 65535")
@@ -75,11 +75,9 @@ def parser() -> argparse.ArgumentParser:
     described.add_argument(
         "--max_body_bytes", type=_bounded(int, 1), default=MAX_BODY_BYTES, help="larger requests are refused (413)"
     )
-{%- if cookiecutter.task == "image" %}
     described.add_argument(
         "--max_pixels", type=_bounded(int, 1), default=MAX_PIXELS, help="larger images are refused (413)"
     )
-{%- endif %}
     described.add_argument(
         "--timeout", type=_bounded(float, 0, low_open=True), default=30.0, help="seconds a request may wait (504)"
     )
@@ -104,23 +102,27 @@ def _bounded(kind, low, high=None, low_open=False):
     return convert
 
 
-def main(args: list[str] | None = None) -> None:
-    known, rest = parser().parse_known_args(args)
+def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
+    """Serve the model file ``args`` name, or the checkpoint of ``--ckpt_path`` exported by ``cli_class`` (the
+    project's ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the
+    command in messages."""
+    export_command = export_command_of(cli_class)
+    options = parser(prog, export_command, cli_class.command)
+    known, rest = options.parse_known_args(args)
     if rest and known.ckpt_path is None:
-        parser().error(f"unrecognized arguments: {' '.join(rest)} (train.py's arguments go with --ckpt_path only)")
+        given = " ".join(rest)
+        options.error(f"unrecognized arguments: {given} ({cli_class.command}'s arguments go with --ckpt_path only)")
     if (known.model is None) == (known.ckpt_path is None):
-        parser().error("give the model file or --ckpt_path, one of the two")
+        options.error("give the model file or --ckpt_path, one of the two")
     try:  # the serve extra: checked before anything else is done
         import litserve  # noqa: F401
-{%- if cookiecutter.task == "image" %}
         import python_multipart  # noqa: F401  (reads the forms that images come in)
-{%- endif %}
     except ImportError as err:
         sys.exit(f'error: serving needs {err.name}, which is not installed: pip install -e ".[serve]"')
     with errors_as_messages():
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
-        with model_file(known, rest) as path:
-            _, model = read_model(path)
+        with model_file(known, rest, cli_class) as path:
+            _, model = read_model(path, export_command)
             if known.bench:
                 from .bench import bench  # the load test's client: only for --bench
 
@@ -130,15 +132,24 @@ def main(args: list[str] | None = None) -> None:
             serve(known, model)
 
 
+def export_command_of(cli_class: type[KitCLI]) -> str:
+    """The command that exports ``cli_class``'s checkpoints: the project's ``<package>.export``, where it has one."""
+    own = cli_class.own_package()
+    if own and importlib.util.find_spec(f"{own}.export") is not None:
+        return f"python -m {own}.export"
+    return EXPORT_COMMAND
+
+
 @contextmanager
-def model_file(known: argparse.Namespace, rest: list[str]) -> Iterator[Path]:
-    """The model file to serve: the one given, or ``--ckpt_path`` exported into a temporary folder."""
+def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCLI] = GenericCLI) -> Iterator[Path]:
+    """The model file to serve: the one given, or ``--ckpt_path`` exported (its model built by ``cli_class``) into
+    a temporary folder."""
     if known.model is not None:
         yield Path(known.model)
         return
     last = known.ckpt_path == "last"
     ckpt_path = latest_checkpoint(Path("runs/lightning_logs")) if last else Path(known.ckpt_path)
-    trained, datamodule = load_trained(ckpt_path, expand_shortcuts(rest))
+    trained, datamodule = load_trained(ckpt_path, expand_shortcuts(rest), cli_class)
     with tempfile.TemporaryDirectory(prefix="serve-") as folder:
         path = Path(folder) / "model.pt2"
         export(trained, datamodule, path, onnx="no")
@@ -171,11 +182,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         workers_per_device=known.workers_per_device,
         timeout=known.timeout,
     )
-{%- if cookiecutter.task == "image" %}
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
-{%- else %}
-    server.app.state.read_input = InputReader(model, known.max_body_bytes)
-{%- endif %}
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
     print(f"serving {model.path} at {address}/predict (ready when {address}/health answers ok)", flush=True)
     global _SERVER_PID
@@ -208,7 +215,3 @@ def _answer_then_stop(signum, frame) -> None:
     for child in http_servers:
         child.join(GRACE_S)
     raise KeyboardInterrupt
-
-
-if __name__ == "__main__":
-    main()

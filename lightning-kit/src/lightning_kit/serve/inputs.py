@@ -4,89 +4,66 @@ Each request is checked on its own, before batching: LitServe fails a whole batc
 ``decode_request`` raises for one of its requests, so a bad request here answers its own
 4xx (with a JSON ``detail``) and never reaches the model or its batch-mates. Decoding here
 also runs beside the model, in threads, instead of before it in the model's process.
-"""
-{%- if cookiecutter.task == "image" %}
 
-import os
-from functools import partial
-{%- else %}
+What a request holds is what the model file says its model takes (``ModelInfo.kind``): an
+image file for a model of images, JSON token ids for a model of token sequences.
+"""
 
 import json
-{%- endif %}
+import os
+from functools import partial
 
-{% if cookiecutter.task == "image" -%}
 import anyio
-{% endif -%}
 import numpy as np
 from fastapi import HTTPException, Request
-{%- if cookiecutter.task == "image" %}
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-{%- endif %}
 from starlette.requests import ClientDisconnect
 
-{% if cookiecutter.task == "image" -%}
 from ..data.image_decoding import ImageTooLargeError, UnreadableImageError, decode_image
-{% endif -%}
+from ..export import IMAGES, TOKENS
 from .model_file import ModelInfo
-{%- if cookiecutter.task == "image" %}
 
-# What POST /predict takes: an image file as the body, or a multipart form holding one.
-ACCEPTED = "an image file as the body (Content-Type image/... or application/octet-stream), or a form with one file"
-{%- else %}
+# What POST /predict takes, for each kind of model: an image file as the body, or a multipart form holding
+# one; or a JSON object with the token ids.
+ACCEPTED = {
+    IMAGES: "an image file as the body (Content-Type image/... or application/octet-stream), or a form with one file",
+    TOKENS: 'JSON {"tokens": [token ids]} (Content-Type application/json)',
+}
 
-# What POST /predict takes: a JSON object with the token ids.
-ACCEPTED = 'JSON {"tokens": [token ids]} (Content-Type application/json)'
-{%- endif %}
+
+def accepted(model: ModelInfo) -> str:
+    """What ``POST /predict`` takes for ``model``, as its messages say it."""
+    return ACCEPTED[model.kind]
 
 
 class InputReader:
     """Reads the input of one request: the body, within ``max_body_bytes``, checked and made the model's input.
 
     Args:
-        model: What the model takes.
+        model: What the model takes: images or token ids (``model.kind``).
         max_body_bytes: The largest body accepted; a larger one is refused (413) when its
             ``Content-Length`` says so, before it is read, and otherwise once that much has come.
-{%- if cookiecutter.task == "image" %}
         max_pixels: The most pixels an image may have; a larger one is refused from its header (413).
-{%- endif %}
+            Only a model of images reads images.
     """
 
-    def __init__(self, model: ModelInfo, max_body_bytes: int{% if cookiecutter.task == "image" %}, max_pixels: int{% endif %}) -> None:
+    def __init__(self, model: ModelInfo, max_body_bytes: int, max_pixels: int) -> None:
         self.model = model
         self.max_body_bytes = max_body_bytes
-{%- if cookiecutter.task == "image" %}
         self.max_pixels = max_pixels
-        self._decoders: anyio.CapacityLimiter | None = None  # made in the event loop, on the first request
-{%- endif %}
+        self._decoders: anyio.CapacityLimiter | None = None  # made in the event loop, on the first image
 
     async def __call__(self, request: Request) -> np.ndarray:
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await self._body(request)
-{%- if cookiecutter.task == "image" %}
-        if media_type == "multipart/form-data":
-            body = await self._form_file(request, body)
-        elif media_type and media_type != "application/octet-stream" and not media_type.startswith("image/"):
-            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {ACCEPTED}")
-        if not body:
-            raise HTTPException(400, f"the image is empty: send {ACCEPTED}")
-        if self._decoders is None:
-            self._decoders = anyio.CapacityLimiter(os.cpu_count() or 1)  # a few large images at a time, not 40
-        decode = partial(decode_image, body, self.model.image_size, self.max_pixels)
-        try:
-            pixels = await anyio.to_thread.run_sync(decode, limiter=self._decoders)
-        except ImageTooLargeError as err:
-            raise HTTPException(413, f"{err}: send a smaller image") from err
-        except UnreadableImageError as err:
-            raise HTTPException(400, f"the body is not an image that can be read ({err}): send {ACCEPTED}") from err
-        return np.ascontiguousarray(pixels.transpose(2, 0, 1))  # (3, size, size), as the model takes it
-{%- else %}
+        if self.model.kind == IMAGES:
+            return await self._image(request, media_type, body)
         if media_type and media_type != "application/json":
-            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {ACCEPTED}")
+            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {accepted(self.model)}")
         if not body:
-            raise HTTPException(400, f"the body is empty: send {ACCEPTED}")
+            raise HTTPException(400, f"the body is empty: send {accepted(self.model)}")
         return self._tokens(body)
-{%- endif %}
 
     async def _body(self, request: Request) -> bytes:
         """The body, refused (413) once it is longer than ``max_body_bytes``: by its Content-Length, or as it comes."""
@@ -105,37 +82,56 @@ class InputReader:
         except ClientDisconnect as err:  # nobody is left to answer; not the server's error
             raise HTTPException(400, "the client closed the connection before the body was sent") from err
         return b"".join(chunks)
-{%- if cookiecutter.task == "image" %}
 
-    @staticmethod
-    async def _form_file(request: Request, body: bytes) -> bytes:
+    async def _image(self, request: Request, media_type: str, body: bytes) -> np.ndarray:
+        """The pixels of an image file (the body, or a form's one file), ``(3, size, size)`` as the model takes them."""
+        shown = accepted(self.model)
+        if media_type == "multipart/form-data":
+            body = await self._form_file(request, body)
+        elif media_type and media_type != "application/octet-stream" and not media_type.startswith("image/"):
+            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {shown}")
+        if not body:
+            raise HTTPException(400, f"the image is empty: send {shown}")
+        if self._decoders is None:
+            self._decoders = anyio.CapacityLimiter(os.cpu_count() or 1)  # a few large images at a time, not 40
+        decode = partial(decode_image, body, self.model.image_size, self.max_pixels)
+        try:
+            pixels = await anyio.to_thread.run_sync(decode, limiter=self._decoders)
+        except ImageTooLargeError as err:
+            raise HTTPException(413, f"{err}: send a smaller image") from err
+        except UnreadableImageError as err:
+            raise HTTPException(400, f"the body is not an image that can be read ({err}): send {shown}") from err
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+    async def _form_file(self, request: Request, body: bytes) -> bytes:
         """The one file of a multipart form (its other fields are ignored)."""
 
         async def stream():
             yield body
 
+        shown = accepted(self.model)
         try:
             form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=100).parse()
         except MultiPartException as err:
-            raise HTTPException(400, f"the form cannot be read ({err.message}): send {ACCEPTED}") from err
+            raise HTTPException(400, f"the form cannot be read ({err.message}): send {shown}") from err
         files = [value for value in form.values() if isinstance(value, UploadFile)]
         if not files:
-            raise HTTPException(400, f"the form holds no file: send {ACCEPTED}")
+            raise HTTPException(400, f"the form holds no file: send {shown}")
         try:
             return await files[0].read()
         finally:
             await form.close()
-{%- else %}
 
     def _tokens(self, body: bytes) -> np.ndarray:
         """The token ids of a JSON body, checked against the model's vocabulary and lengths."""
+        shown = accepted(self.model)
         try:
             given = json.loads(body)
         except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-            raise HTTPException(400, f"the body is not JSON ({err}): send {ACCEPTED}") from err
+            raise HTTPException(400, f"the body is not JSON ({err}): send {shown}") from err
         tokens = given.get("tokens") if isinstance(given, dict) else None
         if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
-            raise HTTPException(400, f"expected {ACCEPTED}, with whole numbers as the ids")
+            raise HTTPException(400, f"expected {shown}, with whole numbers as the ids")
         fewest, most = self.model.lengths
         if not fewest <= len(tokens) <= most:
             raise HTTPException(400, f"{len(tokens)} tokens: the model takes from {fewest} to {most} tokens")
@@ -144,4 +140,3 @@ class InputReader:
         if outside:
             raise HTTPException(400, f"token id {outside[0]} is outside the vocabulary: ids lie in [0, {vocab_size})")
         return np.array(tokens, dtype=np.int64)
-{%- endif %}

@@ -29,7 +29,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..errors import UserError
-from ..export import CLASS_NAMES_FILE, INPUT_FILE
+from ..export import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TOKENS
 from ..files import NotAFileError, open_regular
 
 # What `torch.export.save` writes for one plain program, below the archive's own folder.
@@ -39,31 +39,36 @@ _SAVED_ENTRIES = re.compile(
 )
 _PAYLOAD_CONFIGS = re.compile(r"[^/]+/data/(weights|constants)/[^/]+_config\.json")
 _TENSOR_CONSTANT = "tensor_"  # torch.export's TENSOR_CONSTANT_FILENAME_PREFIX: a tensor stored raw, not pickled
-EXPORT_COMMAND = "python -m {{ cookiecutter.project_slug }}.export"
+# The command that writes model files, named in messages (a project's server names its own, ``<package>.export``).
+EXPORT_COMMAND = "python -m lightning_kit.export"
 
 
 class ModelFileError(UserError):
-    """A model file that is missing, not an exported model, unsafe to load, or of the other task."""
+    """A model file that is missing, not an exported model, unsafe to load, or of inputs no server decodes."""
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the server needs to know of an exported model to check requests before they reach it."""
+    """What the server needs to know of an exported model to check requests before they reach it.
+
+    ``kind`` says what a request holds: ``IMAGES`` (an image file, resized to ``image_size``) or
+    ``TOKENS`` (token ids in ``[0, vocab_size)``, as many as ``lengths`` allows); the other kind's
+    fields are None.
+    """
 
     path: Path
     class_names: tuple[str, ...]
-{%- if cookiecutter.task == "image" %}
-    image_size: int  # images are resized to image_size x image_size
-{%- else %}
-    vocab_size: int  # token ids lie in [0, vocab_size)
-    lengths: tuple[int, int]  # the fewest and the most tokens the model takes
-{%- endif %}
+    kind: str
+    image_size: int | None = None  # images are resized to image_size x image_size
+    vocab_size: int | None = None  # token ids lie in [0, vocab_size)
+    lengths: tuple[int, int] | None = None  # the fewest and the most tokens the model takes
 
 
-def read_model(path: str | Path) -> tuple[ExportedProgram, ModelInfo]:
-    """The program in the ``.pt2`` file at ``path`` and what it takes; ``ModelFileError`` saying why not."""
+def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[ExportedProgram, ModelInfo]:
+    """The program in the ``.pt2`` file at ``path`` and what it takes; ``ModelFileError`` saying why not (and
+    naming ``export_command``, the command that writes such files)."""
     path = Path(path)
-    data = _read_bytes(path)
+    data = _read_bytes(path, export_command)
     _check_entries(path, data)
     extra = {CLASS_NAMES_FILE: "", INPUT_FILE: ""}
     try:
@@ -72,7 +77,7 @@ def read_model(path: str | Path) -> tuple[ExportedProgram, ModelInfo]:
     except Exception as err:  # a damaged archive makes the deserializer raise almost any type
         raise ModelFileError(f"{path} cannot be loaded as an exported model ({_first_line(err)})") from err
     _check_operations(path, program)
-    return program, _model_info(path, program, extra)
+    return program, _model_info(path, program, extra, export_command)
 
 
 def load_program(path: str | Path) -> ExportedProgram:
@@ -80,16 +85,16 @@ def load_program(path: str | Path) -> ExportedProgram:
     return read_model(path)[0]
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, export_command: str) -> bytes:
     if path.suffix != ".pt2":
-        raise ModelFileError(f"{path} is not a .pt2 file: give the file {EXPORT_COMMAND} writes, or --ckpt_path")
+        raise ModelFileError(f"{path} is not a .pt2 file: give the file {export_command} writes, or --ckpt_path")
     try:
         with open_regular(path) as file:
             return file.read()
     except NotAFileError as err:
-        raise ModelFileError(f"{err}: give the .pt2 file {EXPORT_COMMAND} writes") from err
+        raise ModelFileError(f"{err}: give the .pt2 file {export_command} writes") from err
     except FileNotFoundError as err:
-        raise ModelFileError(f"{path} does not exist: export a checkpoint with {EXPORT_COMMAND}") from err
+        raise ModelFileError(f"{path} does not exist: export a checkpoint with {export_command}") from err
     except OSError as err:
         raise ModelFileError(f"{path} cannot be read ({err.strerror or err})") from err
 
@@ -146,30 +151,44 @@ def _check_operations(path: Path, program: ExportedProgram) -> None:
             raise ModelFileError(f"{path} calls {target}, not a PyTorch tensor operation: refused")
 
 
-def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str]) -> ModelInfo:
-    """The class names and the inputs the export wrote beside the program, checked against this project's task."""
+def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
+    """The class names and the inputs the export wrote beside the program: images or token ids.
+
+    The kind of input is what the export recorded; a file without it (exported before it was
+    recorded) is read by its inputs' type and shape.
+    """
     if not extra[CLASS_NAMES_FILE] or not extra[INPUT_FILE]:
         raise ModelFileError(
-            f"{path} was not exported by {EXPORT_COMMAND}: it has no "
+            f"{path} was not exported by {export_command}: it has no "
             f"{CLASS_NAMES_FILE} and {INPUT_FILE} beside the program"
         )
     try:
         class_names = tuple(str(name) for name in json.loads(extra[CLASS_NAMES_FILE]))
         described = json.loads(extra[INPUT_FILE])
         dtype, shape = described["dtype"], [int(size) for size in described["shape"]]
-    except (ValueError, KeyError, TypeError) as err:
+        kind = described.get("kind", _kind_of(dtype, shape, described))
+        vocab_size = int(described["vocab_size"]) if kind == TOKENS else None
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} or {CLASS_NAMES_FILE} cannot be read") from err
     takes = f"{dtype} inputs of shape {tuple(shape)}"
-{%- if cookiecutter.task == "image" %}
-    if dtype != "uint8" or len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
-        raise ModelFileError(f"{path} takes {takes}, not images (uint8, (batch, 3, size, size)): another task's model")
-    return ModelInfo(path, class_names, image_size=shape[2])
-{%- else %}
-    if dtype != "int64" or len(shape) != 2 or "vocab_size" not in described:
-        raise ModelFileError(f"{path} takes {takes}, not token ids (int64, (batch, length)): another task's model")
-    return ModelInfo(path, class_names, vocab_size=int(described["vocab_size"]), lengths=_lengths(program, shape[1]))
-{%- endif %}
-{%- if cookiecutter.task == "sequence" %}
+    if kind == IMAGES and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
+        return ModelInfo(path, class_names, IMAGES, image_size=shape[2])
+    if kind == TOKENS and dtype == "int64" and len(shape) == 2:
+        return ModelInfo(path, class_names, TOKENS, vocab_size=vocab_size, lengths=_lengths(program, shape[1]))
+    said = f" (its {INPUT_FILE} says {kind!r})" if kind in (IMAGES, TOKENS) else ""
+    raise ModelFileError(
+        f"{path} takes {takes}{said}, neither images (uint8, (batch, 3, size, size)) "
+        "nor token ids (int64, (batch, length)): no request could be decoded for it"
+    )
+
+
+def _kind_of(dtype: str, shape: list[int], described: dict) -> str | None:
+    """The kind of input of a file whose ``INPUT_FILE`` does not say it: by the inputs' type and shape."""
+    if dtype == "uint8" and len(shape) == 4:
+        return IMAGES
+    if dtype == "int64" and len(shape) == 2 and "vocab_size" in described:
+        return TOKENS
+    return None
 
 
 def _lengths(program: ExportedProgram, exported: int) -> tuple[int, int]:
@@ -181,8 +200,6 @@ def _lengths(program: ExportedProgram, exported: int) -> tuple[int, int]:
         return length, length
     bounds = program.range_constraints[length.node.expr]
     return int(bounds.lower), int(bounds.upper)
-
-{%- endif %}
 
 
 def _first_line(err: Exception) -> str:
