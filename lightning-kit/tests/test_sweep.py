@@ -200,7 +200,10 @@ def test_cross_validation_runs_each_fold_once_and_reports_their_spread(in_tmp_pa
     [
         ("model.lr: [0.1\n", "space.yaml is not YAML"),
         ("- model.lr\n", "space.yaml must map train.py flags"),
-        ("model.lrr: [0.1, 0.01]\n", "space.yaml: model.lrr is not an argument of python train.py: did you mean model.lr?"),
+        (
+            "model.lrr: [0.1, 0.01]\n",
+            "space.yaml: model.lrr is not an argument of python train.py: did you mean model.lr?",
+        ),
         ("model.lr: {low: 0.1, high: 0.01}\n", "space.yaml: model.lr: low must be below high"),
         ("model.lr: {low: 0.0, high: 0.1, log: true}\n", "space.yaml: model.lr: "),
         ("model.lr: {low: 0.1}\n", "space.yaml: model.lr: {'low': 0.1} is not a range"),
