@@ -201,8 +201,9 @@ def point_at_library(reference: str | None) -> None:
     """Make pyproject.toml's requirements of the library direct references to where it was found."""
     if reference is None:
         print(
-            f"note: {LIBRARY} was not found beside the template {TEMPLATE}: install it before the project "
-            f"(pip install {LIBRARY}), or give its location in pyproject.toml"
+            f"note: {LIBRARY} was not found beside the template {TEMPLATE}: the project requires it by name; "
+            f"install it before the project (pip install <its folder>, or its repository's git URL with "
+            f"#subdirectory={LIBRARY}), or write its location into pyproject.toml"
         )
         return
     path = Path("pyproject.toml")

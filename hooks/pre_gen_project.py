@@ -44,11 +44,11 @@ DEPENDENCY_MODULES = frozenset(
     absl aiohappyeyeballs aiohttp aiosignal alembic annotated_doc annotated_types anyio argcomplete arrow attr attrs
     binaryornot bitsandbytes certifi cfgv charset_normalizer click colorlog comet_ml contourpy cookiecutter cruft
     cuda cycler cython_runtime dateutil deepspeed distlib docstring_parser dotenv execnet fastapi filelock
-    flatbuffers frozenlist fsspec functorch git gitdb google greenlet grimp grpc h11 httptools hydra identify idna
-    importlinter iniconfig isympy jinja2 jsonargparse jsonschema kiwisolver lightning lightning_fabric lightning_sdk
+    frozenlist fsspec functorch git gitdb google greenlet grpc h11 httptools hydra identify idna iniconfig isympy
+    jinja2 jsonargparse jsonschema kiwisolver lightning lightning_fabric lightning_kit lightning_sdk
     lightning_utilities litdata litlogger litmodels litserve mako markdown markdown_it markupsafe matplotlib mdurl
     ml_dtypes mlflow mpi4py mpl_toolkits mpmath multidict multipart neptune networkx nodeenv numpy nvidia omegaconf
-    onnx onnx_ir onnxruntime onnxscript opentelemetry optuna packaging pkg_resources platformdirs pluggy pre_commit
+    onnx onnx_ir onnxscript opentelemetry optuna packaging pkg_resources platformdirs pluggy pre_commit
     pre_commit_hooks propcache psutil psycopg psycopg_binary py pydantic pydantic_core pygments pylab pyparsing
     pytest pytest_cookies python_discovery python_multipart pytorch_lightning requests rich ruamel ruff scipy
     setuptools shellingham shtab six slugify smmap sniffio sqlalchemy starlette sympy tabulate tensorboard
@@ -86,20 +86,11 @@ PACKAGE = Path("src") / PROJECT_SLUG
 REMOVABLE_FILES = [
     PACKAGE / "models" / "cnn.py",
     PACKAGE / "data" / "images.py",
-    PACKAGE / "data" / "folders.py",
-    PACKAGE / "data" / "augment.py",
     PACKAGE / "data" / "cifar10.py",
-    PACKAGE / "data" / "image_decoding.py",
-    PACKAGE / "data" / "image_files.py",
-    PACKAGE / "data" / "image_splits.py",
     PACKAGE / "data" / "synthetic.py",
     Path("tests") / "test_images.py",
-    Path("tests") / "test_folders.py",
-    Path("tests") / "test_augment.py",
     Path("tests") / "test_cifar10.py",
     Path("tests") / "test_cnn.py",
-    Path("tests") / "test_image_decoding.py",
-    Path("tests") / "test_image_files.py",
     Path("tests") / "test_synthetic.py",
     Path("configs") / "cifar10.yaml",
     Path("configs") / "image_folder.yaml",

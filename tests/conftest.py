@@ -1,6 +1,18 @@
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 
@@ -12,6 +24,16 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # magnitude above an idle run and three times the slowest seen: only a process that has stopped
 # making progress trips it.
 HANG_GUARD_S = 2 * 60 * 60
+
+# Not part of the template: the template's own environment, outputs and caches.
+NOT_TEMPLATE = {".git", ".venv", "build"}
+CACHES = shutil.ignore_patterns("__pycache__", ".pytest_cache", ".ruff_cache", "*.pyc", "*.egg-info", "build")
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "Template Test",
+    "GIT_AUTHOR_EMAIL": "template-test@example.com",
+    "GIT_COMMITTER_NAME": "Template Test",
+    "GIT_COMMITTER_EMAIL": "template-test@example.com",
+}
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +52,202 @@ def bake(cookies, template_dir):
         return Path(result.project_path)
 
     return _bake
+
+
+def git_environment(folder: Path) -> dict[str, str]:
+    """A git identity, no global or system git settings, and a cookiecutter config (and its caches) in ``folder``."""
+    config = folder / "cookiecutterrc.yaml"
+    config.write_text(f"cookiecutters_dir: {folder / 'cookiecutters'}\nreplay_dir: {folder / 'replay'}\n")
+    inherited = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+    return {
+        **inherited,
+        **IDENTITY,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "COOKIECUTTER_CONFIG": str(config),
+    }
+
+
+def run(*command: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``command`` in ``cwd``, with no terminal and nothing on stdin; its output captured."""
+    return subprocess.run(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+
+
+def git(*args: str, cwd: Path, env: dict[str, str]) -> str:
+    done = run("git", *args, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def commit(folder: Path, message: str, env: dict[str, str]) -> str:
+    """Commit everything in folder, in a new repository if it has none; return the commit."""
+    if not (folder / ".git").exists():
+        git("init", "-q", cwd=folder, env=env)
+    git("add", "-A", cwd=folder, env=env)
+    git("commit", "-q", "-m", message, cwd=folder, env=env)
+    return git("rev-parse", "HEAD", cwd=folder, env=env).strip()
+
+
+def copy_template(target: Path) -> Path:
+    """The template's working tree (the library beside it too), without its git folder, environment, outputs and caches.
+
+    The tests commit it into a repository of their own: what they bake and install is the working
+    tree as it is, committed or not (on a fresh clone, that is the commit checked out).
+    """
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return set(CACHES(folder, names)) | (NOT_TEMPLATE & set(names) if Path(folder) == TEMPLATE else set())
+
+    shutil.copytree(TEMPLATE, target, ignore=ignore, symlinks=True)
+    return target
+
+
+def cookiecutter_cli(source: str, output: Path, cwd: Path, env: dict[str, str], *options: str) -> Path:
+    """`cookiecutter --no-input SOURCE` into ``output``, as a user types it; return the project."""
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", *options, "-o", str(output), source]
+    done = run(*command, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return output / "vision_project"
+
+
+def library_requirements(project: Path) -> list[str]:
+    """Every requirement of the library in a project's pyproject.toml: its dependency, then each extra's."""
+    metadata = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    texts = [
+        *metadata["dependencies"],
+        *(text for group in metadata["optional-dependencies"].values() for text in group),
+    ]
+    return [text for text in texts if re.match(r"lightning-kit\b", text)]
+
+
+@dataclass
+class FreshVenv:
+    """A plain virtual environment (no system site-packages) into which a project baked from a git URL was installed.
+
+    ``install_log`` and ``install_seconds`` are of that first ``pip install -e ".[dev]"``, which
+    took every dependency from the package index; ``installed`` is what the environment held right
+    after it. Each test that uses it installs what it needs first: another may have changed it.
+    """
+
+    folder: str
+    template: str  # the template's git repository, commit ``commit``: a copy of the working tree
+    commit: str
+    url: str  # what the project was baked from: git+file:///...
+    project: str
+    install_seconds: float
+    install_log: str
+    installed: dict
+
+    @property
+    def bin(self) -> Path:
+        return Path(self.folder) / "bin"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This environment first on PATH, as after `source .venv/bin/activate`; nothing of the template's own."""
+        kept = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTEST_ADDOPTS"}
+            and not key.startswith(("PYTEST_XDIST", "GIT_"))
+        }
+        return {
+            **kept,
+            **IDENTITY,
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "VIRTUAL_ENV": self.folder,
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def run(self, *command: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """``command`` with this environment's programs first (``python`` is its interpreter)."""
+        program = str(self.bin / command[0]) if (self.bin / command[0]).exists() else command[0]
+        return run(program, *command[1:], cwd=cwd, env={**self.env, **(env or {})})
+
+    def pip(self, *args: str, cwd: Path) -> str:
+        done = self.run("python", "-m", "pip", *args, cwd=cwd)
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+        return done.stdout
+
+    def distribution(self, name: str, cwd: Path) -> dict:
+        """Where this environment's ``name`` came from (its direct_url.json, or None) and its files' folder."""
+        probe = (
+            "import importlib.metadata as m, json, sys; d = m.distribution(sys.argv[1]); "
+            "url = json.loads(d.read_text('direct_url.json') or 'null'); "
+            "print(json.dumps({'version': d.version, 'direct_url': url, 'location': str(d.locate_file(''))}))"
+        )
+        done = self.run("python", "-c", probe, name, cwd=cwd)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return json.loads(done.stdout)
+
+
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder that every xdist worker of this session sees (the session's base folder), or this process's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold ``lock`` against every other process of this session (an advisory lock, released when the file closes)."""
+    with lock.open("a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def build_fresh_venv(folder: Path) -> FreshVenv:
+    """Bake the template from a git URL and `pip install -e ".[dev]"` the project into a new, plain environment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = git_environment(folder)
+    template = copy_template(folder / "template")
+    first = commit(template, "the template", env)
+    url = f"git+{template.as_uri()}"
+    project = cookiecutter_cli(url, folder / "projects", folder, env)
+    venv = folder / "venv"
+    done = run(sys.executable, "-m", "venv", str(venv), cwd=folder)
+    assert done.returncode == 0, done.stderr
+    state = FreshVenv(str(venv), str(template), first, url, str(project), 0.0, "", {})
+    started = time.monotonic()
+    # The pip that Python ships may be too old for a `git+file:` URL (pip 23.2 rejects one without a host, as
+    # its packaging did); the repository a team shares has an https URL, which any pip takes.
+    done = state.run("python", "-m", "pip", "install", "--upgrade", "pip", cwd=project)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    done = state.run("python", "-m", "pip", "install", "-e", ".[dev]", cwd=project)
+    state.install_seconds = round(time.monotonic() - started, 1)
+    state.install_log = done.stdout[-20000:] + done.stderr[-4000:]
+    assert done.returncode == 0, state.install_log
+    state.installed = {name: state.distribution(name, project) for name in ("lightning-kit", "vision_project", "torch")}
+    return state
+
+
+@pytest.fixture(scope="session")
+def fresh_venv_folder(tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory) / "fresh-venv"
+
+
+@pytest.fixture
+def fresh_venv(fresh_venv_folder: Path) -> Iterator[FreshVenv]:
+    """The session's one fresh environment, held by this test alone (across xdist workers) while it runs.
+
+    The first test to ask builds it (2 to 3 minutes: every dependency installed from the index);
+    the others, in any worker, wait for it and reuse it. A build that failed fails them all at once.
+    """
+    fresh_venv_folder.parent.mkdir(parents=True, exist_ok=True)
+    record, failed = fresh_venv_folder.with_suffix(".json"), fresh_venv_folder.with_suffix(".failed")
+    with exclusive(fresh_venv_folder.with_suffix(".lock")):
+        if failed.exists():
+            pytest.fail(f"the fresh environment could not be built:\n{failed.read_text()}")
+        if not record.exists():
+            try:
+                state = build_fresh_venv(fresh_venv_folder)
+            except BaseException as err:
+                failed.write_text(str(err))
+                raise
+            record.write_text(json.dumps(asdict(state)))
+        yield FreshVenv(**json.loads(record.read_text()))

@@ -1,21 +1,32 @@
-"""Mutation tests of the generated device audit.
+"""Mutation tests of the device audit, through a real generated project.
 
 Each class of placement bug is written into a copy of a real generated project, as a
 user's edit would put it there, and the audit of that project's configured model, data
-and callbacks (what ``python -m <package>.placement`` audits) must stop at the line where
-a GPU would stop. The unedited projects, and device-agnostic code of other shapes, pass.
+and callbacks (what ``python -m <package>.placement`` audits: the project's ``ProjectCLI``
+built from the same arguments) must stop at the line where a GPU would stop. Bugs in the
+code every project shares, which lives in the library now, are planted in a copy of the
+library put first on the path of a ``python -m <package>.placement`` process. The
+unedited projects, and device-agnostic code of other shapes, pass.
 """
 
 import importlib
 import itertools
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
+import lightning_kit
 import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from conftest import HANG_GUARD_S
+from lightning_kit import DevicePlacementError, audit
+from lightning_kit.cli import build_all
 from torch import nn
 
 # Few data: the audit runs two short epochs whatever the data's size.
@@ -54,13 +65,17 @@ def project_copy(baked: dict[str, Path], task: str, edits: dict[str, list[tuple[
 
 
 def audit_project(baked: dict[str, Path], task: str, package):
-    """Audit what the project's command line configures: model, data module and the Trainer's callbacks."""
+    """Audit what the project's command line configures: model, data module and the Trainer's callbacks.
+
+    As ``python -m <package>.placement`` does: the library's command, with the project's ``ProjectCLI``.
+    """
     cli = importlib.import_module(f"{package.__name__}.cli")
     placement = importlib.import_module(f"{package.__name__}.placement")
+    assert placement.ProjectCLI is cli.ProjectCLI, "the project's command runs the library's with its own CLI"
     config = str(baked[task] / "configs" / "synthetic.yaml")
     arguments = ["--config", config, *SMALL_DATA[task], "--trainer.accelerator", "cpu", "--trainer.logger", "false"]
-    model, datamodule, trainer = cli.build_all(arguments)
-    return placement.audit(model, datamodule, trainer=trainer)
+    model, datamodule, trainer = build_all(cli.ProjectCLI, arguments)
+    return audit(model, datamodule, trainer=trainer)
 
 
 def line_holding(path: Path, text: str) -> int:
@@ -107,13 +122,6 @@ TASK_BUGS = {
         NORMALISE,
         "mixed devices",
     ),
-    "a CPU generator for on-device augmentation": (
-        "image",
-        "data/image_splits.py",
-        [("generator = torch.Generator(device=images.device)", "generator = torch.Generator()")],
-        ("data/augment.py", "top = torch.randint("),  # made by the data module, used by the augmentation
-        "generator",
-    ),
     "a CPU generator for noise in forward": (
         "sequence",
         "models/attention.py",
@@ -140,18 +148,6 @@ TASK_BUGS = {
         ".cuda()",
         "hard-coded device",
     ),
-    "GPU 0 assumed by the augmentation": (
-        "image",
-        "data/augment.py",
-        [
-            (
-                "rows = torch.arange(H, device=images.device)",
-                "rows = torch.arange(H, device=torch.device(images.device.type, 0))",
-            )
-        ],
-        "rows = torch.arange(H",
-        "another GPU",
-    ),
     "GPU 0 assumed by the network": (
         "sequence",
         "models/attention.py",
@@ -163,14 +159,10 @@ TASK_BUGS = {
 
 
 def audit_with_bug(baked, task, relative, edits, line_text, tmp_path):
-    """Audit a copy of the project with ``edits`` to ``relative``: the error must name ``line_text``'s line
-    (in ``relative``, or ``line_text`` is (another file, its text))."""
+    """Audit a copy of the project with ``edits`` to ``relative``: the error must name ``line_text``'s line there."""
     package, folder = project_copy(baked, task, {relative: edits}, tmp_path)
-    error_type = importlib.import_module(f"{package.__name__}.placement").DevicePlacementError
-    with pytest.raises(error_type) as caught:
+    with pytest.raises(DevicePlacementError) as caught:
         audit_project(baked, task, package)
-    if isinstance(line_text, tuple):
-        relative, line_text = line_text
     error, path = caught.value, folder / relative
     assert (Path(error.filename), error.lineno) == (path, line_holding(path, line_text)), error
     return error
@@ -261,18 +253,6 @@ SHARED_BUGS = {
         "mixed devices",
         "on_validation_epoch_end",
     ),
-    "a CPU tensor in a callback after fit": (
-        "callbacks/reporting.py",
-        [
-            (
-                'confusion = getattr(pl_module, "last_val_confusion", None)',
-                "confusion = pl_module.last_val_confusion + torch.eye(pl_module.hparams.num_classes, dtype=torch.long)",
-            )
-        ],
-        "confusion = pl_module.last_val_confusion",
-        "mixed devices",
-        "on_fit_end",
-    ),
     "a CPU value logged with sync_dist=True": (
         "classifier.py",
         [(LOG_EPOCH, LOG_EPOCH.replace("metric.compute()", "metric.compute().cpu()"))],
@@ -334,10 +314,89 @@ class ResNet(L.LightningModule):
         return torch.optim.AdamW(self.parameters())
 
 
-def test_device_agnostic_modules_and_resnet18_pass(baked, tmp_path):
-    package, _ = project_copy(baked, "image", {}, tmp_path)
-    audit = importlib.import_module(f"{package.__name__}.placement").audit
+def test_device_agnostic_modules_and_resnet18_pass():
     verdict = audit(DeviceAgnostic(), (torch.randn(4, 8), torch.randint(0, 3, (4,))))
     assert {outcome.stage for outcome in verdict.outcomes} == {"fit"}
     verdict = audit(ResNet(), (torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,))))
     assert {outcome.stage for outcome in verdict.outcomes} == {"fit", "validate"}
+
+
+# The plots' callback, after fit; its first line is where the planted one goes.
+ON_FIT_END = "    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:\n"
+# Bugs in the code every project shares, the library's: (task, the library's file, edits, the text on the
+# line the audit must name (in that file, or (another of its files, its text)), what CUDA says, and where it
+# fails: (stage, rank, step)).
+LIBRARY_BUGS = {
+    "a CPU generator for on-device augmentation": (
+        "image",
+        "data/image_splits.py",
+        [("generator = torch.Generator(device=images.device)", "generator = torch.Generator()")],
+        ("data/augment.py", "top = torch.randint("),  # made by the data module, used by the augmentation
+        "Expected a 'cuda' device type for generator but found 'cpu'",
+        ("fit", 0, "on_after_batch_transfer"),
+    ),
+    "GPU 0 assumed by the augmentation": (
+        "image",
+        "data/augment.py",
+        [
+            (
+                "rows = torch.arange(H, device=images.device)",
+                "rows = torch.arange(H, device=torch.device(images.device.type, 0))",
+            )
+        ],
+        "rows = torch.arange(H",
+        "asked for cuda:0 in the process whose GPU is cuda:1",
+        ("fit", 1, "on_after_batch_transfer"),
+    ),
+    "a CPU tensor in a callback after fit": (
+        "sequence",
+        "callbacks/reporting.py",
+        [
+            (
+                ON_FIT_END,
+                f"{ON_FIT_END}        pl_module.last_val_confusion + torch.eye(pl_module.hparams.num_classes).long()\n",
+            )
+        ],
+        "pl_module.last_val_confusion + torch.eye(",
+        "Expected all tensors to be on the same device",
+        ("fit", 0, "on_fit_end"),
+    ),
+}
+# The first bug's line in the audit's report: FAILED fit on simgpu:0, Classifier.training_step: aten.add.Tensor at f:12
+FAILED = re.compile(r"^FAILED (\w+) on simgpu:(\d)[^,]*, (.+?): \S+ at (.+):(\d+)$", flags=re.MULTILINE)
+
+
+def library_copy(relative: str, edits: list[tuple[str, str]], folder: Path) -> Path:
+    """A copy of the library's package in ``folder`` with each (old, new) edit applied once to ``relative``."""
+    package = shutil.copytree(Path(lightning_kit.__file__).parent, folder / "lightning_kit")
+    path = package / relative
+    source = path.read_text()
+    for old, new in edits:
+        assert source.count(old) == 1, f"{old!r} should appear once in {relative}"
+        source = source.replace(old, new)
+    path.write_text(source)
+    return package
+
+
+@pytest.mark.parametrize("bug", LIBRARY_BUGS)
+def test_bugs_in_the_librarys_code_are_caught_at_their_line_by_the_projects_command(baked, tmp_path, bug):
+    """`python -m <package>.placement` of a project, with the library's code edited: the report names the line."""
+    task, relative, edits, line_text, says, (stage, rank, step) = LIBRARY_BUGS[bug]
+    package = library_copy(relative, edits, tmp_path / "library")
+    root = baked[task]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "library"), str(root / "src")])}
+    command = [sys.executable, "-m", f"audit_{task}.placement", "--config", "configs/synthetic.yaml"]
+    command += [*SMALL_DATA[task], "--trainer.logger", "false"]
+    done = subprocess.run(
+        command, cwd=root, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
+    if isinstance(line_text, tuple):
+        relative, line_text = line_text
+    path = package / relative
+    first = FAILED.search(done.stdout)
+    assert first is not None, done.stdout[-4000:]
+    assert (first.group(1), int(first.group(2)), first.group(3).rpartition(".")[2]) == (stage, rank, step), first[0]
+    assert (Path(first.group(4)), int(first.group(5))) == (path, line_holding(path, line_text)), first[0]
+    report = done.stdout[first.end() :]
+    assert says in report.split("\nFAILED ")[0], report[:3000]

@@ -7,26 +7,16 @@ runs as a subprocess with no terminal and nothing on stdin.
 """
 
 import json
-import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import HANG_GUARD_S
+from conftest import FreshVenv, commit, cookiecutter_cli, copy_template, git, git_environment, library_requirements, run
 
-TEMPLATE = Path(__file__).resolve().parents[1]
-# Not part of the template: the template's own environment, outputs and caches.
-NOT_TEMPLATE = {".git", ".venv", "build"}
-CACHES = shutil.ignore_patterns("__pycache__", ".pytest_cache", ".ruff_cache", "*.pyc")
 PROJECT_TEMPLATE = "{{cookiecutter.project_slug}}"
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "Template Test",
-    "GIT_AUTHOR_EMAIL": "template-test@example.com",
-    "GIT_COMMITTER_NAME": "Template Test",
-    "GIT_COMMITTER_EMAIL": "template-test@example.com",
-}
 # The user's change and the template's, on the README's first line or at its end.
 USER_TITLE = "# Vision Project, our fork\n"
 TEMPLATE_TITLE = "# {{ cookiecutter.project_name }}: a Lightning project\n"
@@ -37,51 +27,11 @@ NEW_FILE = ("docs/updating.md", "# Updating {{ cookiecutter.project_name }}\n", 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
     """A git identity, no global or system git settings, and a cookiecutter config inside tmp_path."""
-    config = tmp_path / "cookiecutterrc.yaml"
-    config.write_text(f"cookiecutters_dir: {tmp_path / 'cookiecutters'}\nreplay_dir: {tmp_path / 'replay'}\n")
-    inherited = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
-    return {
-        **inherited,
-        **IDENTITY,
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "COOKIECUTTER_CONFIG": str(config),
-    }
-
-
-def run(*command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
-
-
-def git(*args: str, cwd: Path, env: dict[str, str]) -> str:
-    done = run("git", *args, cwd=cwd, env=env)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def commit(folder: Path, message: str, env: dict[str, str]) -> str:
-    """Commit everything in folder, in a new repository if it has none; return the commit."""
-    if not (folder / ".git").exists():
-        git("init", "-q", cwd=folder, env=env)
-    git("add", "-A", cwd=folder, env=env)
-    git("commit", "-q", "-m", message, cwd=folder, env=env)
-    return git("rev-parse", "HEAD", cwd=folder, env=env).strip()
+    return git_environment(tmp_path)
 
 
 def cruft(*args: str, project: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return run(sys.executable, "-m", "cruft", *args, cwd=project, env=env)
-
-
-def copy_template(target: Path) -> Path:
-    """The template's working tree, without its git folder, environment, outputs and caches."""
-
-    def ignore(folder: str, names: list[str]) -> set[str]:
-        return set(CACHES(folder, names)) | (NOT_TEMPLATE & set(names) if Path(folder) == TEMPLATE else set())
-
-    shutil.copytree(TEMPLATE, target, ignore=ignore, symlinks=True)
-    return target
 
 
 @pytest.fixture
@@ -236,3 +186,95 @@ def test_a_template_outside_git_bakes_with_one_line_saying_how_to_link_later(tmp
     notes = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert len(notes) == 1 and "cruft link" in notes[0] and "not a git checkout" in notes[0], notes
     assert json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))["_template"] == "template"
+    assert library_references(project) == {(tmp_path / "template" / "lightning-kit").resolve().as_uri()}
+
+
+def test_a_template_without_the_library_beside_it_bakes_with_one_line_saying_how_to_install_it(tmp_path, env):
+    """The template's folder alone (no lightning-kit/ next to it): the bare requirements stay, and one line says so."""
+    template = copy_template(tmp_path / "template")
+    shutil.rmtree(template / "lightning-kit")
+    commit(template, "the template alone", env)
+    done = cookiecutter(tmp_path, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    project = tmp_path / "projects" / "vision_project"
+    notes = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(notes) == 1 and "lightning-kit was not found beside the template" in notes[0], notes
+    assert library_requirements(project)[0] == "lightning-kit"
+    assert all(" @ " not in text for text in library_requirements(project))
+
+
+def library_references(project: Path) -> set[str]:
+    """Where the project's pyproject.toml has pip find the library: each requirement's URL, extras included."""
+    return {text.split(" @ ", 1)[1] for text in library_requirements(project)}
+
+
+def test_a_bake_from_a_local_checkout_requires_the_library_in_that_folder(tmp_path, env, template):
+    """A folder on this machine: the library beside the template, as it is there (pip builds what it finds)."""
+    project = bake(tmp_path, env)
+    assert library_references(project) == {(template.resolve() / "lightning-kit").as_uri()}
+
+
+def test_a_bake_from_a_git_url_requires_the_library_at_the_commit_baked_and_an_update_moves_it(tmp_path, env, template):
+    """`cookiecutter git+file:///...`: the library's folder in that repository at that commit, until cruft moves it."""
+    first = git("rev-parse", "HEAD", cwd=template, env=env).strip()
+    url = f"git+{template.as_uri()}"
+    project = cookiecutter_cli(url, tmp_path / "projects", tmp_path, env)
+    assert library_references(project) == {f"{url}@{first}#subdirectory=lightning-kit"}
+    assert state(project)["template"] == template.as_uri()
+    commit(project, "bake", env)
+    second = change_template(template, env, title=False)
+
+    update = cruft("update", "--skip-apply-ask", project=project, env=env)
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert library_references(project) == {f"{url}@{second}#subdirectory=lightning-kit"}
+    assert state(project)["commit"] == second
+
+
+# Commit B of the template changes the library, and gives the project a test that needs the change.
+LIBRARY_CHANGE = (
+    "lightning-kit/src/lightning_kit/release_notes.py",
+    '"""What this release of the library changed."""\n\nCHANGES = ("the second commit",)\n',
+)
+PROJECT_TEST = (
+    f"{PROJECT_TEMPLATE}/tests/test_release_notes.py",
+    "from lightning_kit.release_notes import CHANGES\n\n\n"
+    "def test_the_library_is_the_templates_second_commit():\n"
+    '    assert CHANGES == ("the second commit",)\n',
+)
+
+
+@pytest.mark.slow
+def test_an_update_to_a_commit_that_changes_the_library_installs_it_there_and_the_project_passes(
+    tmp_path, env, fresh_venv: FreshVenv
+):
+    """Baked from a git URL at commit A and edited, then updated to commit B: its tests pass on B's library."""
+    template = tmp_path / "template"
+    git("clone", "-q", fresh_venv.template, str(template), cwd=tmp_path, env=env)
+    url = f"git+{template.as_uri()}"
+    project = cookiecutter_cli(url, tmp_path / "projects", tmp_path, env)
+    assert library_references(project) == {f"{url}@{fresh_venv.commit}#subdirectory=lightning-kit"}
+    commit(project, "bake", env)
+    edit(project / "README.md", "# Vision Project\n", USER_TITLE)
+    commit(project, "our own change", env)
+    for name, text in (LIBRARY_CHANGE, PROJECT_TEST):
+        (template / name).write_text(text, encoding="utf-8")
+    second = commit(template, "the library's release notes", env)
+
+    update = cruft("update", "--skip-apply-ask", project=project, env=env)
+    assert update.returncode == 0, update.stdout + update.stderr
+    reference = f"{url}@{second}#subdirectory=lightning-kit"
+    assert library_references(project) == {reference}
+    assert (project / "README.md").read_text(encoding="utf-8").startswith(USER_TITLE), "the user's change was lost"
+    assert (project / "tests" / "test_release_notes.py").is_file(), "the template's new test did not arrive"
+    assert state(project)["commit"] == second
+
+    # In the fresh environment, which has what the project needs, the library at B: pip keeps an installed
+    # library of the same version for the new reference, so the library is uninstalled first.
+    fresh_venv.pip("uninstall", "--yes", "lightning-kit", cwd=project)
+    fresh_venv.pip("install", "-e", ".[dev]", cwd=project)
+    installed = fresh_venv.distribution("lightning-kit", project)["direct_url"]
+    assert (installed["vcs_info"]["commit_id"], installed["subdirectory"]) == (second, "lightning-kit"), installed
+    tests = fresh_venv.run("python", "-m", "pytest", "-v", "-p", "no:cacheprovider", "--disable-warnings", cwd=project)
+    assert tests.returncode == 0, tests.stdout[-20000:] + tests.stderr[-2000:]
+    assert re.search(r"\d+ passed", tests.stdout.splitlines()[-1]), tests.stdout[-2000:]
+    assert "tests/test_release_notes.py::test_the_library_is_the_templates_second_commit PASSED" in tests.stdout
