@@ -294,3 +294,98 @@ def test_the_command_names_itself_in_a_mistake(tmp_path, capsys):
     with pytest.raises(SystemExit):
         runs([str(tmp_path), "--format", "html"], prog="python -m my_project.runs")
     assert capsys.readouterr().err.strip().endswith("(options: python -m my_project.runs --help)")
+
+
+def make_folds(sweep: Path, values=(0.6, 0.7, 0.8), tests=(0.55, 0.65, 0.75), failed: int | None = None) -> None:
+    """A cross-validation's folder as ``sweep --folds 3`` writes it: trials that differ only in data.fold, each
+    fold's run folder with a test of its checkpoint; fold ``failed`` failed."""
+    sweep.mkdir(parents=True)
+    database = sweep / "study.db"
+    study = optuna.create_study(study_name="folds", storage=f"sqlite:///{database}", direction="maximize")
+    space = {"data.fold": optuna.distributions.CategoricalDistribution([0, 1, 2])}
+    for fold, (value, test) in enumerate(zip(values, tests, strict=True)):
+        state = optuna.trial.TrialState.FAIL if fold == failed else optuna.trial.TrialState.COMPLETE
+        trial = optuna.trial.create_trial(
+            params={"data.fold": fold}, distributions=space, value=None if fold == failed else value, state=state
+        )
+        study.add_trial(trial)
+        run = hand_made(sweep / f"trial_{fold:04d}", accuracies=(0.4, value))
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["data"]["init_args"].update(folds=3, fold=fold)
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        (run / "test" / "version_0").mkdir(parents=True)
+        (run / "test" / "version_0" / "metrics.csv").write_text(f"epoch,step,test/acc\n0,0,{test}\n")
+    info = {"study_name": "folds", "storage": f"sqlite:///{database}", "monitor": "val/acc", "direction": "maximize"}
+    (sweep / "study.json").write_text(json.dumps(info))
+
+
+def test_a_cross_validation_shows_its_folds_mean_and_spread_not_importances(tmp_path, capsys):
+    """A study whose trials differ only in data.fold is a cross-validation: below the table, the monitored and the
+    test metrics' mean and standard deviation over the folds, each fold's value; no importance of data.fold,
+    in the text or in a plot."""
+    make_folds(tmp_path / "runs" / "sweeps" / "folds")
+    rows = table(capsys, str(tmp_path / "runs"))
+    assert [row["data.fold"] for row in rows] == ["0", "1", "2"]
+    runs([str(tmp_path / "runs"), "--plot", str(tmp_path / "curves.png")])
+    captured = capsys.readouterr()
+    out = captured.out
+    study = "sweep sweeps/folds (study folds, cross-validation over 3 folds, maximize val/acc)"
+    assert f"{study}: 3 trials, 3 complete" in out, out
+    assert "  folds complete: 3 of 3\n" in out
+    assert (
+        "  val/acc (monitored): mean 0.7000, standard deviation 0.1000 over 3 folds (min 0.6000, max 0.8000; "
+        "by fold 0: 0.6000, 1: 0.7000, 2: 0.8000)" in out
+    ), out
+    assert "  test/acc: mean 0.6500, standard deviation 0.1000 over 3 folds" in out, out
+    assert "importance" not in out and "data.fold 1.00" not in out
+    assert (tmp_path / "curves-folds-history.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "curves-folds-importances.png").exists()
+    assert "differ only in data.fold" in captured.err
+
+
+def test_a_cross_validation_with_a_fold_missing_gives_no_mean(tmp_path, capsys):
+    """A fold that failed: each complete fold's value is shown, and no mean, which would be of other data."""
+    make_folds(tmp_path / "runs" / "sweeps" / "folds", failed=2)
+    runs([str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert "  folds complete: 2 of 3; no mean until folds 2 complete" in out, out
+    assert "  val/acc (monitored) by fold: 0: 0.6000, 1: 0.7000 (over 2 of 3 folds: no mean)" in out, out
+    assert "mean 0." not in out
+
+
+@pytest.mark.slow
+def test_importances_from_few_trials_are_flagged_as_weak(tmp_path, capsys):
+    """Four complete trials: the importances are printed with their weight, and the threshold it falls short of."""
+    from lightning_kit.runs.sweeps import FIRM_IMPORTANCE_TRIALS
+
+    sweep = tmp_path / "runs" / "sweeps" / "lr"
+    make_sweep(sweep, sweep / "study.db")
+    runs([str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    weak = f"; from 4 complete trials: weak evidence, {FIRM_IMPORTANCE_TRIALS} or more are firmer): "
+    assert FIRM_IMPORTANCE_TRIALS == 20 and weak in out and "model.lr 0." in out.partition(weak)[2], out
+
+
+@pytest.mark.slow
+def test_a_real_cross_validation_is_listed_as_folds(in_tmp_path, fast_args, capsys):
+    """``sweep --folds 2``, then each fold's best checkpoint tested: the table of runs gives the folds' mean and
+    spread of val/acc and test/acc, and no importance of data.fold."""
+    from image_project.cli import ProjectCLI
+
+    from lightning_kit.sweep.command import main as sweep
+
+    sweep(["--folds", "2", *fast_args, "--max_epochs", "1", "--trainer.enable_model_summary", "false"], ProjectCLI)
+    folder = in_tmp_path / "runs" / "sweeps" / "folds"
+    for trial in sorted(folder.glob("trial_*")):
+        train(["test", *fast_args, "--ckpt_path", str(next((trial / "checkpoints").glob("best-*.ckpt")))])
+    capsys.readouterr()
+    rows = table(capsys, "runs")
+    assert sorted(row["data.fold"] for row in rows) == ["0", "1"]
+    runs(["runs"])
+    out = capsys.readouterr().out
+    assert "cross-validation over 2 folds" in out and "  folds complete: 2 of 2\n" in out, out
+    values = [float(row["val/acc"]) for row in rows]
+    tests = [float(row["test/acc"]) for row in rows]
+    assert f"  val/acc (monitored): mean {sum(values) / 2:.4f}, standard deviation " in out, out
+    assert f"  test/acc: mean {sum(tests) / 2:.4f}, standard deviation " in out, out
+    assert "importance" not in out

@@ -50,6 +50,7 @@ from .evaluation import (
     checkpoint_run_settings,
     choose_checkpoint,
     config_flags,
+    no_empty_folders_left,
     split_run_configs,
 )
 from .messages import errors_as_messages, one_line, report, silence_the_unactionable
@@ -232,6 +233,11 @@ class KitCLI(LightningCLI):
         if self._trained is not None:
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        # A run refused once Lightning has made its log folder (a missing split, say) leaves no empty folder behind.
+        with no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None):
+            super()._run_subcommand(subcommand)
+
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
         best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
@@ -248,7 +254,9 @@ class KitCLI(LightningCLI):
         elif self.trainer.is_global_zero:
             report(f"fit finished: {summary}")
         if self.trainer.is_global_zero and self.trainer.checkpoint_callback is not None:
-            report(f"best checkpoint: {self.trainer.checkpoint_callback.best_model_path}")
+            judge = self.trainer.checkpoint_callback
+            # Without a monitored metric there is no best: the checkpoint named is the latest.
+            report(f"{'best ' if getattr(judge, 'monitor', None) else 'latest '}checkpoint: {judge.best_model_path}")
             report(f"run folder: {log_dir}")
 
 

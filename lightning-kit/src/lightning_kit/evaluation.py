@@ -1,6 +1,9 @@
 """Runs from a checkpoint, evaluations above all: the checkpoint chosen, and the settings, limits and output
 folder that its run folder gives."""
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -187,3 +190,54 @@ def _runs_root(logger) -> Path:
     """The folder holding the runs of the configured CSV or TensorBoard logger (``runs/lightning_logs``)."""
     init_args = getattr(logger, "init_args", None) or {}
     return Path(init_args.get("save_dir") or "runs") / (init_args.get("name") or "lightning_logs")
+
+
+@contextlib.contextmanager
+def no_empty_folders_left(logger) -> Iterator[None]:
+    """Run the body; if it fails (a refusal, say), remove the folders of ``logger`` that it made and left empty.
+
+    Lightning makes a CSV or TensorBoard logger's run folder (``runs/lightning_logs/version_3/test/version_0``)
+    before the data is set up, so a run refused then (a missing split, a missing prediction folder) would
+    leave it behind, empty. Removed: that folder, when it was not there before, and the folders above it
+    that were not either, each only if it holds nothing (``rmdir``): never a file, nor a folder that was
+    there before, nor the folder of another run writing beside this one (another worker of a sweep).
+    """
+    root = getattr(logger, "root_dir", None)
+    root = Path(root) if isinstance(root, str | os.PathLike) else None
+    before = _entries(root) if root is not None else set()
+    absent = [folder for folder in (root, *root.parents) if not folder.exists()] if root is not None else []
+    try:
+        yield
+    except BaseException:
+        made = _run_folder(logger)
+        if root is not None and made is not None and made.parent == root and made.name not in before:
+            _remove_empty(made)
+        for folder in absent:  # root, then the folders above it, the nearest first
+            with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+                folder.rmdir()
+        raise
+
+
+def _run_folder(logger) -> Path | None:
+    """The run folder ``logger`` writes to, once it has chosen its version (choosing it makes nothing); else None."""
+    if getattr(logger, "_version", None) is None:  # Lightning's CSV and TensorBoard loggers, until they choose
+        return None
+    log_dir = getattr(logger, "log_dir", None)
+    return Path(log_dir) if isinstance(log_dir, str | os.PathLike) else None
+
+
+def _entries(root: Path) -> set[str]:
+    """The names in the folder ``root``; none when it is no folder."""
+    try:
+        return set(os.listdir(root))
+    except OSError:
+        return set()
+
+
+def _remove_empty(folder: Path) -> None:
+    """Remove ``folder`` and the folders in it, as far as they hold no file (not through links)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for top, _, _ in os.walk(folder, topdown=False):
+        with contextlib.suppress(OSError):  # not empty: left as it is
+            os.rmdir(top)

@@ -1,5 +1,7 @@
 """Plots of a run: loss and accuracy curves, and the validation confusion matrix.
 
+Epochs count from 0 here as everywhere else (checkpoint names ``best-epoch=0-...``,
+``metrics.csv``, the end of ``fit``, the table of runs): Lightning's ``epoch``.
 Drawn into the run's folder after ``fit``; redraw them from a run's logs with
 
     python -m lightning_kit.plots runs/lightning_logs/version_0
@@ -14,6 +16,12 @@ import yaml
 
 METRICS_FILE = "metrics.csv"
 CONFUSION_FILE = "confusion_matrix.csv"
+# The first cell of the confusion matrix's CSV: rows are the true classes, columns the predicted ones.
+CONFUSION_CORNER = "true \\ predicted"
+# How an axis of epochs is labelled: the numbers are Lightning's, from 0.
+EPOCH_AXIS = "epoch (from 0)"
+# Above this many classes, the confusion matrix's cells are drawn without their counts, which would be unreadable.
+COUNTS_UP_TO = 30
 # (file, title, [(series label, metrics.csv column), ...])
 CURVES = (
     ("loss.png", "Loss", (("train", "train/loss"), ("validation", "val/loss"))),
@@ -21,11 +29,12 @@ CURVES = (
 )
 
 
-def plot_run(run_dir: str | Path, confusion_epoch: int | None = None) -> list[Path]:
+def plot_run(run_dir: str | Path, confusion_epoch: int | None = None, confusion_which: str = "") -> list[Path]:
     """Draw the plots of the run in ``run_dir`` from its ``metrics.csv`` and confusion matrix; return their paths.
 
-    The confusion matrix is the last validation's; ``confusion_epoch`` names its epoch
-    (by default, the last epoch with validation metrics in ``metrics.csv``).
+    ``confusion_epoch`` names the confusion matrix's epoch and ``confusion_which`` which one it
+    is (``"the best checkpoint's"``); by default, it is taken for the last validation's, the
+    last epoch with validation metrics in ``metrics.csv``.
     """
     plt = _pyplot()
     run_dir = Path(run_dir)
@@ -37,8 +46,8 @@ def plot_run(run_dir: str | Path, confusion_epoch: int | None = None) -> list[Pa
         for label, column in series:
             points = sorted(per_epoch.get(column, {}).items())
             if points:
-                axes.plot([epoch + 1 for epoch, _ in points], [value for _, value in points], marker="o", label=label)
-        axes.set(title=title, xlabel="epoch", ylabel=title.lower())
+                axes.plot([epoch for epoch, _ in points], [value for _, value in points], marker="o", label=label)
+        axes.set(title=title, xlabel=EPOCH_AXIS, ylabel=title.lower())
         axes.xaxis.get_major_locator().set_params(integer=True)
         axes.grid(alpha=0.3)
         if axes.lines:
@@ -46,22 +55,57 @@ def plot_run(run_dir: str | Path, confusion_epoch: int | None = None) -> list[Pa
         written.append(_save(figure, run_dir / filename))
     confusion_path = run_dir / CONFUSION_FILE
     if confusion_path.is_file():
-        with confusion_path.open() as file:
-            matrix = [[int(float(count)) for count in row] for row in csv.reader(file)]
-        figure, axes = plt.subplots(figsize=(6, 5))
+        names, matrix = read_confusion(confusion_path)
+        side = min(0.4 * len(names), 12)  # room for the names, within a page
+        figure, axes = plt.subplots(figsize=(max(6, side + 3), max(5, side + 2)))
         image = axes.imshow(matrix, cmap="Blues")
         figure.colorbar(image, ax=axes)
-        for row, counts in enumerate(matrix):
+        for row, counts in enumerate(matrix if len(names) <= COUNTS_UP_TO else ()):
             for column, count in enumerate(counts):
                 axes.text(column, row, str(count), ha="center", va="center", fontsize=7)
-        validated = sorted(per_epoch.get("val/acc", {}))
-        epoch = confusion_epoch if confusion_epoch is not None else validated[-1] if validated else None
-        # Epochs count from 1 on the curves, as here.
-        title = "Validation confusion matrix" + (f", epoch {epoch + 1} (the last)" if epoch is not None else "")
+        if confusion_epoch is None:
+            validated = sorted(per_epoch.get("val/acc", {}))
+            confusion_epoch, confusion_which = (validated[-1], "the last") if validated else (None, "")
+        title = "Validation confusion matrix"
+        if confusion_epoch is not None:
+            title += f", epoch {confusion_epoch}" + (f" ({confusion_which})" if confusion_which else "")
         axes.set(title=title, xlabel="predicted class", ylabel="true class")
-        axes.set(xticks=range(len(matrix)), yticks=range(len(matrix)))
+        if len(names) <= COUNTS_UP_TO:
+            long_names = max(map(len, names), default=0) > 3  # slanted, so that neighbours do not overlap
+            slant = {"rotation": 45, "ha": "right"} if long_names else {}
+            axes.set_xticks(range(len(names)), names, **slant)
+            axes.set_yticks(range(len(names)), names)
         written.append(_save(figure, run_dir / "confusion_matrix.png"))
     return written
+
+
+def write_confusion(path: Path, matrix: list[list[int]], class_names: list[str] | None = None) -> None:
+    """Write a confusion matrix (rows true classes, columns predicted) as CSV, with a header row and column of
+    class names: ``class_names`` where given, one per class, else the label numbers."""
+    names = [str(name) for name in class_names or ()]
+    if len(names) != len(matrix):
+        names = [str(label) for label in range(len(matrix))]
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow([CONFUSION_CORNER, *names])
+        writer.writerows([name, *counts] for name, counts in zip(names, matrix, strict=True))
+
+
+def read_confusion(path: Path) -> tuple[list[str], list[list[int]]]:
+    """A confusion matrix's CSV as its class names and counts; one without a header (an older run's) is named by
+    label numbers. ValueError says what is wrong with it."""
+    with path.open(newline="") as file:
+        rows = list(csv.reader(file))
+    headed = bool(rows) and rows[0][:1] == [CONFUSION_CORNER]
+    names = rows[0][1:] if headed else [str(label) for label in range(len(rows))]
+    body = [row[1:] for row in rows[1:]] if headed else rows
+    try:
+        matrix = [[int(float(count)) for count in row] for row in body]
+    except (ValueError, OverflowError) as err:  # not a number; infinite
+        raise ValueError(f"{path} is not a confusion matrix ({err})") from None
+    if len(matrix) != len(names) or any(len(row) != len(names) for row in matrix):
+        raise ValueError(f"{path} is not a confusion matrix: {len(names)} classes, rows of other lengths")
+    return names, matrix
 
 
 def read_history(run_dir: Path) -> dict[str, dict[int, float]]:

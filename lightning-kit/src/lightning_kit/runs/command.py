@@ -76,6 +76,7 @@ def _list(options: argparse.Namespace) -> None:
         read_run(run, root)
     link_resumed(runs)
     sweeps = [read_sweep(folder, _name(folder, root), root, options.storage) for folder in sweep_folders]
+    every_run = runs  # a cross-validation's summary is of all its folds, whichever --status is listed
     if options.status:
         runs = [run for run in runs if run.status in options.status]
     if not runs:
@@ -94,7 +95,7 @@ def _list(options: argparse.Namespace) -> None:
     for _, *paths in plots:
         for path in paths:
             check_output_file(path, "--plot", overwrite=options.overwrite, overwrite_flag="--overwrite")
-    below = "".join(f"{printable(line)}\n" for sweep in sweeps for line in sweep.summary())
+    below = "".join(f"{printable(line)}\n" for sweep in sweeps for line in sweep.summary(every_run))
     sys.stdout.write(FORMATS[options.format](table) + (f"\n{below}" if below and options.format != "csv" else ""))
     for name in ("csv", "markdown"):
         path = getattr(options, name)

@@ -4,7 +4,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plots import _pyplot, _save
+from ..plots import EPOCH_AXIS, _pyplot, _save
 from .folders import Run, full_history
 
 CURVES = (("val/loss", "Validation loss"), ("val/acc", "Validation accuracy"))
@@ -15,7 +15,7 @@ SPREAD_FOR_LOG = 100
 
 
 def plot_curves(runs: Sequence[Run], path: Path) -> Path:
-    """Draw each run's ``val/loss`` and ``val/acc`` by epoch (from 1, as the run's own plots) into ``path``."""
+    """Draw each run's ``val/loss`` and ``val/acc`` by epoch (from 0, as everywhere) into ``path``."""
     plt = _pyplot()
     figure, panels = plt.subplots(1, len(CURVES), figsize=(12, 4.5))
     for axes, (column, title) in zip(panels, CURVES, strict=True):
@@ -23,8 +23,8 @@ def plot_curves(runs: Sequence[Run], path: Path) -> Path:
             points = sorted(full_history(run).get(column, {}).items())
             if points:
                 epochs, values = zip(*points, strict=True)
-                axes.plot([epoch + 1 for epoch in epochs], values, marker="o", markersize=3, label=run.name)
-        axes.set(title=title, xlabel="epoch", ylabel=column)
+                axes.plot(epochs, values, marker="o", markersize=3, label=run.name)
+        axes.set(title=title, xlabel=EPOCH_AXIS, ylabel=column)
         values = [value for line in axes.lines for value in line.get_ydata() if math.isfinite(value)]
         if values and min(values) > 0 and max(values) > SPREAD_FOR_LOG * min(values):
             axes.set_yscale("log")  # one run's loss in the thousands would flatten every other run's
