@@ -204,3 +204,12 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_the_images_still_come(t
     assert list(cache.iterdir()) == []
     assert torch.equal(load_images(files, size=8, cache_dir=cache)[0], images)
     assert len(list(cache.iterdir())) == 1
+
+
+def test_a_channel_that_never_varies_gets_the_deviation_of_one_level_not_zero():
+    """Images with no green at all normalise to finite values: the channel's deviation is 1/255, not 0."""
+    images = torch.zeros(4, 3, 5, 5, dtype=torch.uint8)
+    images[:, 0] = torch.randint(0, 256, (4, 5, 5), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    means, stds = channel_stats(images)
+    assert means[1] == 0 and stds[1] == 1 / 255 and stds[2] == 1 / 255
+    assert stds[0] > 1 / 255

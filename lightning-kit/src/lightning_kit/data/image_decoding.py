@@ -99,12 +99,17 @@ def load_images(
     return images, kept
 
 
+# The smallest standard deviation a channel gets, in levels of 0-255: that of a channel that never varies is 0.
+MIN_STD_LEVELS = 1.0
+
+
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and (population) standard deviation of ``uint8`` images ``(N, C, H, W)``, in [0, 1] units.
 
     Sums of values and of their squares are kept as exact integers, a chunk of images
     at a time, so any number of images costs little memory and no rounding drift; only
-    the final division is in float64.
+    the final division is in float64. A channel that never varies (a folder of images with no green in them)
+    gets the standard deviation of one level, 1/255, not 0: normalising by it keeps the values finite.
     """
     if images.dtype != torch.uint8 or images.ndim != 4 or images.numel() == 0:
         raise ValueError(f"expected non-empty uint8 images (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -121,7 +126,7 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
     for s, q in zip(total.tolist(), squares.tolist(), strict=True):
         # Var = (count * sum(x^2) - sum(x)^2) / count^2, exact in integers before the division.
         means.append(s / count / 255)
-        stds.append(((count * q - s * s) / count**2) ** 0.5 / 255)
+        stds.append(max(((count * q - s * s) / count**2) ** 0.5, MIN_STD_LEVELS) / 255)
     return tuple(means), tuple(stds)
 
 
