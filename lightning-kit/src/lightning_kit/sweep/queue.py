@@ -1,25 +1,46 @@
 """Which trial a worker runs next: none twice, none lost, and no more than asked for, across every worker.
 
+A trial ends in exactly one of four ways, recorded with it: complete, pruned, failed by its
+own code (``error``: an exception from the model or the data; not run again), or stopped,
+to run again (``stopped``: a signal, ``kill -9``, a full disk, a lost store). A stopped
+trial is failed in the store and queued again with the same parameters (Optuna's
+``RetryFailedTrialCallback`` pattern), and the retry resumes from the newest checkpoint of
+the trial it retries.
+
 A trial belongs to the process that took it: its host, process id and the process's start
 (``run_record.process_token``) are recorded with it. A trial left running by a process that
-is gone is failed and queued again with the same parameters (Optuna's
-``RetryFailedTrialCallback`` pattern), and the retry resumes from the newest checkpoint of
-the trial it retries. On this host a gone process is seen at once; on another, by
-Optuna's heartbeat (``store.GRACE_PERIOD_S`` after the process stopped recording it).
+is gone is stopped and queued again: on this host at once; on another, by Optuna's
+heartbeat (``store.GRACE_PERIOD_S`` after the process stopped recording it). Whatever a
+worker was doing when it stopped (even between failing a trial and queueing its retry),
+the next worker that looks mends the queue (``repair``): every stopped trial has a
+successor, and every point of a grid a trial.
+
+Each trial has an identity: a grid's point (its parameters), or for a drawn trial the trial
+its retries go back to. Of the trials of one identity, one runs at a time and none after
+one was counted: a worker that takes a trial checks, once it holds it, that no other of
+its identity is counted, running with a smaller number or waiting with a smaller number
+(then it puts its own back and takes that one). So a point of a grid or a fold queued twice
+(two workers mending the queue at once) is still trained once; the other trial is recorded
+as a ``duplicate_of`` it and never trained.
 
 Trial numbers are given by the store, one at a time, so they order the trials: a worker
-starts the trial it was given only if the trials finished and those running with a
-smaller number leave room for it; otherwise it puts it back and waits. So two workers
-asking at once for the last trial do not both run one.
+starts a drawn trial only if the trials finished and those running with a smaller number
+leave room for it; otherwise it puts it back and waits. So two workers asking at once for
+the last trial do not both run one. A grid's trials all come from the queue, never from
+the sampler: a worker that finds none waiting waits for those running, or ends.
 """
 
+import json
 import os
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage
@@ -28,11 +49,15 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from ..checkpoints import RESUMABLE
 from ..messages import report
 from ..run_record import process_alive, process_token
-from .store import HEARTBEAT_INTERVAL_S, put_back, trial_id
+from .store import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, put_back, trial_id
 
 # The trials a sweep counts: trained to the end, or stopped early as hopeless.
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 OWNER, RETRY_OF, RUN_FOLDER, RESUMED_FROM = "owner", "retry_of", "run_folder", "resumed_from"
+# How a failed trial ended: by its own code (not run again), stopped (run again), or a second of one identity.
+ERROR, STOPPED, DUPLICATE_OF = "error", "stopped", "duplicate_of"
+# A trial taken but not claimed by its process for this long was taken by one that stopped at once.
+UNCLAIMED_S = 3 * GRACE_PERIOD_S
 # How often a worker with nothing to start looks again.
 POLL_S = 2.0
 
@@ -43,9 +68,37 @@ def claim(trial: Trial) -> None:
     trial.set_user_attr(OWNER, {"host": socket.gethostname(), "pid": pid, "process": process_token(pid)})
 
 
-def queue_retry(study: optuna.Study, failed: FrozenTrial) -> None:
-    """Queue a trial with ``failed``'s parameters (chosen, or fixed for it) that resumes where ``failed`` stopped."""
-    if any(trial.user_attrs.get(RETRY_OF) == failed.number for trial in study.get_trials(deepcopy=False)):
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the block records how a trial ended: they arrive after it, whole."""
+    main = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if main else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def failed_by_its_code(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` failed by its own code (an exception of the model or the data): it is not run again."""
+    attrs = trial.user_attrs
+    return trial.state == TrialState.FAIL and ERROR in attrs and STOPPED not in attrs and DUPLICATE_OF not in attrs
+
+
+def to_run_again(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` was stopped (a signal, kill -9, a full disk, a lost store): its parameters run again."""
+    return trial.state == TrialState.FAIL and not failed_by_its_code(trial) and DUPLICATE_OF not in trial.user_attrs
+
+
+def queue_retry(study: optuna.Study, failed: FrozenTrial, again: bool = False) -> None:
+    """Queue a trial with ``failed``'s parameters (chosen, or fixed for it) that resumes where ``failed`` stopped.
+
+    Once per trial (``again``: even when one was queued, which ``repair`` asks only when that one is a duplicate).
+    """
+    trials = study.get_trials(deepcopy=False)
+    if not again and any(trial.user_attrs.get(RETRY_OF) == failed.number for trial in trials):
         return  # queued already, by a worker stopped before it failed ``failed``
     fixed = {**failed.system_attrs.get("fixed_params", {}), **failed.params}
     retry = optuna.trial.create_trial(
@@ -59,30 +112,114 @@ def queue_retry(study: optuna.Study, failed: FrozenTrial) -> None:
     study.add_trial(retry)
 
 
-def fail_and_retry(study: optuna.Study, trial: FrozenTrial | Trial) -> bool:
-    """Fail ``trial`` and queue its retry; False when another process failed or finished it first."""
-    try:
-        study.tell(trial.number, state=TrialState.FAIL)
-    except (ValueError, RuntimeError):  # finished meanwhile: by its owner, or failed by another worker
-        return False
-    queue_retry(study, study.get_trials(deepcopy=False)[trial.number])
+def stop_and_retry(study: optuna.Study, trial: FrozenTrial | Trial, reason: str | None = None) -> bool:
+    """Record ``trial`` as stopped (for ``reason``: only a ``Trial`` this process holds), fail it and queue its
+    retry; False when it had ended already (by its owner, or failed by another worker)."""
+    with signals_held():
+        try:
+            if reason is not None and isinstance(trial, Trial):
+                trial.set_user_attr(STOPPED, reason)
+            study.tell(trial.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):
+            return False
+        queue_retry(study, study.get_trials(deepcopy=False)[trial.number])
     return True
 
 
+def fail_and_retry(study: optuna.Study, trial: FrozenTrial | Trial) -> bool:
+    """Fail ``trial`` (its process gone) and queue its retry; False when another process failed or finished it first."""
+    return stop_and_retry(study, trial)
+
+
 def reclaim(study: optuna.Study) -> None:
-    """Fail the trials whose process is gone, and queue each again: at once on this host, by heartbeat elsewhere."""
+    """Stop the trials whose process is gone, and queue each again: at once on this host, by heartbeat elsewhere."""
     optuna.storages.fail_stale_trials(study)  # queues each through the store's stale-trial callback
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = trial.user_attrs.get(OWNER)
         if isinstance(owner, dict) and process_alive(owner) is False and fail_and_retry(study, trial):
             report(f"trial {trial.number} was left running by process {owner.get('pid')}, now gone: queued again")
+        elif owner is None and _unclaimed_for(trial) > UNCLAIMED_S and fail_and_retry(study, trial):
+            # Taken, then killed before it recorded its process (or any heartbeat): no one will ever end it.
+            report(f"trial {trial.number} was taken by a process that never started it: queued again")
+
+
+def _unclaimed_for(trial: FrozenTrial) -> float:
+    """Seconds since ``trial`` was taken (0 if unknown)."""
+    if trial.datetime_start is None:
+        return 0.0
+    return (datetime.now() - trial.datetime_start).total_seconds()
+
+
+def grid_key(params: dict[str, Any], grid_names: list[str]) -> str | None:
+    """The point of a grid that ``params`` are, as text; None when they do not name every parameter of the grid."""
+    if not all(name in params for name in grid_names):
+        return None
+    return json.dumps([params[name] for name in grid_names])
+
+
+def identities(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dict[int, Any]:
+    """Each trial's identity by its number: its grid point; for a drawn trial, the trial its retries go back to."""
+    names = list(grid[0]) if grid else []
+    found: dict[int, Any] = {}
+    for trial in trials:
+        if grid:
+            found[trial.number] = grid_key({**trial.system_attrs.get("fixed_params", {}), **trial.params}, names)
+            continue
+        number, seen = trial.number, set()
+        while isinstance(retried := trials[number].user_attrs.get(RETRY_OF), int) and 0 <= retried < number:
+            if retried in seen:
+                break
+            seen.add(retried)
+            number = retried
+        found[trial.number] = number
+    return found
+
+
+def _groups(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dict[Any, list[FrozenTrial]]:
+    """The trials of each identity, duplicates left out."""
+    of = identities(trials, grid)
+    groups: dict[Any, list[FrozenTrial]] = {}
+    for trial in trials:
+        if DUPLICATE_OF not in trial.user_attrs and of[trial.number] is not None:
+            groups.setdefault(of[trial.number], []).append(trial)
+    return groups
+
+
+def repair(study: optuna.Study, grid: list[dict[str, Any]] | None) -> None:
+    """Queue again what a stop left without a trial: a stopped trial with no successor, a grid's point with none."""
+    groups = _groups(study.get_trials(deepcopy=False), grid)
+    for group in groups.values():
+        if any(trial.state in (*COUNTED, TrialState.WAITING, TrialState.RUNNING) for trial in group):
+            continue
+        latest = max(group, key=lambda trial: trial.number)
+        if to_run_again(latest):
+            queue_retry(study, latest, again=True)
+            report(f"trial {latest.number} was stopped before its retry was queued: queued again")
+    names = list(grid[0]) if grid else []
+    for params in grid or ():
+        if grid_key(params, names) not in groups:
+            study.enqueue_trial(params)
+            report(f"the grid's point {params} had no trial: queued")
+
+
+def requeue_failed(study: optuna.Study, grid: list[dict[str, Any]]) -> None:
+    """Queue once more each point of ``grid`` whose trial failed by its own code: a new run of the sweep tries it."""
+    for group in _groups(study.get_trials(deepcopy=False), grid).values():
+        if any(trial.state in (*COUNTED, TrialState.WAITING, TrialState.RUNNING) for trial in group):
+            continue
+        latest = max(group, key=lambda trial: trial.number)
+        if failed_by_its_code(latest):
+            report(f"trial {latest.number} failed by its own code ({latest.user_attrs.get(ERROR)}): running it again")
+            study.enqueue_trial({**latest.system_attrs.get("fixed_params", {}), **latest.params})
 
 
 def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
     """The checkpoint a retried trial resumes from: the newest its predecessor saved, or that one resumed from."""
     trials = study.get_trials(deepcopy=False)
     number = trial.user_attrs.get(RETRY_OF)
-    while isinstance(number, int) and 0 <= number < len(trials):
+    seen = set()
+    while isinstance(number, int) and 0 <= number < len(trials) and number not in seen:
+        seen.add(number)
         earlier = trials[number]
         folder = earlier.user_attrs.get(RUN_FOLDER)
         if folder is not None and (newest := newest_checkpoint(folder)) is not None:
@@ -105,29 +242,84 @@ def newest_checkpoint(folder: str) -> str | None:
     return max(found)[1] if found else None
 
 
-def run_trials(study: optuna.Study, storage: RDBStorage, wanted: int, run: Callable[[Trial], None]) -> int:
-    """Run trials with ``run`` until ``wanted`` are complete or pruned, across all workers; return how many ran here."""
+def _take_waiting(study: optuna.Study, storage: RDBStorage) -> Trial | None:
+    """The waiting trial with the smallest number that this process could take first; None when none is waiting."""
+    for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            if storage.set_trial_state_values(trial_id(waiting), state=TrialState.RUNNING):
+                return optuna.trial.Trial(study, trial_id(waiting))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+    return None
+
+
+def _second_of_its_kind(study: optuna.Study, storage: RDBStorage, trial: Trial, grid) -> bool:
+    """Whether ``trial``, just taken, must not run: another of its identity was counted, runs, or waits before it.
+
+    One counted or running before it: ``trial`` is recorded as its duplicate, and ends. One waiting before
+    it: ``trial`` is put back, for that one to be taken first.
+    """
+    trials = study.get_trials(deepcopy=False)
+    of = identities(trials, grid)
+    mine = of.get(trial.number)
+    if mine is None:
+        return False
+    others = [t for t in trials if t.number != trial.number and of[t.number] == mine]
+    others = [t for t in others if DUPLICATE_OF not in t.user_attrs]
+    earlier = [t for t in others if t.state in COUNTED or (t.state == TrialState.RUNNING and t.number < trial.number)]
+    first = min(earlier, key=lambda t: t.number, default=None)
+    if first is not None:
+        with signals_held():
+            trial.set_user_attr(DUPLICATE_OF, first.number)
+            study.tell(trial, state=TrialState.FAIL)
+        return True
+    if any(t.state == TrialState.WAITING and t.number < trial.number for t in others):
+        put_back(storage, trial)
+        return True
+    return False
+
+
+def run_trials(
+    study: optuna.Study,
+    storage: RDBStorage,
+    wanted: int,
+    run: Callable[[Trial], None],
+    grid: list[dict[str, Any]] | None = None,
+) -> int:
+    """Run trials with ``run`` until ``wanted`` are complete or pruned (a ``grid``: until each of its points ended),
+    across all workers; return how many ran here."""
     ran, waiting_for = 0, None
+    if grid:
+        requeue_failed(study, grid)
     while True:
         reclaim(study)
+        repair(study, grid)
         trials = study.get_trials(deepcopy=False)
         done = sum(trial.state in COUNTED for trial in trials)
         running = [trial.number for trial in trials if trial.state == TrialState.RUNNING]
-        if done >= wanted:
+        waiting = any(trial.state == TrialState.WAITING for trial in trials)
+        if (grid and not waiting and not running) or (not grid and done >= wanted):
             return ran
-        if done + len(running) >= wanted:
+        if (grid and not waiting) or (not grid and done + len(running) >= wanted):
             if running != waiting_for:
                 report(f"waiting for trials {', '.join(map(str, running))}, running in other processes")
                 waiting_for = running
             time.sleep(POLL_S)
             continue
-        trial = study.ask()
-        claim(trial)
-        states = study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
-        ahead = sum(t.state in COUNTED or t.number < trial.number for t in states)
-        if ahead >= wanted:  # another worker took the last room first
-            put_back(storage, trial)
+        with signals_held():  # taken and claimed as one: a stop between them would leave it owned by no one
+            trial = _take_waiting(study, storage) if grid else study.ask()
+            if trial is not None:
+                claim(trial)
+        if trial is None:
             continue
+        if _second_of_its_kind(study, storage, trial, grid):
+            continue
+        if not grid:
+            states = study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
+            ahead = sum(t.state in COUNTED or t.number < trial.number for t in states)
+            if ahead >= wanted:  # another worker took the last room first
+                put_back(storage, trial)
+                continue
         with heartbeat(storage, trial):
             run(trial)
         ran += 1

@@ -24,6 +24,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import Trial
 
+from ..arguments import number_refusal, range_refusal
 from ..cli import KitCLI, build_all
 from ..config_files import read_config_file
 from ..errors import ConfigError
@@ -37,8 +38,9 @@ NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.d
 class SearchSpace:
     """Each flag searched (``model.lr``) and its Optuna distribution, in the file's order."""
 
-    def __init__(self, path: Path, distributions: dict[str, BaseDistribution]) -> None:
+    def __init__(self, path: Path, distributions: dict[str, BaseDistribution], text: str | None = None) -> None:
         self.path, self.distributions = path, distributions
+        self.text = text  # the file's text, recorded with the study
 
     @classmethod
     def read(cls, path: str | Path) -> "SearchSpace":
@@ -46,14 +48,17 @@ class SearchSpace:
         path = Path(path)
         text = read_config_file(path)
         try:
-            settings = yaml.safe_load(text)
+            settings = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+        except _RepeatedKeyError as err:
+            raise ConfigError(f"{path}: {err}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not YAML: {' '.join(str(err).split())}") from None
         if not isinstance(settings, dict) or not settings:
             raise ConfigError(
                 f"{path} must map train.py flags to ranges or lists of choices, e.g. 'model.lr: [0.01, 0.001]'"
             )
-        return cls(path, {str(key): _distribution(path, str(key), value) for key, value in settings.items()})
+        distributions = {str(key): _distribution(path, str(key), value) for key, value in settings.items()}
+        return cls(path, distributions, text)
 
     def suggest(self, trial: Trial) -> dict[str, Any]:
         """Each flag's value for ``trial``, drawn by the study's sampler (or the trial's own, when retried)."""
@@ -112,6 +117,29 @@ class SearchSpace:
         return [{name: values[k % len(values)] for name, values in options.items()} for k in range(count)]
 
 
+class _RepeatedKeyError(Exception):
+    """A mapping of a YAML file names one key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice (``safe_load`` keeps the last, silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *defaults``: the keys given beside it override the merged ones, as meant
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _RepeatedKeyError(f"{key} is given twice (lines {seen[key]} and {line}): keep one of them")
+                seen[key] = line
+            except TypeError:  # a key that cannot be one: the base loader says so
+                break
+        return super().construct_mapping(node, deep=deep)
+
+
 def flags(values: dict[str, Any]) -> list[str]:
     """train.py's flags for ``values``: ``{"model.lr": 0.01}`` -> ``["--model.lr", "0.01"]``."""
     return [item for name, value in values.items() for item in (f"--{name}", _flag_value(value))]
@@ -137,6 +165,8 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
             raise ConfigError(f"{path}: {name}: the list of choices is empty; accepted: {accepted}")
         if not all(choice is None or isinstance(choice, bool | int | float | str) for choice in value):
             raise ConfigError(f"{path}: {name}: each choice must be a number, a string, true, false or null")
+        if (reason := next(filter(None, map(number_refusal, value)), None)) is not None:
+            raise ConfigError(f"{path}: {name}: a choice is refused: {reason}")
         if len(set(map(repr, value))) < len(value):
             raise ConfigError(f"{path}: {name}: a choice is listed twice: {value}")
         return CategoricalDistribution(value)
@@ -146,6 +176,8 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
     numbers = [low, high] + ([step] if step is not None else [])
     if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
         raise ConfigError(f"{path}: {name}: low, high and step must be finite numbers, got {value}")
+    if (reason := range_refusal(low, high, step)) is not None:
+        raise ConfigError(f"{path}: {name}: {reason}")
     if not isinstance(log, bool | None):
         raise ConfigError(f"{path}: {name}: log must be true or false, got {log!r}")
     if not low < high:

@@ -10,6 +10,7 @@ from optuna.exceptions import DuplicatedStudyError
 from optuna.storages import RDBStorage
 
 from ..errors import ConfigError
+from .fingerprint import describe, differences
 from .store import shown
 
 SETTINGS = "sweep"
@@ -30,10 +31,11 @@ def open_study(
 
     Creating is atomic in the store: of two workers started at once, one creates the study
     and queues its grid, and the other waits for its settings, so the grid is queued once.
-    A study started with other settings (train.py's arguments, the space, the sampler) is
-    refused in one line: its trials would not be comparable.
+    A study started with other settings (what train.py resolved its arguments to, the data it
+    trains on, the space, the sampler: ``COMPARED``) is refused in one line naming what changed
+    (``StudyDiffersError``): its trials would not be comparable.
     """
-    settings = json.loads(json.dumps(settings))  # as the store gives it back: lists, not tuples
+    settings = json.loads(json.dumps(settings, default=str))  # as the store gives it back: lists, not tuples
     direction = settings["direction"]
     try:
         study = optuna.create_study(
@@ -51,21 +53,53 @@ def open_study(
         if time.monotonic() > deadline:
             raise ConfigError(
                 f"study {name} in {shown(url)} has no settings: the process creating it stopped first; "
-                "give another --study"
+                "give --new_study (or another --study) for a new study"
             )
         time.sleep(1)
-    differing = [key for key in settings if recorded.get(key) != settings[key]]
+    compared = [key for key in COMPARED if key in recorded or key in ("sampler", "monitor", "direction")]
+    if "config" not in recorded:  # a study recorded before the configuration was: its arguments as given
+        compared = ["train_args", *compared]
+    differing = [key for key in compared if recorded.get(key) != settings.get(key)]
     if differing:
-        raise ConfigError(
-            f"study {name} in {shown(url)} was started with other {' and '.join(_SHOWN.get(k, k) for k in differing)}"
-            f" ({'; '.join(_then(recorded.get(k)) for k in differing)}): continue it with the same, "
-            "or give --study a new name for a new study"
+        what = " and ".join(_changed(key, recorded.get(key), settings.get(key)) for key in differing)
+        raise StudyDiffersError(
+            f"study {name} in {shown(url)} was started with {what}: continue it with the same, "
+            "or give --new_study to start a new study beside it (or --study NAME)",
+            what,
         )
     return study
+
+
+class StudyDiffersError(ConfigError):
+    """The study of that name was started with other settings (``what``): its trials would not be comparable."""
+
+    def __init__(self, message: str, what: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
+# What defines a study, compared when it is continued: what it trains with and on, what it searches, how it judges.
+COMPARED = ("config", "data", "space", "sampler", "monitor", "direction")
+
+
+def _changed(key: str, then: Any, now: Any) -> str:
+    """What changed in the setting ``key``, for a person: ``other data (then: ...; now: ...)``."""
+    if key == "data":
+        return f"other data (then: {describe(then)}; now: {describe(now)})"
+    if key in ("config", "space"):
+        changes = differences(then or {}, now or {})
+        shown_changes = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+        return f"{_SHOWN[key]} ({shown_changes})"
+    return f"other {_SHOWN.get(key, key)} ({_then(then)})"
 
 
 def _then(value: Any) -> str:
     return f"then: {shlex.join(value) if isinstance(value, list) else value}"
 
 
-_SHOWN = {"train_args": "train.py arguments", "space": "search space", "monitor": "monitored metric"}
+_SHOWN = {
+    "train_args": "train.py arguments",
+    "config": "other training arguments",
+    "space": "another search space",
+    "monitor": "monitored metric",
+}

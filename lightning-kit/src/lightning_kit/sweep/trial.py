@@ -1,5 +1,7 @@
 """One trial: an ordinary ``train.py fit`` in this process, in a run folder of its own under the sweep's."""
 
+import errno
+import math
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -10,13 +12,16 @@ import lightning as L
 import optuna
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from optuna.exceptions import StorageInternalError
+from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from ..callbacks import DivergenceError, InterruptCheckpoint
 from ..cli import KitCLI, fit
 from ..errors import ConfigError
 from ..messages import report
-from .queue import RESUMED_FROM, RUN_FOLDER, fail_and_retry, resume_point
+from .queue import ERROR, RESUMED_FROM, RUN_FOLDER, resume_point, signals_held, stop_and_retry
 from .space import SearchSpace, flags
 
 # Each trial trains in this process, on one device unless told otherwise (and then refused: see __main__).
@@ -40,11 +45,42 @@ def fit_only(cli_class: type[KitCLI]) -> type[KitCLI]:
 
 
 class InterruptionError(Exception):
-    """Ctrl-C or SIGTERM stopped a trial: it is queued again, to resume from ``saved`` (None: from its start)."""
+    """A stop of the process stopped a trial: it is queued again, to resume from ``saved`` (None: from its newest
+    checkpoint, or its start). ``reason``: what stopped it (``SIGNAL``, ``DISK_FULL``, ``STORE_LOST``), ``detail``
+    what was said, and ``recorded`` whether the store took the stop (else the next run finds the trial left running)."""
 
-    def __init__(self, number: int, saved: Path | None) -> None:
-        super().__init__(number, saved)
-        self.number, self.saved = number, saved
+    def __init__(self, number: int, saved: Path | None, reason: str = "", detail: str = "", recorded: bool = True):
+        super().__init__(number, saved, reason)
+        self.number, self.saved, self.reason, self.detail, self.recorded = number, saved, reason, detail, recorded
+
+
+SIGNAL, DISK_FULL, STORE_LOST = "Ctrl-C or SIGTERM", "the disk is full", "the store was lost"
+# What writing a file says when the disk (or the quota, or the file size limit) has no room for it.
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+# What the store raises when it cannot be reached (Optuna wraps SQLAlchemy's errors in StorageInternalError).
+_STORE_ERRORS = (OperationalError, InterfaceError, DisconnectionError, StorageInternalError)
+
+
+def stop_of_the_process(err: BaseException) -> tuple[str, str] | None:
+    """What stopped the process, if ``err`` is a stop of the process or the machine and not of the trial's own code:
+    (``SIGNAL``, ``DISK_FULL`` or ``STORE_LOST``, what was said), else None.
+
+    A stop is found anywhere in the chain of exceptions ``err`` was raised from or while handling: Lightning turns
+    Ctrl-C (and a SIGTERM outside training) into ``SystemExit(1)`` raised while handling the ``KeyboardInterrupt``;
+    ``torch.save`` on a full disk raises a ``RuntimeError`` while handling the ``OSError``.
+    """
+    seen: set[int] = set()
+    found = None
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, KeyboardInterrupt | SIGTERMException):
+            return SIGNAL, "a signal"
+        if isinstance(err, OSError) and err.errno in _NO_ROOM and found is None:
+            found = DISK_FULL, f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+        if isinstance(err, _STORE_ERRORS) and found is None:
+            found = STORE_LOST, " ".join(str(getattr(err, "orig", None) or err).split()[:30])
+        err = err.__cause__ or err.__context__
+    return found
 
 
 class ReportEpochs(L.Callback):
@@ -95,68 +131,101 @@ class Plan:
 
 
 def run_trial(plan: Plan, trial: Trial) -> None:
-    """Train ``trial``'s parameters as train.py would, and tell the study how it ended.
+    """Train ``trial``'s parameters as train.py would, and tell the study how it ended: in exactly one of four ways.
 
-    A trial that diverges (its learning rate too high, say) is pruned, not failed: that is
-    the answer to what it tried. Ctrl-C or SIGTERM fail it and queue it again, to resume
-    from the checkpoint it saved (``InterruptionError``). Anything else fails it and stops the sweep.
+    Complete; pruned (a trial that diverges, its learning rate too high, say, is pruned, not failed: that is the
+    answer to what it tried); stopped, to run again (a signal, a full disk, a lost store: ``stop_of_the_process``;
+    it is failed and queued again, to resume from its newest checkpoint, and ``InterruptionError`` stops the
+    sweep); or failed by its own code (anything else: recorded as its ``error``, not run again, and raised).
     """
-    values = plan.space.suggest(trial)
-    folder = plan.folder / f"trial_{trial.number:04d}"
-    resume = resume_point(plan.study, trial)
-    trial.set_user_attr(RUN_FOLDER, str(folder))
-    if resume is not None:
-        trial.set_user_attr(RESUMED_FROM, resume)
-    command = [*shlex.split(plan.cli_class.command), *plan.train_args, *plan.fixed_args, *flags(values)]
-    trial.set_user_attr("command", shlex.join(command))
-    shown = ", ".join(f"{name}={value}" for name, value in values.items())
-    report(f"trial {trial.number}: {shown}" + (f", resuming from {resume}" if resume else ""))
-    logger = ["--trainer.logger.init_args.save_dir", str(plan.folder.parent)]
-    logger += ["--trainer.logger.init_args.name", plan.folder.name, "--trainer.logger.init_args.version", folder.name]
     reporter = ReportEpochs(trial, plan.monitor)
-    args = [*ONE_DEVICE, *plan.train_args, *plan.fixed_args, *flags(values), *logger]
-    args += ["--ckpt_path", resume] if resume else []
+    folder = plan.folder / f"trial_{trial.number:04d}"
     try:
+        values = plan.space.suggest(trial)
+        resume = resume_point(plan.study, trial)
+        trial.set_user_attr(RUN_FOLDER, str(folder))
+        if resume is not None:
+            trial.set_user_attr(RESUMED_FROM, resume)
+        command = [*shlex.split(plan.cli_class.command), *plan.train_args, *plan.fixed_args, *flags(values)]
+        trial.set_user_attr("command", shlex.join(command))
+        shown = ", ".join(f"{name}={value}" for name, value in values.items())
+        report(f"trial {trial.number}: {shown}" + (f", resuming from {resume}" if resume else ""))
+        logger = ["--trainer.logger.init_args.save_dir", str(plan.folder.parent)]
+        logger += ["--trainer.logger.init_args.name", plan.folder.name]
+        logger += ["--trainer.logger.init_args.version", folder.name]
+        args = [*ONE_DEVICE, *plan.train_args, *plan.fixed_args, *flags(values), *logger]
+        args += ["--ckpt_path", resume] if resume else []
+        InterruptCheckpoint.saved = None
         cli = fit(fit_only(plan.cli_class), args, callbacks=[reporter])
         plan.fit_seconds += time.perf_counter() - cli.fit_started
+        _tell(plan, trial, cli.trainer, reporter, folder)
+        # A signal at the very end (the last validation held it): the trial is complete, and the sweep stops.
+        signalled = cli.trainer.received_sigterm
     except DivergenceError as err:
         plan.fit_seconds += reporter.seconds  # from the Trainer's setup: no later than the fit's start
-        trial.set_user_attr("diverged", str(err))
-        plan.study.tell(trial, state=TrialState.PRUNED)
+        with signals_held():
+            trial.set_user_attr("diverged", str(err))
+            plan.study.tell(trial, state=TrialState.PRUNED)
         report(f"trial {trial.number} diverged: pruned ({err})")
-        return
-    except (SIGTERMException, KeyboardInterrupt):
-        fail_and_retry(plan.study, trial)
-        raise InterruptionError(trial.number, InterruptCheckpoint.saved) from None
     except BaseException as err:
-        _fail(plan.study, trial, err)
-        raise
-    _tell(plan, trial, cli.trainer, reporter, folder)
+        if (stop := stop_of_the_process(err)) is None:
+            _fail(plan.study, trial, err)
+            raise
+        reason, detail = stop
+        try:
+            recorded = stop_and_retry(plan.study, trial, f"{reason}: {detail}")
+        except Exception:  # the store itself lost: the next run finds the trial left running, and queues it again
+            recorded = False
+        raise InterruptionError(trial.number, InterruptCheckpoint.saved, reason, detail, recorded) from None
+    else:
+        if signalled:
+            raise InterruptionError(trial.number, None, SIGNAL, AFTER_IT)
+
+
+# What stopped a sweep that had just completed its trial.
+AFTER_IT = "after the trial ended"
 
 
 def _tell(plan: Plan, trial: Trial, trainer: L.Trainer, reporter: ReportEpochs, folder: Path) -> None:
     if reporter.pruned_after is not None:
-        plan.study.tell(trial, state=TrialState.PRUNED)
+        with signals_held():
+            plan.study.tell(trial, state=TrialState.PRUNED)
         report(f"trial {trial.number} pruned after epoch {reporter.pruned_after}: {folder}")
         return
-    judge = trainer.checkpoint_callback
-    best = getattr(judge, "best_model_score", None)
+    best = _best(plan, trial, trainer)
     if best is None:
-        error = ConfigError(
+        raise ConfigError(
             f"trial {trial.number} ended without a {plan.monitor} to judge it by: a sweep needs validation "
             "(leave --trainer.limit_val_batches and --trainer.check_val_every_n_epoch at their defaults)"
         )
-        _fail(plan.study, trial, error)
-        raise error
-    plan.study.tell(trial, float(best))
-    report(f"trial {trial.number} finished: {plan.monitor}={float(best):.4f} in {folder}")
+    with signals_held():
+        plan.study.tell(trial, best)
+    report(f"trial {trial.number} finished: {plan.monitor}={best:.4f} in {folder}")
+
+
+def _best(plan: Plan, trial: Trial, trainer: L.Trainer) -> float | None:
+    """The trial's best monitored value: of this fit's checkpoints, and of every epoch reported before it resumed.
+
+    Lightning does not carry the best score into a checkpoint folder other than the one it was saved in, so a
+    retry (a folder of its own) judged by its own fit alone would forget the epochs its predecessors trained, and
+    one resumed after its last epoch (killed while the run was ending) would have nothing to be judged by.
+    """
+    best = getattr(trainer.checkpoint_callback, "best_model_score", None)
+    scores = [float(best)] if best is not None and math.isfinite(float(best)) else []
+    reported = plan.study.get_trials(deepcopy=False)[trial.number].intermediate_values.values()
+    scores += [value for value in reported if math.isfinite(value)]
+    if not scores:
+        return None
+    return max(scores) if plan.study.direction == StudyDirection.MAXIMIZE else min(scores)
 
 
 def _fail(study: optuna.Study, trial: Trial, err: BaseException) -> None:
-    """Fail ``trial`` for ``err``, recorded with it; a trial that another process failed meanwhile stays as it is."""
+    """Fail ``trial`` by its own code, ``err`` recorded with it; a trial that another process ended meanwhile stays
+    as it is, and a store that cannot take it leaves it running (the next run finds its process gone)."""
     message: Any = err.code if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
-    try:
-        trial.set_user_attr("error", " ".join(str(message).split())[:500])
-        study.tell(trial, state=TrialState.FAIL)
-    except (ValueError, RuntimeError):
-        pass
+    with signals_held():
+        try:
+            trial.set_user_attr(ERROR, " ".join(str(message).split())[:500])
+            study.tell(trial, state=TrialState.FAIL)
+        except Exception:
+            pass

@@ -1,0 +1,192 @@
+"""What a study trains on and with, recorded when it is created: a re-run on other data or arguments is refused.
+
+``data_fingerprint`` sets the data module up once, as ``fit`` would, and digests its training and
+validation data: the bytes of every tensor of an in-memory data set (a ``TensorDataset``: every
+data module of this library decodes images, a folder's included, into one), the file listing
+with sizes and modification times of a data set that names its files (``samples``, ``imgs`` or
+``files``, as torchvision's folders do), and for any other data set its length and a bounded
+sample of its items. Images added to a folder, a file replaced, another seed or split: another
+fingerprint. The cost is bounded: past ``FULL_BYTES`` of a tensor, ``SAMPLES`` evenly spaced
+slices of it are digested, with its shape and type.
+
+``configuration`` is what train.py resolved from its arguments (``--config`` files included), as
+the ``config.yaml`` of each run records it.
+"""
+
+import hashlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import yaml
+from lightning.pytorch.cli import SaveConfigCallback
+from torch.utils.data import ConcatDataset, DataLoader, Subset
+
+# A tensor up to this size is digested whole; a larger one, by SAMPLES slices spread over it.
+FULL_BYTES = 256 * 1024 * 1024
+SAMPLES = 4096
+# Items of a data set that is neither tensors nor a file listing, read to digest it.
+ITEMS = 64
+# What a sweep sets itself, or that names where a file came from rather than what it says.
+NOT_DEFINING = ("config",)
+
+
+def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
+    """The digest of ``datamodule``'s training and validation data, with each one's size: set up as ``fit`` does."""
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    digest = hashlib.blake2b(digest_size=16)
+    sizes = {}
+    for split in ("train", "val"):
+        dataset = _dataset(getattr(datamodule, f"{split}_dataloader", None))
+        digest.update(split.encode())
+        _digest(digest, dataset)
+        sizes[split] = _size(dataset)
+    classes = getattr(datamodule, "class_names", None)
+    if classes is not None:
+        digest.update(repr(list(classes)).encode())
+    return {"digest": digest.hexdigest(), **sizes}
+
+
+def describe(fingerprint: Any) -> str:
+    """``fingerprint`` for a person: ``5400 training and 600 validation samples, digest 1a2b3c4d``."""
+    if not isinstance(fingerprint, dict):
+        return str(fingerprint)
+    return (
+        f"{fingerprint.get('train')} training and {fingerprint.get('val')} validation samples, "
+        f"digest {str(fingerprint.get('digest'))[:12]}"
+    )
+
+
+def configuration(trainer: L.Trainer) -> dict[str, Any]:
+    """What train.py resolved its arguments to (as a run's config.yaml says), as plain data; {} if it is not known."""
+    saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
+    if saver is None:
+        return {}
+    try:
+        resolved = yaml.safe_load(saver.parser.dump(saver.config))
+    except Exception:  # a value its own parser cannot write: the arguments alone define the study
+        return {}
+    return {key: value for key, value in (resolved or {}).items() if key not in NOT_DEFINING}
+
+
+def differences(then: Any, now: Any, prefix: str = "") -> list[str]:
+    """The dotted keys at which two configurations differ, each with both values: ``model.lr: then 0.01, now 0.02``."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        found = []
+        for key in [*then, *(k for k in now if k not in then)]:
+            found += differences(then.get(key), now.get(key), f"{prefix}{key}.")
+        return found
+    if then == now:
+        return []
+    return [f"{prefix.rstrip('.')}: then {_short(then)}, now {_short(now)}"]
+
+
+def _short(value: Any) -> str:
+    text = "absent" if value is None else str(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _dataset(loader_of: Callable[[], Any] | None) -> Any:
+    if loader_of is None:
+        return None
+    try:
+        loader = loader_of()
+    except Exception:  # no such split (a data module without validation data)
+        return None
+    return loader.dataset if isinstance(loader, DataLoader) else loader
+
+
+def _size(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except Exception:
+        return None
+
+
+def _digest(digest: "hashlib._Hash", dataset: Any, depth: int = 0) -> None:
+    """Feed ``digest`` what defines ``dataset``: its tensors, the files it names, or a sample of its items."""
+    digest.update(type(dataset).__qualname__.encode())
+    if dataset is None or depth > 8:
+        return
+    if isinstance(dataset, Subset):
+        digest.update(np.asarray(dataset.indices, dtype=np.int64).tobytes())
+        _digest(digest, dataset.dataset, depth + 1)
+        return
+    if isinstance(dataset, ConcatDataset):
+        for part in dataset.datasets:
+            _digest(digest, part, depth + 1)
+        return
+    tensors = getattr(dataset, "tensors", None)
+    if isinstance(tensors, tuple | list) and all(isinstance(t, torch.Tensor) for t in tensors):
+        for tensor in tensors:
+            _tensor(digest, tensor)
+        return
+    for name in ("samples", "imgs", "files"):
+        listing = getattr(dataset, name, None)
+        if isinstance(listing, list | tuple) and listing:
+            _files(digest, listing)
+            return
+    size = _size(dataset)
+    digest.update(repr(size).encode())
+    if not size:
+        return
+    for index in sorted({round(k * (size - 1) / max(ITEMS - 1, 1)) for k in range(min(ITEMS, size))}):
+        try:
+            _item(digest, dataset[index])
+        except Exception as err:  # an item it cannot give: that, too, is what it is
+            digest.update(type(err).__name__.encode())
+
+
+def _tensor(digest: "hashlib._Hash", tensor: torch.Tensor) -> None:
+    tensor = tensor.detach().cpu().contiguous()
+    digest.update(f"{tuple(tensor.shape)} {tensor.dtype}".encode())
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
+        return
+    raw = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)
+    if raw.numel() <= FULL_BYTES:
+        digest.update(raw.numpy().tobytes())
+        return
+    piece = max(FULL_BYTES // SAMPLES, 1)
+    for k in range(SAMPLES):
+        start = k * (raw.numel() - piece) // (SAMPLES - 1)
+        digest.update(raw[start : start + piece].numpy().tobytes())
+
+
+def _files(digest: "hashlib._Hash", listing: list | tuple) -> None:
+    """The files a data set names (a path, or a tuple starting with one), each with its size and modification time."""
+    for entry in listing:
+        path = entry[0] if isinstance(entry, tuple | list) and entry else entry
+        digest.update(repr(entry if not isinstance(entry, tuple | list) else tuple(map(str, entry))).encode())
+        try:
+            found = os.stat(path)
+            digest.update(f"{found.st_size} {found.st_mtime_ns}".encode())
+        except (OSError, TypeError, ValueError):
+            digest.update(b"-")
+
+
+def _item(digest: "hashlib._Hash", item: Any, depth: int = 0) -> None:
+    if depth > 4:
+        return
+    if isinstance(item, torch.Tensor):
+        _tensor(digest, item)
+    elif isinstance(item, np.ndarray):
+        _tensor(digest, torch.from_numpy(np.ascontiguousarray(item)))
+    elif isinstance(item, bytes | str | int | float | bool) or item is None:
+        digest.update(repr(item).encode())
+    elif isinstance(item, tuple | list):
+        for part in item:
+            _item(digest, part, depth + 1)
+    elif isinstance(item, dict):
+        for key in sorted(item, key=str):
+            digest.update(str(key).encode())
+            _item(digest, item[key], depth + 1)
+    elif hasattr(item, "tobytes"):  # an image (PIL)
+        digest.update(f"{getattr(item, 'size', '')} {getattr(item, 'mode', '')}".encode())
+        digest.update(item.tobytes())
+    else:
+        digest.update(type(item).__qualname__.encode())
