@@ -39,3 +39,34 @@ def test_an_output_folder_that_cannot_be_written_is_one_line(in_tmp_path, fast_a
     with pytest.raises(SystemExit) as exit_info:
         main([*fast_args, "--max_epochs", "1", "--trainer.logger.init_args.save_dir", "/sys/runs"])
     assert str(exit_info.value.code).startswith("error: cannot write /sys/runs")
+
+
+def test_a_write_past_the_file_size_limit_is_one_line_naming_the_file(tmp_path):
+    """A real ``EFBIG``: under ``ulimit -f`` (RLIMIT_FSIZE, whose signal Python ignores) a write past the limit fails;
+    the line names the file and what to do."""
+    import resource
+
+    from lightning_kit.messages import errors_as_messages
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    target = tmp_path / "big.bin"
+    with pytest.raises(SystemExit) as exit_info, errors_as_messages():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        try:
+            with open(target, "wb") as file:
+                file.write(b"\0" * 65536)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: cannot write {target}: File too large") and "ulimit -f" in message, message
+
+
+def test_a_password_in_a_message_is_hidden():
+    """Whatever the error says, a --storage URL in it is shown without its password."""
+    from lightning_kit.errors import ConfigError
+    from lightning_kit.messages import errors_as_messages
+
+    with pytest.raises(SystemExit) as exit_info, errors_as_messages():
+        raise ConfigError("--storage postgresql+psycopg://team:Hush%40Kx9q@127.0.0.1:1/studies cannot be reached")
+    shown = "error: --storage postgresql+psycopg://team:***@127.0.0.1:1/studies cannot be reached"
+    assert str(exit_info.value.code) == shown

@@ -27,6 +27,9 @@ from .errors import ConfigError
 SEED_MAX = 2**32 - 1
 # The largest integer PyTorch and Lightning count with; any integer argument above it overflows there.
 INT64_MAX = 2**63 - 1
+# What a float32 (the precision a model computes in) holds: a value past these becomes infinity, or zero.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
 # An argument named in a rule's requirement: <num_heads>.
 _NAMED = re.compile(r"<(\w+)>")
 
@@ -88,6 +91,37 @@ def number(low: float, high: float = math.inf, *, low_open: bool = False, high_o
     else:
         description = f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     return Accepted(test, description)
+
+
+def number_refusal(value) -> str | None:
+    """Why ``value`` cannot be a number a run computes with, in words; None when it can.
+
+    Refused: NaN and infinity, an integer past 64 bits, and a float past what float32 holds
+    (above about 3.4e38, or nearer zero than about 1.2e-38 but not zero): a learning rate of
+    1e300 is infinity in the model, and 1e-300 is zero. Booleans and strings are not numbers: None.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if is_integer(value):
+        return None if abs(value) <= INT64_MAX else f"{value} is beyond what a 64-bit integer holds ({INT64_MAX})"
+    if not math.isfinite(value):
+        return f"{value} is not a finite number"
+    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
+        return (
+            f"{value!r} is beyond what a model's float32 numbers hold "
+            f"(magnitudes from {FLOAT32_TINY:.2g} to {FLOAT32_MAX:.2g}, or 0)"
+        )
+    return None
+
+
+def range_refusal(low, high, step=None) -> str | None:
+    """Why ``low``..``high`` (by ``step``) cannot be searched, in words; None when it can (see ``number_refusal``)."""
+    for what, value in (("low", low), ("high", high), ("step", step)):
+        if value is not None and (reason := number_refusal(value)) is not None:
+            return f"{what}: {reason}"
+    if not math.isfinite(float(high) - float(low)):
+        return f"the range {low}..{high} is wider than a float holds"
+    return None
 
 
 def one_of(*choices) -> Accepted:
@@ -245,9 +279,32 @@ def _devices(value) -> bool:
     return is_integer(value) and (value == -1 or value >= 1)
 
 
+def _on_cpu(accelerator) -> bool:
+    """Whether Lightning runs ``accelerator`` on the CPU: ``cpu``, or ``auto`` (or none) on a machine without a GPU."""
+    if isinstance(accelerator, str) and accelerator.lower() == "cpu":
+        return True
+    if accelerator not in (None, "auto"):
+        return False
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    return not (CUDAAccelerator.is_available() or MPSAccelerator.is_available())
+
+
+def _cpu_devices(accelerator, devices) -> bool:
+    """On the CPU, Lightning takes a positive number of processes or ``auto``, not -1 (all) or a list of indices."""
+    if not _on_cpu(accelerator):
+        return True
+    if isinstance(devices, str):
+        text = devices.strip()
+        return text == "auto" or (text.isdigit() and int(text) >= 1)
+    return is_integer(devices) and devices >= 1
+
+
 TRAINER = Arguments(
     "--trainer.",
     {
+        # Any accelerator Lightning knows, checked by it (and accelerators.check_accelerator); here for the rules.
+        "accelerator": Accepted(lambda value: True, "an accelerator"),
         "devices": Accepted(
             _devices, "a positive number of devices, -1 for all, auto, or a list of distinct device indices"
         ),
@@ -281,12 +338,19 @@ TRAINER = Arguments(
             "<min_epochs> must be at most <max_epochs>",
         ),
         Together(
+            ("accelerator", "devices"),
+            _cpu_devices,
+            "<devices> on the CPU is a number of processes, 1 or more (or auto): -1 (all) and lists of indices "
+            "are for GPUs",
+            shown=("devices",),
+        ),
+        Together(
             ("min_steps", "max_steps"),
             lambda least, most: least is None or most == -1 or least <= most,
             "<min_steps> must be at most <max_steps>",
         ),
     ),
     # The shortcuts people type (cli.TRAINER_SHORTCUTS).
-    flags={name: f"--{name}" for name in ("devices", "num_nodes", "max_epochs")},
+    flags={name: f"--{name}" for name in ("accelerator", "devices", "num_nodes", "max_epochs")},
 )
 RUN = Arguments("--", {"seed_everything": BOOLEAN | SEED})

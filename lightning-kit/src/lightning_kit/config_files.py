@@ -17,6 +17,7 @@ import yaml
 from jsonargparse import get_loader, set_loader
 
 from .errors import ConfigError
+from .files import NotAFileError, open_regular
 
 # A configuration holds settings: a few kilobytes. The bounds leave room for long lists (class names).
 MAX_BYTES = 1 << 20
@@ -29,8 +30,10 @@ MAX_DEPTH = 100
 def read_config_file(path: Path) -> str:
     """The text of the configuration file ``path``, refused in one line naming it if too large or not text."""
     try:
-        with Path(path).open("rb") as file:
+        with open_regular(path) as file:  # a FIFO or device is refused, never waited on
             data = file.read(MAX_BYTES + 1)
+    except NotAFileError as err:
+        raise ConfigError(f"configuration file {err}: give a YAML file") from None
     except OSError as err:
         raise ConfigError(f"configuration file {path} cannot be read ({err.strerror or err})") from err
     if len(data) > MAX_BYTES:
@@ -62,8 +65,9 @@ def check_files_given(args: Sequence[str]) -> None:
 
 
 def _is_file(value: str) -> bool:
+    """Whether ``value`` names something other than a folder: a file, or a FIFO or device read_config_file refuses."""
     try:
-        return Path(value).is_file()
+        return Path(value).exists() and not Path(value).is_dir()
     except (OSError, ValueError):  # a name too long or with a NUL: YAML text
         return False
 

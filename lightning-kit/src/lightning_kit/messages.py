@@ -1,5 +1,6 @@
 """What the person at the command line is told: a mistake of theirs as one line, never a traceback."""
 
+import io
 import logging
 import os
 import re
@@ -15,9 +16,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from .arguments import TRAINER
 from .callbacks import InterruptCheckpoint
 from .errors import UserError
+from .passwords import scrubbed
 from .placement.explain import explain
 from .placement.lightning import simulated_run
 from .placement.verdict import DevicePlacementError
+from .stores import DISK_ERRORS, failure_line
 from .supervision import ProcessWatch, lost_a_process, lost_process_line
 
 # Lines of jsonargparse's nested messages that say nothing about the mistake.
@@ -34,8 +37,11 @@ def one_line(message: str) -> str:
 
 
 def report(line: str) -> None:
-    """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split."""
-    sys.stdout.write(f"{line}\n")
+    """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split.
+
+    Every URL in it is shown without its password, and every remembered password is hidden (``passwords``).
+    """
+    sys.stdout.write(f"{scrubbed(line)}\n")
     sys.stdout.flush()
 
 
@@ -68,15 +74,52 @@ def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
     return f"--trainer.{named[0]}" if named else None
 
 
+def disk_line(err: BaseException) -> str | None:
+    """One line for a write the disk or file system refused (full, past ``ulimit -f``, read-only), or None.
+
+    ``err`` is the ``OSError`` itself, or PyTorch's ``RuntimeError`` for a checkpoint it could not write whole.
+    """
+    if isinstance(err, OSError) and err.errno in DISK_ERRORS:
+        name = err.filename or _file_being_written(err)
+        where = f" {name}" if name else ""
+        return f"error: cannot write{where}: {err.strerror or err}: {DISK_ERRORS[err.errno]}"
+    if isinstance(err, RuntimeError) and re.search(r"failed writing file|file write failed|unexpected pos", str(err)):
+        return (
+            "error: a file (a checkpoint) could not be written whole: the disk is full or the file would pass "
+            "the file size limit (ulimit -f): free space or raise the limit, then run the same command again"
+        )
+    return None
+
+
+def _file_being_written(err: BaseException) -> str | None:
+    """The name of the file a failed ``write`` was writing (a write's error names none): the file object open for
+    writing in the innermost frame of ``err``'s traceback that holds one."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            mode = getattr(value, "mode", None)
+            if isinstance(value, io.IOBase) and isinstance(mode, str) and set(mode) & set("wax+"):
+                name = getattr(value, "name", None)
+                if isinstance(name, str):
+                    return name
+    return None
+
+
 @contextmanager
 def errors_as_messages() -> Iterator[None]:
-    """Stop with one line, not a traceback, for errors the user can fix from the command line."""
+    """Stop with one line, not a traceback, for errors the user can fix from the command line.
+
+    No line shows a password: each goes through ``passwords.scrubbed``.
+    """
     try:
         yield
     except (UserError, MisconfigurationException) as err:
-        sys.exit(f"error: {err}")
+        sys.exit(scrubbed(f"error: {err}"))
     except PermissionError as err:
-        sys.exit(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)")
+        sys.exit(scrubbed(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)"))
     except SIGTERMException:
         saved = InterruptCheckpoint.saved
         if ProcessWatch.started_by_lightning:
@@ -84,9 +127,22 @@ def errors_as_messages() -> Iterator[None]:
         if saved is None:
             sys.exit("stopped by Ctrl-C or SIGTERM before a training step was done: nothing to resume")
         sys.exit(f"stopped by Ctrl-C or SIGTERM: {saved} saved; resume with --ckpt_path last")
+    except SystemExit as stop:  # after SIGTERMException, which is one
+        if isinstance(stop.code, str):
+            sys.exit(scrubbed(stop.code))
+        raise
     except Exception as err:
         if (mistake := _user_error_behind(err)) is not None:
-            sys.exit(f"error: {mistake}")  # jsonargparse wraps what a class raised when it was instantiated
+            sys.exit(scrubbed(f"error: {mistake}"))  # jsonargparse wraps what a class raised when it was instantiated
+        if (store := failure_line(err)) is not None:
+            sys.exit(f"error: {store}")
+        if (disk := disk_line(err)) is not None:
+            sys.exit(scrubbed(disk))
+        if isinstance(err, RuntimeError) and re.search(r"cannot be converted to type \w+ without overflow", str(err)):
+            sys.exit(
+                f"error: a number given overflows the model's numbers ({' '.join(str(err).split())}): "
+                "give smaller values (a learning rate, a weight decay, a range in a space file)"
+            )
         if lost_a_process(err):
             sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
         if (flag := _trainer_flag_refused_by_lightning(err)) is not None:

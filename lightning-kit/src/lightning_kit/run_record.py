@@ -20,6 +20,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .passwords import hidden_command, scrubbed
+
 RUN_FILE = "run.json"
 RUNNING, FINISHED, INTERRUPTED, DIVERGED, FAILED = "running", "finished", "interrupted", "diverged", "failed"
 # How a run ends, as its record says.
@@ -39,7 +41,7 @@ def started_record(resumed_from: str | None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "process": process_token(os.getpid()),
-        "command": [sys.executable, *sys.argv],
+        "command": hidden_command([sys.executable, *sys.argv]),  # a --storage URL's password is not recorded
         "cwd": os.getcwd(),
         "resumed_from": resumed_from,
     }
@@ -47,6 +49,7 @@ def started_record(resumed_from: str | None) -> dict[str, Any]:
 
 def ended_record(record: dict[str, Any], status: str, **details: Any) -> dict[str, Any]:
     """``record`` of a run that ends now with ``status``, and ``details`` (the error, the best checkpoint)."""
+    details = {key: scrubbed(value) if isinstance(value, str) else value for key, value in details.items()}
     ended = now()
     duration = datetime.fromisoformat(ended) - datetime.fromisoformat(record["started"])
     return {**record, "status": status, "ended": ended, "duration_s": round(duration.total_seconds(), 1), **details}

@@ -24,6 +24,7 @@ import yaml
 
 from ..errors import UserError
 from ..files import open_regular
+from ..passwords import scrubbed
 from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
 
 CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.json"
@@ -149,7 +150,7 @@ def _read_status(run: Run, root: Path) -> None:
         if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
             run.duration_s = float(duration)
         if record.get("error"):
-            run.notes.append(str(record["error"])[:200])
+            run.notes.append(scrubbed(str(record["error"]))[:200])
         best = record.get("best_checkpoint")
         run.best_checkpoint = _in_this_folder(folder, str(best)) if best else None
         return

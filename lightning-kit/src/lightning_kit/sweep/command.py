@@ -12,7 +12,6 @@ import argparse
 import inspect
 import itertools
 import re
-import shlex
 import signal
 import statistics
 import sys
@@ -29,17 +28,23 @@ from optuna.trial import TrialState
 from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all, invoked_as
 from ..errors import ConfigError
 from ..messages import errors_as_messages, report
+from ..passwords import scrubbed, shown_command
 from ..placement.lightning import simulated_run
 from ..supervision import leave_process_group
+from .fingerprint import configuration, data_fingerprint
 from .queue import COUNTED, RUN_FOLDER, queue_retry, run_trials
 from .space import SearchSpace, argument_names, refusal
 from .store import default_url, open_storage, shown, write_study_file
-from .study import open_study
-from .trial import ONE_DEVICE, InterruptionError, Plan, run_trial
+from .study import StudyDiffersError, open_study
+from .trial import AFTER_IT, DISK_FULL, ONE_DEVICE, SIGNAL, InterruptionError, Plan, run_trial, stop_of_the_process
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 # A grid (every combination of the space's lists) of more trials than this is a mistake.
 MAX_GRID = 10_000
+# --new_study tries name-2, name-3, ... up to this many names.
+MAX_NEW_STUDIES = 100
+# More trials than this is no sweep one can wait for (and past it, counts stop being numbers Optuna stores).
+MAX_TRIALS = 1_000_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +60,11 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
     parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
     parser.add_argument("--study", help="the study's name (default: the space file's name, or folds)")
+    parser.add_argument(
+        "--new_study",
+        action="store_true",
+        help="if the study was started on other data, arguments or space: start a new one beside it (name-2, ...)",
+    )
     parser.add_argument("--storage", help="a database URL shared by the workers (default: study.db beside the trials)")
     parser.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="(default tpe)")
     parser.add_argument("--pruner", choices=("median", "none"), default="median", help="(default median)")
@@ -96,14 +106,20 @@ def _check_options(parser: _Parser, options: argparse.Namespace) -> None:
         parser.error("give --space FILE (a sweep) or --folds K (cross-validation), one of them")
     if options.folds is not None and options.folds < 2:
         parser.error(f"--folds must be 2 or more, got {options.folds}")
+    if options.folds is not None and options.folds > MAX_GRID:
+        parser.error(f"--folds must be at most {MAX_GRID}, got {options.folds}")
     if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
         parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
-    if options.space is not None and (options.trials is None) != (options.sampler == "grid"):
-        parser.error("--trials N is needed, except with --sampler grid, which runs every combination once")
+    if options.space is not None and options.trials is None and options.sampler != "grid":
+        parser.error(f"--trials N is needed with --sampler {options.sampler}: how many trials to run")
     if options.trials is not None and options.trials < 1:
         parser.error(f"--trials must be 1 or more, got {options.trials}")
+    if options.trials is not None and options.trials > MAX_TRIALS:
+        parser.error(f"--trials must be at most {MAX_TRIALS}, got {options.trials}")
     if options.prune_after < 0:
         parser.error(f"--prune_after must be 0 or more, got {options.prune_after}")
+    if options.prune_after > MAX_TRIALS:
+        parser.error(f"--prune_after must be at most {MAX_TRIALS}, got {options.prune_after}")
     if options.study is not None and not STUDY_NAME.fullmatch(options.study):
         parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
 
@@ -113,6 +129,13 @@ def sweep(
 ) -> None:
     """Run trials of ``options``' study until it has its number, then report the best (or the folds' spread)."""
     started = time.perf_counter()
+    if options.space is not None and options.sampler == "grid":
+        combinations = len(_grid(SearchSpace.read(options.space)))  # before anything is built: the file's mistakes
+        if options.trials is not None:
+            raise ConfigError(
+                f"--trials is not used with --sampler grid, which runs each of its {combinations} combinations "
+                "once: leave --trials out"
+            )
     _, datamodule, trainer = build_all(cli_class, [*ONE_DEVICE, *train_args], prog=f"{prog} [train.py arguments]")
     monitor, direction = _monitored(trainer)
     if options.folds is not None:
@@ -121,33 +144,63 @@ def sweep(
         space, fixed = SearchSpace.read(options.space), []
         space.check(cli_class, [*ONE_DEVICE, *train_args], argument_names(trainer))
     grid = _grid(space) if options.folds is not None or options.sampler == "grid" else []
+    data = data_fingerprint(datamodule)  # the data it trains on, set up once, as fit does
+    datamodule = None  # its data freed: each trial loads its own
     wanted = len(grid) or options.trials
-    name = options.study or ("folds" if options.folds is not None else space.path.stem)
-    folder = Path(trainer.logger.save_dir) / "sweeps" / name
-    url = options.storage or default_url(folder)
-    storage = open_storage(url, on_stale=queue_retry)
-    if name not in optuna.study.get_all_study_names(storage) and any(folder.glob("trial_*")):
-        raise ConfigError(f"{folder} holds trials of a study not in {shown(url)}: give another --study or move it away")
     settings = {
-        "train_args": train_args,
+        "train_args": train_args,  # recorded; compared, as resolved by train.py, in "config"
+        "config": configuration(trainer),
+        "data": data,
         "space": space.as_settings(),
+        "space_file": space.text,  # recorded, not compared: a comment changes no trial
         "sampler": "grid" if grid else "drawn",
         "monitor": monitor,
         "direction": direction,
     }
-    study = open_study(name, storage, url, settings, grid, _sampler(options), _pruner(options))
+    given = options.study or ("folds" if options.folds is not None else space.path.stem)
+    for attempt in itertools.count(1):
+        name = given if attempt == 1 else f"{given}-{attempt}"
+        folder = Path(trainer.logger.save_dir) / "sweeps" / name
+        url = options.storage or default_url(folder)
+        storage = open_storage(url, on_stale=queue_retry, beside_trials=options.storage is None)
+        if name not in optuna.study.get_all_study_names(storage) and any(folder.glob("trial_*")):
+            if options.new_study:
+                continue
+            raise ConfigError(
+                f"{folder} holds trials of a study not in {shown(url)}: give another --study or move it away"
+            )
+        try:
+            study = open_study(name, storage, url, settings, grid, _sampler(options), _pruner(options))
+        except StudyDiffersError as differs:
+            if not options.new_study or attempt >= MAX_NEW_STUDIES:
+                raise
+            report(f"study {name} was started with {differs.what}: --new_study: trying study {given}-{attempt + 1}")
+            continue
+        break
     write_study_file(folder, study, url, monitor)
     plan = Plan(cli_class, study, space, train_args, fixed, folder, monitor)
     report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
     trials_started = time.perf_counter()
     try:
-        ran = run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial))
+        ran = run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial), grid)
     except (InterruptionError, KeyboardInterrupt) as stop:
-        where = ""
-        if isinstance(stop, InterruptionError):
-            where = f" in trial {stop.number} ({f'{stop.saved} saved' if stop.saved else 'nothing saved yet'})"
-        sys.exit(f"stopped by Ctrl-C or SIGTERM{where}: to continue the sweep, "
-                 f"run the same command again: {prog} {shlex.join(command)}")  # fmt: skip
+        again = f"run the same command again: {prog} {shown_command(command)}"
+        if not isinstance(stop, InterruptionError):
+            sys.exit(f"stopped by Ctrl-C or SIGTERM: to continue the sweep, {again}")
+        saved = f"{stop.saved} saved" if stop.saved else "nothing saved yet"
+        if stop.reason == SIGNAL:
+            where = f"after trial {stop.number}" if stop.detail == AFTER_IT else f"in trial {stop.number} ({saved})"
+            sys.exit(f"stopped by Ctrl-C or SIGTERM {where}: to continue the sweep, {again}")
+        what = f"{stop.reason} ({scrubbed(stop.detail)})" if stop.detail else stop.reason
+        fix = "free some space, then" if stop.reason == DISK_FULL else "once the store can be reached,"
+        sys.exit(f"error: stopped in trial {stop.number}: {what}; it runs again from its newest checkpoint: "
+                 f"{fix} {again}")  # fmt: skip
+    except Exception as err:  # the store lost, or the disk full, between trials: no trial is lost by it
+        if (stop := stop_of_the_process(err)) is None:
+            raise
+        fix = "free some space, then" if stop[0] == DISK_FULL else "once the store can be reached,"
+        sys.exit(f"error: the sweep stopped: {stop[0]} ({scrubbed(stop[1])}): {fix} run the same command again: "
+                 f"{prog} {shown_command(command)}")  # fmt: skip
     _summary(study, options.folds, monitor)
     if ran:
         # Outside trainer.fit: building each trial through the command line, and the study's bookkeeping.
@@ -228,6 +281,11 @@ def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
     if not complete:
         return
     if folds is not None:
+        missing = sorted(set(range(folds)) - {trial.params.get("data.fold") for trial in complete})
+        if missing:  # a fold that failed by its own code: a mean without it would be of other data
+            report(f"folds {', '.join(map(str, missing))} did not complete: no mean over the folds; "
+                   "fix what failed and run the same command again")  # fmt: skip
+            return
         values = [trial.value for trial in complete]
         mean, spread = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
         report(f"{monitor} over {len(values)} folds: mean {mean:.4f}, standard deviation {spread:.4f}")

@@ -15,6 +15,7 @@ which the heartbeat and putting a trial back in the queue need); tested on Optun
 """
 
 import json
+import sqlite3
 import time
 import warnings
 from pathlib import Path
@@ -25,10 +26,19 @@ from optuna.exceptions import ExperimentalWarning, StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, ProgrammingError
+from sqlalchemy.exc import (
+    DatabaseError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 
+from .. import stores
 from ..checkpoints import written_whole
 from ..errors import ConfigError
+from ..passwords import hidden, scrubbed, unescaped_at
 
 STUDY_DB = "study.db"
 # What the table of runs reads to find a sweep's study: its name, store, monitored metric and direction.
@@ -41,45 +51,68 @@ CONNECT_TIMEOUT_S = 10
 
 
 def default_url(folder: Path) -> str:
-    """The SQLite file ``study.db`` in ``folder``, by its absolute path (the URL is the same from any folder)."""
-    return f"sqlite:///{(folder / STUDY_DB).resolve()}"
+    """The SQLite file ``study.db`` in ``folder``, by its absolute path (the URL is the same from any folder).
+
+    The folder is resolved (``runs/`` may be a link to a larger disk), the file's own name is not:
+    a ``study.db`` that is a link is refused by ``open_storage``, never written through.
+    """
+    return f"sqlite:///{folder.resolve() / STUDY_DB}"
 
 
 def shown(url: str) -> str:
-    """``url`` without its password, for messages and ``study.json``."""
-    try:
-        return make_url(url).set(password=None).render_as_string(hide_password=False)
-    except ArgumentError:
-        return "(not a database URL)"
+    """``url`` without its password, for messages and ``study.json`` (``passwords.hidden``)."""
+    return hidden(url)
 
 
-def open_storage(url: str, on_stale) -> RDBStorage:
+def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStorage:
     """The storage at ``url``; ``on_stale(study, trial)`` is called for each trial its heartbeat finds dead.
 
-    A URL that is not one, a database driver that is not installed, or a server that cannot
-    be reached in ``CONNECT_TIMEOUT_S`` stops with one line naming ``--storage``.
+    A URL that is not one, a database driver that is not installed, a server that cannot
+    be reached in ``CONNECT_TIMEOUT_S``, or an SQLite file that cannot hold a study stops
+    with one line naming ``--storage`` (or, ``beside_trials``, the default ``study.db``), its
+    password hidden. Every statement on an SQLite file is time-bound (``stores.sqlite_connector``).
     """
+    stores.opened(url)
+    if unescaped_at(url):
+        raise ConfigError(
+            f"--storage {shown(url)}: the URL holds more than one '@': write an '@' in the user name or password "
+            "as %40 (and ':' as %3A, '/' as %2F, '%' as %25)"
+        )
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        backend = parsed.get_backend_name()
+    except Exception:  # ArgumentError, a port that is no number: ValueError, ...
         raise ConfigError(
-            f"--storage {url!r} is not a database URL: give e.g. postgresql+psycopg://user@host/db or sqlite:///file.db"
+            f"--storage {shown(url)!r} is not a database URL: "
+            "give e.g. postgresql+psycopg://user@host/db or sqlite:///file.db"
         ) from None
-    sqlite = parsed.get_backend_name() == "sqlite"
+    sqlite = backend == "sqlite"
+    engine_kwargs: dict = {}
     if sqlite:
+        database = stores.sqlite_database(url)
+        if database is None:
+            raise ConfigError(f"--storage {shown(url)}: an SQLite study needs a file: give sqlite:///<file>.db")
+        named = f"{database} (the study's file beside its trials)" if beside_trials else f"--storage {shown(url)}"
+        stores.check_sqlite_file(database, named, writing=True, no_link=beside_trials)
+        try:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(
+                f"{named}: its folder cannot be made ({err.strerror or err}): give a --storage in a writable folder"
+            ) from None
         # isolation_level None: the driver begins no transaction of its own; ``_begin_immediately`` does.
-        connect_args = {"timeout": SQLITE_LOCK_WAIT_S, "isolation_level": None}
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        connect = stores.sqlite_connector(database, read_only=False, lock_wait_s=SQLITE_LOCK_WAIT_S)
+        engine_kwargs = {"creator": connect}
     else:
-        connect_args = {"connect_timeout": CONNECT_TIMEOUT_S}
+        named = f"--storage {shown(url)}"
+        engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
     for attempt in range(3):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)  # the heartbeat: experimental since 2.9
                 storage = RDBStorage(
                     url,
-                    engine_kwargs={"connect_args": connect_args},
+                    engine_kwargs=engine_kwargs,
                     heartbeat_interval=HEARTBEAT_INTERVAL_S,
                     grace_period=GRACE_PERIOD_S,
                     heartbeat_stale_trial_callback=on_stale,
@@ -89,18 +122,26 @@ def open_storage(url: str, on_stale) -> RDBStorage:
             driver = parsed.drivername
             raise ConfigError(
                 f"--storage {shown(url)}: the database driver for {driver} is not installed "
-                f"({_reason(err)}); for PostgreSQL: pip install -e '.[postgres]' and postgresql+psycopg://..."
+                f"({scrubbed(_reason(err))}); for PostgreSQL: pip install -e '.[postgres]' and postgresql+psycopg://..."
             ) from None
-        except (IntegrityError, ProgrammingError, OperationalError, StorageInternalError) as err:
+        except (IntegrityError, ProgrammingError, OperationalError, DatabaseError, StorageInternalError) as err:
             # Two workers creating the tables of a new store at once: one finds them half made, and tries again.
             # (For a server, an OperationalError is one that cannot be reached: said at once.)
-            if attempt < 2 and (sqlite or not isinstance(err, OperationalError)):
+            reason = _reason(err)
+            lasting = any(words in reason.lower() for words in _LASTING)
+            if attempt < 2 and not lasting and (sqlite or not isinstance(err, OperationalError)):
                 time.sleep(1)
                 continue
-            raise ConfigError(f"--storage {shown(url)} cannot be reached: {_reason(err)}") from None
+            raise ConfigError(f"{named}: {stores.explained(reason)}") from None
+        except (SQLAlchemyError, sqlite3.Error, ValueError, TypeError) as err:  # a URL option the driver refuses
+            raise ConfigError(f"{named}: {stores.explained(_reason(err))}") from None
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediately)
     return storage
+
+
+# What no second try mends: the store itself is at fault, not a worker creating its tables at the same time.
+_LASTING = ("not a database", "malformed", "readonly", "full", "i/o", "interrupted", "unable to open", "password")
 
 
 def _begin_immediately(connection) -> None:

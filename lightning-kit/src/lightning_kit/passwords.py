@@ -1,0 +1,172 @@
+"""URLs and command lines as a person or a file may see them: with every password hidden.
+
+A database URL given on the command line (``--storage postgresql+psycopg://me:pw@host/db``)
+carries its password into every message, record and table that shows it. Everything that
+shows a URL or a command line goes through ``hidden`` (one URL), ``hidden_command`` (a
+command line) or ``scrubbed`` (any text, such as a driver's error message), here and
+nowhere else.
+
+A URL is rendered by SQLAlchemy (``render_as_string(hide_password=True)``: note that
+``URL.set(password=None)`` leaves the password as it was) when it parses; one that does not
+parse, whose driver is missing or whose password holds an unescaped ``@`` is masked by
+pattern: everything between the user name and the last ``@`` of its authority. Query
+parameters that carry secrets (``password=``, ``sslpassword=``, ``token=`` ...) are masked
+too. ``remember`` notes a URL's password, so ``scrubbed`` also hides it wherever else it
+appears (a driver's message quoting it). Only the standard library at import: the table of
+runs uses it without loading SQLAlchemy unless a URL must be parsed.
+"""
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote, unquote
+
+MASK = "***"
+# Query parameters whose values are secrets.
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
+# A URL in running text, after its scheme's "://": it ends at a blank or a quote, but a password may hold a few
+# blanks before its '@'.
+_SCHEME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
+_URL_TAIL = re.compile(r"(?:[^@\s'\"]*(?: [^@\s'\"]*){0,3}@)?[^\s'\"]*")
+# An argument of a command line that is a URL, or a flag's value given as --flag=URL.
+_URL_ARGUMENT = re.compile(r"(--?[\w.-]+=)?([A-Za-z][A-Za-z0-9+.\-]*://.*)", re.DOTALL)
+_QUERY_PAIR = re.compile(r"([?&;]|^)([^=&;?#]+)=([^&;#]*)")
+# Passwords shorter than this are not searched for in other text: they would hide ordinary letters.
+_SHORTEST_SCRUBBED = 4
+_remembered: set[str] = set()
+
+
+def hidden(url: str) -> str:
+    """``url`` with its password, and any secret query parameter, replaced by ``***``; any text is accepted."""
+    text = str(url)
+    if "://" not in text:
+        return _mask_query(text) if "=" in text else text
+    rendered = None if unescaped_at(text) else _rendered(text)
+    result = rendered if rendered is not None else _by_pattern(text)
+    for secret in _candidates(text):
+        if len(secret) >= _SHORTEST_SCRUBBED:
+            result = _replace(result, secret)
+    return result
+
+
+def unescaped_at(url: str) -> bool:
+    """Whether ``url`` has more than one ``@`` before its query: a password with an ``@`` not written ``%40``.
+
+    SQLAlchemy and the drivers read such a URL's host from inside the password.
+    """
+    _, separator, rest = str(url).partition("://")
+    return bool(separator) and not rest.startswith("/") and rest.partition("?")[0].count("@") > 1
+
+
+def remember(url: str) -> None:
+    """Note ``url``'s password (and secret query values): ``scrubbed`` hides them in any text from now on."""
+    for secret in _candidates(str(url)):
+        if len(secret) >= _SHORTEST_SCRUBBED:
+            _remembered.add(secret)
+
+
+def scrubbed(text: str) -> str:
+    """``text`` with every URL in it hidden, and every remembered password replaced by ``***``.
+
+    In time linear in the text: URLs are found from each ``://``, never by trying every position.
+    """
+    text = str(text)
+    if "://" in text:
+        pieces, done = [], 0
+        for separator in re.finditer("://", text):
+            start = separator.start()
+            if start < done:
+                continue  # inside the URL hidden last
+            while start > done and text[start - 1] in _SCHEME_CHARACTERS:
+                start -= 1
+            tail = _URL_TAIL.match(text, separator.end())
+            end = tail.end() if tail else separator.end()
+            if start == separator.start() or not text[start].isalpha():
+                continue  # no scheme before it: not a URL
+            pieces += [text[done:start], hidden(text[start:end])]
+            done = end
+        text = "".join([*pieces, text[done:]])
+    for secret in sorted(_remembered, key=len, reverse=True):
+        text = _replace(text, secret)
+    return text
+
+
+def hidden_command(args: Iterable[str]) -> list[str]:
+    """A command line's arguments with every URL in them hidden (``--storage URL`` and ``--storage=URL`` alike)."""
+    shown = []
+    for arg in map(str, args):
+        found = _URL_ARGUMENT.fullmatch(arg)
+        shown.append(scrubbed(f"{found[1] or ''}{hidden(found[2])}" if found else arg))
+    return shown
+
+
+def shown_command(args: Sequence[str]) -> str:
+    """A command line to show a person, quoted for a shell, every URL in it hidden."""
+    return shlex.join(hidden_command(args))
+
+
+def _rendered(text: str) -> str | None:
+    """SQLAlchemy's rendering with the password hidden; None when it does not parse ``text`` as it was meant."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(text)
+        if not url.password and _by_pattern(text) == _mask_query(text):
+            return _mask_query(text)  # nothing to hide but the query's secrets: shown as given
+        if "@" in (url.host or "") or any(c.isspace() for c in url.host or ""):
+            return None  # an unescaped '@' in the password: the host is a piece of it
+        return _mask_query(url.render_as_string(hide_password=True))
+    except Exception:  # any failure to parse: ValueError for a bad port, ArgumentError, ImportError
+        return None
+
+
+def _by_pattern(text: str) -> str:
+    """``scheme://user:***@rest``: the user information ends at the last ``@`` of the URL."""
+    scheme, _, rest = text.partition("://")
+    if not rest.startswith("/") and "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        rest = f"{user}{':' + MASK if colon else ''}@{rest}"
+    return f"{scheme}://{_mask_query(rest)}"
+
+
+def _mask_query(text: str) -> str:
+    """``text`` with the values of secret-looking ``key=value`` pairs (after ``?``, ``&`` or ``;``) masked."""
+    head, mark, query = text.partition("?")
+    if not mark:
+        head, query = "", text
+    masked = _QUERY_PAIR.sub(
+        lambda found: f"{found[1]}{found[2]}={MASK if _SECRET_KEY.search(found[2]) else found[3]}", query
+    )
+    return f"{head}{mark}{masked}"
+
+
+def _candidates(text: str) -> list[str]:
+    """What in ``text`` may be a password: as the pattern and SQLAlchemy read it, raw and decoded."""
+    found: list[str] = []
+    _, separator, rest = text.partition("://")
+    if separator and not rest.startswith("/") and "@" in rest:
+        userinfo = rest.rpartition("@")[0]
+        found.append(userinfo.partition(":")[2])
+        first = rest.partition("@")[0]  # an '@' in the query or path: the user information ends at the first
+        found.append(first.partition(":")[2])
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(text).password
+        if password:
+            found.append(str(password))
+    except Exception:  # a URL that does not parse has only the pattern's candidates
+        pass
+    for _, key, value in _QUERY_PAIR.findall(text.partition("?")[2]):
+        if _SECRET_KEY.search(key):
+            found.append(value)
+    variants = set()
+    for secret in found:
+        if secret:
+            variants.update({secret, unquote(secret), quote(secret, safe=""), quote(unquote(secret), safe="")})
+    return sorted((secret for secret in variants if secret and secret != MASK), key=len, reverse=True)
+
+
+def _replace(text: str, secret: str) -> str:
+    return text.replace(secret, MASK) if secret and secret != MASK else text

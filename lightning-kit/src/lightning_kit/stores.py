@@ -1,0 +1,232 @@
+"""Database stores (a study's SQLite file, a server's URL) as the sweep and the table of runs open them.
+
+An SQLite file a person names or finds is checked before SQLite opens it: a folder, a FIFO
+(which SQLite would wait on for ever) or a device is refused, and so is a file that is not
+an SQLite database at all. Each connection carries a time bound on every statement (SQLite's
+progress handler, measured from the statement's start), so a schema that loops (a recursive
+view in place of a table) ends in a line instead of hanging; a file only read is opened
+read-only (``mode=ro``). Every failure of a store (corrupt, read-only, full, past the file
+size limit, locked, unreachable, a wrong password) becomes one line naming the store,
+without its password, and what to do: ``failure_line``.
+
+Only the standard library at import: the table of runs uses it without loading PyTorch.
+"""
+
+import errno
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import quote
+
+from .errors import ConfigError, UserError
+from .files import kind_of, open_regular
+from .passwords import hidden, remember, scrubbed
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+# The files SQLite keeps beside a database: its rollback journal, its write-ahead log and that log's index.
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
+# How long one SQL statement may run before it is stopped: Optuna's take milliseconds.
+STATEMENT_LIMIT_S = 60
+# SQLite calls the progress handler every this many virtual machine instructions.
+_PROGRESS_EVERY = 10_000
+# The store opened last by this process, as shown to a person, and the flag that named it (for failure_line).
+_opened: list[tuple[str, str]] = []
+
+
+def sqlite_database(url: str) -> str | None:
+    """The file of an SQLite ``url`` (``None`` for another database, or SQLite in memory)."""
+    scheme, separator, rest = url.partition("://")
+    if not separator or scheme.split("+")[0].lower() != "sqlite":
+        return None
+    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///relative.db, sqlite:////absolute.db
+    path = path.partition("?")[0]
+    return None if path in ("", ":memory:") else path
+
+
+def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: bool = False) -> None:
+    """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use, or would hang on.
+
+    Refused: a path that is a folder, FIFO, device or socket (links followed, or with
+    ``no_link`` a link itself); a file that is not an SQLite database; for ``writing``, a
+    file or folder that cannot be written (a missing folder is made later, if it can be).
+    """
+    path = Path(path)
+    what = "to keep a study in"
+    if no_link and path.is_symlink():
+        raise ConfigError(
+            f"{named} is a link (to {os.path.realpath(path)}): a study's file is not written through a link: "
+            "move the link away, or give --storage sqlite:///<the file> to use that file"
+        )
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise ConfigError(f"{named} cannot be read ({err.strerror or err}): give a file {what}") from None
+    if mode is not None:
+        kind = kind_of(mode)
+        if kind is not None:
+            raise ConfigError(f"{named} is {kind}, not a file: give the path of a file {what}")
+        try:
+            with open_regular(path) as file:  # a FIFO swapped in since the stat is refused, not waited on
+                header = file.read(len(SQLITE_HEADER))
+        except (OSError, UserError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+            raise ConfigError(f"{named} cannot be read ({reason}): give a file {what}") from None
+        if header and header != SQLITE_HEADER:  # an empty file is a new database to SQLite
+            raise ConfigError(
+                f"{named} is not an SQLite database (corrupt, truncated or another kind of file): "
+                "restore it from a copy, or move it away to start a new study there"
+            )
+        if writing and not os.access(path, os.W_OK):
+            raise ConfigError(f"{named} is read-only: make it writable, or give another --storage")
+    for suffix in SQLITE_COMPANIONS:  # SQLite opens these beside the file, following links, and waits on a FIFO
+        companion = path.with_name(path.name + suffix)
+        if companion.is_symlink() or (companion.exists() and kind_of(companion.stat().st_mode) is not None):
+            what_it_is = "a link" if companion.is_symlink() else kind_of(companion.stat().st_mode)
+            raise ConfigError(
+                f"{named}: {companion.name} beside it is {what_it_is}, which SQLite would write through or wait on: "
+                "move it away"
+            )
+    if not writing:
+        return
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{named} cannot be made: {folder} is not a folder: give another --storage")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{named} cannot be written: its folder {folder} is read-only (SQLite writes a journal beside it): "
+            "make it writable, or give another --storage"
+        )
+
+
+def sqlite_connector(
+    path: str | Path, *, read_only: bool, lock_wait_s: float, statement_limit_s: float = STATEMENT_LIMIT_S
+) -> Callable[[], sqlite3.Connection]:
+    """A function making connections to the SQLite file ``path``: read-only if asked, every statement time-bound.
+
+    For SQLAlchemy's ``create_engine(..., creator=...)``. A statement past ``statement_limit_s``
+    is interrupted, and so is every later statement of these connections: SQLite raises
+    ``OperationalError: interrupted``, which ``explained`` explains.
+    """
+    absolute = os.path.abspath(path)
+    target = f"file:{quote(absolute)}?mode=ro" if read_only else f"file:{quote(absolute)}?mode=rwc"
+
+    def connect() -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            target, uri=True, timeout=lock_wait_s, isolation_level=None, check_same_thread=False
+        )
+        started = [time.monotonic()]
+
+        def statement_started(_sql: str) -> None:
+            started[0] = time.monotonic()
+
+        def over_time() -> int:
+            if not stopped and time.monotonic() - started[0] > statement_limit_s:
+                stopped.append(True)
+            return int(bool(stopped))
+
+        connection.set_trace_callback(statement_started)
+        connection.set_progress_handler(over_time, _PROGRESS_EVERY)
+        return connection
+
+    # Once one statement ran out of time, every later one of these connections stops at once: the file is suspect,
+    # and a caller's fallback query (Optuna has some) would only wait as long again.
+    stopped: list[bool] = []
+
+    return connect
+
+
+def opened(url: str, flag: str = "--storage") -> None:
+    """Note that this process uses the store ``url`` (named by ``flag``): its password is hidden from now on."""
+    remember(url)
+    _opened.append((hidden(url), flag))
+
+
+def failure_line(err: BaseException) -> str | None:
+    """One line for a store's failure behind ``err``, naming the store last opened; None for any other error."""
+    reason = _database_reason(err)
+    if reason is None or not _opened:
+        return None
+    shown, flag = _opened[-1]
+    return f"{flag} {shown}: {explained(reason)}"
+
+
+def explained(reason: str) -> str:
+    """What a database's error ``reason`` means, and what to do, in words (without any remembered password)."""
+    text = scrubbed(" ".join(reason.split()))[:300]
+    lowered = text.lower()
+    for needles, meaning in _MEANINGS:
+        if any(needle in lowered for needle in needles):
+            return f"{meaning} ({text})"
+    return f"{text}: check the store, or give another --storage"
+
+
+_MEANINGS = (
+    (
+        ("file is not a database", "malformed", "not an sqlite"),
+        "the file is not a whole SQLite database (corrupt or truncated): restore it from a copy, "
+        "or move it away to start a new study",
+    ),
+    (
+        ("readonly database", "read-only", "read only"),
+        "it is read-only: make the file and its folder writable, or give another --storage",
+    ),
+    (
+        ("database or disk is full", "no space left", "disk quota"),
+        "the disk is full: free some space, or give a --storage on another disk",
+    ),
+    (
+        ("disk i/o error", "file too large"),
+        "the disk refused a write (full, or past the file size limit of ulimit -f): free space or raise the limit",
+    ),
+    (("interrupted",), "a query ran past its time bound (a schema that loops?): restore the file from a copy"),
+    (("database is locked",), "another process holds it locked: wait for it, or give another --storage"),
+    (("unable to open database file",), "the file cannot be opened: check its folder exists and is writable"),
+    (
+        ("password authentication failed", "authentication failed", "access denied", "no password supplied"),
+        "the server refused the user name or password: check them",
+    ),
+    (
+        ("does not exist",),
+        "the server has no such database or user: create it, or give another --storage",
+    ),
+    (
+        ("connection refused", "could not connect", "timeout", "timed out", "name or service not known", "no route"),
+        "the server cannot be reached: check the host and port, and that it runs",
+    ),
+    (
+        ("invalid integer value", "invalid port", "port out of range", "invalid connection option", "invalid dsn"),
+        "the URL's host, port or options are wrong: check them",
+    ),
+)
+
+
+def _database_reason(err: BaseException) -> str | None:
+    """The message of the database error (SQLAlchemy's, the driver's, Optuna's storage's) behind ``err``, if any."""
+    seen, current = set(), err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__ or ""
+        if isinstance(current, sqlite3.Error) or module.startswith(("sqlalchemy", "psycopg", "pymysql", "MySQLdb")):
+            origin = getattr(current, "orig", None) or current
+            lines = str(origin).strip().splitlines()
+            return lines[0] if lines else type(origin).__name__
+        if type(current).__name__ == "StorageInternalError" and current.__cause__ is None:
+            return str(current)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# OSError numbers that mean the disk or the file system refused a write, and what to do.
+DISK_ERRORS = {
+    errno.ENOSPC: "the disk is full: free some space",
+    errno.EDQUOT: "the disk quota is used up: free some space",
+    errno.EFBIG: "the file would pass the file size limit (ulimit -f): raise the limit or free space",
+    errno.EROFS: "the file system is read-only: write somewhere else",
+    errno.EIO: "the disk reported an error: check it",
+}
