@@ -9,18 +9,25 @@ model of images, an image file (the body, or the one file of a multipart form); 
 token sequences, JSON ``{"tokens": [token ids]}``. It answers JSON ``{"predicted": name,
 "probabilities": {name: p, ...}}``, with the batch it was run in as the ``X-Batch-Size`` header;
 ``GET /health`` answers ``ok`` once the model is loaded. A bad request answers 4xx with a JSON
-``detail``. SIGTERM stops the server once the requests in flight are answered. Needs the
-``serve`` extra: ``pip install -e ".[serve]"``.
+``detail``. SIGTERM stops the server: it stops taking connections, answers every
+request it had taken (one that cannot be answered in time gets LitServe's 504), and exits 0.
+Until it is ready it says what it is doing (reading the model file, checking it, starting its
+workers), then prints ``ready``. Needs the ``serve`` extra: ``pip install -e ".[serve]"``.
 """
 
 import argparse
+import asyncio
+import contextlib
 import importlib.util
+import logging
+import math
 import multiprocessing
 import os
 import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +37,7 @@ from ..accelerators import check_accelerator
 from ..checkpoints import latest_checkpoint
 from ..cli import GenericCLI, KitCLI, expand_shortcuts, invoked_as
 from ..errors import ConfigError
-from ..export import export, load_trained
+from ..export import IMAGES, export, load_trained
 from ..messages import errors_as_messages
 from .model_file import EXPORT_COMMAND, ModelInfo, read_model
 
@@ -43,10 +50,16 @@ MAX_BODY_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 50_000_000  # a 50-megapixel photo; a larger image is refused from its header
 # LitServe answers at these addresses only; ports below 1024 need root.
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
-# How long the HTTP servers may take to answer the requests in flight after SIGTERM.
+# How long the HTTP servers may take to answer the requests in flight after SIGTERM, beyond --timeout (by then
+# LitServe has answered each one still waiting with its 504).
 GRACE_S = 30
-# The process that runs the server: SIGTERM there stops it (see _answer_then_stop).
+# After SIGTERM, how long a connection just taken has to send its request before it is closed unanswered.
+REQUEST_START_S = 0.5
+# The most --timeout and --batch_timeout may be: a day.
+MAX_SECONDS = 86_400
+# The process that runs the server: SIGTERM there stops it (see _answer_then_stop), within _STOP_S seconds.
 _SERVER_PID = None
+_STOP_S = 2 * GRACE_S
 
 
 def parser(
@@ -54,7 +67,7 @@ def parser(
 ) -> argparse.ArgumentParser:
     """The command's options; ``prog`` names it, ``export_command`` the command that writes its model files and
     ``train_command`` the command line that builds the model of a checkpoint (``--ckpt_path``)."""
-    described = argparse.ArgumentParser(
+    described = _Parser(
         prog=prog or invoked_as("python -m lightning_kit.serve"),
         description=__doc__.split("\n\n")[0],
         epilog=f"With --ckpt_path, other arguments (--config, --model, --data.*) go to {train_command}, as for the "
@@ -70,7 +83,10 @@ def parser(
     )
     described.add_argument("--max_batch_size", type=_bounded(int, 1), default=MAX_BATCH_SIZE, help="1: no batching")
     described.add_argument(
-        "--batch_timeout", type=_bounded(float, 0), default=BATCH_TIMEOUT_S, help="seconds to wait for a batch to fill"
+        "--batch_timeout",
+        type=_bounded(float, 0, MAX_SECONDS),
+        default=BATCH_TIMEOUT_S,
+        help="seconds to wait for a batch to fill (less than --timeout)",
     )
     described.add_argument(
         "--max_body_bytes", type=_bounded(int, 1), default=MAX_BODY_BYTES, help="larger requests are refused (413)"
@@ -79,7 +95,10 @@ def parser(
         "--max_pixels", type=_bounded(int, 1), default=MAX_PIXELS, help="larger images are refused (413)"
     )
     described.add_argument(
-        "--timeout", type=_bounded(float, 0, low_open=True), default=30.0, help="seconds a request may wait (504)"
+        "--timeout",
+        type=_bounded(float, 0, MAX_SECONDS, low_open=True),
+        default=30.0,
+        help="seconds a request may wait (504)",
     )
     described.add_argument("--bench", action="store_true", help="measure a server under load instead (see --requests)")
     described.add_argument("--requests", type=_bounded(int, 1), default=2000, help="--bench: requests to send")
@@ -88,14 +107,29 @@ def parser(
     return described
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not the usage and the message."""
+        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
+
+
 def _bounded(kind, low, high=None, low_open=False):
-    """An argparse type: a number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
+    """An argparse type: a finite number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
+    above = f"more than {low}" if low_open else f"at least {low}"
+    expected = f"expected a {'whole ' if kind is int else ''}number {above}" + (f" and at most {high}" if high else "")
 
     def convert(text: str):
-        value = kind(text)
-        if value < low or (low_open and value == low) or (high is not None and value > high):
-            above = f"more than {low}" if low_open else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"{text}: expected {above}" + (f" and at most {high}" if high else ""))
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text}: {expected}") from None
+        if (
+            not math.isfinite(value)
+            or value < low
+            or (low_open and value == low)
+            or (high is not None and value > high)
+        ):
+            raise argparse.ArgumentTypeError(f"{text}: {expected}")
         return value
 
     convert.__name__ = kind.__name__
@@ -114,6 +148,11 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         options.error(f"unrecognized arguments: {given} ({cli_class.command}'s arguments go with --ckpt_path only)")
     if (known.model is None) == (known.ckpt_path is None):
         options.error("give the model file or --ckpt_path, one of the two")
+    if known.batch_timeout >= known.timeout:
+        options.error(
+            f"argument --batch_timeout: {known.batch_timeout} is not less than --timeout {known.timeout}: "
+            "no request would be answered before it times out"
+        )
     try:  # the serve extra: checked before anything else is done
         import litserve  # noqa: F401
         import python_multipart  # noqa: F401  (reads the forms that images come in)
@@ -122,7 +161,10 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     with errors_as_messages():
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
         with model_file(known, rest, cli_class) as path:
+            say(f"reading {path} and checking it{_size(path)}")
             _, model = read_model(path, export_command)
+            say(f"checked {path}: {_described(model)}")
+            check_limits(known, model)
             if known.bench:
                 from .bench import bench  # the load test's client: only for --bench
 
@@ -130,6 +172,38 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
                 return
             check_port_free(known.host, known.port)
             serve(known, model)
+
+
+def say(line: str) -> None:
+    """Tell the person what the command is doing, at once (the server's log is a file, not a terminal)."""
+    print(line, flush=True)
+
+
+def _size(path: Path) -> str:
+    """`` (12.3 MB)``: the size of the file at ``path``, or nothing where it cannot be told (then reading says why)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ""
+    return f" ({size / 1e6:.1f} MB)" if size >= 1e5 else f" ({size:,} bytes)"
+
+
+def _described(model: ModelInfo) -> str:
+    classes = ", ".join(model.class_names[:5]) + (", ..." if len(model.class_names) > 5 else "")
+    if model.kind == IMAGES:
+        takes = f"images, resized to {model.image_size}x{model.image_size}"
+    else:
+        takes = f"{model.lengths[0]} to {model.lengths[1]} token ids below {model.vocab_size}"
+    return f"a model of {takes}, answering {len(model.class_names)} classes ({classes})"
+
+
+def check_limits(known: argparse.Namespace, model: ModelInfo) -> None:
+    """Refuse a model whose inputs are larger than the server's own limits let any request be."""
+    if model.kind == IMAGES and model.image_size**2 > known.max_pixels:
+        raise ConfigError(
+            f"{model.path} takes {model.image_size}x{model.image_size} images, more pixels than --max_pixels "
+            f"{known.max_pixels:,}: give a larger --max_pixels, or a model of smaller images"
+        )
 
 
 def export_command_of(cli_class: type[KitCLI]) -> str:
@@ -153,7 +227,7 @@ def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCL
     with tempfile.TemporaryDirectory(prefix="serve-") as folder:
         path = Path(folder) / "model.pt2"
         export(trained, datamodule, path, onnx="no")
-        print(f"exported {ckpt_path} to serve it")
+        say(f"exported {ckpt_path} to serve it")
         yield path
 
 
@@ -170,6 +244,7 @@ def check_port_free(host: str, port: int) -> None:
 def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     """Run the server until SIGTERM or Ctrl-C."""
     import litserve as ls  # the serve extra: only this command needs it
+    import litserve.server
 
     from .api import Classifier, cpu_threads
     from .inputs import InputReader
@@ -182,18 +257,102 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         workers_per_device=known.workers_per_device,
         timeout=known.timeout,
     )
+    # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
+    server.uvicorn_graceful_timeout = known.timeout + GRACE_S
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
+    server.app.state.lit_server = server  # the HTTP servers wait for its model workers (see _draining_server_class)
+    litserve.server._Server = _draining_server_class()  # the class of the HTTP servers LitServe starts
+    logging.getLogger("litserve.server").addFilter(_ShutdownNoise())
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
-    print(f"serving {model.path} at {address}/predict (ready when {address}/health answers ok)", flush=True)
-    global _SERVER_PID
-    _SERVER_PID = os.getpid()
+    server.app.state.ready_line = f"ready: serving {model.path} at {address}/predict"
+    workers = len(server.devices) * known.workers_per_device
+    accelerator = getattr(getattr(server, "_connector", None), "accelerator", accelerator)
+    say(
+        f"starting {workers} model worker{'s' if workers > 1 else ''} on {accelerator} (each loads {model.path}); "
+        f"{address}/predict answers once they are ready"
+    )
+    global _SERVER_PID, _STOP_S
+    _SERVER_PID, _STOP_S = os.getpid(), server.uvicorn_graceful_timeout + GRACE_S
     signal.signal(signal.SIGTERM, _answer_then_stop)
     try:
         server.run(host=known.host, port=known.port, generate_client_file=False, log_level="warning")
     except KeyboardInterrupt:  # before the HTTP servers started: LitServe leaves its model processes to us
+        _STOPPING.set()
         for child in multiprocessing.active_children():
             child.terminate()
             child.join(GRACE_S)
+    say(f"stopped serving {model.path}")
+
+
+# Set once the server is stopping: what LitServe logs then of its queues' connections closing is no error.
+_STOPPING = threading.Event()
+
+
+class _ShutdownNoise(logging.Filter):
+    """Drop what LitServe logs while the server stops: its queues' connections closing, its servers already gone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _STOPPING.is_set():
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        closing = isinstance(error, ConnectionError | EOFError)
+        return not closing and "Already not alive" not in record.getMessage()
+
+
+def _draining_server_class():
+    """uvicorn's server as LitServe runs it, which on SIGTERM answers every connection it had taken."""
+    from litserve.server import _Server
+    from litserve.utils import WorkerSetupStatus
+
+    class DrainingServer(_Server):
+        """Takes requests once every model worker is ready (the first of them then prints ``ready``).
+
+        On SIGTERM, takes the connections already queued at the port (the kernel completed their
+        handshake, so their clients are sending), stops the port for every process (connections
+        later are refused, not reset), gives each connection taken ``REQUEST_START_S`` to start its
+        request, then shuts down as uvicorn does: each request started is answered, and idle
+        connections are closed.
+        """
+
+        async def startup(self, sockets=None) -> None:
+            state = self.config.app.state
+            status = state.lit_server.workers_setup_status
+            while not self.should_exit:  # SIGTERM meanwhile: stop at once
+                stages = list(status.values())
+                if stages and all(stage == WorkerSetupStatus.READY for stage in stages):
+                    if os.environ.get("LITSERVE_WORKER_ID") == "0":
+                        say(state.ready_line)
+                    break
+                if WorkerSetupStatus.ERROR in stages:
+                    break  # LitServe stops the server
+                await asyncio.sleep(0.05)
+            await super().startup(sockets)
+
+        async def shutdown(self, sockets=None) -> None:
+            listeners = [sock.dup() for sock in sockets or []]
+            for server in self.servers:
+                server.close()  # asyncio stops accepting (and closes its own copy of the port)
+            loop = asyncio.get_running_loop()
+            for listener in listeners:
+                listener.setblocking(False)
+                while True:
+                    try:
+                        connection, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError, OSError):
+                        break
+                    await loop.connect_accepted_socket(self._protocol, connection)
+                with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
+                    listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
+                listener.close()
+            await asyncio.sleep(REQUEST_START_S)
+            await super().shutdown(sockets)
+
+        def _protocol(self):
+            return self.config.http_protocol_class(
+                config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+    return DrainingServer
 
 
 def _answer_then_stop(signum, frame) -> None:
@@ -209,9 +368,11 @@ def _answer_then_stop(signum, frame) -> None:
         signal.raise_signal(signal.SIGTERM)
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _STOPPING.set()
+    say("stopping: answering the requests taken, refusing new connections")
     http_servers = [child for child in multiprocessing.active_children() if child.name.startswith("LitServer-")]
     for child in http_servers:
         os.kill(child.pid, signal.SIGTERM)
     for child in http_servers:
-        child.join(GRACE_S)
+        child.join(_STOP_S)
     raise KeyboardInterrupt

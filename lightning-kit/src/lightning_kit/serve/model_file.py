@@ -11,6 +11,14 @@ elsewhere could run code through any of these, so a file is loaded only when
 - every ``torch.load`` it makes is forced to ``weights_only`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``);
 - its graph calls only PyTorch's tensor operations (ATen) and ``operator.getitem``.
 
+A file is read with bounds: the archive's directory is read first, and every entry's
+uncompressed size checked against a bound before anything is inflated (``torch.export.save``
+stores entries uncompressed, so together they hold about the file's size); each is then read
+as a stream that stops at its bound, whatever its header says, into an archive of stored
+entries that PyTorch loads: PyTorch inflates nothing. What the extra files claim (the kind and
+size of the inputs, the class names) is checked against the program's own signature and
+output before a server is started.
+
 Tested with PyTorch 2.14 (``torch.export.pt2_archive``).
 """
 
@@ -20,10 +28,13 @@ import operator
 import os
 import re
 import zipfile
+import zlib
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch.export import ExportedProgram
@@ -39,6 +50,17 @@ _SAVED_ENTRIES = re.compile(
 )
 _PAYLOAD_CONFIGS = re.compile(r"[^/]+/data/(weights|constants)/[^/]+_config\.json")
 _TENSOR_CONSTANT = "tensor_"  # torch.export's TENSOR_CONSTANT_FILENAME_PREFIX: a tensor stored raw, not pickled
+# Bounds on what an archive's entries inflate to, checked in its directory before anything is read. Together: a few
+# times the file's size (torch.export.save stores them uncompressed, 1x), or MIN_TOTAL_BYTES for a small file.
+INFLATION = 4
+MIN_TOTAL_BYTES = 64 * 1024 * 1024
+# Each extra file (the class names, what the inputs are) and each other record but the weights and constants.
+MAX_EXTRA_BYTES = 4 * 1024 * 1024
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+MAX_ENTRIES = 100_000
+_PAYLOAD = re.compile(r"[^/]+/data/(weights|constants)/[^/]+")
+_EXTRA = re.compile(r"[^/]+/extra/[^/]+")
+_CHUNK = 1024 * 1024
 # The command that writes model files, named in messages (a project's server names its own, ``<package>.export``).
 EXPORT_COMMAND = "python -m lightning_kit.export"
 
@@ -68,14 +90,15 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
     """The program in the ``.pt2`` file at ``path`` and what it takes; ``ModelFileError`` saying why not (and
     naming ``export_command``, the command that writes such files)."""
     path = Path(path)
-    data = _read_bytes(path, export_command)
-    _check_entries(path, data)
+    stored = _read_archive(path, export_command)
     extra = {CLASS_NAMES_FILE: "", INPUT_FILE: ""}
     try:
         with _weights_only_loads():
-            program = torch.export.load(io.BytesIO(data), extra_files=extra)
+            program = torch.export.load(stored, extra_files=extra)
     except Exception as err:  # a damaged archive makes the deserializer raise almost any type
         raise ModelFileError(f"{path} cannot be loaded as an exported model ({_first_line(err)})") from err
+    finally:
+        stored.close()
     _check_operations(path, program)
     return program, _model_info(path, program, extra, export_command)
 
@@ -85,33 +108,117 @@ def load_program(path: str | Path) -> ExportedProgram:
     return read_model(path)[0]
 
 
-def _read_bytes(path: Path, export_command: str) -> bytes:
+def _read_archive(path: Path, export_command: str) -> io.BytesIO:
+    """The archive at ``path``, checked and read within bounds, as an archive of stored entries (nothing to inflate)."""
     if path.suffix != ".pt2":
         raise ModelFileError(f"{path} is not a .pt2 file: give the file {export_command} writes, or --ckpt_path")
     try:
         with open_regular(path) as file:
-            return file.read()
+            return _stored_copy(path, file, os.fstat(file.fileno()).st_size)
     except NotAFileError as err:
         raise ModelFileError(f"{err}: give the .pt2 file {export_command} writes") from err
     except FileNotFoundError as err:
         raise ModelFileError(f"{path} does not exist: export a checkpoint with {export_command}") from err
+    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile, NotImplementedError, RuntimeError) as err:
+        raise ModelFileError(f"{path} is not an exported model: it is not a .pt2 archive ({err})") from err
     except OSError as err:
         raise ModelFileError(f"{path} cannot be read ({err.strerror or err})") from err
 
 
-def _check_entries(path: Path, data: bytes) -> None:
-    """Refuse, unread, an archive that holds anything but a plain program: nothing in it is unpickled."""
+def _stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
+    """Refuse, unread, an archive that holds anything but a plain program, or whose entries inflate past their
+    bounds; else a copy of it with every entry stored, each read as a stream that stops at its bound."""
+    with zipfile.ZipFile(file) as archive:
+        entries = archive.infolist()
+        if len(entries) > MAX_ENTRIES:
+            raise ModelFileError(f"{path} holds {len(entries):,} entries, more than any exported program: refused")
+        for entry in entries:
+            if not _SAVED_ENTRIES.fullmatch(entry.filename):
+                refused = "which a plain exported program does not: refused, nothing was loaded"
+                raise ModelFileError(f"{path} holds {entry.filename}, {refused}")
+        repeated = [name for name, count in Counter(entry.filename for entry in entries).items() if count > 1]
+        if repeated:
+            raise ModelFileError(f"{path} holds {repeated[0]} twice, as no exported program does: refused")
+        _check_sizes(path, entries, size)
+        copy = io.BytesIO()
+        configs = {}
+        with zipfile.ZipFile(copy, "w", zipfile.ZIP_STORED) as stored:
+            for entry in entries:
+                data = _bounded_read(path, archive, entry, _total_bound(size))
+                if _PAYLOAD_CONFIGS.fullmatch(entry.filename):
+                    configs[entry.filename] = data
+                stored.writestr(zipfile.ZipInfo(entry.filename, entry.date_time), data)
+                del data
+    _check_payloads(path, configs)
+    copy.seek(0)
+    return copy
+
+
+def _bound(entry: zipfile.ZipInfo, total: int) -> int:
+    """The most bytes ``entry`` may inflate to, by what it is, in an archive whose entries may hold ``total``."""
+    if _PAYLOAD.fullmatch(entry.filename) and not _PAYLOAD_CONFIGS.fullmatch(entry.filename):
+        return total  # weights and constants: as large as the model is
+    return min(total, MAX_EXTRA_BYTES if _EXTRA.fullmatch(entry.filename) else MAX_RECORD_BYTES)
+
+
+def _total_bound(size: int) -> int:
+    """The most bytes the entries of an archive of ``size`` bytes may inflate to, together."""
+    return max(INFLATION * size, MIN_TOTAL_BYTES)
+
+
+def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
+    """Refuse an archive whose directory says its entries inflate past their bounds: nothing is read."""
+    total = _total_bound(size)
+    for entry in entries:
+        if entry.flag_bits & 0x1:
+            raise ModelFileError(f"{path} holds {entry.filename} encrypted, as no exported program is: refused")
+        if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ModelFileError(
+                f"{path} holds {entry.filename} compressed as no exported program is (method {entry.compress_type}): "
+                "refused"
+            )
+        bound = _bound(entry, total)
+        if entry.file_size > bound:
+            raise ModelFileError(
+                f"{path} holds {entry.filename}, which inflates to {entry.file_size:,} bytes, more than the "
+                f"{bound:,} such an entry may hold: refused, nothing was loaded"
+            )
+    inflated = sum(entry.file_size for entry in entries)
+    if inflated > total:
+        raise ModelFileError(
+            f"{path} inflates to {inflated:,} bytes, more than {total:,} for a file of {size:,} bytes "
+            f"(an exported program is stored uncompressed): refused, nothing was loaded"
+        )
+
+
+def _bounded_read(path: Path, archive: zipfile.ZipFile, entry: zipfile.ZipInfo, total: int) -> bytes:
+    """``entry``'s bytes, read as a stream that stops once it holds more than its directory says (or its bound)."""
+    limit = min(entry.file_size, _bound(entry, total))
+    chunks, read = [], 0
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            names = archive.namelist()
-            for name in names:
-                if not _SAVED_ENTRIES.fullmatch(name):
-                    raise ModelFileError(
-                        f"{path} holds {name}, which a plain exported program does not: refused, nothing was loaded"
-                    )
-            configs = {name: archive.read(name) for name in names if _PAYLOAD_CONFIGS.fullmatch(name)}
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise ModelFileError(f"{path} is not an exported model: it is not a .pt2 archive ({err})") from err
+        with archive.open(entry) as stream:
+            while read <= limit:
+                chunk = stream.read(min(_CHUNK, limit + 1 - read))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                read += len(chunk)
+    except (
+        zipfile.BadZipFile,
+        EOFError,
+        zlib.error,
+    ) as err:  # a checksum or a stream that disagrees with the directory
+        raise ModelFileError(f"{path} is damaged: {entry.filename} cannot be read ({err}): refused") from err
+    if read != entry.file_size:
+        raise ModelFileError(
+            f"{path} is damaged: {entry.filename} holds {'more' if read > limit else 'fewer'} bytes than its "
+            f"directory says ({entry.file_size:,}): refused"
+        )
+    return b"".join(chunks)
+
+
+def _check_payloads(path: Path, configs: dict[str, bytes]) -> None:
+    """Refuse weights and constants that only unpickling could load: nothing in the file is unpickled."""
     for name, text in configs.items():
         try:
             entries = json.loads(text)["config"].values()
@@ -152,7 +259,8 @@ def _check_operations(path: Path, program: ExportedProgram) -> None:
 
 
 def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
-    """The class names and the inputs the export wrote beside the program: images or token ids.
+    """The class names and the inputs the export wrote beside the program: images or token ids, each checked
+    against the program's own signature and output.
 
     The kind of input is what the export recorded; a file without it (exported before it was
     recorded) is read by its inputs' type and shape.
@@ -163,23 +271,113 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
             f"{CLASS_NAMES_FILE} and {INPUT_FILE} beside the program"
         )
     try:
-        class_names = tuple(str(name) for name in json.loads(extra[CLASS_NAMES_FILE]))
+        names = json.loads(extra[CLASS_NAMES_FILE])
+        if not isinstance(names, list):
+            raise TypeError("not a list")
+        class_names = tuple(str(name) for name in names)
         described = json.loads(extra[INPUT_FILE])
-        dtype, shape = described["dtype"], [int(size) for size in described["shape"]]
+        dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
         kind = described.get("kind", _kind_of(dtype, shape, described))
         vocab_size = int(described["vocab_size"]) if kind == TOKENS else None
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        seq_len = int(described["seq_len"]) if kind == TOKENS and "seq_len" in described else None
+        image_size = int(described["image_size"]) if kind == IMAGES and "image_size" in described else None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} or {CLASS_NAMES_FILE} cannot be read") from err
     takes = f"{dtype} inputs of shape {tuple(shape)}"
     if kind == IMAGES and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
-        return ModelInfo(path, class_names, IMAGES, image_size=shape[2])
-    if kind == TOKENS and dtype == "int64" and len(shape) == 2:
-        return ModelInfo(path, class_names, TOKENS, vocab_size=vocab_size, lengths=_lengths(program, shape[1]))
-    said = f" (its {INPUT_FILE} says {kind!r})" if kind in (IMAGES, TOKENS) else ""
-    raise ModelFileError(
-        f"{path} takes {takes}{said}, neither images (uint8, (batch, 3, size, size)) "
-        "nor token ids (int64, (batch, length)): no request could be decoded for it"
-    )
+        info = ModelInfo(path, class_names, IMAGES, image_size=shape[2])
+        claimed = {"image_size": image_size} if image_size is not None else {}
+    elif kind == TOKENS and dtype == "int64" and len(shape) == 2:
+        info = ModelInfo(path, class_names, TOKENS, vocab_size=vocab_size, lengths=_lengths(path, program, shape[1]))
+        claimed = {"seq_len": seq_len} if seq_len is not None else {}
+    else:
+        said = f" (its {INPUT_FILE} says {kind!r})" if kind in (IMAGES, TOKENS) else ""
+        raise ModelFileError(
+            f"{path} takes {takes}{said}, neither images (uint8, (batch, 3, size, size)) "
+            "nor token ids (int64, (batch, length)): no request could be decoded for it"
+        )
+    _check_claims(path, program, info, dtype, shape, claimed)
+    return info
+
+
+def _check_claims(path: Path, program: ExportedProgram, info: ModelInfo, dtype: str, shape: list, claimed: dict):
+    """Refuse what the extra files say of the inputs and classes where the program's own signature says otherwise."""
+    inputs, output = _signature(path, program)
+    said = f"its {INPUT_FILE} says"
+    program_dtype = str(inputs.dtype).removeprefix("torch.")
+    if program_dtype != dtype or len(inputs.shape) != len(shape):
+        raise ModelFileError(
+            f"{path}: {said} {dtype} inputs of shape {tuple(shape)}, but its program takes {program_dtype} inputs "
+            f"of {len(inputs.shape)} dimensions: refused"
+        )
+    if isinstance(inputs.shape[0], int):
+        raise ModelFileError(
+            f"{path}: its program takes batches of {inputs.shape[0]} inputs only (exported without a batch dimension "
+            "that varies), and the server batches requests: refused"
+        )
+    fixed = [(axis, int(size)) for axis, size in enumerate(inputs.shape) if isinstance(size, int)]
+    wrong = [(axis, size) for axis, size in fixed if axis > 0 and shape[axis] != size]
+    if info.kind == IMAGES:
+        side = claimed.get("image_size", info.image_size)
+        if wrong or side != info.image_size or len(fixed) < 3:
+            program_shape = tuple(size if isinstance(size, int) else "any" for size in inputs.shape[1:])
+            raise ModelFileError(
+                f"{path}: {said} {side}x{side} images (shape {tuple(shape)}), but its program takes inputs of shape "
+                f"(batch, {', '.join(map(str, program_shape))}): refused"
+            )
+    else:
+        fewest, most = info.lengths
+        if claimed.get("seq_len", most) != most or not 1 <= fewest <= most:
+            raise ModelFileError(
+                f"{path}: {said} sequences of up to {claimed['seq_len']} tokens, but its program takes from "
+                f"{fewest} to {most}: refused"
+            )
+        rows = _embedding_rows(program)
+        if info.vocab_size is None or info.vocab_size < 1 or (rows is not None and info.vocab_size > rows):
+            raise ModelFileError(
+                f"{path}: {said} a vocabulary of {info.vocab_size} token ids, but its program embeds "
+                f"{rows if rows is not None else 'no'} ids: refused"
+            )
+    classes = output.shape[-1] if len(output.shape) == 2 else None
+    if not isinstance(classes, int) or classes != len(info.class_names):
+        raise ModelFileError(
+            f"{path}: its {CLASS_NAMES_FILE} names {len(info.class_names)} classes, but its program answers "
+            f"{classes if isinstance(classes, int) else 'no fixed number of'} probabilities: refused"
+        )
+    if len(set(info.class_names)) != len(info.class_names):
+        twice = next(name for name, count in Counter(info.class_names).items() if count > 1)
+        raise ModelFileError(f"{path}: its {CLASS_NAMES_FILE} names the class {twice!r} twice: refused")
+
+
+def _signature(path: Path, program: ExportedProgram) -> tuple[torch.Tensor, torch.Tensor]:
+    """The program's one input and one output, as the (fake) tensors its graph records."""
+    signature = program.graph_signature
+    if len(signature.user_inputs) != 1 or len(signature.user_outputs) != 1:
+        raise ModelFileError(
+            f"{path}: its program takes {len(signature.user_inputs)} inputs and answers "
+            f"{len(signature.user_outputs)} outputs, not one of each: refused"
+        )
+    (name,) = signature.user_inputs
+    nodes = list(program.graph.nodes)
+    (inputs,) = [node for node in nodes if node.op == "placeholder" and node.name == name]
+    (output,) = [node for node in nodes if node.op == "output"]
+    returned = output.args[0][0] if isinstance(output.args[0], list | tuple) else output.args[0]
+    values = inputs.meta.get("val"), getattr(returned, "meta", {}).get("val")
+    if not all(isinstance(value, torch.Tensor) for value in values):
+        raise ModelFileError(f"{path}: its program does not record the shapes of its input and output: refused")
+    return values
+
+
+def _embedding_rows(program: ExportedProgram) -> int | None:
+    """How many token ids the program's embedding of its input has rows for; None where no embedding takes it."""
+    (name,) = program.graph_signature.user_inputs
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
+            weight, indices = node.args[0], node.args[1]
+            if getattr(indices, "name", None) == name and isinstance(weight.meta.get("val"), torch.Tensor):
+                rows = weight.meta["val"].shape[0]
+                return int(rows) if isinstance(rows, int) else None
+    return None
 
 
 def _kind_of(dtype: str, shape: list[int], described: dict) -> str | None:
@@ -191,14 +389,17 @@ def _kind_of(dtype: str, shape: list[int], described: dict) -> str | None:
     return None
 
 
-def _lengths(program: ExportedProgram, exported: int) -> tuple[int, int]:
+def _lengths(path: Path, program: ExportedProgram, exported: int) -> tuple[int, int]:
     """The fewest and the most tokens the program takes: the range its export gave the length, else ``exported``."""
-    (name,) = program.graph_signature.user_inputs
-    (inputs,) = [node for node in program.graph.nodes if node.op == "placeholder" and node.name == name]
-    length = inputs.meta["val"].shape[1]
+    inputs, _ = _signature(path, program)
+    if len(inputs.shape) != 2:
+        return exported, exported  # refused by the check of the signature
+    length = inputs.shape[1]
     if isinstance(length, int):
         return length, length
-    bounds = program.range_constraints[length.node.expr]
+    bounds = program.range_constraints.get(length.node.expr)
+    if bounds is None or not bounds.upper.is_finite:
+        raise ModelFileError(f"{path}: its program takes sequences of any length, with no most: refused")
     return int(bounds.lower), int(bounds.upper)
 
 

@@ -1,0 +1,366 @@
+"""The server under faults: hostile model files read with bounds, claims checked against the program, numeric
+flags refused in one line, and a SIGTERM that answers every request the server had taken.
+
+The model files here are exported from a small network with the library's own ``export`` (no training): what
+is tested is the reading of the file and the server, not what the network learned.
+"""
+
+import http.client
+import io
+import json
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import HANG_GUARD_S
+from PIL import Image
+from torch import nn
+
+from lightning_kit.export import export
+from lightning_kit.serve import ModelFileError, read_model
+from lightning_kit.serve.command import main as serve
+
+pytest.importorskip("litserve", reason='serving needs LitServe: pip install -e ".[serve]"')
+
+from lightning_kit.serve.bench import free_port, wait_until_healthy
+
+CLASSES = 10
+SIDE = 32
+# What a hostile entry inflates to, from a file of about 2 MB.
+INFLATED = 2_000_000_000
+
+
+class Images(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.fc = nn.Linear(8, CLASSES)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(inputs.float() / 255).mean((2, 3)))
+
+
+class Tokens(nn.Module):
+    def __init__(self, vocab_size: int = 16) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, 8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embedding(inputs).mean(1))
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    """A model of 32x32 images and 10 classes, exported as the export command writes it."""
+    path = tmp_path_factory.mktemp("faults") / "model.pt2"
+    datamodule = SimpleNamespace(image_size=SIDE, class_names=[f"c{index}" for index in range(CLASSES)])
+    export(SimpleNamespace(net=Images()), datamodule, path, onnx="no")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokens_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("faults-tokens") / "model.pt2"
+    datamodule = SimpleNamespace(seq_len=12, vocab_size=16, class_names=["x", "y", "z"])
+    export(SimpleNamespace(net=Tokens()), datamodule, path, onnx="no")
+    return path
+
+
+def rewritten(source: Path, target: Path, changed: dict | None = None, inflated: str | None = None) -> Path:
+    """Copy ``source`` to ``target``: entries ending in a key of ``changed`` hold its bytes, and the entry ending in
+    ``inflated`` is INFLATED zero bytes, deflated (about 2 MB in the file)."""
+    changed = changed or {}
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as written:
+        for item in archive.infolist():
+            if inflated and item.filename.endswith(inflated):
+                info = zipfile.ZipInfo(item.filename, item.date_time)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with written.open(info, "w") as stream:
+                    zeros = bytes(1 << 20)
+                    for _ in range(INFLATED >> 20):
+                        stream.write(zeros)
+                continue
+            ending = next((end for end in changed if item.filename.endswith(end)), None)
+            written.writestr(item, changed[ending] if ending else archive.read(item))
+    return target
+
+
+def lying(source: Path, target: Path, ending: str) -> Path:
+    """A copy of the archive ``source`` whose directory says its entry ending in ``ending`` inflates to 100 bytes."""
+    data = bytearray(source.read_bytes())
+    with zipfile.ZipFile(source) as archive:
+        position = archive.start_dir
+    while data[position : position + 4] == b"PK\x01\x02":  # the directory's records, one per entry
+        name_size, extra_size, comment_size = struct.unpack("<HHH", data[position + 28 : position + 34])
+        name = data[position + 46 : position + 46 + name_size].decode()
+        if name.endswith(ending):
+            data[position + 24 : position + 28] = struct.pack("<I", 100)  # its uncompressed size
+        position += 46 + name_size + extra_size + comment_size
+    target.write_bytes(data)
+    return target
+
+
+PEAK = """
+import resource, sys
+from lightning_kit.serve import ModelFileError, read_model
+try:
+    read_model(sys.argv[1])
+    print("loaded")
+except ModelFileError as err:
+    print("refused:", err)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def peak_kib(path: Path) -> tuple[str, int]:
+    """What reading ``path`` in a fresh process said, and that process's peak resident memory (KiB)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True, timeout=HANG_GUARD_S, check=True
+    )
+    said, peak = done.stdout.strip().splitlines()
+    return said, int(peak)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["data/weights/weight_0", "extra/input.json"])
+def test_a_model_file_that_inflates_is_refused_within_twice_a_normal_files_memory(model_path, tmp_path, ending):
+    """An entry deflated from 2 GB in a 2 MB file, or one whose directory lies about its size: refused in one line,
+    and the peak memory of the process stays within twice that of reading a normal file."""
+    said, normal = peak_kib(model_path)
+    assert said == "loaded"
+    bomb = rewritten(model_path, tmp_path / "bomb.pt2", inflated=ending)
+    for hostile in (bomb, lying(bomb, tmp_path / "lie.pt2", ending)):
+        assert hostile.stat().st_size < 3_000_000
+        said, peak = peak_kib(hostile)
+        assert said.startswith(f"refused: {hostile}") and "\n" not in said, said
+        assert peak < 2 * normal, (hostile.name, peak, normal)
+        print(f"{hostile.name} {ending}: peak {peak / 1024:.0f} MiB, normal {normal / 1024:.0f} MiB")
+
+
+def deflated(source: Path, target: Path) -> Path:
+    """``source`` with every entry deflated (as a zip tool would re-pack it)."""
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as written:
+        for item in archive.infolist():
+            written.writestr(item.filename, archive.read(item))
+    return target
+
+
+def test_a_deflated_archive_is_read_within_bounds_and_a_damaged_stream_is_one_line(model_path, tmp_path):
+    """A model file re-packed with deflate loads as the original (PyTorch reads a stored copy); one whose deflated
+    entry is damaged is refused in one line naming the entry."""
+    packed = deflated(model_path, tmp_path / "packed.pt2")
+    original = read_model(model_path)[1]
+    assert read_model(packed)[1] == type(original)(**{**original.__dict__, "path": packed})
+    data = bytearray(packed.read_bytes())
+    with zipfile.ZipFile(packed) as archive:
+        entry = next(item for item in archive.infolist() if item.filename.endswith("models/model.json"))
+    start = entry.header_offset + 30 + len(entry.filename.encode())
+    data[start + 10 : start + 60] = b"\xff" * 50  # the middle of its deflate stream
+    damaged = tmp_path / "damaged.pt2"
+    damaged.write_bytes(data)
+    with pytest.raises(ModelFileError) as refused:
+        read_model(damaged)
+    message = str(refused.value)
+    assert message.startswith(f"{damaged} is damaged: ") and "models/model.json" in message and "\n" not in message
+
+
+def extra(path: Path, name: str) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read(next(item for item in archive.namelist() if item.endswith(f"extra/{name}"))))
+
+
+def test_claims_of_the_extra_files_are_checked_against_the_program(model_path, tokens_path, tmp_path):
+    """input.json and class_names.json that disagree with the program's signature and output: one line each."""
+    described = extra(model_path, "input.json")
+    huge = {**described, "image_size": 20000, "shape": [2, 3, 20000, 20000]}
+    tokens = extra(tokens_path, "input.json")
+    cases = [
+        (model_path, {"extra/input.json": json.dumps(huge)}, "says 20000x20000 images"),
+        (model_path, {"extra/input.json": json.dumps({**described, "image_size": 64})}, "says 64x64 images"),
+        (model_path, {"extra/class_names.json": b'["a", "b", "c"]'}, "names 3 classes, but its program answers 10"),
+        (model_path, {"extra/class_names.json": json.dumps(["a"] * 10)}, "names the class 'a' twice"),
+        (model_path, {"extra/class_names.json": b'{"a": 1}'}, "cannot be read"),
+        (model_path, {"extra/input.json": json.dumps({**described, "dtype": "int64"})}, "takes int64 inputs"),
+        (model_path, {"extra/input.json": json.dumps(tokens)}, "but its program takes uint8 inputs of 4 dimensions"),
+        (tokens_path, {"extra/input.json": json.dumps({**tokens, "vocab_size": 10**9})}, "program embeds 16 ids"),
+        (tokens_path, {"extra/input.json": json.dumps({**tokens, "seq_len": 10**6})}, "up to 1000000 tokens"),
+    ]
+    for index, (source, changed, expected) in enumerate(cases):
+        target = rewritten(source, tmp_path / f"claim{index}.pt2", changed)
+        with pytest.raises(ModelFileError) as refused:
+            read_model(target)
+        message = str(refused.value)
+        assert message.startswith(str(target)) and expected in message and "\n" not in message, message
+    assert read_model(tokens_path)[1].lengths == (2, 12)
+
+
+def test_a_program_of_one_batch_size_is_refused(model_path, tmp_path):
+    """A program exported with a fixed batch would fail every batch of another size: refused at start."""
+    program = torch.export.export(Images(), (torch.zeros(2, 3, SIDE, SIDE, dtype=torch.uint8),))
+    names = json.dumps([f"c{index}" for index in range(CLASSES)])
+    static = tmp_path / "static.pt2"
+    torch.export.save(
+        program,
+        static,
+        extra_files={"class_names.json": names, "input.json": json.dumps(extra(model_path, "input.json"))},
+    )
+    with pytest.raises(ModelFileError, match=r"takes batches of 2 inputs only .*: refused$"):
+        read_model(static)
+
+
+def test_a_model_of_more_pixels_than_max_pixels_is_refused_before_the_port(model_path, monkeypatch):
+    monkeypatch.chdir(model_path.parent)
+    with pytest.raises(SystemExit) as stopped:
+        serve(["model.pt2", "--max_pixels", "100", "--port", str(free_port())])
+    assert str(stopped.value.code).startswith("error: model.pt2 takes 32x32 images, more pixels than --max_pixels 100")
+
+
+NUMBERS = [
+    ("--batch_timeout", "nan"),
+    ("--batch_timeout", "inf"),
+    ("--batch_timeout", "-1"),
+    ("--batch_timeout", "1e300"),
+    ("--timeout", "nan"),
+    ("--timeout", "-inf"),
+    ("--timeout", "0"),
+    ("--port", "80"),
+    ("--port", "1e4"),
+    ("--workers_per_device", "0"),
+    ("--max_batch_size", "nan"),
+    ("--max_body_bytes", "-5"),
+    ("--max_pixels", "x"),
+    ("--requests", "0"),
+    ("--concurrency", "inf"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), NUMBERS)
+def test_every_numeric_flag_refuses_what_is_not_a_number_in_its_range_in_one_line(flag, value, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        serve(["model.pt2", f"{flag}={value}"])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"error: argument {flag}: {value}: expected") and "\n" not in said, said
+
+
+def test_a_batch_timeout_not_below_the_timeout_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        serve(["model.pt2", "--batch_timeout", "5", "--timeout", "5"])
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("error: argument --batch_timeout: 5.0 is not less than --timeout 5.0") and "\n" not in said
+
+
+def png(side: int, seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    written = io.BytesIO()
+    Image.fromarray(pixels).save(written, format="PNG")
+    return written.getvalue()
+
+
+def start(folder: Path, *flags: str) -> tuple[subprocess.Popen, int, Path]:
+    port = free_port()
+    log_path = folder / f"server-{port}.log"
+    log = log_path.open("w+b")
+    command = [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port), *flags]
+    server = subprocess.Popen(command, cwd=folder, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, log)
+    except BaseException:
+        server.kill()
+        server.wait()
+        raise
+    return server, port, log_path
+
+
+def stopped_under_load(folder: Path, body: bytes, clients: int, stagger: float, delay: float, *flags: str):
+    """Start a server, start ``clients`` clients ``stagger`` seconds apart, each sending ``body`` on a connection of
+    its own, SIGTERM the server ``delay`` seconds after the first: what each client got, the exit status, the log."""
+    server, port, log_path = start(folder, *flags)
+    outcomes: Counter = Counter()
+    lock = threading.Lock()
+    go = threading.Barrier(clients + 1)
+
+    def client(index: int) -> None:
+        go.wait()
+        time.sleep(stagger * index)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_GUARD_S)
+        try:
+            connection.request("POST", "/predict", body=body, headers={"Content-Type": "image/png"})
+            response = connection.getresponse()
+            response.read()
+            outcome = response.status
+        except OSError as err:
+            outcome = type(err).__name__
+        except http.client.HTTPException as err:
+            outcome = type(err).__name__
+        finally:
+            connection.close()
+        with lock:
+            outcomes[outcome] += 1
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(clients)]
+    try:
+        for thread in threads:
+            thread.start()
+        go.wait()
+        time.sleep(delay)
+        server.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(HANG_GUARD_S)
+        status = server.wait(HANG_GUARD_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return outcomes, status, log_path.read_text(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("side", "clients", "stagger", "delay"),
+    [(SIDE, 40, 0.0, 0.05), (SIDE, 40, 0.02, 0.3), (2000, 12, 0.02, 0.1)],
+    ids=["40-at-once", "40-through-the-stop", "12-large-images"],
+)
+def test_sigterm_answers_every_request_it_took_and_refuses_the_rest(model_path, side, clients, stagger, delay):
+    """SIGTERM while clients send: every connection the server took is answered (200, or 503/504 where it cannot
+    be), the others are refused, never reset; the server exits 0, and its log has no traceback."""
+    outcomes, status, log = stopped_under_load(model_path.parent, png(side), clients, stagger, delay)
+    print(f"{clients} clients of {side}x{side} images: {dict(outcomes)}, exit {status}")
+    answered = {key: count for key, count in outcomes.items() if key in (200, 503, 504)}
+    refused = outcomes.get("ConnectionRefusedError", 0)
+    assert sum(answered.values()) + refused == clients, outcomes
+    assert answered.get(200, 0) > 0, outcomes
+    assert status == 0, log[-2000:]
+    assert "Traceback" not in log and "BrokenPipeError" not in log and "ConnectionResetError" not in log, log[-3000:]
+    lines = log.splitlines()
+    assert any(line.startswith("ready: serving model.pt2 at http://127.0.0.1:") for line in lines), lines
+    assert lines.index(next(line for line in lines if line.startswith("ready"))) > 1  # after what it was doing
+
+
+@pytest.mark.slow
+def test_the_server_says_what_it_does_until_it_is_ready(model_path):
+    """Before `ready`, lines say it reads and checks the file and starts its workers; each comes at once."""
+    server, port, log_path = start(model_path.parent)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while "ready:" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)  # /health answers ok a moment before the line is printed
+        lines = log_path.read_text().splitlines()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(HANG_GUARD_S) == 0
+    assert lines[0] == f"reading model.pt2 and checking it ({model_path.stat().st_size:,} bytes)"
+    assert lines[1].startswith("checked model.pt2: a model of images, resized to 32x32, answering 10 classes")
+    assert lines[2].startswith("starting 1 model worker on cpu")
+    assert lines[3] == f"ready: serving model.pt2 at http://127.0.0.1:{port}/predict"
