@@ -7,13 +7,15 @@ trains copies and leaves the model and the process's global state as it found th
 """
 
 import copy
+import subprocess
+import sys
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import build_all
+from conftest import HANG_GUARD_S, build_all
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, StochasticWeightAveraging
 from test_simulated_gpu import BATCH, Probe
 from torch import nn
@@ -256,3 +258,59 @@ def test_audit_leaves_the_model_and_global_state_as_it_found_them():
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.Generator is simulated.code_checks._RealGenerator
     assert torch.get_default_device() == torch.device("cpu")
+
+
+SESSION = """import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lightning_kit.placement import DevicePlacementError, audit
+
+BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
+
+
+class Probe(L.LightningModule):
+    def __init__(self, wrong=False):
+        super().__init__()
+        self.net, self.wrong = nn.Linear(8, 3), wrong
+
+    def training_step(self, batch, batch_idx):
+        logits = self.net(batch[0])
+        return F.cross_entropy(logits + torch.ones(3) if self.wrong else logits, batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_team_trains_on_the_cpu_first():
+    quiet = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    L.Trainer(accelerator="cpu", max_steps=2, **quiet).fit(Probe(), DataLoader([BATCH] * 2, batch_size=None))
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_and_audits_afterwards(attempt):
+    with pytest.raises(DevicePlacementError):
+        audit(Probe(wrong=True), BATCH)
+    assert audit(Probe(), BATCH).exit_code == 0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plugin", ["on", "off"])
+def test_a_test_session_that_trains_on_the_cpu_first_audits_afterwards(tmp_path, plugin):
+    """A project's test session: CPU training (backward passes) in one test, audits in the next ones; with the
+    library's pytest plugin, and without it (the simulated GPU then sets itself up at the first audit)."""
+    (tmp_path / "test_session.py").write_text(SESSION)
+    off = ["-p", "no:lightning_kit"] if plugin == "off" else []
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *off, "test_session.py"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout + run.stderr

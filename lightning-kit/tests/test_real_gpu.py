@@ -1,9 +1,10 @@
 """On a real GPU (tests marked ``gpu``, skipped without one): the audit's verdict is what the GPU does.
 
 Each placement rule's wrong and right version is trained on the device next to the audit's
-verdict, and the results are recorded (``record_property``) for the agreement table of
-``python -m lightning_kit.gpu_check``. The same comparison on the simulated GPU
-(``simgpu``, marked ``slow``) runs anywhere, and checks the runner itself.
+verdict and FakeTensor's (PyTorch's own device propagation, tests/fake_gpu.py), and the results
+are recorded (``record_property``) for the agreement table of ``python -m lightning_kit.gpu_check``.
+The same comparison on the simulated GPU (``simgpu``, marked ``slow``) runs anywhere, and checks
+the runner itself. tests/test_fake_tensor_agreement.py compares the audit with FakeTensor alone.
 """
 
 import json
@@ -15,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import IMAGE_PROJECT, SEQUENCE_PROJECT
+from fake_gpu import on_fake_gpu
 from image_project.cli import ProjectCLI as ImageCLI
 from sequence_project.cli import ProjectCLI as SequenceCLI
 from test_autocast import FillsFloat32Zeros, FillsZerosOfItsDtype
@@ -22,6 +24,15 @@ from test_code_checks import NoisyWithCPUGenerator, NoisyWithDeviceGenerator, Nu
 from test_collectives import CountsOnTheCPU, CountsOnTheDevice
 from test_device_indices import ClipsInAHook
 from test_host_arguments import CTC, CTC_PLACEMENTS, DrawsBelow, PackedLSTM, SplitsFeatures
+from test_lazy_modules import Lazy
+from test_root_gradients import (
+    HookMixesDevices,
+    HookReturnsHostGradient,
+    PenaltyWithHostOnes,
+    PenaltyWithOnesLike,
+    SaliencyFromHostOnes,
+    SaliencyFromOnesLike,
+)
 from test_simulated_gpu import (
     BATCH,
     AccumulatesInABuffer,
@@ -31,12 +42,16 @@ from test_simulated_gpu import (
     ComparesOnDevice,
     ConstantAsAttribute,
     ConstantAsBuffer,
+    IndexesByHostIndex,
     MetricsIn,
     MovesToCPU,
     PositionsOnInputDevice,
     PositionsWithoutDevice,
     Probe,
     Recurrent,
+    SelectsByHostIndex,
+    WeighsByDeviceValues,
+    WeighsByHostValues,
     WeightedLoss,
 )
 from torch.utils.data import DataLoader
@@ -65,6 +80,13 @@ AGREEMENT: dict[str, tuple[Callable[[], L.LightningModule] | str, ...]] = {
     "LSTM state": (lambda: Probe(Recurrent(False)), lambda: Probe(Recurrent(True))),
     "dtype mix under autocast": (FillsFloat32Zeros, FillsZerosOfItsDtype),
     "CPU tensor to a collective": (CountsOnTheCPU, CountsOnTheDevice, DDP),
+    "index_select by a host index": (SelectsByHostIndex, IndexesByHostIndex),
+    "grad_outputs on the host": (PenaltyWithHostOnes, PenaltyWithOnesLike),
+    "backward(gradient=) on the host": (SaliencyFromHostOnes, SaliencyFromOnesLike),
+    "a hook's gradient on the host": (lambda: HookReturnsHostGradient(False), lambda: HookReturnsHostGradient(True)),
+    "a module hook's host tensor": (lambda: HookMixesDevices(False), lambda: HookMixesDevices(True)),
+    "tensor built from GPU scalars": (WeighsByHostValues, WeighsByDeviceValues),
+    "lazy module's dry run on the host": (lambda: Lazy("host"), lambda: Lazy("device")),
 }
 # Right versions that the audit once refused: the audit passes them, and so does a GPU.
 RIGHT = {
@@ -126,6 +148,7 @@ def test_the_device_agrees_with_the_audit(rule, device, record_property):
     wrong, right, *marks = AGREEMENT[rule]
     ddp = DDP in marks
     row = {"rule": rule, "device": device, "audit wrong": audited(wrong()), "audit right": audited(right())}
+    row |= {"fake wrong": str(on_fake_gpu(wrong, *marks)), "fake right": str(on_fake_gpu(right, *marks))}
     row |= {"device wrong": fit_on(device, wrong(), ddp), "device right": fit_on(device, right(), ddp)}
     record_property("agreement", json.dumps(row))
     assert row["audit wrong"] != "ok" and row["device wrong"] != "ok", row
@@ -137,6 +160,7 @@ def test_the_device_agrees_with_the_audit(rule, device, record_property):
 def test_the_device_runs_what_the_audit_passes(case, device, record_property):
     """Code the audit once refused by mistake: the audit passes it, and so does the device."""
     row = {"rule": case, "device": device, "audit right": audited(RIGHT[case]())}
+    row["fake right"] = str(on_fake_gpu(RIGHT[case]))
     row["device right"] = fit_on(device, RIGHT[case]())
     record_property("agreement", json.dumps(row))
     assert row["audit right"] == "ok" == row["device right"], row

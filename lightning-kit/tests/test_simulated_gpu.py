@@ -234,6 +234,30 @@ def test_zero_dim_cpu_scalars_are_allowed_where_cuda_allows_them():
     assert_rule(ClampsByCPUScalar(), ClampsByANumber(), "# clamp takes no CPU tensor")
 
 
+# Rule 7, continued: indexing takes indices on the host (x[:, index]); index_select does not.
+
+
+class SelectsByHostIndex(Probe):
+    """The features in reverse order, picked by an index made on the host."""
+
+    def forward(self, features):
+        index = torch.arange(features.shape[1] - 1, -1, -1)
+        return self.net(self.pick(features, index))
+
+    def pick(self, features, index):
+        return features.index_select(1, index)  # index_select takes no host index
+
+
+class IndexesByHostIndex(SelectsByHostIndex):
+    def pick(self, features, index):
+        return features[:, index]
+
+
+def test_host_indices_index_but_do_not_select():
+    error = assert_rule(SelectsByHostIndex(), IndexesByHostIndex(), "# index_select takes no host index")
+    assert "argument index in method wrapper_CUDA__index_select" in str(error)
+
+
 # Rule 1, continued: a batch type Lightning does not know moves through transfer_batch_to_device.
 
 
@@ -352,6 +376,41 @@ def test_values_logged_with_sync_dist_stay_on_the_gpu():
     assert (error.kind, error.rank) == ("sync_dist", 1)
 
 
+# Rule 18: a tensor built from GPU scalars (torch.tensor([a, b])) is made on the CPU, as CUDA makes it.
+
+
+class WeighsByHostValues(Probe):
+    """Two losses, weighted by a softmax of their own values (no gradient through the weights)."""
+
+    def weights(self, parts):
+        return torch.tensor(parts)  # built from GPU scalars: on the CPU
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        parts = [F.cross_entropy(logits, labels), logits.pow(2).mean()]
+        weights = self.weights(parts).softmax(0)
+        return (weights * torch.stack(parts)).sum()  # host weights meet the GPU's losses
+
+
+class WeighsByDeviceValues(WeighsByHostValues):
+    def weights(self, parts):
+        return torch.tensor(parts, device=self.device) + torch.stack(parts).detach() * 0
+
+
+def test_tensors_built_from_gpu_scalars_are_made_on_the_host():
+    error = assert_rule(WeighsByHostValues(), WeighsByDeviceValues(), "# host weights meet the GPU's losses")
+    assert error.kind == "mixed devices"
+    with simulated.simulating(0):
+        scalars = [torch.tensor(1.5, device=simulated.device(0)), torch.tensor(2.5, device=simulated.device(0))]
+        builds = {"cpu": (torch.tensor, torch.as_tensor, torch.Tensor), "simgpu": (scalars[0].new_tensor,)}
+        for expected, ways in builds.items():
+            for build in ways:
+                built = build(scalars)
+                assert (built.device.type, built.tolist()) == (expected, [1.5, 2.5]), build
+        assert torch.tensor(scalars, device=simulated.device(0)).device == simulated.device(0)
+
+
 def test_the_audit_module_names_each_private_api_it_uses():
     """The simulated GPU leans on private PyTorch APIs: its docstring lists each, for upgrades."""
     doc = inspect.getdoc(simulated)
@@ -363,31 +422,81 @@ def test_the_audit_module_names_each_private_api_it_uses():
         "OpOverload.decompose",
         "AutogradPrivateUse1",
         "_group_tensors_by_device_and_dtype",
+        "_current_autograd_node",
+        "_engine_run_backward",
+        "swap_tensors",
+        "FakeTensorMode",
     ):
         assert api in doc, api
 
 
-TOO_LATE = """import torch
-from lightning_kit.placement import simulated
+AFTER_ANYTHING = """import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
 
-weight = torch.ones(1, requires_grad=True)
-(weight * 2).sum().backward()  # the process's first backward pass, on the CPU
+from lightning_kit.placement import DevicePlacementError, audit, simulated
+from lightning_kit.placement.simulated import backend
+
+BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
+
+
+class Probe(L.LightningModule):
+    def __init__(self, wrong=False):
+        super().__init__()
+        self.net, self.wrong = nn.Linear(8, 3), wrong
+
+    def training_step(self, batch, batch_idx):
+        logits = self.net(batch[0])
+        if self.wrong:
+            logits = logits + torch.ones(3)  # a CPU tensor
+        return F.cross_entropy(logits, batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+quiet = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+L.Trainer(accelerator="cpu", max_steps=2, **quiet).fit(Probe(), DataLoader([BATCH] * 2, batch_size=None))
+print("trained on the CPU, backward passes included")
+registering = backend.composite_kernels
+def fails():
+    raise RuntimeError("registration failed")
+backend.composite_kernels = fails
 try:
     simulated.enable()
-except simulated.SimulationUnavailableError as err:
-    print(err)
+except RuntimeError as err:
+    print(f"enable failed: {err}")
+backend.composite_kernels = registering
+simulated.enable()
+simulated.enable()
+for attempt in (1, 2):
+    try:
+        audit(Probe(wrong=True), BATCH)
+    except DevicePlacementError as err:
+        print(f"audit {attempt}: bug at line {err.lineno}")
+    print(f"audit {attempt}: right model exit status {audit(Probe(), BATCH).exit_code}")
 """
 
 
 @pytest.mark.slow
-def test_a_simulated_gpu_set_up_too_late_says_how_to_set_it_up_in_one_line():
-    """After a first backward pass on the CPU it cannot be set up: the line names the library's pytest plugin
-    (which sets it up first in a project's tests) and the commands that audit in a process of their own."""
-    late = subprocess.run(
-        [sys.executable, "-c", TOO_LATE], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
+def test_the_simulated_gpu_sets_up_after_anything_the_process_ran(tmp_path):
+    """CPU training with backward passes, a failed set-up, a second set-up, one audit after another: each audit
+    finds the bug at its line and passes the right model (the simulated GPU's backward passes run on the thread
+    that starts them, so the autograd engine's count of devices, made at the first backward, does not matter)."""
+    script = tmp_path / "after_anything.py"
+    script.write_text(AFTER_ANYTHING)
+    run = subprocess.run(
+        [sys.executable, str(script)], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
-    assert late.returncode == 0, late.stdout + late.stderr
-    [line] = late.stdout.splitlines()
-    assert line.startswith("the simulated GPU must be set up before this process's first backward pass"), line
-    assert "lightning_kit.placement.simulated.enable()" in line and "lightning_kit's pytest plugin" in line, line
-    assert "python -m lightning_kit.placement" in line and "conftest" not in line, line
+    assert run.returncode == 0, run.stdout + run.stderr
+    bug_line = next(n for n, line in enumerate(AFTER_ANYTHING.splitlines(), 1) if "# a CPU tensor" in line)
+    assert [line for line in run.stdout.splitlines() if not line.startswith("`Trainer")] == [
+        "trained on the CPU, backward passes included",
+        "enable failed: registration failed",
+        f"audit 1: bug at line {bug_line}",
+        "audit 1: right model exit status 0",
+        f"audit 2: bug at line {bug_line}",
+        "audit 2: right model exit status 0",
+    ], run.stdout + run.stderr

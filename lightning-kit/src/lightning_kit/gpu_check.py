@@ -19,8 +19,8 @@ Run it on a machine with a CUDA GPU. Each step runs in a process of its own, wit
 The project's package is ``--package``, else the package of the command line the check was started
 with (a project's thin module calls ``main(cli_class=ProjectCLI)``), else the one package in the
 project's ``src/`` with a ``bench`` module. The summary (Markdown) names the GPU and PyTorch, each
-step's result and time, the agreement table (rule, the audit's verdict and the GPU's for each
-version), and the end of the output of a step that failed. Exit status: 0 every step passed, 1 one
+step's result and time, the agreement table (rule, the audit's verdict, the GPU's and FakeTensor's
+for each version), and the end of the output of a step that failed. Exit status: 0 every step passed, 1 one
 failed, 2 no CUDA GPU here (one line, nothing written), a summary that exists already (without
 ``--overwrite``), or a project folder or configuration that is not there.
 """
@@ -229,7 +229,9 @@ def agreement_rows(junit: Path) -> list[dict[str, str]]:
     return rows
 
 
+# FakeTensor's verdicts last (PyTorch's own device propagation, a second opinion: tests/fake_gpu.py).
 COLUMNS = ("rule", "device", "audit wrong", "device wrong", "audit right", "device right", "agrees")
+COLUMNS += ("fake wrong", "fake right")
 
 
 def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]]) -> str:

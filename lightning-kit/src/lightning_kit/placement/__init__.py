@@ -25,7 +25,9 @@ a note: the audit covers what the model and the data define.
 
 In tests: ``audit(model, datamodule)`` (or ``audit(model, batch)``) raises
 ``DevicePlacementError`` for a bug, ``AuditIncompleteError`` when part could not be
-audited, and otherwise returns the ``Verdict``.
+audited, and otherwise returns the ``Verdict``; ``audit(..., isolate=True)`` runs it in a
+forked copy of the process (where this process's autograd engine has not run yet). It works
+whatever ran before it in the process: CPU training, another audit, a failed one.
 
 The same simulated GPU also trains from ``train.py``: ``--accelerator simgpu``.
 
@@ -40,6 +42,8 @@ uses the command line:
   on the wrong device, and the fix from the guide;
 - ``lightning.py``: the simulated GPU in Lightning: the ``simgpu`` accelerator, the strategy
   for one GPU or a DDP rank, the hook tracker, the run of ``--accelerator simgpu``;
+- ``isolation.py``: the audit in a forked copy of the process, where its death is a verdict
+  (``NOT AUDITED ...: the process died with SIGABRT in <hook>``), which the command uses;
 - ``audit.py``: the runner, ``audit()`` and ``run_audit()``;
 - ``command.py``: the audit's command, ``main(args, cli_class)``; ``__main__.py``:
   ``python -m lightning_kit.placement``, with ``GenericCLI``.

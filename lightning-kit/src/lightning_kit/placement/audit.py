@@ -17,7 +17,7 @@ import random
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,12 @@ from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, M
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.nn.parameter import UninitializedBuffer
 from torch.utils.data import DataLoader, Dataset
 
 from . import simulated
-from .explain import count_as_user_code, explain, is_user_code
+from .explain import _hook, count_as_user_code, explain, is_user_code
+from .isolation import Progress, in_a_child
 from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import process_group
@@ -44,7 +46,9 @@ PASSES = ((0, 1), (1, 2))
 EPOCHS, BATCHES = 2, 2
 
 
-def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None) -> Verdict:
+def audit(
+    model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None, isolate: bool = False
+) -> Verdict:
     """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
@@ -53,12 +57,15 @@ def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | No
             every stage), or None when ``model`` defines its own dataloaders.
         trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping
             and accumulation, and precision (mixed precision with CUDA's autocast rules).
+        isolate: Audit in a forked copy of this process, so that code that ends a process
+            (a C++ abort) ends that one, as a ``NOT AUDITED`` verdict naming the signal and the hook
+            (``isolation.py``); in this process where it cannot fork.
 
     Raises:
         DevicePlacementError: An operation would fail on a GPU.
         AuditIncompleteError: No bug was found, but part of the run could not be audited.
     """
-    verdict = run_audit(model, data, trainer=trainer, stop_at_bug=True)
+    verdict = run_audit(model, data, trainer=trainer, stop_at_bug=True, isolate=isolate)
     if verdict.errors:
         raise verdict.errors[0]
     if verdict.gaps:
@@ -67,14 +74,39 @@ def audit(model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | No
 
 
 def run_audit(
-    model: L.LightningModule, data: Any = None, *, trainer: L.Trainer | None = None, stop_at_bug: bool = False
+    model: L.LightningModule,
+    data: Any = None,
+    *,
+    trainer: L.Trainer | None = None,
+    stop_at_bug: bool = False,
+    isolate: bool = False,
 ) -> Verdict:
     """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
 
-    With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages.
+    With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages;
+    with ``isolate``, it runs in a forked copy of this process (see ``audit``).
     """
     simulated.enable()
     count_as_user_code(model, data)
+    if isolate:
+        verdict = in_a_child(
+            lambda progress, report: _run(model, data, trainer, stop_at_bug, progress, report),
+            lambda action: _hook(action, model),
+        )
+        if verdict is not None:
+            return verdict
+    return _run(model, data, trainer, stop_at_bug)
+
+
+def _run(
+    model: L.LightningModule,
+    data: Any,
+    trainer: L.Trainer | None,
+    stop_at_bug: bool,
+    progress: Progress | None = None,
+    report: Callable[[Outcome], None] = lambda outcome: None,
+) -> Verdict:
+    """The stages, in this process; ``progress`` is told where they are, ``report`` each outcome."""
     settings, callbacks, notes = _settings(trainer)
     verdict = Verdict(notes=notes)
     stages = []
@@ -88,7 +120,7 @@ def run_audit(
     with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
             twin = _copy(model)
-            tracker = HookTracker()
+            tracker = HookTracker(progress)
             pass_folder = Path(folder) / f"rank{rank}"
             runner = L.Trainer(
                 strategy=SimulatedGPUStrategy(rank, world_size),
@@ -112,6 +144,8 @@ def run_audit(
             _check_logged_values(twin, runner)
             for stage in stages:
                 outcome = Outcome(stage, rank, world_size)
+                if progress is not None:
+                    progress.at_stage(stage, rank, world_size)
                 start = time.perf_counter()
                 try:
                     with process_group(rank, world_size), simulated.simulating(rank, is_user_code):
@@ -126,6 +160,7 @@ def run_audit(
                         outcome.gap = explained
                 outcome.seconds = time.perf_counter() - start
                 verdict.outcomes.append(outcome)
+                report(outcome)
                 if outcome.error is not None and stop_at_bug:
                     return verdict
             verdict.hooks |= tracker.actions
@@ -270,6 +305,12 @@ def _as_is(batch: Any) -> Any:
 def _copy(model: L.LightningModule) -> L.LightningModule:
     """A copy to train, without the Trainer the model may be attached to."""
     memo = {id(model._trainer): None} if model._trainer is not None else {}
+    for module in model.modules():  # PyTorch copies no uninitialised buffer (nn.LazyBatchNorm1d's): made anew
+        for buffer in module._buffers.values():
+            if isinstance(buffer, UninitializedBuffer) and id(buffer) not in memo:
+                memo[id(buffer)] = type(buffer)(
+                    buffer.requires_grad, buffer.data.device, buffer.data.dtype, getattr(buffer, "persistent", True)
+                )
     return copy.deepcopy(model, memo)
 
 

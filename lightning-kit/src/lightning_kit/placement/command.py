@@ -4,7 +4,9 @@
 Lightning project; a project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as
 ``python -m <package>.placement``. The only part of the audit that uses the command line (``cli``).
 Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
-configuration is wrong; 3 no bug was found but part of the run could not be audited.
+configuration is wrong; 3 no bug was found but part of the run could not be audited (among them, a
+stage during which the audit's process died: the stages run in a forked copy of this one, see
+``isolation.py``).
 """
 
 import sys
@@ -37,7 +39,8 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         f"{type(datamodule).__name__} on a simulated GPU, then as rank 1 of a 2-GPU DDP run ..."
     )
     try:
-        verdict = run_audit(model, datamodule, trainer=trainer)
+        # In a forked copy of this process: what ends a process there is a NOT AUDITED line here.
+        verdict = run_audit(model, datamodule, trainer=trainer, isolate=True)
     except SimulationUnavailableError as err:
         sys.exit(_usage(f"error: {err}"))
     for line in verdict.report():

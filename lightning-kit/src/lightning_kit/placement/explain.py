@@ -68,6 +68,11 @@ FIXES = {
         "collect .detach().cpu() copies and convert them at the end of the epoch",
         "rule 6",
     ),
+    "root gradient": (
+        "make the gradient you give backward() or torch.autograd.grad (gradient=, grad_outputs=, grad_tensors=) "
+        "on the output's device: torch.ones_like(loss), loss.new_ones(n); only a 0-dim one may stay on the CPU",
+        "rule 17",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
@@ -92,7 +97,9 @@ def explain(
     action = next((link._audit_action for link in chain if getattr(link, "_audit_action", None)), None)
     hook = hook or _hook(action, model)
     frame = _user_frame(chain)
-    at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else "a line outside your code"
+    node = next((link._audit_backward_of for link in chain if getattr(link, "_audit_backward_of", None)), None)
+    outside = f"a line outside your code (the backward pass's {node})" if node else "a line outside your code"
+    at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else outside
     if device_error is None:
         reason = _limitation(chain) or f"{type(err).__name__}: {_first_line(err)}"
         return f"{hook} stopped at {at}: {reason}"
@@ -131,9 +138,14 @@ def _shown(filename: str) -> str:
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
 
 
-# PyTorch's own checks of devices, outside the simulated GPU's (an LSTM's hidden state, ...).
+# PyTorch's own checks of devices, outside the simulated GPU's (an LSTM's hidden state, ...; a tensor hook
+# that returns a gradient on another device: "hook 'h' has changed the type of value (was simgpuFloatType
+# got torch.FloatTensor)", CUDAFloatType on CUDA).
 _PYTORCH_DEVICE_CHECK = re.compile(
-    rf"device.*\b{DEVICE_TYPE}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{DEVICE_TYPE}\b", flags=re.IGNORECASE
+    rf"device.*\b{DEVICE_TYPE}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{DEVICE_TYPE}\b|"
+    rf"changed the type of value \(was {DEVICE_TYPE}\w* got (torch\.)?\w+\)|"
+    rf"changed the type of value \(was (torch\.)?\w+ got {DEVICE_TYPE}\w*\)",
+    flags=re.IGNORECASE,
 )
 
 # Operations that take one dtype for all their tensors, refusing a mix (which CUDA refuses too: the
@@ -145,12 +157,21 @@ _DTYPE_MISMATCH = re.compile(
 )
 
 
+# A convolution's own check of its input and weight, whose types name the device: "Input type
+# (torch.FloatTensor) and weight type (simgpuFloatType) should be the same" (on CUDA, torch.cuda.FloatTensor).
+_TYPES_OF_TWO_DEVICES = re.compile(r"type \(([\w.]+)\) and \w+ type \(([\w.]+)\) should be the same")
+
+
 def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     """``err`` if the simulated GPU refused something, or PyTorch did for mixing the simulated GPU with the CPU."""
     if isinstance(err, SimulatedDeviceError):
         return err
     if isinstance(err, RuntimeError) and _PYTORCH_DEVICE_CHECK.search(str(err)):
         message = simulated.as_cuda(_first_line(err))
+        return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
+    types = _TYPES_OF_TWO_DEVICES.search(str(err)) if isinstance(err, RuntimeError) else None
+    if types is not None and (DEVICE_TYPE in types.group(1)) != (DEVICE_TYPE in types.group(2)):
+        message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", _first_line(err))
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
     if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
         return SimulatedDeviceError(_first_line(err), kind="dtype", operation="PyTorch's own dtype check")
@@ -238,9 +259,14 @@ def is_user_code(filename: str) -> bool:
 
 
 def _user_frame(chain: list[BaseException]) -> traceback.FrameSummary | None:
-    """The innermost frame of your code (not PyTorch's, Lightning's or another library's) that the error passed."""
+    """The innermost frame of your code (not PyTorch's, Lightning's or another library's) that the error passed.
+
+    An error kept in a backward pass (``simulated/containment.py``) was raised in Python after the pass
+    returned: the code that called into the simulated GPU then (a hook of yours) comes first.
+    """
     for err in reversed(chain):
-        for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        kept = getattr(err, "_audit_stack", None) or ()
+        for frame in (*reversed(kept), *reversed(traceback.extract_tb(err.__traceback__))):
             if is_user_code(frame.filename):
                 return frame
     return None

@@ -177,9 +177,10 @@ class SimulatedGPUStrategy(ParallelStrategy):
 class HookTracker(Profiler):
     """Lightning names every hook and loop step to its profiler: mark each exception with the innermost one."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Any = None) -> None:
         super().__init__()
         self.actions: set[str] = set()
+        self.progress = progress  # told each action as it starts (where the audit is, for a forked audit)
 
     def start(self, action_name: str) -> None:
         pass
@@ -193,6 +194,8 @@ class HookTracker(Profiler):
     @contextmanager
     def profile(self, action_name: str) -> Iterator[str]:
         self.actions.add(action_name)
+        if self.progress is not None:
+            self.progress.at_hook(action_name)
         try:
             yield action_name
         except BaseException as err:

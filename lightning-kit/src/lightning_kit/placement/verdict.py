@@ -43,6 +43,17 @@ class DevicePlacementError(RuntimeError):
         self.filename = filename
         self.lineno = lineno
 
+    def __reduce__(self):
+        # Its arguments are keywords: pickled (from a forked audit's process) by its message and attributes.
+        return _rebuilt, (type(self), str(self), dict(vars(self)))
+
+
+def _rebuilt(cls: type, message: str, attributes: dict) -> "DevicePlacementError":
+    err = cls.__new__(cls)
+    RuntimeError.__init__(err, message)
+    vars(err).update(attributes)
+    return err
+
 
 class AuditIncompleteError(RuntimeError):
     """No bug was found, but part of the run could not be audited; ``verdict`` says which part and why."""

@@ -30,11 +30,21 @@ How it works:
   grouping of tensors by device, ``torch.accelerator``'s current device).
 - Inside ``simulating()``: ``torch.Generator(device="simgpu")`` works, a CUDA device
   written into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``)
-  stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor.
+  stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor, a host
+  gradient given to ``backward()`` or ``torch.autograd.grad`` for a device tensor (the autograd
+  engine's check of root gradients, which PyTorch skips for tensor subclasses), and a backward
+  hook's gradient returned on another device. Uninitialised parameters and buffers (lazy
+  modules) move with their module and materialise on the device (``lazy.py``).
+- Nothing raised inside PyTorch's C++ ends the process: in a backward pass, where an exception
+  left for C++ would (SIGABRT), the simulated GPU's entry points keep it and raise it in Python
+  once the pass returns (``containment.py``). Backward passes run on the thread that starts them,
+  so the simulated GPU can be set up after anything the process ran, a backward pass on the CPU
+  included; ``enable()`` may be called again, or after a failed call.
 
 Its files, bottom to top (each imports only those above it in this list):
 
 - ``devices.py``: the device type, which index is current, and the errors;
+- ``containment.py``: exceptions in a backward pass kept from C++ and raised in Python;
 - ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
 - ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
 - ``autocast.py``: autocast on the device, with CUDA's casting policy, read from
@@ -43,7 +53,10 @@ Its files, bottom to top (each imports only those above it in this list):
 - ``tensor.py``: ``SimulatedTensor`` and its ``__torch_dispatch__``;
 - ``backend.py``: the ``simgpu`` device type, its device module (``torch.simgpu``) and
   kernels, and ``enable()``;
-- ``code_checks.py``: ``simulating()`` and the checks on code it turns on.
+- ``lazy.py``: uninitialised parameters and buffers moved to the device and materialised there;
+- ``code_checks.py``: ``simulating()`` and the checks on code it turns on;
+- ``fake_check.py``: beside the device, a second opinion for the tests: code run on
+  FakeTensor's CUDA device, by PyTorch's own device propagation.
 
 This package is the simulated device alone: it imports nothing of Lightning, and nothing else
 of the library. Private and experimental PyTorch APIs it relies on, all of them in this
@@ -73,13 +86,24 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
 - ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
   generators of its own in Python), and so is ``torch.compile``, with
   ``torch._dynamo.config.disable`` set: compiled code runs as written, since TorchDynamo
-  cannot trace these tensors (``code_checks.py``).
+  cannot trace these tensors (``code_checks.py``);
+- ``torch._C._current_autograd_node``, to know a backward pass is running (``containment.py``);
+  while ``simulating()`` is active, ``torch.autograd._engine_run_backward`` (the engine's run of a
+  pass, so that the hooks it runs are checked) and ``torch.utils.hooks.BackwardHook.__init__`` (a
+  module's backward hooks, each kept from raising into C++) are replaced, and
+  ``torch.autograd.set_multithreading_enabled(False)`` is set (``code_checks.py``);
+- a ``_local_scalar_dense`` kernel for ``PrivateUse1``: ``torch.tensor([a, b])`` of the device's
+  0-dim tensors reads them below the Python key (``backend.py``);
+- ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to`` and
+  ``torch.utils.swap_tensors`` (``lazy.py``);
+- ``torch._subclasses.fake_tensor.FakeTensorMode`` and its exceptions (``fake_check.py``, used by
+  the tests only; tested with torch 2.14.1).
 """
 
 import sys
 import types
 
-from . import autocast, backend, code_checks, collectives, devices, gpu_only, rules, tensor
+from . import autocast, backend, code_checks, collectives, containment, devices, gpu_only, lazy, rules, tensor
 from .backend import enable
 from .code_checks import SimulatedGenerator, simulating
 from .devices import (
@@ -132,12 +156,14 @@ if _first is None:
 else:
     for _copy in (
         devices,
+        containment,
         rules,
         gpu_only,
         autocast,
         collectives,
         tensor,
         backend,
+        lazy,
         code_checks,
         sys.modules[__name__],
     ):

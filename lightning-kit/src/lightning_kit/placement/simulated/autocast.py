@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
+from .containment import contained
 from .devices import DEVICE_TYPE, SimulatedDeviceError, SimulationUnavailableError
 
 HEADER = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
@@ -82,7 +83,7 @@ def register(library: torch.library.Library, fallback: torch.library.Library) ->
         if packet is None or (overload or "default") not in packet.overloads():
             continue  # not in this PyTorch
         op = getattr(packet, overload or "default")
-        library.impl(name, functools.partial(_KERNELS[policy], op), "AutocastPrivateUse1")
+        library.impl(name, contained()(functools.partial(_KERNELS[policy], op)), "AutocastPrivateUse1")
 
 
 def _eligible(value: Any) -> bool:

@@ -10,11 +10,10 @@ from typing import Any
 import torch
 
 from . import autocast
+from .containment import contained
 from .devices import DEVICE_COUNT, DEVICE_TYPE, SimulationUnavailableError, _state, set_device
 from .rules import _declared_rules, composite_kernels
 from .tensor import SimulatedTensor, _run
-
-_PACKAGE = __name__.rpartition(".")[0]  # <pkg>.placement.simulated
 
 
 class _Backend:
@@ -89,9 +88,17 @@ class _Backend:
             _state.index = self.previous
 
 
-@functools.cache
 def enable() -> None:
-    """Register the ``simgpu`` device type in this process (once; later calls do nothing)."""
+    """Register the ``simgpu`` device type in this process.
+
+    Once is enough: a later call does nothing, and a call after one that failed starts again
+    cleanly (nothing of a failed call stays registered). It may come after anything else the
+    process ran, a backward pass on the CPU included: the simulated GPU's backward passes run on the
+    thread that starts them (``simulating()``), so the autograd engine's count of devices, made at
+    the process's first backward pass, does not matter.
+    """
+    if _libraries:
+        return
     try:
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
     except ImportError as err:
@@ -106,52 +113,52 @@ def enable() -> None:
     _state.physical = torch.device(DEVICE_TYPE, 0)
     _declared_rules()
     library = torch.library.Library("aten", "IMPL")
-    for name, kernel in (
-        ("empty.memory_format", functools.partial(_fallback, torch.ops.aten.empty.memory_format)),
-        ("empty_strided", functools.partial(_fallback, torch.ops.aten.empty_strided.default)),
-        ("copy_", _copy),
-        ("_copy_from", _copy_from),
-        ("_copy_from_and_resize", _copy_from),
-    ):
-        library.impl(name, kernel, "PrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_fallback, dispatch_key="PrivateUse1")
-    autocast.register(library, fallback)
-    for name, kernel in composite_kernels():  # where PyTorch decomposes them: its autograd key
-        library.impl(name, kernel, "AutogradPrivateUse1")
-    _libraries.extend((library, fallback))  # a library unregisters its kernels when collected
-    _check_backward()
-
-
-def _check_backward() -> None:
-    """PyTorch's autograd engine counts the devices once, at the process's first backward pass."""
-    weight = SimulatedTensor(torch.ones(1)).requires_grad_()
     try:
-        (weight * 2).sum().backward()
-    except RuntimeError as err:
-        if "device_ready_queues_" not in str(err):
-            raise
-        raise SimulationUnavailableError(
-            "the simulated GPU must be set up before this process's first backward pass: call "
-            f"{_PACKAGE}.enable() first (in tests, lightning_kit's pytest plugin does, unless -p no:lightning_kit "
-            f"turns it off), or audit in a process of its own (python -m {_PACKAGE.rpartition('.')[0]}, or a "
-            "project's python -m <package>.placement)"
-        ) from None
+        for name, kernel in (
+            ("empty.memory_format", functools.partial(_fallback, torch.ops.aten.empty.memory_format)),
+            ("empty_strided", functools.partial(_fallback, torch.ops.aten.empty_strided.default)),
+            ("copy_", _copy),
+            ("_copy_from", _copy_from),
+            ("_copy_from_and_resize", _copy_from),
+            ("_local_scalar_dense", _local_scalar_dense),
+        ):
+            library.impl(name, kernel, "PrivateUse1")
+        fallback.fallback(_fallback, dispatch_key="PrivateUse1")
+        autocast.register(library, fallback)
+        for name, kernel in composite_kernels():  # where PyTorch decomposes them: its autograd key
+            library.impl(name, kernel, "AutogradPrivateUse1")
+    except BaseException:
+        for registered in (library, fallback):
+            registered._destroy()  # so that a later call registers them anew
+        raise
+    _libraries.extend((library, fallback))  # a library unregisters its kernels when collected
 
 
 _libraries: list[torch.library.Library] = []
 
 
+@contained()
 def _fallback(op, *args, **kwargs):
     """An operation that makes tensors on the simulated device from no tensor of it: run it on the CPU."""
     return _run(op, args, kwargs)
 
 
+@contained()
 def _copy(self, src, non_blocking: bool = False):
     self.elem.copy_(src.elem if isinstance(src, SimulatedTensor) else src)
     return self
 
 
+# torch.tensor([a, b]) (torch.as_tensor, x.new_tensor, torch.Tensor(...)) of 0-dim GPU tensors reads each one's
+# value on the host, as a number, below PyTorch's Python key: here. On CUDA as here the result is a CPU tensor,
+# unless device= says otherwise (PyTorch stopped at an internal assertion without this kernel).
+@contained()
+def _local_scalar_dense(self):
+    return self.elem.item()
+
+
+@contained()
 def _copy_from(self, dst, non_blocking: bool = False):
     _copy(dst, self)
     return dst

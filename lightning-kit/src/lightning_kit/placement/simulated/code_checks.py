@@ -5,8 +5,10 @@ into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``) stop
 ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor.
 """
 
+import functools
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,10 +18,14 @@ import torch
 import torch._dynamo
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import BackwardHook
 
+from . import lazy
 from .backend import enable
+from .containment import discard, in_backward, keep, pending, raise_kept
 from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, as_cuda, current_device, own_indices, set_device
-from .tensor import SimulatedTensor
+from .lazy import is_lazy
+from .tensor import SimulatedTensor, to_cpu
 
 _RealGenerator = torch.Generator
 
@@ -70,27 +76,214 @@ class _CodeChecks(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _TO_NUMPY and isinstance(args[0], SimulatedTensor):
-            raise SimulatedDeviceError(
-                f"can't convert {as_cuda(args[0].device)} device type tensor to numpy. "
-                "Use Tensor.cpu() to copy the tensor to host memory first.",
-                kind="numpy",
-                operation="Tensor.numpy",
-                devices=(as_cuda(args[0].device),),
-            )
+        if pending():
+            raise_kept()  # back in Python after a backward pass that kept one
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            return handler(self, func, args, kwargs)
         if func in _PINNING:
             return _PINNING[func](*args, **kwargs)
-        name = getattr(func, "__name__", str(func))
-        if kwargs.get("generator") is not None:
-            _check_generator(name, args, kwargs)
-        if name == "cuda":
-            _check_device(torch.device("cuda", args[1] if len(args) > 1 else None), "Tensor.cuda")
-        if "device" in kwargs:
-            _check_device(kwargs["device"], name)
-        if name == "to":
-            for arg in args[1:]:
-                _check_device(arg, "Tensor.to")
-        return func(*args, **kwargs)
+        return _checked(func, args, kwargs)
+
+
+def _checked(func, args, kwargs):
+    """``func(*args, **kwargs)``, where the code asks for nothing a GPU run refuses."""
+    try:
+        _check(func, args, kwargs)
+    except SimulatedDeviceError as err:
+        if not in_backward():
+            raise
+        # In a hook the autograd engine runs: kept, and raised when the backward pass returns.
+        keep(err)
+        func, args, kwargs = _as_on_the_gpu(func, args, kwargs)
+    return func(*args, **kwargs)
+
+
+def _check(func, args, kwargs) -> None:
+    """Raise ``SimulatedDeviceError`` where the code asks for what a GPU run refuses."""
+    if func in _TO_NUMPY and isinstance(args[0], SimulatedTensor):
+        raise SimulatedDeviceError(
+            f"can't convert {as_cuda(args[0].device)} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first.",
+            kind="numpy",
+            operation="Tensor.numpy",
+            devices=(as_cuda(args[0].device),),
+        )
+    name = getattr(func, "__name__", str(func))
+    if kwargs.get("generator") is not None:
+        _check_generator(name, args, kwargs)
+    if name == "cuda":
+        _check_device(torch.device("cuda", args[1] if len(args) > 1 else None), "Tensor.cuda")
+    if "device" in kwargs:
+        _check_device(kwargs["device"], name)
+    if name == "to":
+        for arg in args[1:]:
+            _check_device(arg, "Tensor.to")
+
+
+def _as_on_the_gpu(func, args, kwargs):
+    """What a refused call computes where it ran on the GPU: the values are on the CPU inside, and CUDA is the
+    simulated GPU (so that a hook goes on until the backward pass returns)."""
+    if func in _TO_NUMPY:
+        return func, (to_cpu(args[0]), *args[1:]), kwargs
+    if getattr(func, "__name__", None) == "cuda":
+        return torch.Tensor.to, (args[0], current_device()), {}
+
+    def simulated(value):
+        if isinstance(value, str | torch.device) and "cuda" in str(value):
+            return current_device()
+        return value
+
+    return func, tuple(simulated(arg) for arg in args), {name: simulated(value) for name, value in kwargs.items()}
+
+
+# The autograd engine's check of root gradients (engine.cpp, validate_outputs): a gradient given for an
+# output on another device is refused, unless it is 0-dim, which is moved. PyTorch skips the check for
+# tensor subclasses (the simulated GPU's tensors are one), so it is made here, before the engine runs.
+def _root_gradients(func, args, kwargs):
+    """The outputs, the gradients given for them and the argument's name, of a call that starts a backward pass."""
+    if func is torch.Tensor.backward:
+        outputs, grads, name = args[0], args[1] if len(args) > 1 else kwargs.get("gradient"), "gradient"
+    elif func is torch.autograd.backward:
+        outputs, grads, name = args[0] if args else kwargs.get("tensors"), kwargs.get("grad_tensors"), "grad_tensors"
+        grads = args[1] if len(args) > 1 else grads
+    else:  # torch.autograd.grad
+        outputs, grads, name = args[0] if args else kwargs.get("outputs"), kwargs.get("grad_outputs"), "grad_outputs"
+        grads = args[2] if len(args) > 2 else grads
+    outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+    grads = (grads,) if isinstance(grads, torch.Tensor) else () if grads is None else tuple(grads)
+    return outputs, grads, name
+
+
+def _check_root_gradients(func, args, kwargs) -> None:
+    outputs, grads, argument = _root_gradients(func, args, kwargs)
+    for index, (output, grad) in enumerate(zip(outputs, grads, strict=False)):
+        if not isinstance(output, torch.Tensor) or not isinstance(grad, torch.Tensor) or grad.dim() == 0:
+            continue
+        if grad.device != output.device:
+            expected, got = as_cuda(output.device), as_cuda(grad.device)
+            raise SimulatedDeviceError(
+                f"invalid gradient at index {index} - expected device {expected} but got {got}",
+                kind="root gradient",
+                operation=_NAMES[func],
+                devices=(expected, got),
+                argument=argument,
+                culprit=grad,
+            )
+
+
+def _backward(mode, func, args, kwargs):
+    """A call that starts a backward pass: its root gradients checked, the pass run with these checks on."""
+    try:
+        _check_root_gradients(func, args, kwargs)
+    except SimulatedDeviceError as err:
+        if not in_backward():
+            raise
+        keep(err)
+    try:
+        result = func(*args, **kwargs)
+    except BaseException:
+        raise_kept()  # what stopped the pass, where the engine stopped on it
+        raise
+    raise_kept()
+    return result
+
+
+_ENGINE_RUN = getattr(torch.autograd, "_engine_run_backward", None)
+
+
+def _engine_run_checked(*args, **kwargs):
+    """The autograd engine's run of a backward pass, with these checks on: the hooks it runs are checked as the
+    forward pass is (``backward()`` and ``torch.autograd.grad`` reach it from a handler of this mode, where the
+    mode is off)."""
+    with _CodeChecks():
+        return _ENGINE_RUN(*args, **kwargs)
+
+
+def _contained_hook(hook):
+    """``hook``, which the autograd engine calls from C++: what it raises is kept, and raised when the pass returns.
+
+    A gradient it returns on another device than the one it was given is refused, as CUDA refuses it
+    (python_hook.cpp, check_single_result), at the hook's line.
+    """
+
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        try:
+            result = hook(*args, **kwargs)
+            _check_hook_result(hook, args, result)
+        except BaseException as err:  # an exception left for the engine would end the process
+            if not in_backward():
+                raise
+            keep(err)
+            return None  # the gradient as it was
+        return result
+
+    return run
+
+
+def _check_hook_result(hook, args, result) -> None:
+    """Raise ``SimulatedDeviceError`` where a hook returns a gradient on another device than the one it replaces."""
+    given = args[0] if len(args) == 1 else args[1] if len(args) > 1 else None  # tensor hooks; modules' hooks
+    if isinstance(given, torch.Tensor):
+        given, result = (given,), (result,)
+    for was, got in zip(given or (), result or (), strict=False):
+        if isinstance(was, torch.Tensor) and isinstance(got, torch.Tensor) and was.device != got.device:
+            name = getattr(hook, "__name__", repr(hook))
+            err = SimulatedDeviceError(
+                f"hook '{name}' has changed the type of value (was {_type_name(was)} got {_type_name(got)})",
+                kind="mixed devices",
+                operation="a backward hook",
+                devices=(as_cuda(was.device), as_cuda(got.device)),
+            )
+            code = getattr(hook, "__code__", None)
+            if code is not None:  # the hook has returned: its line is where it is defined
+                where = (code.co_filename, code.co_firstlineno, name, None)
+                err._audit_stack = traceback.StackSummary.from_list([where])
+            raise err
+
+
+def _type_name(tensor: torch.Tensor) -> str:
+    """ATen's name of ``tensor``'s type, as CUDA's message gives it: ``CUDAFloatType``, ``CPUFloatType``."""
+    scalar = torch.empty(0, dtype=tensor.dtype).type().rpartition(".")[2].removesuffix("Tensor")
+    return f"{'CPU' if tensor.device.type == 'cpu' else 'CUDA'}{scalar}Type"
+
+
+def _register_hook(mode, func, args, kwargs):
+    return func(args[0], _contained_hook(args[1]), *args[2:], **kwargs)
+
+
+_BackwardHookInit = BackwardHook.__init__
+
+
+def _module_backward_hooks(self, module, user_hooks, user_pre_hooks) -> None:
+    """A module's backward hooks (``register_full_backward_hook``, ``..._pre_hook``), each contained."""
+    _BackwardHookInit(
+        self, module, [_contained_hook(hook) for hook in user_hooks], [_contained_hook(hook) for hook in user_pre_hooks]
+    )
+
+
+def _moves(mode, func, args, kwargs):
+    """``.to()`` and ``.cpu()``: an uninitialised parameter or buffer moves in place (see ``lazy``)."""
+    if is_lazy(args[0]):
+        _check(func, args, kwargs)
+        done = lazy.moved(args[0], args[1:] if func is torch.Tensor.to else ("cpu",), kwargs)
+        if done is not None:
+            return done
+    return _checked(func, args, kwargs)
+
+
+_HANDLERS = {
+    torch.Tensor.backward: _backward,
+    torch.autograd.backward: _backward,
+    torch.autograd.grad: _backward,
+    torch.Tensor.register_hook: _register_hook,
+    torch.Tensor.register_post_accumulate_grad_hook: _register_hook,
+    torch.Tensor.to: _moves,
+    torch.Tensor.cpu: _moves,
+}
+_NAMES = {torch.Tensor.backward: "Tensor.backward", torch.autograd.backward: "torch.autograd.backward"}
+_NAMES[torch.autograd.grad] = "torch.autograd.grad"
 
 
 def _check_generator(operation: str, args, kwargs) -> None:
@@ -166,12 +359,31 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
     if is_user_code is not None:
         _state.is_user_code = is_user_code
     torch.Generator, torch.compile = _Generator, _as_written
+    BackwardHook.__init__ = _module_backward_hooks
+    if _ENGINE_RUN is not None:
+        torch.autograd._engine_run_backward = _engine_run_checked
+    discard()  # nothing of an earlier run is raised in this one
     try:
-        # torch.compile cannot trace these tensors: code compiled before runs as written too.
-        with torch._dynamo.config.patch(disable=True), _CodeChecks(), own_indices():
-            yield
+        # torch.compile cannot trace these tensors: code compiled before runs as written too. Backward
+        # passes run on this thread (the engine's threads for devices were counted at the process's first
+        # backward pass, which may have come before the simulated GPU).
+        with (
+            torch._dynamo.config.patch(disable=True),
+            torch.autograd.set_multithreading_enabled(False),
+            _CodeChecks(),
+            own_indices(),
+        ):
+            try:
+                yield
+            except BaseException:
+                raise_kept()  # what stopped it, where a backward pass kept it
+                raise
+            raise_kept()  # one kept in a backward pass that no call of ours saw return
     finally:
         torch.Generator, torch.compile = _RealGenerator, _compile
+        BackwardHook.__init__ = _BackwardHookInit
+        if _ENGINE_RUN is not None:
+            torch.autograd._engine_run_backward = _ENGINE_RUN
         _state.index, _state.is_user_code = previous
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .containment import contained
 from .devices import _CPU, SimulatedDeviceError, SimulationUnavailableError, as_cuda
 
 
@@ -228,5 +229,6 @@ def composite_kernels() -> list[tuple[str, object]]:
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             name = func._schema.name.split("::")[1]
             overload = func._schema.overload_name
-            kernels.append((f"{name}.{overload}" if overload else name, functools.partial(as_on_cuda, func)))
+            kernel = contained()(functools.partial(as_on_cuda, func))
+            kernels.append((f"{name}.{overload}" if overload else name, kernel))
     return sorted(kernels, key=lambda kernel: kernel[0])

@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
+from .containment import contained
 from .devices import _CPU, DEVICE_TYPE, _state, current_device
 from .gpu_only import _on_the_cpu
 from .rules import _check_devices, _rule, check_host_arguments, cuda_paths
@@ -57,6 +58,7 @@ class SimulatedTensor(torch.Tensor):
         return self.elem.__format__(spec)  # f"{loss:.3f}" of a 0-dim tensor formats its value
 
     @classmethod
+    @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         check_host_arguments(func, args, kwargs)

@@ -1,0 +1,195 @@
+"""The audit in a process of its own, where a death is a verdict: ``not audited: the process died with SIGABRT in ...``.
+
+The simulated GPU keeps what it raises inside PyTorch's C++ from ending the process
+(``simulated/containment.py``); what it cannot keep (C++ that aborts on its own, a user's hook that
+raises inside a backward pass by a way the simulated GPU does not see) would end the process that
+audits. ``in_a_child`` runs the audit in a forked copy of this process instead, which has the model,
+the data and everything imported already (a fork costs milliseconds, not a second interpreter's
+start): the child sends each stage's outcome as it ends, and the verdict at the end, through a pipe,
+and writes where it is (the stage, and the last hook Lightning entered) into memory shared with the
+parent. A child killed by a signal, or one that exits without a verdict, becomes that stage's
+``NOT AUDITED`` line, naming the signal and the hook; the process that audits goes on.
+
+A fork needs a POSIX system, and an autograd engine whose threads for devices have not started in
+this process (PyTorch refuses a backward pass in a child forked after that); where either is
+missing, ``in_a_child`` returns None and the audit runs in this process. The child computes on one
+thread (GNU OpenMP's thread pool does not survive a fork: its next parallel region would hang).
+"""
+
+import contextlib
+import mmap
+import os
+import pickle
+import signal
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from . import simulated
+from .verdict import Outcome, Verdict
+
+_CANNOT_FORK = 86  # the child's exit status where this process's autograd engine cannot run in a fork
+_HEADER = struct.Struct("!I")
+
+
+class Progress:
+    """Where the audit is, in memory that a forked child shares with its parent: the stage, and the last hook."""
+
+    SIZE = 4096
+
+    def __init__(self) -> None:
+        self._memory = mmap.mmap(-1, self.SIZE)
+        self.stage: tuple[str, int, int] | None = None
+
+    def at_stage(self, stage: str, rank: int, world_size: int) -> None:
+        self.stage = (stage, rank, world_size)
+        self._write("")
+
+    def at_hook(self, action: str) -> None:
+        self._write(action)
+
+    def _write(self, action: str) -> None:
+        stage, rank, world_size = self.stage or ("", 0, 1)
+        data = "\t".join((stage, str(rank), str(world_size), action)).encode(errors="replace")[: self.SIZE - 4]
+        self._memory[: 4 + len(data)] = _HEADER.pack(len(data)) + data
+
+    def read(self) -> tuple[str, int, int, str] | None:
+        """(stage, rank, world size, last hook), or None before the first stage."""
+        (length,) = _HEADER.unpack(self._memory[:4])
+        if not length:
+            return None
+        stage, rank, world_size, action = self._memory[4 : 4 + length].decode(errors="replace").split("\t", 3)
+        return stage, int(rank), int(world_size), action
+
+
+def can_fork() -> bool:
+    return hasattr(os, "fork") and sys.platform != "win32"
+
+
+def in_a_child(
+    run: Callable[[Progress, Callable[[Outcome], None]], Verdict], describe: Callable[[str], str]
+) -> Verdict | None:
+    """``run(progress, report)`` in a forked child; its verdict, or one that says how the child died.
+
+    ``report`` sends one stage's outcome as it ends; ``describe`` names a Lightning action as a hook
+    (``explain``'s words). None where this process cannot audit in a fork (see above).
+    """
+    if not can_fork():
+        return None
+    progress = Progress()
+    reading, writing = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(reading)
+        _child(run, progress, writing)
+    os.close(writing)
+    try:
+        with os.fdopen(reading, "rb") as pipe:
+            messages = list(_messages(pipe))
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # Ctrl-C while waiting: the child goes too
+        _end(pid)
+        raise
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _CANNOT_FORK:
+        return None
+    outcomes = [message for kind, message in messages if kind == "outcome"]
+    for kind, message in messages:
+        if kind == "verdict":
+            return message
+        if kind == "error":
+            raise message
+    return _died(outcomes, progress.read(), status, describe)
+
+
+def _child(run, progress: Progress, writing: int) -> None:
+    """The child's whole life: the audit, each message sent to the parent, and ``os._exit`` (nothing of the
+    parent's is run on the way out: no atexit handlers, no test session's teardown)."""
+    status = 0
+    try:
+        with os.fdopen(writing, "wb") as pipe:
+
+            def send(kind: str, message: Any) -> None:
+                data = pickle.dumps((kind, message))
+                pipe.write(_HEADER.pack(len(data)) + data)
+                pipe.flush()
+
+            try:
+                torch.set_num_threads(1)
+                if not _backward_runs():
+                    status = _CANNOT_FORK
+                    return
+                send("verdict", run(progress, lambda outcome: send("outcome", outcome)))
+            except BaseException as err:  # the parent raises it
+                send("error", _picklable(err))
+    except BaseException:  # the pipe itself failed: the parent reports a child without a verdict
+        status = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # nothing can be reported about the child's own output
+                stream.flush()
+        os._exit(status)
+
+
+def _backward_runs() -> bool:
+    """Whether a simulated backward pass can run in this (forked) process."""
+    try:
+        with simulated.simulating(0):
+            weight = simulated.SimulatedTensor(torch.ones(1)).requires_grad_()
+            (weight * 2).sum().backward()
+    except RuntimeError as err:
+        if "fork" in str(err):
+            return False
+        raise
+    return True
+
+
+def _picklable(err: BaseException) -> BaseException:
+    """``err``, or a RuntimeError saying what it was where it cannot travel to the parent."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        return RuntimeError(f"{type(err).__name__}: {err}")
+    return err
+
+
+def _messages(pipe) -> Iterator[tuple[str, Any]]:
+    while True:
+        header = pipe.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return
+        (length,) = _HEADER.unpack(header)
+        data = pipe.read(length)
+        if len(data) < length:
+            return
+        yield pickle.loads(data)
+
+
+def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str], str]) -> Verdict:
+    """The verdict of a child that ended without one: what it finished, then the stage it was in, not audited."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            how = f"died with {signal.Signals(number).name}"
+        except ValueError:
+            how = f"died with signal {number}"
+    else:
+        how = f"exited with status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status} before its verdict"
+    verdict = Verdict(outcomes=list(outcomes))
+    stage, rank, world_size, action = where if where is not None else ("fit", 0, 1, "")
+    hook = describe(action) if action else "setting up"
+    verdict.outcomes.append(Outcome(stage, rank, world_size, gap=f"the process {how} in {hook}"))
+    verdict.notes.append("the stages after it were not audited: the audit's process ended there")
+    return verdict
+
+
+def _end(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass

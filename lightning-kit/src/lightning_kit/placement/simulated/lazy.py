@@ -1,0 +1,76 @@
+"""Uninitialised parameters and buffers (``nn.LazyLinear``, ``nn.LazyConv2d``, ...) on the simulated GPU.
+
+On a GPU, moving a module moves its uninitialised parameters too: each stays uninitialised, on the
+GPU, and materialises there at the first forward pass (``initialize_parameters`` calls
+``materialize``, which makes the values on the parameter's own device). Moved like an ordinary
+tensor, an uninitialised parameter would become an ordinary, empty one on the simulated GPU, and a
+correct model could not run. So while simulating, moving one to the simulated GPU (``.to``, what
+``module.to`` does to each) keeps it uninitialised, in place, marked as on the current simulated
+device (``.device`` says so); its ``materialize`` makes the values there, a ``SimulatedTensor``
+(or where ``device=`` says), and gives the parameter that tensor's contents in place
+(``torch.utils.swap_tensors``), so that the module and an optimizer made before keep the same
+object. Moving it back to the CPU takes the mark off.
+"""
+
+import functools
+
+import torch
+from torch.nn.parameter import Parameter, UninitializedTensorMixin
+
+from .devices import DEVICE_TYPE, _state, current_device
+
+
+class _OnSimulatedGPU:
+    """An uninitialised parameter or buffer on the simulated GPU: it materialises there."""
+
+    @property
+    def device(self) -> torch.device:
+        return current_device()
+
+    def get_device(self) -> int:
+        return _state.index
+
+    def materialize(self, shape, device=None, dtype=None) -> None:
+        """Make the values on the simulated GPU (or on ``device``), with this tensor's dtype unless given."""
+        base = _base(type(self))
+        device = current_device() if device is None else device
+        data = torch.empty(shape, device=device, dtype=self.data.dtype if dtype is None else dtype)
+        if issubclass(base.cls_to_become, Parameter):
+            made = Parameter(data, requires_grad=self.requires_grad)
+        else:
+            made = data.requires_grad_(self.requires_grad)
+            for name in ("persistent", "_is_buffer"):
+                if name in vars(self):
+                    setattr(made, name, vars(self)[name])
+        torch.utils.swap_tensors(self, made)
+
+
+@functools.cache
+def _marked(base: type) -> type:
+    """``base`` (``UninitializedParameter``, ``UninitializedBuffer`` or a subclass) on the simulated GPU."""
+    return type(base.__name__, (_OnSimulatedGPU, base), {"__module__": base.__module__})
+
+
+def _base(cls: type) -> type:
+    """The class of PyTorch's that ``cls`` marks: ``UninitializedParameter``, ``UninitializedBuffer``, ..."""
+    return next(base for base in cls.__mro__ if base is not cls and issubclass(base, UninitializedTensorMixin))
+
+
+def is_lazy(value) -> bool:
+    return isinstance(value, UninitializedTensorMixin)
+
+
+def moved(tensor: torch.Tensor, args, kwargs) -> torch.Tensor | None:
+    """``tensor.to(*args, **kwargs)`` of an uninitialised tensor between the CPU and the simulated GPU, in place;
+    None where the move is another (to a dtype only, say): that one runs as PyTorch runs it."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    if device is None or device.type not in (DEVICE_TYPE, "cpu"):
+        return None
+    if dtype is not None and dtype != tensor.data.dtype:
+        tensor.data = torch.empty(0, dtype=dtype)
+    marked = isinstance(tensor, _OnSimulatedGPU)
+    if device.type == DEVICE_TYPE and not marked:
+        tensor.__class__ = _marked(type(tensor))
+    elif device.type == "cpu" and marked:
+        tensor.__class__ = _base(type(tensor))
+    return tensor
