@@ -68,7 +68,8 @@ def _confusion_of(pl_module: L.LightningModule, epoch: int) -> torch.Tensor | No
     confusion = getattr(pl_module, "last_val_confusion", None)
     if not isinstance(confusion, torch.Tensor) or getattr(pl_module, "last_val_confusion_epoch", epoch) != epoch:
         return None
-    return confusion.detach().cpu().long().clone()  # a tensor: compact in the checkpoint, however many classes
+    # A host tensor (the counts read once, as the epoch ends): compact in the checkpoint, however many classes.
+    return torch.tensor(confusion.detach().tolist(), dtype=torch.long)
 
 
 def _counts(confusion: torch.Tensor | list) -> list[list[int]]:

@@ -142,7 +142,9 @@ def _digest(digest: "hashlib._Hash", dataset: Any, depth: int = 0) -> None:
 
 
 def _tensor(digest: "hashlib._Hash", tensor: torch.Tensor) -> None:
-    tensor = tensor.detach().cpu().contiguous()
+    if tensor.device.type != "cpu":  # data a module keeps on a device (rare: Lightning moves the batches)
+        tensor = torch.tensor(tensor.detach().tolist(), dtype=tensor.dtype)
+    tensor = tensor.detach().contiguous()
     digest.update(f"{tuple(tensor.shape)} {tensor.dtype}".encode())
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
