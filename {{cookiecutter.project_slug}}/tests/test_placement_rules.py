@@ -578,3 +578,70 @@ def test_rule_16_collectives_take_tensors_on_the_processs_gpu():
     error = stops_at("# rule 16, wrong", CountsExamples(on_the_device=False))
     assert (error.kind, error.rank, error.operation) == ("collective", 1, "torch.distributed.all_reduce")
     passes(CountsExamples(on_the_device=True))
+
+
+# Rule 17: gradients you hand to autograd are on the device of their tensor (0-dim ones are moved).
+
+
+class PenalisesGradients(Probe):
+    """A gradient penalty: the per-example losses' gradient with respect to the weights, from ones."""
+
+    def __init__(self, like_the_losses: bool) -> None:
+        super().__init__()
+        self.like_the_losses = like_the_losses
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        losses = F.cross_entropy(self(features), labels, reduction="none")
+        ones = torch.ones_like(losses) if self.like_the_losses else torch.ones(losses.shape[0])
+        (grad,) = torch.autograd.grad(losses, [self.net.weight], grad_outputs=ones, create_graph=True)  # rule 17, wrong
+        return losses.mean() + grad.pow(2).sum()
+
+
+def test_rule_17_gradients_handed_to_autograd_are_made_like_their_tensor():
+    error = stops_at("# rule 17, wrong", PenalisesGradients(like_the_losses=False))
+    assert "invalid gradient at index 0" in str(error)
+    passes(PenalisesGradients(like_the_losses=True))
+
+
+# Rule 18: a tensor built from GPU scalars with torch.tensor is made on the CPU; stack them instead.
+
+
+class WeighsLosses(Probe):
+    def __init__(self, stacked: bool) -> None:
+        super().__init__()
+        self.stacked = stacked
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        parts = [F.cross_entropy(logits, labels), logits.pow(2).mean()]
+        weights = torch.stack(parts).detach().softmax(0) if self.stacked else torch.tensor(parts).softmax(0)
+        return (weights * torch.stack(parts)).sum()  # rule 18, wrong with weights built by torch.tensor
+
+
+def test_rule_18_tensors_built_from_gpu_scalars_are_stacked_on_their_device():
+    stops_at("# rule 18, wrong", WeighsLosses(stacked=False))
+    passes(WeighsLosses(stacked=True))
+
+
+# Rule 19: lazy modules materialise where their module was moved; a dry run takes the module's device.
+
+
+class LazyProbe(Probe):
+    def __init__(self, dry_run_on: str | None) -> None:
+        super().__init__(nn.LazyLinear(3))
+        self.dry_run_on = dry_run_on
+
+    def configure_optimizers(self):
+        if self.dry_run_on == "cpu":
+            self.net(torch.zeros(2, 8))  # rule 19, wrong: the weights materialise on the GPU, the input is on the CPU
+        elif self.dry_run_on == "module":
+            self.net(torch.zeros(2, 8, device=self.device))
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_rule_19_lazy_modules_materialise_on_the_modules_device():
+    stops_at("# rule 19, wrong", LazyProbe(dry_run_on="cpu"))
+    passes(LazyProbe(dry_run_on="module"))
+    passes(LazyProbe(dry_run_on=None))  # the first batch materialises them, on the GPU: nothing to do
