@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
-from jsonargparse import DefaultHelpFormatter, Namespace
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -53,7 +53,8 @@ from .evaluation import (
     no_empty_folders_left,
     split_run_configs,
 )
-from .messages import errors_as_messages, one_line, report, silence_the_unactionable
+from .messages import errors_as_messages, report, silence_the_unactionable
+from .parser import CheckedInstantiator, HelpFormatter, KitArgumentParser
 from .placement.explain import count_as_user_code
 from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
@@ -115,7 +116,7 @@ class KitCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
         for cls, table in self.argument_tables.items():
-            parser.add_instantiator(_CheckedInstantiator(table), cls, subclasses=False, prepend=True)
+            parser.add_instantiator(CheckedInstantiator(table), cls, subclasses=False, prepend=True)
         # `predict` writes its probabilities here: --predictions.path out.csv
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
         # The data decides the class count, its names and the input size, so the network and
@@ -296,60 +297,6 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class _CheckedInstantiator:
-    """Builds a class from the command line after holding its arguments against its table (``KitCLI.argument_tables``).
-
-    The values are the constructor's, its defaults filled in, so a table checks what the class gets;
-    the network itself stays a plain ``nn.Module`` that knows nothing of the command line.
-    """
-
-    def __init__(self, table: Arguments) -> None:
-        self.table = table
-
-    def __call__(self, class_type: type, *args, **kwargs):
-        bound = inspect.signature(class_type).bind_partial(*args, **kwargs)
-        bound.apply_defaults()
-        self.table.check(dict(bound.arguments))
-        return class_type(*args, **kwargs)
-
-
-class _HelpFormatter(DefaultHelpFormatter):
-    """Lists only the project's classes as choices for ``--data`` and ``--model.net``.
-
-    jsonargparse lists every imported subclass: for ``--model.net``, each ``nn.Module`` of
-    PyTorch and its libraries, some hundreds of lines that bury the options people look for.
-    """
-
-    #: Where the project's choices live: argument -> module prefix (set per command line by ``_make_cli``).
-    own_choices: ClassVar[dict[str, str]] = {}
-
-    def _get_help_string(self, action) -> str:
-        help_string = super()._get_help_string(action)
-        if action.dest not in self.own_choices:
-            return help_string
-        head, found, listed = help_string.partition(", known subclasses: ")
-        if not found:
-            return help_string
-        listed, _, tail = listed.rpartition(")")
-        own = [name for name in listed.split(", ") if name.startswith(self.own_choices[action.dest])]
-        return f"{head}, this project's: {', '.join(own)}; or any other importable class){tail}"
-
-
-class KitArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, with shorter help and one-line errors."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str, ex: Exception | None = None):
-        """Exit with one line naming the flag, what it accepts and what was given, instead of the usage and a nest."""
-        if not self.exit_on_error:
-            super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
-        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
-
-
 class GenericCLI(KitCLI):
     """The command line of any Lightning project: ``--model their.Module --data their.DataModule``.
 
@@ -424,7 +371,7 @@ def _make_cli(
     bound_yaml_loading()
     own = cli_class.own_package()
     formatter = type(
-        "_ProjectHelpFormatter", (_HelpFormatter,), {"own_choices": {"data": f"{own}.", "model.net": f"{own}."}}
+        "_ProjectHelpFormatter", (HelpFormatter,), {"own_choices": {"data": f"{own}.", "model.net": f"{own}."}}
     )
     best = []
     if cli_class.monitor is not None:
