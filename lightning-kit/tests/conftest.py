@@ -329,11 +329,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """The SQLAlchemy URL of an empty database on a PostgreSQL server of this test process, removed at the end.
+@contextlib.contextmanager
+def postgres_server(database: str, password: str | None = None) -> Iterator[int]:
+    """A PostgreSQL server of this test process on a free port of 127.0.0.1, with an empty ``database``; its port.
 
-    Skipped, with the reason, where PostgreSQL's binaries or psycopg are not installed.
+    Without ``password`` it trusts every connection; with one, the ``postgres`` user logs in with it alone.
+    Stopped and removed at the end. Skipped, with the reason, where PostgreSQL's binaries or psycopg are missing.
     """
     psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
     binaries = _postgres_binaries()
@@ -344,10 +345,17 @@ def postgres_url() -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="postgres-"))
     server = None
     try:
-        if account:
-            os.chown(folder, account["user"], account["group"])
         # UTF8: from the C locale's default, SQL_ASCII, psycopg returns bytes, not text. -N: no fsync.
-        settings = ["-U", "postgres", "--auth=trust", "--locale=C", "-E", "UTF8", "-N"]
+        settings = ["-U", "postgres", "--locale=C", "-E", "UTF8", "-N"]
+        if password is None:
+            settings.append("--auth=trust")
+        else:
+            (folder / "password").write_text(password + "\n")
+            settings += ["--auth=scram-sha-256", f"--pwfile={folder / 'password'}"]
+        if account:
+            for path in folder.iterdir():
+                os.chown(path, account["user"], account["group"])
+            os.chown(folder, account["user"], account["group"])
         initdb = subprocess.run(
             [binaries / "initdb", "-D", folder / "data", *settings],
             cwd=folder,
@@ -359,6 +367,7 @@ def postgres_url() -> Iterator[str]:
             **account,
         )
         assert initdb.returncode == 0, f"initdb failed:\n{initdb.stdout}"
+        (folder / "password").unlink(missing_ok=True)
         port = _free_port()
         log = folder / "server.log"
         with log.open("wb") as output:  # -F: no fsync, a test's database need not survive a power cut
@@ -372,17 +381,17 @@ def postgres_url() -> Iterator[str]:
                 **account,
             )
         deadline = time.monotonic() + POSTGRES_WAIT_S
+        address = {"host": "127.0.0.1", "port": port, "user": "postgres", "password": password, "connect_timeout": 10}
         while True:
             try:
-                address = {"host": "127.0.0.1", "port": port, "user": "postgres", "connect_timeout": 10}
                 with psycopg.connect(**address, autocommit=True) as connection:
-                    connection.execute("CREATE DATABASE tests")
+                    connection.execute(f"CREATE DATABASE {database}")
                 break
             except psycopg.OperationalError:
                 assert server.poll() is None, f"PostgreSQL stopped while starting:\n{log.read_text()}"
                 assert time.monotonic() < deadline, f"PostgreSQL did not start in time:\n{log.read_text()}"
                 time.sleep(0.05)
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/tests"
+        yield port
     finally:
         if server is not None:
             server.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown: it ends the open sessions, then itself
@@ -392,6 +401,13 @@ def postgres_url() -> Iterator[str]:
                 server.kill()
                 server.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The SQLAlchemy URL of an empty database on a PostgreSQL server of this test process, removed at the end."""
+    with postgres_server("tests") as port:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/tests"
 
 
 # Image files for the tests of listing and decoding.

@@ -6,25 +6,14 @@ the one that logs in; the failures are a wrong password, a closed port, a missin
 parse, and SQLite with a secret in its query."""
 
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from conftest import (
-    HANG_GUARD_S,
-    POSTGRES_WAIT_S,
-    _ends_with_this_process,
-    _free_port,
-    _postgres_binaries,
-    _unprivileged_account,
-)
+from conftest import HANG_GUARD_S, _free_port, postgres_server
 
 from lightning_kit import passwords
 from lightning_kit.run_record import started_record
@@ -98,67 +87,11 @@ def test_a_run_record_keeps_its_command_line_without_the_password(monkeypatch):
 def password_server() -> Iterator[tuple[str, str]]:
     """A PostgreSQL server of this module that checks passwords: (URL of its empty database with the planted
     password, the same with a wrong one). Skipped where PostgreSQL or psycopg is missing."""
-    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
-    binaries = _postgres_binaries()
-    if binaries is None:
-        pytest.skip("PostgreSQL is not installed: no initdb and postgres on PATH or in /usr/lib/postgresql/*/bin")
-    account = _unprivileged_account()
-    folder = Path(tempfile.mkdtemp(prefix="postgres-password-"))
-    server = None
-    try:
-        (folder / "password").write_text(PASSWORD + "\n")
-        if account:
-            os.chown(folder, account["user"], account["group"])
-            os.chown(folder / "password", account["user"], account["group"])
-        settings = ["-U", "postgres", "--auth=scram-sha-256", f"--pwfile={folder / 'password'}", "--locale=C"]
-        initdb = subprocess.run(
-            [binaries / "initdb", "-D", folder / "data", *settings, "-E", "UTF8", "-N"],
-            cwd=folder,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=POSTGRES_WAIT_S,
-            **account,
-        )
-        assert initdb.returncode == 0, f"initdb failed:\n{initdb.stdout}"
-        (folder / "password").unlink()
-        port = _free_port()
-        with (folder / "server.log").open("wb") as output:
-            server = subprocess.Popen(
-                [binaries / "postgres", "-D", folder / "data", "-h", "127.0.0.1", "-p", str(port), "-k", folder, "-F"],
-                cwd=folder,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_ends_with_this_process,
-                **account,
-            )
-        deadline = time.monotonic() + POSTGRES_WAIT_S
-        address = {"host": "127.0.0.1", "port": port, "user": "postgres", "password": PASSWORD, "connect_timeout": 10}
-        while True:
-            try:
-                with psycopg.connect(**address, autocommit=True) as connection:
-                    connection.execute("CREATE DATABASE studies")
-                break
-            except psycopg.OperationalError:
-                log = (folder / "server.log").read_text()
-                assert server.poll() is None, f"PostgreSQL stopped while starting:\n{log}"
-                assert time.monotonic() < deadline, "PostgreSQL did not start in time"
-                time.sleep(0.1)
+    with postgres_server("studies", password=PASSWORD) as port:
         yield (
             f"postgresql+psycopg://postgres:{ENCODED}@127.0.0.1:{port}/studies",
             f"postgresql+psycopg://postgres:Hush-wrong-Kx9q@127.0.0.1:{port}/studies",
         )
-    finally:
-        if server is not None:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=POSTGRES_WAIT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_module(folder: Path, module: str, *args: str) -> subprocess.CompletedProcess:
