@@ -18,6 +18,7 @@ import threading
 import time
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from io import BytesIO
 from pathlib import Path
@@ -49,17 +50,16 @@ MAX_PIXELS = 1_000_000
 
 @dataclass(frozen=True)
 class Project:
-    """A baked project whose model is served: its command line, its train.py, and the fixture of its short run."""
+    """A baked project whose model is served: its command line and its train.py."""
 
     task: str
     cli_class: type
     train: object
-    runs: str
 
 
 PROJECTS = {
-    "image": Project("image", ImageCLI, train_image, "trained_once"),
-    "sequence": Project("sequence", SequenceCLI, train_sequence, "trained_sequence_once"),
+    "image": Project("image", ImageCLI, train_image),
+    "sequence": Project("sequence", SequenceCLI, train_sequence),
 }
 
 
@@ -71,16 +71,34 @@ class Exported:
     project: Project
 
 
-@pytest.fixture(scope="module", params=sorted(PROJECTS))
-def exported(request, tmp_path_factory) -> Exported:
-    """For each project (or the one a test names): a copy of its short run, exported to model.pt2."""
-    project = PROJECTS[request.param]
-    folder = tmp_path_factory.mktemp(f"serve-{project.task}")
-    shutil.copytree(request.getfixturevalue(project.runs) / "runs", folder / "runs")
+def export_project(task: str, trained: Path, tmp_path_factory) -> Exported:
+    """A copy of the short run of ``task``'s project in ``trained``, exported to model.pt2."""
+    project = PROJECTS[task]
+    folder = tmp_path_factory.mktemp(f"serve-{task}")
+    shutil.copytree(trained / "runs", folder / "runs")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         export(["--ckpt_path", "last", "--output", "model.pt2", "--onnx", "no"], cli_class=project.cli_class)
     return Exported(folder, project)
+
+
+# One export and one server per project for the module, both alive at once: tests of either project come in
+# any order (xdist hands them out one by one), and a single parametrized fixture would be torn down and set
+# up again (an export and a server's start, about 12 s) at every change of project.
+@pytest.fixture(scope="module")
+def exported_image(trained_once, tmp_path_factory) -> Exported:
+    return export_project("image", trained_once, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def exported_sequence(trained_sequence_once, tmp_path_factory) -> Exported:
+    return export_project("sequence", trained_sequence_once, tmp_path_factory)
+
+
+@pytest.fixture(params=sorted(PROJECTS))
+def exported(request) -> Exported:
+    """For each project (or the one a test names): a copy of its short run, exported to model.pt2."""
+    return request.getfixturevalue(f"exported_{request.param}")
 
 
 def start_server(folder: Path, *flags: str) -> tuple[subprocess.Popen, str]:
@@ -109,14 +127,29 @@ def stop(server: subprocess.Popen) -> int:
             server.kill()
 
 
-@pytest.fixture(scope="module")
-def server(exported):
+def serve_exported(exported: Exported) -> Iterator[str]:
     """A server of the exported model, with small limits and batches of up to 4 gathered for up to 0.1 s."""
     flags = ["--max_batch_size", "4", "--batch_timeout", "0.1", "--max_body_bytes", str(MAX_BODY_BYTES)]
     flags += ["--max_pixels", str(MAX_PIXELS)]
     process, url = start_server(exported.folder, *flags)
     yield url
     stop(process)
+
+
+@pytest.fixture(scope="module")
+def server_image(exported_image) -> Iterator[str]:
+    yield from serve_exported(exported_image)
+
+
+@pytest.fixture(scope="module")
+def server_sequence(exported_sequence) -> Iterator[str]:
+    yield from serve_exported(exported_sequence)
+
+
+@pytest.fixture
+def server(request, exported) -> str:
+    """The address of the server of ``exported``'s model."""
+    return request.getfixturevalue(f"server_{exported.project.task}")
 
 
 def request(url: str, body=b"", content_type: str | None = None, method: str = "POST", path: str = "/predict", **kw):
