@@ -38,6 +38,7 @@ from .callbacks import (
     RunPlots,
     RunStatus,
     StopOnDivergence,
+    skip_empty_batch_hooks,
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
@@ -224,7 +225,9 @@ class KitCLI(LightningCLI):
                 kwargs.update(precision=None, plugins=[*kwargs.get("plugins", plugins), mixed])
             if trainer_config.get("profiler") is None:
                 kwargs["profiler"] = HookTracker()
-        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        trainer = super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        skip_empty_batch_hooks(trainer.callbacks)  # the project's, the user's and Lightning's own
+        return trainer
 
     def after_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

@@ -1,6 +1,7 @@
 """Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, reporting,
 the run's status record."""
 
+from .dispatch import skip_empty_batch_hooks
 from .divergence import DivergenceError, StopOnDivergence
 from .reporting import BestEpoch, CSVPredictionWriter, RunPlots
 from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
@@ -16,4 +17,5 @@ __all__ = [
     "RunPlots",
     "RunStatus",
     "StopOnDivergence",
+    "skip_empty_batch_hooks",
 ]
