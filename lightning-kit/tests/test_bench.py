@@ -49,6 +49,8 @@ def measured(out: str) -> None:
     assert len(ratios) == 3 and all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), out
     per_step = [float(value) for value in re.findall(r"([\d.]+) ms", out)]
     assert len(per_step) == 3 and all(value > 0 for value in per_step), out
+    paired = [float(value) for value in re.findall(r"^ +median of paired runs +([\d.]+)$", out, re.M)]
+    assert len(paired) == 1 and math.isfinite(paired[0]) and paired[0] > 0, out
 
 
 @pytest.mark.slow
