@@ -28,6 +28,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 from cookiecutter.main import cookiecutter
+from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image
 
 # The template, beside this library in the repository.
@@ -88,6 +89,15 @@ def build(args: list[str]):
 def build_all(args: list[str], prog: str | None = None):
     """The image project's model, data module and Trainer from ``train.py`` arguments."""
     return kit_cli.build_all(ProjectCLI, args, prog=prog)
+
+
+@pytest.fixture(autouse=True)
+def _lightnings_rank_is_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No test leaves this process with another rank than it found (``rank_zero_only.rank``): tests share their
+    worker's process, and at rank 1 every later run in it would skip what rank 0 does: its logs, its files."""
+    before = rank_zero_only.rank
+    yield
+    assert rank_zero_only.rank == before, f"rank_zero_only.rank left at {rank_zero_only.rank}, was {before}"
 
 
 @pytest.fixture

@@ -8,14 +8,18 @@ NCCL's device rule. Code that calls ``torch.distributed`` itself (inside an
 
 from typing import ClassVar
 
+import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_only
 from test_simulated_gpu import BATCH, Probe, assert_rule
+from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.placement import audit, simulated
+from lightning_kit.placement import SimulatedGPUStrategy, audit, simulated
 from lightning_kit.placement.simulated import SimulatedDeviceError
 from lightning_kit.placement.simulated.collectives import process_group
 
@@ -125,3 +129,17 @@ def test_a_sum_is_what_every_process_holding_the_same_values_would_get():
         dist.barrier()
         assert values.tolist() == [2.0, 4.0]
         assert [tensor.tolist() for tensor in gathered] == [[2.0, 4.0], [2.0, 4.0]]
+
+
+def test_a_run_as_the_second_process_gives_this_process_its_rank_back(tmp_path):
+    """SimulatedGPUStrategy(1, 2) plays rank 1 while it runs; after it, a run in the same process is rank 0 again
+    and writes what rank 0 writes (its logs: metrics.csv)."""
+    quiet = {"enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+    batches = [DataLoader([BATCH, BATCH], batch_size=None)] * 2
+    second = L.Trainer(strategy=SimulatedGPUStrategy(1, 2), max_steps=2, limit_val_batches=2, logger=False, **quiet)
+    with process_group(1, 2), simulated.simulating(1):
+        second.fit(CountsOnTheDevice(), *batches)
+    assert rank_zero_only.rank == 0
+    logger = CSVLogger(tmp_path, name="after")
+    L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=2, logger=logger, **quiet).fit(Probe(), *batches)
+    assert (tmp_path / "after" / "version_0" / "metrics.csv").is_file()

@@ -100,6 +100,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
         device = simulated.device(rank)
         super().__init__(accelerator=SimulatedGPUAccelerator(), parallel_devices=[device])
         self._rank, self._world_size = rank, world_size
+        self._process_rank: int | None = None  # Lightning's rank of this process, given back at teardown
 
     @property
     def root_device(self) -> torch.device:
@@ -131,7 +132,16 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
+        # The rank it plays is this process's only while it runs: a real DDP process keeps its rank for
+        # good, but this process goes on after the run (a test session, the audit's caller), and with
+        # rank 1 left behind every later run in it would skip what rank 0 does (its logs, its files).
+        self._process_rank = rank_zero_only.rank
         rank_zero_only.rank = self._rank
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self._process_rank is not None:
+            rank_zero_only.rank, self._process_rank = self._process_rank, None
 
     def model_to_device(self) -> None:
         self.model.to(self.root_device)
