@@ -184,7 +184,6 @@ class FreshVenv:
         return json.loads(done.stdout)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups, in its own hook
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests of the session's one fresh environment run one after another on one xdist worker (``--dist
     loadgroup``): each holds it alone, and on two workers the second would wait minutes for the first, idle."""
