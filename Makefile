@@ -33,11 +33,10 @@ demo: $(STAMP)
 # The library's suite (lightning-kit/tests, with its own conftest and settings) and the template's (tests/).
 # pytest takes one rootdir and one conftest.py per folder name: two sessions, one after the other, so each
 # suite runs under its own pyproject.toml; the second runs even when the first fails, and make fails if either does.
-# The template's tests of one fresh environment share one xdist worker (loadgroup): each holds it alone.
 test: $(STAMP)
 	cd $(LIBRARY) && $(abspath $(BIN))/python -m pytest -n auto --dist worksteal --durations=15 tests; \
 	  library=$$?; \
-	  cd .. && $(BIN)/python -m pytest -n auto --dist loadgroup --durations=15 tests; \
+	  cd .. && $(BIN)/python -m pytest -n auto --dist worksteal --durations=15 tests; \
 	  template=$$?; \
 	  test $$library -eq 0 && test $$template -eq 0
 

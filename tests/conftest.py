@@ -184,14 +184,6 @@ class FreshVenv:
         return json.loads(done.stdout)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of the session's one fresh environment run one after another on one xdist worker (``--dist
-    loadgroup``): each holds it alone, and on two workers the second would wait minutes for the first, idle."""
-    for item in items:
-        if "fresh_venv" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("fresh_venv"))
-
-
 def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder that every xdist worker of this session sees (the session's base folder), or this process's own."""
     base = tmp_path_factory.getbasetemp()
