@@ -9,8 +9,8 @@ Measured in one process, on the same batches, alternating the contenders, becaus
 timings on a shared machine drift between runs. Each contender's figure is its best run:
 what else the machine does can only add time to a run, never take it away, so the fastest
 of several is the steadiest estimate of the code's own cost (as ``timeit`` reports). The
-per-step ratio (e) is also given as the median over repeats of each pair of runs side by side:
-
+per-step ratio (e) is also given as the median over repeats of each pair of runs side by side.
+It measures:
 
   (a) the project's own training path: the Trainer, callbacks and logging that
       `train.py` (the project's KitCLI) builds from the same arguments;
