@@ -15,7 +15,6 @@ A project subclasses ``KitCLI`` with its classes and defaults, and runs it with 
 project that has no ``KitCLI`` of its own.
 """
 
-import inspect
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from .accelerators import check_accelerator
-from .arguments import RUN, TRAINER, Arguments
+from .arguments import Arguments
 from .callbacks import (
     BestCheckpoint,
     BestEpoch,
@@ -42,7 +41,6 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
-from .errors import ConfigError
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
@@ -55,7 +53,13 @@ from .evaluation import (
     split_run_configs,
 )
 from .messages import errors_as_messages, report, silence_the_unactionable
-from .parser import CheckedInstantiator, HelpFormatter, KitArgumentParser
+from .parser import (
+    CheckedInstantiator,
+    HelpFormatter,
+    KitArgumentParser,
+    check_given_against_data,
+    check_run_arguments,
+)
 from .placement.explain import count_as_user_code
 from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
@@ -159,7 +163,7 @@ class KitCLI(LightningCLI):
             config = self.config[subcommand]
         if subcommand in EVALUATIONS:
             check_evaluation(subcommand, config, args)
-        _check_run_arguments(config)  # before LightningCLI seeds with them
+        check_run_arguments(config)  # before LightningCLI seeds with them
 
     def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
         """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
@@ -233,7 +237,7 @@ class KitCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.trainer.accelerator == SIMULATED:  # a failure on it names the line in the project's own files
             count_as_user_code(self.model, self.datamodule)
-        _check_given_against_data(config, self.datamodule, self.model, self.data_links)
+        check_given_against_data(config, self.datamodule, self.model, self.data_links)
         if self._trained is not None:
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
@@ -262,32 +266,6 @@ class KitCLI(LightningCLI):
             # Without a monitored metric there is no best: the checkpoint named is the latest.
             report(f"{'best ' if getattr(judge, 'monitor', None) else 'latest '}checkpoint: {judge.best_model_path}")
             report(f"run folder: {log_dir}")
-
-
-def _check_run_arguments(config) -> None:
-    """The Trainer's arguments and the seed, each against what it accepts (``arguments.TRAINER``, ``arguments.RUN``)."""
-    TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
-    if "seed_everything" in config:
-        RUN.check({"seed_everything": config.seed_everything})
-
-
-def _check_given_against_data(config, datamodule, model: L.LightningModule, data_links: dict[str, str]) -> None:
-    """A value given for an argument the data sets (``KitCLI.data_links``) that differs from the data's stops the run.
-
-    The link would replace it without a word: ``--model.net.init_args.image_size 64`` would train at
-    the data's 32. Given means set to other than the class's default, by a flag or a --config file.
-    """
-    for target, source in data_links.items():
-        given, data_value = config.get(target), getattr(datamodule, source, None)
-        owner = type(model.net) if target.startswith("model.net.") else type(model)
-        default = inspect.signature(owner).parameters.get(target.rpartition(".")[2])
-        if given is None or data_value is None or given == data_value or (default and given == default.default):
-            continue
-        data_flag = f"--data.{source}" if source in inspect.signature(type(datamodule)).parameters else None
-        raise ConfigError(
-            f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
-            + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
-        )
 
 
 def _without_print_config(args: list[str]) -> list[str] | None:

@@ -4,16 +4,20 @@
   accepts and what was given, instead of the usage and a nest of alternatives;
 - ``HelpFormatter``: ``--data`` and ``--model.net`` list the project's classes, not every one imported;
 - ``CheckedInstantiator``: builds a class after holding its arguments against its table
-  (``KitCLI.argument_tables``), so a plain ``nn.Module`` network needs no checks of its own.
+  (``KitCLI.argument_tables``), so a plain ``nn.Module`` network needs no checks of its own;
+- ``check_run_arguments`` and ``check_given_against_data``: what ``KitCLI`` checks of a parsed
+  configuration, the Trainer's arguments and the seed, then each value the data sets.
 """
 
 import inspect
 from typing import ClassVar
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
-from .arguments import Arguments
+from .arguments import RUN, TRAINER, Arguments
+from .errors import ConfigError
 from .messages import one_line
 
 
@@ -69,3 +73,29 @@ class KitArgumentParser(LightningArgumentParser):
             super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
+
+
+def check_run_arguments(config) -> None:
+    """The Trainer's arguments and the seed, each against what it accepts (``arguments.TRAINER``, ``arguments.RUN``)."""
+    TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
+    if "seed_everything" in config:
+        RUN.check({"seed_everything": config.seed_everything})
+
+
+def check_given_against_data(config, datamodule, model: LightningModule, data_links: dict[str, str]) -> None:
+    """A value given for an argument the data sets (``KitCLI.data_links``) that differs from the data's stops the run.
+
+    The link would replace it without a word: ``--model.net.init_args.image_size 64`` would train at
+    the data's 32. Given means set to other than the class's default, by a flag or a --config file.
+    """
+    for target, source in data_links.items():
+        given, data_value = config.get(target), getattr(datamodule, source, None)
+        owner = type(model.net) if target.startswith("model.net.") else type(model)
+        default = inspect.signature(owner).parameters.get(target.rpartition(".")[2])
+        if given is None or data_value is None or given == data_value or (default and given == default.default):
+            continue
+        data_flag = f"--data.{source}" if source in inspect.signature(type(datamodule)).parameters else None
+        raise ConfigError(
+            f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
+            + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
+        )
