@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine with Python 3 and make:
 #   make demo   bake a project with the defaults, install it with the library, and train it on offline synthetic data
-#   make test   run the library's test suite and the template's, side by side
+#   make test   run the library's test suite, then the template's
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,7 @@ LIBRARY := lightning-kit
 DEMO_DIR := build/demo
 DEMO_PROJECT := $(DEMO_DIR)/vision_project
 
-.PHONY: demo test test-library test-template lint clean
+.PHONY: demo test lint clean
 
 # The pinned test environment, and the library from this checkout, editable: its tests and the template's
 # import it, and a baked project's requirement of it (the folder beside the template) is met by it.
@@ -33,18 +33,14 @@ demo: $(STAMP)
 	cd $(DEMO_PROJECT) && $(abspath $(BIN))/python train.py --config configs/synthetic.yaml --accelerator cpu
 
 # The library's suite (lightning-kit/tests, with its own conftest and settings) and the template's (tests/).
-# pytest takes one rootdir and one conftest.py per folder name: two sessions, each under its own pyproject.toml.
-# They run side by side (make -j2), since neither keeps both cores busy alone (the template's waits on pip's
-# disk writes); each one's output is printed whole when it ends (--output-sync), and make fails if either fails.
+# pytest takes one rootdir and one conftest.py per folder name: two sessions, one after the other, so each
+# suite runs under its own pyproject.toml; the second runs even when the first fails, and make fails if either does.
 test: $(STAMP)
-	@echo "make test: the library's suite and the template's run side by side; each prints its report when it ends"
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-library test-template
-
-test-library: $(STAMP)
-	cd $(LIBRARY) && $(abspath $(BIN))/python -m pytest -n auto --dist worksteal --durations=15 tests
-
-test-template: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist worksteal --durations=15 tests
+	cd $(LIBRARY) && $(abspath $(BIN))/python -m pytest -n auto --dist worksteal --durations=15 tests; \
+	  library=$$?; \
+	  cd .. && $(BIN)/python -m pytest -n auto --dist worksteal --durations=15 tests; \
+	  template=$$?; \
+	  test $$library -eq 0 && test $$template -eq 0
 
 lint: $(STAMP)
 	$(BIN)/ruff check hooks tests $(LIBRARY)
