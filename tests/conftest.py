@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -15,6 +16,11 @@ import pytest
 import tomllib
 
 TEMPLATE = Path(__file__).resolve().parents[1]
+
+# Every process the tests start (baked projects' suites and trainings, installs, torchrun's nodes) inherits this:
+# PyTorch's operations on one thread each. Several run at once, on small networks; with a thread per core in each,
+# OpenMP's threads spin waiting for cores the others hold (lightning-kit/tests/conftest.py has the measurement).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Every wall-clock limit in these tests (`from conftest import HANG_GUARD_S`) guards against a
 # hang and judges no speed: a busy machine makes the tests slower, never wrong. The slowest single
@@ -234,23 +240,47 @@ def fresh_venv_folder(tmp_path_factory) -> Path:
     return shared_folder(tmp_path_factory) / "fresh-venv"
 
 
+def build_once(folder: Path) -> None:
+    """Build the session's fresh environment in ``folder``, unless a process of this session built it (or failed
+    to: then ``.failed`` beside it says why). Holds the lock while it builds: a test waits for it there."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    record, failed = folder.with_suffix(".json"), folder.with_suffix(".failed")
+    with exclusive(folder.with_suffix(".lock")):
+        if record.exists() or failed.exists():
+            return
+        try:
+            state = build_fresh_venv(folder)
+        except BaseException as err:  # the tests that need it fail with this; nothing else stops
+            failed.write_text(f"{type(err).__name__}: {err}")
+            return
+        record.write_text(json.dumps(asdict(state)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fresh_venv_in_the_background(request, fresh_venv_folder: Path) -> Iterator[None]:
+    """Start building the fresh environment at the session's start, in a thread, when a test selected needs it.
+
+    The build takes minutes, most of them pip writing torch to disk, which the other tests' CPU overlaps; the tests
+    that need it come to it built, instead of one building it while the others wait."""
+    builder = None
+    if any("fresh_venv" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        builder = threading.Thread(target=build_once, args=(fresh_venv_folder,), name="fresh-venv", daemon=True)
+        builder.start()
+    yield
+    if builder is not None:
+        builder.join(HANG_GUARD_S)
+
+
 @pytest.fixture
 def fresh_venv(fresh_venv_folder: Path) -> Iterator[FreshVenv]:
     """The session's one fresh environment, held by this test alone (across xdist workers) while it runs.
 
-    The first test to ask builds it (2 to 3 minutes: every dependency installed from the index);
-    the others, in any worker, wait for it and reuse it. A build that failed fails them all at once.
+    Built in the background from the session's start (2 to 3 minutes: every dependency installed from the index);
+    each test that asks waits for it and reuses it. A build that failed fails them all at once.
     """
-    fresh_venv_folder.parent.mkdir(parents=True, exist_ok=True)
+    build_once(fresh_venv_folder)
     record, failed = fresh_venv_folder.with_suffix(".json"), fresh_venv_folder.with_suffix(".failed")
     with exclusive(fresh_venv_folder.with_suffix(".lock")):
         if failed.exists():
             pytest.fail(f"the fresh environment could not be built:\n{failed.read_text()}")
-        if not record.exists():
-            try:
-                state = build_fresh_venv(fresh_venv_folder)
-            except BaseException as err:
-                failed.write_text(str(err))
-                raise
-            record.write_text(json.dumps(asdict(state)))
         yield FreshVenv(**json.loads(record.read_text()))
