@@ -33,11 +33,12 @@ from PIL import Image
 from sequence_project.cli import ProjectCLI as SequenceCLI
 from sequence_project.cli import main as train_sequence
 
+from lightning_kit.cli import GenericCLI
 from lightning_kit.export import IMAGES, TOKENS
 from lightning_kit.export import main as export
 from lightning_kit.serve import read_model
+from lightning_kit.serve.command import GENERIC_COMMAND, model_file, parser
 from lightning_kit.serve.command import main as serve
-from lightning_kit.serve.command import model_file, parser
 
 pytest.importorskip("litserve", reason='serving needs LitServe: pip install -e ".[serve]"')
 
@@ -589,3 +590,33 @@ def test_the_projects_serve_command_exports_its_checkpoint_in_a_fresh_process(ex
         )
     assert "to serve it" in done.stdout, done.stderr[-3000:]
     assert done.returncode == 1 and done.stderr.strip().startswith(f"error: --port {port} on 127.0.0.1"), done.stderr
+
+
+# What a server's processes import: the command (``python -m lightning_kit.serve``, which each model process
+# spawned imports again), the API a model process unpickles, and what the HTTP servers read requests with.
+SERVER_IMPORTS = """
+import sys
+from lightning_kit.serve.command import main
+from lightning_kit.serve.api import Classifier
+from lightning_kit.serve.inputs import InputReader
+from lightning_kit.serve import read_model
+read_model(sys.argv[1])
+heavy = ("lightning.pytorch", "lightning.fabric", "torchmetrics", "torchvision")
+print(sorted(name for name in heavy if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
+def test_serving_a_model_file_imports_no_lightning(exported):
+    """A model file is served with PyTorch and LitServe alone: no Lightning, torchmetrics or torchvision is imported
+    (each process of the server starts in about half the time); ``--ckpt_path`` brings them in, to export."""
+    done = subprocess.run(
+        [sys.executable, "-c", SERVER_IMPORTS, str(exported.folder / "model.pt2")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    assert GenericCLI.command == GENERIC_COMMAND  # what --help names, written down without importing the command line

@@ -5,7 +5,6 @@ import importlib.util
 import torch
 
 from .errors import ConfigError, UserError
-from .placement.lightning import SIMULATED
 
 
 class NoGPUError(UserError):
@@ -24,6 +23,10 @@ def check_accelerator(trainer) -> None:
             f"--accelerator {accelerator} was requested but no CUDA GPU was found on this machine. "
             "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
         )
+    if accelerator in ("cpu", "gpu", "cuda", "auto"):
+        return  # nothing more to check: the server's choices, checked without importing Lightning
+    from .placement.lightning import SIMULATED  # registers the simulated GPU with Lightning
+
     if accelerator == SIMULATED:
         _check_simulated(trainer)
     # Software missing would stop the run with a traceback from deep in Lightning.
@@ -40,6 +43,6 @@ def _check_simulated(trainer) -> None:
     """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
     if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
         raise SimulatedGPUError(
-            f"--accelerator {SIMULATED} runs one process on one simulated GPU: leave --devices, --num_nodes and "
-            "--strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
+            f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
+            "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
         )

@@ -57,10 +57,10 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from PIL import Image
 from torch import nn
 
-from .cli import GenericCLI, KitCLI, build_all, invoked_as
+from .cli import GenericCLI, KitCLI, build_all
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
-from .errors import UserError
+from .errors import UserError, invoked_as
 from .messages import errors_as_messages
 
 # Callbacks that end training early: they would stop a run before its timed steps.

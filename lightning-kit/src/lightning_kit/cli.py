@@ -291,13 +291,6 @@ class GenericCLI(KitCLI):
     command = "python -m lightning_kit"
 
 
-def invoked_as(default: str) -> str:
-    """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
-    (a project's ``python -m my_project.placement``), else ``default``."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
-
-
 def expand_shortcuts(args: list[str]) -> list[str]:
     """Expand ``--<shortcut>`` to ``--trainer.<shortcut>``, in both ``--flag value`` and ``--flag=value`` forms."""
     expanded = []

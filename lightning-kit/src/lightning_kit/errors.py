@@ -1,9 +1,22 @@
 """Mistakes a user can fix: the command line shows each as one line, ``error: ...``, not a traceback."""
 
+import sys
+
 
 class UserError(Exception):
     """Something the user can fix: a flag, a file, the data or the machine. Its message says what and how."""
 
 
+class DataUnavailableError(UserError):
+    """The configured data set is not on disk and could not be fetched."""
+
+
 class ConfigError(UserError, ValueError):
     """An argument's value is outside what is accepted; the message names the flag and the accepted range."""
+
+
+def invoked_as(default: str) -> str:
+    """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
+    (a project's ``python -m my_project.placement``), else ``default``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default

@@ -32,18 +32,14 @@ import yaml
 from torch import nn
 
 from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint, written_whole
-from .cli import GenericCLI, KitCLI, build, expand_shortcuts, invoked_as
-from .errors import ConfigError, UserError
+from .cli import GenericCLI, KitCLI, build, expand_shortcuts
+from .errors import ConfigError, UserError, invoked_as
 from .files import check_output_file
+from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TOKENS
 from .trust import check_trusted, read_config, trust_modules
 
 # What of a run's config.yaml builds its model and data.
 RUN_SETTINGS = ("seed_everything", "model", "data")
-CLASS_NAMES_FILE = "class_names.json"
-INPUT_FILE = "input.json"
-# The kinds of input an exported file takes (``INPUT_FILE``'s "kind"), decided by the data module.
-IMAGES = "images"  # uint8 (batch, 3, image_size, image_size): the data module has an image_size
-TOKENS = "tokens"  # int64 (batch, length), ids in [0, vocab_size): the data module has a seq_len and a vocab_size
 # The fewest tokens an exported sequence model takes: torch.export makes a dimension of 0 or 1 a constant.
 FEWEST_TOKENS = 2
 

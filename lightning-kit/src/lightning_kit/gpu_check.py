@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
-from .cli import GenericCLI, KitCLI, invoked_as
-from .errors import UserError
+from .cli import GenericCLI, KitCLI
+from .errors import UserError, invoked_as
 
 # The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
 LIBRARY = Path(__file__).resolve().parents[2]

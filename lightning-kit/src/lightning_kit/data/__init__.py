@@ -4,8 +4,23 @@
 - ``fold_split`` and ``FOLD_ARGUMENTS``: stratified, disjoint folds chosen by the seed (``folds``);
 - ``ImageFolderDataModule``: a folder per class of your images, decoded once and cached (``folders``),
   with the listing (``image_files``), decoding (``image_decoding``) and on-device augmentation (``augment``).
+
+Each name here is imported when first used: a server decodes images with ``image_decoding`` without Lightning.
 """
 
-from .memory import DataUnavailableError, InMemoryDataModule, InMemoryDataset
+import importlib
+from typing import Any
 
-__all__ = ["DataUnavailableError", "InMemoryDataModule", "InMemoryDataset"]
+_PUBLIC = {
+    "DataUnavailableError": "lightning_kit.errors",
+    "InMemoryDataModule": "lightning_kit.data.memory",
+    "InMemoryDataset": "lightning_kit.data.memory",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -5,12 +5,12 @@ from pathlib import Path
 import torch
 
 from ..arguments import BATCH_SIZE, BOOLEAN, FRACTION, SEED, WORKERS, Arguments, FitsInMemory, integer
-from ..errors import ConfigError
+from ..errors import ConfigError, DataUnavailableError
 from .folds import FOLD_ARGUMENTS, fold_rules, fold_split
 from .image_decoding import channel_stats, load_images
 from .image_files import ImageFiles, find_classes, list_labelled_images
 from .image_splits import ImageSplits, check_decoded_size, decoded_bytes
-from .memory import DataUnavailableError, InMemoryDataset
+from .memory import InMemoryDataset
 
 SPLIT_FOLDERS = ("train", "val", "test")
 

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataUnavailableError
 from ..files import NotAFileError, open_regular
 from .image_files import SHOWN_UNREADABLE, report_once
-from .memory import DataUnavailableError
 
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
 CACHE_FORMAT = 2

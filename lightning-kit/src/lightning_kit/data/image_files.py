@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from lightning.pytorch.utilities import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only
 
+from ..errors import DataUnavailableError
 from ..files import kind_of, open_regular
-from .memory import DataUnavailableError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LIST_SUFFIX = ".txt"
@@ -301,8 +301,11 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
     return tuple(files)
 
 
-@rank_zero_only
 def report_once(line: str) -> None:
-    """Print ``line`` from the first process only: the others of a DDP run list and read the same files."""
-    sys.stdout.write(f"{line}\n")
-    sys.stdout.flush()
+    """Print ``line`` from the first process only: the others of a DDP run list and read the same files.
+
+    The rank is Lightning's own (``rank_zero_only.rank``, which Lightning sets); a process without Lightning,
+    a server decoding images, is the only one."""
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()

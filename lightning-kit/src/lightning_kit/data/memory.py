@@ -7,12 +7,6 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from ..errors import UserError
-
-
-class DataUnavailableError(UserError):
-    """The configured data set is not on disk and could not be fetched."""
-
 
 class InMemoryDataset(TensorDataset):
     """Tensors indexed along their first dimension, a whole batch per call.

@@ -12,7 +12,8 @@ stage during which the audit's process died: the stages run in a forked copy of 
 import sys
 from typing import Any
 
-from ..cli import GenericCLI, KitCLI, build_all, invoked_as
+from ..cli import GenericCLI, KitCLI, build_all
+from ..errors import invoked_as
 from .audit import run_audit
 from .simulated import SimulationUnavailableError
 from .verdict import EXIT_PASSED, EXIT_USAGE

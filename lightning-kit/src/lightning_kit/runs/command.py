@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, invoked_as
 from ..files import check_output_file
 from ..run_record import ENDINGS, RUNNING
 from .curves import plot_curves
@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
     """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
     parser = _Parser(
-        prog=prog or _invoked_as("python -m lightning_kit.runs"),
+        prog=prog or invoked_as("python -m lightning_kit.runs"),
         description="List the runs below FOLDER: status, the settings that differ, best and test metrics, checkpoint.",
     )
     parser.add_argument("folder", nargs="?", default="runs", metavar="FOLDER", help="where to look (default: runs)")
@@ -117,13 +117,6 @@ def _sweep_plots(path: Path, sweeps) -> list:
         for sweep in sweeps
         if sweep.study is not None
     ]
-
-
-def _invoked_as(default: str) -> str:
-    """``lightning_kit.cli.invoked_as``, here without importing the command line (and with it PyTorch): how this
-    process's command was typed, ``python -m <module>`` when run with ``-m``, else ``default``."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
 
 
 def _sort_values(args: list[str]) -> list[str]:

@@ -31,7 +31,7 @@ from PIL import Image
 
 from ..data.image_decoding import decode_image
 from ..errors import UserError
-from ..export import IMAGES
+from ..model_format import IMAGES
 from .api import cpu_threads
 from .model_file import ModelInfo, load_program
 

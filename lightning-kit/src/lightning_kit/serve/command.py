@@ -15,6 +15,8 @@ Until it is ready it says what it is doing (reading the model file, checking it,
 workers), then prints ``ready``. Needs the ``serve`` extra: ``pip install -e ".[serve]"``.
 """
 
+from __future__ import annotations
+
 import argparse
 import asyncio
 import contextlib
@@ -32,14 +34,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from ..accelerators import check_accelerator
-from ..checkpoints import latest_checkpoint
-from ..cli import GenericCLI, KitCLI, expand_shortcuts, invoked_as
-from ..errors import ConfigError
-from ..export import IMAGES, export, load_trained
-from ..messages import errors_as_messages
-from .model_file import EXPORT_COMMAND, ModelInfo, read_model
+from ..errors import ConfigError, UserError, invoked_as
+from ..model_format import EXPORT_COMMAND, IMAGES
+from ..passwords import scrubbed
+from .model_file import ModelInfo, read_model
+
+# Serving a model file needs PyTorch and LitServe, not Lightning, so it is not imported then: the server, and each
+# of its model processes, starts in about half the time. Lightning and a command line come with --ckpt_path.
+if TYPE_CHECKING:
+    from ..cli import KitCLI
+
+# The library's own command line (``GenericCLI.command``), which builds the model of a checkpoint by default.
+GENERIC_COMMAND = "python -m lightning_kit"
 
 # Measured with --bench on 2 CPU cores (README, "Serving the model"): an idle request waits the whole timeout
 # for its batch to fill (p50 10 ms at 2 or 5 ms, 16 ms at 10 ms); at concurrency 32, waiting 10 ms made batches
@@ -63,7 +72,7 @@ _STOP_S = 2 * GRACE_S
 
 
 def parser(
-    prog: str | None = None, export_command: str = EXPORT_COMMAND, train_command: str = GenericCLI.command
+    prog: str | None = None, export_command: str = EXPORT_COMMAND, train_command: str = GENERIC_COMMAND
 ) -> argparse.ArgumentParser:
     """The command's options; ``prog`` names it, ``export_command`` the command that writes its model files and
     ``train_command`` the command line that builds the model of a checkpoint (``--ckpt_path``)."""
@@ -136,16 +145,17 @@ def _bounded(kind, low, high=None, low_open=False):
     return convert
 
 
-def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
+def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, prog: str | None = None) -> None:
     """Serve the model file ``args`` name, or the checkpoint of ``--ckpt_path`` exported by ``cli_class`` (the
     project's ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the
     command in messages."""
-    export_command = export_command_of(cli_class)
-    options = parser(prog, export_command, cli_class.command)
+    export_command = EXPORT_COMMAND if cli_class is None else export_command_of(cli_class)
+    train_command = GENERIC_COMMAND if cli_class is None else cli_class.command
+    options = parser(prog, export_command, train_command)
     known, rest = options.parse_known_args(args)
     if rest and known.ckpt_path is None:
         given = " ".join(rest)
-        options.error(f"unrecognized arguments: {given} ({cli_class.command}'s arguments go with --ckpt_path only)")
+        options.error(f"unrecognized arguments: {given} ({train_command}'s arguments go with --ckpt_path only)")
     if (known.model is None) == (known.ckpt_path is None):
         options.error("give the model file or --ckpt_path, one of the two")
     if known.batch_timeout >= known.timeout:
@@ -158,7 +168,13 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         import python_multipart  # noqa: F401  (reads the forms that images come in)
     except ImportError as err:
         sys.exit(f'error: serving needs {err.name}, which is not installed: pip install -e ".[serve]"')
-    with errors_as_messages():
+    if known.ckpt_path is None:
+        handled = _one_line_errors()
+    else:  # a checkpoint is exported first: a run's errors, as train.py says them
+        from ..messages import errors_as_messages
+
+        handled = errors_as_messages()
+    with handled:
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
         with model_file(known, rest, cli_class) as path:
             say(f"reading {path} and checking it{_size(path)}")
@@ -172,6 +188,16 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
                 return
             check_port_free(known.host, known.port)
             serve(known, model)
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A mistake in the model file or the flags as one line, the password of none shown (``messages``'
+    ``errors_as_messages`` knows a run's errors too, and imports Lightning): the server's own errors are bugs."""
+    try:
+        yield
+    except UserError as err:
+        sys.exit(scrubbed(f"error: {err}"))
 
 
 def say(line: str) -> None:
@@ -215,12 +241,17 @@ def export_command_of(cli_class: type[KitCLI]) -> str:
 
 
 @contextmanager
-def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCLI] = GenericCLI) -> Iterator[Path]:
-    """The model file to serve: the one given, or ``--ckpt_path`` exported (its model built by ``cli_class``) into
-    a temporary folder."""
+def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCLI] | None = None) -> Iterator[Path]:
+    """The model file to serve: the one given, or ``--ckpt_path`` exported (its model built by ``cli_class``, by
+    default ``GenericCLI``) into a temporary folder."""
     if known.model is not None:
         yield Path(known.model)
         return
+    from ..checkpoints import latest_checkpoint
+    from ..cli import GenericCLI, expand_shortcuts
+    from ..export import export, load_trained
+
+    cli_class = cli_class or GenericCLI
     last = known.ckpt_path == "last"
     ckpt_path = latest_checkpoint(Path("runs/lightning_logs")) if last else Path(known.ckpt_path)
     trained, datamodule = load_trained(ckpt_path, expand_shortcuts(rest), cli_class)

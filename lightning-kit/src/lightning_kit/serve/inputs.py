@@ -21,7 +21,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from ..data.image_decoding import ImageTooLargeError, UnreadableImageError, decode_image
-from ..export import IMAGES, TOKENS
+from ..model_format import IMAGES, TOKENS
 from .model_file import ModelInfo
 
 # What POST /predict takes, for each kind of model: an image file as the body, or a multipart form holding

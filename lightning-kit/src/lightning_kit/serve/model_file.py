@@ -34,12 +34,9 @@ from pathlib import Path
 import torch
 from torch.export import ExportedProgram
 
-from ..export import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TOKENS
 from ..files import NotAFileError, open_regular
+from ..model_format import CLASS_NAMES_FILE, EXPORT_COMMAND, IMAGES, INPUT_FILE, TOKENS
 from .archive import ModelFileError, stored_copy
-
-# The command that writes model files, named in messages (a project's server names its own, ``<package>.export``).
-EXPORT_COMMAND = "python -m lightning_kit.export"
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all, invoked_as
-from ..errors import ConfigError
+from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all
+from ..errors import ConfigError, invoked_as
 from ..messages import errors_as_messages, report
 from ..passwords import scrubbed, shown_command
 from ..placement.lightning import simulated_run
