@@ -14,9 +14,12 @@ from urllib.parse import quote
 
 import pytest
 from conftest import HANG_GUARD_S, _free_port, postgres_server
+from image_project.cli import ProjectCLI
 
 from lightning_kit import passwords
 from lightning_kit.run_record import started_record
+from lightning_kit.runs.command import main as runs_main
+from lightning_kit.sweep.command import main as sweep_main
 
 # A password with each character a URL treats specially; either token gives it away, in any encoding.
 PASSWORD = "Hush@42:/%Kx9q"
@@ -142,6 +145,25 @@ def test_a_sweep_and_its_table_show_and_store_no_password(password_server, tmp_p
     assert (tmp_path / "runs" / "sweeps" / "lr" / "trial_0000" / "run.json").is_file()
 
 
+def run_in_process(main, args: list[str], capfd: pytest.CaptureFixture) -> tuple[object, str]:
+    """``main(args)`` in this process, as a fresh one would run it (no password remembered from before): its exit
+    code or message (0 when it returns) and everything it printed, on stdout and stderr, at the descriptors."""
+    passwords._remembered.clear()
+    capfd.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    printed = capfd.readouterr()
+    return code, printed.out + printed.err
+
+
+def sweep(args: list[str]) -> None:
+    """``python -m image_project.sweep args``."""
+    sweep_main(args, cli_class=ProjectCLI)
+
+
 @pytest.mark.parametrize(
     ("storage", "said"),
     [
@@ -153,43 +175,45 @@ def test_a_sweep_and_its_table_show_and_store_no_password(password_server, tmp_p
     ],
 )
 def test_a_store_that_fails_ends_in_one_line_without_the_password(
-    password_server, tmp_path, short_trials, storage, said
+    password_server, in_tmp_path, capfd, short_trials, storage, said
 ):
     """A wrong password, a closed port (of this host), a driver not installed, a URL that does not parse, and a
-    password with an unescaped '@': one line naming --storage, the password hidden, nothing written."""
+    password with an unescaped '@': one line naming --storage, the password hidden, nothing written.
+
+    In this process (the sweep in a process of its own, with its password, is the test above): what is checked is
+    the message and what was printed and written, all of it the sweep's own."""
     if storage == "wrong password":
         storage = password_server[1]
     storage = storage.replace("{closed}", str(_free_port()))
-    (tmp_path / "lr.yaml").write_text("model.lr: [0.001]\n")
-    failed = run_module(
-        tmp_path, "image_project.sweep", "--space", "lr.yaml", "--trials", "1", "--storage", storage, *short_trials
-    )
-    message = failed.stderr.strip()
-    assert failed.returncode == 1 and message.startswith("error: --storage ") and said in message, message
-    assert "\n" not in message, message
-    assert not leaked(failed.stdout + failed.stderr), message
-    assert files_leaking(tmp_path) == []
+    (in_tmp_path / "lr.yaml").write_text("model.lr: [0.001]\n")
+    args = ["--space", "lr.yaml", "--trials", "1", "--storage", storage, *short_trials]
+    message, printed = run_in_process(sweep, args, capfd)
+    assert isinstance(message, str), (message, printed)
+    assert message.startswith("error: --storage ") and said in message, message
+    assert "\n" not in message and printed.strip() == "", (message, printed)
+    assert not leaked(message), message
+    assert files_leaking(in_tmp_path) == []
     # The table of a sweep folder whose study is in that store: a note, the password hidden.
-    listed = tmp_path / "listed" / "sweeps" / "lr"
+    listed = in_tmp_path / "listed" / "sweeps" / "lr"
     (listed / "trial_0000").mkdir(parents=True)
     (listed / "study.json").write_text('{"study_name": "lr", "storage": "the team\'s server"}')
     (listed / "trial_0000" / "config.yaml").write_text("model:\n  lr: 0.001\n")
     (listed / "trial_0000" / "run.json").write_text('{"status": "finished", "started": "2026-12-01T10:00:00+00:00"}')
-    table = run_module(tmp_path, "lightning_kit.runs", "listed", "--storage", storage, "--csv", "listed.csv")
-    assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
-    assert "note: " in table.stdout and "postgresql+" in table.stdout, table.stdout
-    assert not leaked(table.stdout + table.stderr), table.stdout + table.stderr
-    assert files_leaking(tmp_path / "listed") == [] and not leaked((tmp_path / "listed.csv").read_text())
+    code, printed = run_in_process(runs_main, ["listed", "--storage", storage, "--csv", "listed.csv"], capfd)
+    assert code == 0 and "Traceback" not in printed, printed
+    assert "note: " in printed and "postgresql+" in printed, printed
+    assert not leaked(printed), printed
+    assert files_leaking(in_tmp_path / "listed") == [] and not leaked((in_tmp_path / "listed.csv").read_text())
 
 
-def test_a_sqlite_store_with_a_secret_in_its_query_records_none(tmp_path, short_trials):
+def test_a_sqlite_store_with_a_secret_in_its_query_records_none(in_tmp_path, capfd, short_trials):
     """SQLite takes no password, but a URL can still carry one in its query: study.json and run.json hold none."""
-    storage = f"sqlite:///{tmp_path / 'shared.db'}?password=HushKx9q"
-    (tmp_path / "lr.yaml").write_text("model.lr: [0.001]\n")
-    sweep = run_module(
-        tmp_path, "image_project.sweep", "--space", "lr.yaml", "--trials", "1", "--storage", storage, *short_trials
+    storage = f"sqlite:///{in_tmp_path / 'shared.db'}?password=HushKx9q"
+    (in_tmp_path / "lr.yaml").write_text("model.lr: [0.001]\n")
+    code, printed = run_in_process(
+        sweep, ["--space", "lr.yaml", "--trials", "1", "--storage", storage, *short_trials], capfd
     )
-    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
-    assert not leaked(sweep.stdout + sweep.stderr)
-    assert files_leaking(tmp_path) == []
-    assert "password=***" in (tmp_path / "runs" / "sweeps" / "lr" / "study.json").read_text()
+    assert code == 0, printed
+    assert not leaked(printed)
+    assert files_leaking(in_tmp_path) == []
+    assert "password=***" in (in_tmp_path / "runs" / "sweeps" / "lr" / "study.json").read_text()
