@@ -13,12 +13,10 @@ DEMO_PROJECT := $(DEMO_DIR)/vision_project
 
 # The pinned test environment, and the library from this checkout, editable: its tests and the template's
 # import it, and a baked project's requirement of it (the folder beside the template) is met by it.
-# --no-compile: Python compiles the modules a process imports as it first imports them, instead of pip
-# compiling all of torch's at install (about a minute).
 $(STAMP): requirements-test.txt $(LIBRARY)/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements-test.txt
+	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e ./$(LIBRARY)
 	touch $(STAMP)
 

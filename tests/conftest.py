@@ -166,9 +166,6 @@ class FreshVenv:
             "GIT_CONFIG_NOSYSTEM": "1",
             "VIRTUAL_ENV": self.folder,
             "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
-            # pip compiles every module it installs (torch's thousands: a minute of the build); Python compiles
-            # the few a process imports when it first imports them. What is installed, and from where, is the same.
-            "PIP_NO_COMPILE": "1",
         }
 
     def run(self, *command: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
