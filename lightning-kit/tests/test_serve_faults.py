@@ -1,5 +1,6 @@
 """The server under faults: hostile model files read with bounds, claims checked against the program, numeric
-flags refused in one line, and a SIGTERM that answers every request the server had taken.
+flags refused in one line, a SIGTERM that answers every request the server had taken, and a SIGTERM at any moment
+of the start-up that stops it.
 
 The model files here are exported from a small network with the library's own ``export`` (no training): what
 is tested is the reading of the file and the server, not what the network learned.
@@ -8,6 +9,7 @@ is tested is the reading of the file and the server, not what the network learne
 import http.client
 import io
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -398,3 +400,61 @@ def test_the_server_says_what_it_does_until_it_is_ready(model_path):
     assert lines[1].startswith("checked model.pt2: a model of images, resized to 32x32, answering 10 classes")
     assert lines[2].startswith("starting 1 model worker on cpu")
     assert lines[3] == f"ready: serving model.pt2 at http://127.0.0.1:{port}/predict"
+
+
+def sessions_live_processes(session: int) -> list[str]:
+    """The processes of ``session`` (a process group leader's pid) that have not exited: ``pid command`` each."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it exited meanwhile
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == session:  # fields: state, ppid, pgrp, session, ...
+            found.append(f"{stat.parent.name} {name}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the processes of a session from /proc")
+def test_a_sigterm_at_any_moment_of_the_start_up_stops_the_server_and_every_process_it_started(model_path):
+    """SIGTERM from the moment the server says it starts its workers until it is ready: it stops with 0, says so,
+    never goes on to serve, and leaves no process running.
+
+    The handler once raised KeyboardInterrupt in the main thread wherever it was: inside a finalizer, it was
+    dropped (the server went on to serve and ignored SIGTERM); inside LitServe's start-up, the process died of it.
+    """
+    for delay in (0.0, 0.003, 0.008, 0.02, 0.2):
+        port = free_port()
+        log_path = model_path.parent / f"early-{port}.log"
+        with log_path.open("wb") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port)],
+                cwd=model_path.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its processes are found by the session
+            )
+        try:
+            deadline = time.monotonic() + HANG_GUARD_S
+            while "starting" not in log_path.read_text() and server.poll() is None:
+                assert time.monotonic() < deadline, "the server never said it was starting"
+                time.sleep(0.001)
+            time.sleep(delay)
+            server.send_signal(signal.SIGTERM)
+            status = server.wait(HANG_GUARD_S)
+            while left := sessions_live_processes(server.pid):
+                assert time.monotonic() < deadline, f"processes the server started still run after it: {left}"
+                time.sleep(0.05)
+        finally:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+        lines = log_path.read_text(errors="replace").splitlines()
+        assert status == 0, (delay, lines)
+        assert "Traceback" not in lines and not any("Exception ignored" in line for line in lines), (delay, lines)
+        stopping = lines.index("stopping: answering the requests taken, refusing new connections")
+        assert not any(line.startswith("ready") for line in lines[stopping:]), (delay, lines)
+        assert lines[-1] == "stopped serving model.pt2", (delay, lines)

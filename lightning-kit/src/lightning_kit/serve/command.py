@@ -18,18 +18,12 @@ workers), then prints ``ready``. Needs the ``serve`` extra: ``pip install -e ".[
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import importlib.util
 import logging
 import math
-import multiprocessing
-import os
-import signal
 import socket
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +35,7 @@ from ..errors import ConfigError, UserError, invoked_as
 from ..model_format import EXPORT_COMMAND, IMAGES
 from ..passwords import scrubbed
 from .model_file import ModelInfo, read_model
+from .stopping import GRACE_S, Stopper, say
 
 # Serving a model file needs PyTorch and LitServe, not Lightning, so it is not imported then: the server, and each
 # of its model processes, imports in about 4 CPU-s instead of 6.5. Lightning and a command line come with --ckpt_path.
@@ -59,16 +54,8 @@ MAX_BODY_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 50_000_000  # a 50-megapixel photo; a larger image is refused from its header
 # LitServe answers at these addresses only; ports below 1024 need root.
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
-# How long the HTTP servers may take to answer the requests in flight after SIGTERM, beyond --timeout (by then
-# LitServe has answered each one still waiting with its 504).
-GRACE_S = 30
-# After SIGTERM, how long a connection just taken has to send its request before it is closed unanswered.
-REQUEST_START_S = 0.5
 # The most --timeout and --batch_timeout may be: a day.
 MAX_SECONDS = 86_400
-# The process that runs the server: SIGTERM there stops it (see _answer_then_stop), within _STOP_S seconds.
-_SERVER_PID = None
-_STOP_S = 2 * GRACE_S
 
 
 def parser(
@@ -200,11 +187,6 @@ def _one_line_errors() -> Iterator[None]:
         sys.exit(scrubbed(f"error: {err}"))
 
 
-def say(line: str) -> None:
-    """Tell the person what the command is doing, at once (the server's log is a file, not a terminal)."""
-    print(line, flush=True)
-
-
 def _size(path: Path) -> str:
     """`` (12.3 MB)``: the size of the file at ``path``, or nothing where it cannot be told (then reading says why)."""
     try:
@@ -273,7 +255,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def serve(known: argparse.Namespace, model: ModelInfo) -> None:
-    """Run the server until SIGTERM or Ctrl-C."""
+    """Run the server until SIGTERM or Ctrl-C (``stopping``)."""
     import litserve as ls  # the serve extra: only this command needs it
     import litserve.server
 
@@ -290,10 +272,11 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     )
     # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
     server.uvicorn_graceful_timeout = known.timeout + GRACE_S
+    stopper = Stopper(server, stop_s=server.uvicorn_graceful_timeout + GRACE_S)
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
-    server.app.state.lit_server = server  # the HTTP servers wait for its model workers (see _draining_server_class)
-    litserve.server._Server = _draining_server_class()  # the class of the HTTP servers LitServe starts
-    logging.getLogger("litserve.server").addFilter(_ShutdownNoise())
+    server.app.state.lit_server = server  # the HTTP servers wait for its model workers (Stopper.http_server_class)
+    litserve.server._Server = stopper.http_server_class()  # the class of the HTTP servers LitServe starts
+    logging.getLogger("litserve.server").addFilter(stopper.shutdown_noise())
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
     server.app.state.ready_line = f"ready: serving {model.path} at {address}/predict"
     workers = len(server.devices) * known.workers_per_device
@@ -302,108 +285,5 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         f"starting {workers} model worker{'s' if workers > 1 else ''} on {accelerator} (each loads {model.path}); "
         f"{address}/predict answers once they are ready"
     )
-    global _SERVER_PID, _STOP_S
-    _SERVER_PID, _STOP_S = os.getpid(), server.uvicorn_graceful_timeout + GRACE_S
-    signal.signal(signal.SIGTERM, _answer_then_stop)
-    try:
-        server.run(host=known.host, port=known.port, generate_client_file=False, log_level="warning")
-    except KeyboardInterrupt:  # before the HTTP servers started: LitServe leaves its model processes to us
-        _STOPPING.set()
-        for child in multiprocessing.active_children():
-            child.terminate()
-            child.join(GRACE_S)
+    stopper.run(host=known.host, port=known.port, generate_client_file=False, log_level="warning")
     say(f"stopped serving {model.path}")
-
-
-# Set once the server is stopping: what LitServe logs then of its queues' connections closing is no error.
-_STOPPING = threading.Event()
-
-
-class _ShutdownNoise(logging.Filter):
-    """Drop what LitServe logs while the server stops: its queues' connections closing, its servers already gone."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not _STOPPING.is_set():
-            return True
-        error = record.exc_info[1] if record.exc_info else None
-        closing = isinstance(error, ConnectionError | EOFError)
-        return not closing and "Already not alive" not in record.getMessage()
-
-
-def _draining_server_class():
-    """uvicorn's server as LitServe runs it, which on SIGTERM answers every connection it had taken."""
-    from litserve.server import _Server
-    from litserve.utils import WorkerSetupStatus
-
-    class DrainingServer(_Server):
-        """Takes requests once every model worker is ready (the first of them then prints ``ready``).
-
-        On SIGTERM, takes the connections already queued at the port (the kernel completed their
-        handshake, so their clients are sending), stops the port for every process (connections
-        later are refused, not reset), gives each connection taken ``REQUEST_START_S`` to start its
-        request, then shuts down as uvicorn does: each request started is answered, and idle
-        connections are closed.
-        """
-
-        async def startup(self, sockets=None) -> None:
-            state = self.config.app.state
-            status = state.lit_server.workers_setup_status
-            while not self.should_exit:  # SIGTERM meanwhile: stop at once
-                stages = list(status.values())
-                if stages and all(stage == WorkerSetupStatus.READY for stage in stages):
-                    if os.environ.get("LITSERVE_WORKER_ID") == "0":
-                        say(state.ready_line)
-                    break
-                if WorkerSetupStatus.ERROR in stages:
-                    break  # LitServe stops the server
-                await asyncio.sleep(0.05)
-            await super().startup(sockets)
-
-        async def shutdown(self, sockets=None) -> None:
-            listeners = [sock.dup() for sock in sockets or []]
-            for server in self.servers:
-                server.close()  # asyncio stops accepting (and closes its own copy of the port)
-            loop = asyncio.get_running_loop()
-            for listener in listeners:
-                listener.setblocking(False)
-                while True:
-                    try:
-                        connection, _ = listener.accept()
-                    except (BlockingIOError, InterruptedError, OSError):
-                        break
-                    await loop.connect_accepted_socket(self._protocol, connection)
-                with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
-                    listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
-                listener.close()
-            await asyncio.sleep(REQUEST_START_S)
-            await super().shutdown(sockets)
-
-        def _protocol(self):
-            return self.config.http_protocol_class(
-                config=self.config, server_state=self.server_state, app_state=self.lifespan.state
-            )
-
-    return DrainingServer
-
-
-def _answer_then_stop(signum, frame) -> None:
-    """SIGTERM: the HTTP servers stop taking requests and answer those in flight; then LitServe stops the rest.
-
-    LitServe (0.2.19) runs no handler of its own for SIGTERM, and on its normal shutdown
-    closes the model's queues before the HTTP servers, so requests in flight would go
-    unanswered. Uvicorn answers them when told to stop (SIGTERM, in each of LitServe's
-    ``LitServer-<n>`` processes); once they have, LitServe's Ctrl-C path stops the model's.
-    """
-    if os.getpid() != _SERVER_PID:  # a process LitServe forked, which inherited this handler: as if it had none
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _STOPPING.set()
-    say("stopping: answering the requests taken, refusing new connections")
-    http_servers = [child for child in multiprocessing.active_children() if child.name.startswith("LitServer-")]
-    for child in http_servers:
-        os.kill(child.pid, signal.SIGTERM)
-    for child in http_servers:
-        child.join(_STOP_S)
-    raise KeyboardInterrupt

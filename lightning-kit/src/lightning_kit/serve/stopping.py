@@ -1,0 +1,198 @@
+"""How the server runs and stops: SIGTERM answers every request taken, then ends every process the server started.
+
+LitServe (0.2.19) runs no handler of its own for SIGTERM, and on its normal shutdown closes the
+model's queues before the HTTP servers, so requests in flight would go unanswered. ``Stopper``
+runs ``LitServer.run`` in the main thread, and on SIGTERM a thread of its own stops the server:
+
+- the HTTP servers (LitServe's ``LitServer-<n>`` processes) are sent SIGTERM, on which uvicorn
+  answers every request it took (``Stopper.http_server_class``), and are waited for;
+- then LitServe's shutdown event is set: the main thread, which waits on it, runs LitServe's
+  shutdown of the model's processes, and returns.
+
+The signal handler itself only sets an event. A handler runs wherever the main thread is, in
+LitServe's start-up too: an exception raised from it could land in a finalizer that drops it (the
+server then went on to serve, and ignored SIGTERM), or in the middle of starting a process. A
+SIGTERM during the start-up stops it where LitServe creates its HTTP servers, before any has taken
+a request. Should the server not have stopped ``stop_s`` seconds after SIGTERM, its processes are
+killed and it exits with status 1. Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+
+# How long the HTTP servers may take to answer the requests in flight after SIGTERM, beyond --timeout (by then
+# LitServe has answered each one still waiting with its 504).
+GRACE_S = 30
+# After SIGTERM, how long a connection just taken has to send its request before it is closed unanswered.
+REQUEST_START_S = 0.5
+
+
+def say(line: str) -> None:
+    """Tell the person what the command is doing, at once (the server's log is a file, not a terminal)."""
+    print(line, flush=True)
+
+
+class StopRequestedError(Exception):
+    """Raised in the main thread where LitServe creates an HTTP server, once SIGTERM has come: none is started."""
+
+
+class Stopper:
+    """Runs a ``LitServer`` until SIGTERM or Ctrl-C, then stops it as the module's docstring says."""
+
+    def __init__(self, server, stop_s: float) -> None:
+        self.server, self.stop_s = server, stop_s
+        self.pid = os.getpid()
+        self.requested = threading.Event()  # SIGTERM came
+        self.stopping = threading.Event()  # the server is stopping: LitServe's noise about it is no error
+        self.finished = threading.Event()  # the main thread is out of LitServer.run
+        self.http_servers_created = 0  # counted in the main thread, before LitServe forks each one's process
+
+    def run(self, **options) -> None:
+        """``LitServer.run(**options)``, in this (the main) thread, until the server has stopped."""
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        threading.Thread(target=self._stop_when_asked, name="serve-stopper", daemon=True).start()
+        try:
+            self.server.run(**options)
+        except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe stopped its model processes
+            pass
+        except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: LitServe leaves its processes to us
+            self.stopping.set()
+        finally:
+            self.finished.set()
+            end_children()
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if os.getpid() != self.pid:  # a process LitServe forked, which inherited this handler: as if it had none
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+            return
+        self.requested.set()  # and nothing else: see the module's docstring
+
+    def _stop_when_asked(self) -> None:
+        self.requested.wait()
+        self.stopping.set()
+        deadline = time.monotonic() + self.stop_s
+        say("stopping: answering the requests taken, refusing new connections")
+        told: dict[int, multiprocessing.Process] = {}
+        # Every HTTP server created is told, the one whose process was being started as SIGTERM came included; none
+        # is created after it (StopRequestedError).
+        while not self.finished.is_set() and len(told) < self.http_servers_created and time.monotonic() < deadline:
+            for child in multiprocessing.active_children():
+                if child.name.startswith("LitServer-") and child.pid not in told:
+                    os.kill(child.pid, signal.SIGTERM)
+                    told[child.pid] = child
+            self.finished.wait(0.01)
+        for child in told.values():
+            child.join(max(0.0, deadline - time.monotonic()))
+        shutdown = getattr(self.server, "_shutdown_event", None)  # LitServe's start-up creates it
+        if shutdown is not None:
+            with contextlib.suppress(Exception):  # its manager is gone: LitServe has stopped already
+                shutdown.set()
+        if not self.finished.wait(max(0.0, deadline - time.monotonic())):
+            say(f"error: the server did not stop within {self.stop_s:.0f} s of SIGTERM: its processes are killed")
+            for child in multiprocessing.active_children():
+                child.kill()
+            os._exit(1)
+
+    def shutdown_noise(self) -> logging.Filter:
+        """A filter of LitServe's log that drops what it logs while the server stops: its queues' connections
+        closing, its HTTP servers already gone."""
+        stopping = self.stopping
+
+        class ShutdownNoise(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                if not stopping.is_set():
+                    return True
+                error = record.exc_info[1] if record.exc_info else None
+                closing = isinstance(error, ConnectionError | EOFError)
+                return not closing and "Already not alive" not in record.getMessage()
+
+        return ShutdownNoise()
+
+    def http_server_class(self):
+        """uvicorn's server as LitServe runs it (``litserve.server._Server``), which on SIGTERM answers every
+        connection it had taken."""
+        from litserve.server import _Server
+        from litserve.utils import WorkerSetupStatus
+
+        stopper = self
+
+        class DrainingServer(_Server):
+            """Takes requests once every model worker is ready (the first of them then prints ``ready``).
+
+            Created in the server's main thread, before LitServe forks the process that runs it: once
+            SIGTERM has come, it is not created (StopRequestedError), and LitServe stops its model processes.
+
+            On SIGTERM, takes the connections already queued at the port (the kernel completed their
+            handshake, so their clients are sending), stops the port for every process (connections
+            later are refused, not reset), gives each connection taken ``REQUEST_START_S`` to start its
+            request, then shuts down as uvicorn does: each request started is answered, and idle
+            connections are closed.
+            """
+
+            def __init__(self, *args, **kwargs) -> None:
+                if stopper.requested.is_set():
+                    raise StopRequestedError
+                super().__init__(*args, **kwargs)
+                stopper.http_servers_created += 1
+
+            async def startup(self, sockets=None) -> None:
+                state = self.config.app.state
+                status = state.lit_server.workers_setup_status
+                while not self.should_exit:  # SIGTERM meanwhile: stop at once
+                    stages = list(status.values())
+                    if stages and all(stage == WorkerSetupStatus.READY for stage in stages):
+                        if os.environ.get("LITSERVE_WORKER_ID") == "0":
+                            say(state.ready_line)
+                        break
+                    if WorkerSetupStatus.ERROR in stages:
+                        break  # LitServe stops the server
+                    await asyncio.sleep(0.05)
+                await super().startup(sockets)
+
+            async def shutdown(self, sockets=None) -> None:
+                listeners = [sock.dup() for sock in sockets or []]
+                for server in self.servers:
+                    server.close()  # asyncio stops accepting (and closes its own copy of the port)
+                loop = asyncio.get_running_loop()
+                for listener in listeners:
+                    listener.setblocking(False)
+                    while True:
+                        try:
+                            connection, _ = listener.accept()
+                        except (BlockingIOError, InterruptedError, OSError):
+                            break
+                        await loop.connect_accepted_socket(self._protocol, connection)
+                    with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
+                        listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
+                    listener.close()
+                await asyncio.sleep(REQUEST_START_S)
+                await super().shutdown(sockets)
+
+            def _protocol(self):
+                return self.config.http_protocol_class(
+                    config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+                )
+
+        return DrainingServer
+
+
+def end_children() -> None:
+    """Stop every process this one started that is still running (none, after LitServe's own shutdown)."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(GRACE_S)
+        if child.is_alive():
+            child.kill()
+            child.join()
