@@ -8,6 +8,7 @@ kind run on a model of each project: ``image_project``'s (images) and ``sequence
 import csv
 import http.client
 import json
+import os
 import shutil
 import signal
 import socket
@@ -590,6 +591,42 @@ def test_the_projects_serve_command_exports_its_checkpoint_in_a_fresh_process(ex
         )
     assert "to serve it" in done.stdout, done.stderr[-3000:]
     assert done.returncode == 1 and done.stderr.strip().startswith(f"error: --port {port} on 127.0.0.1"), done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exported", ["image"], indirect=True)
+def test_a_sigterm_while_the_checkpoint_is_exported_stops_with_0_and_leaves_no_export(exported, tmp_path):
+    """SIGTERM while ``--ckpt_path`` is being exported: the server does not start, exits 0, and the temporary
+    export is removed (the signal used to end the process there, leaving the folder in the temporary files)."""
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "image_project.serve", "--ckpt_path", "last", "--port", str(free_port())],
+            cwd=exported.folder,
+            env={**os.environ, "TMPDIR": str(temporary)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while "exporting" not in log_path.read_text() and server.poll() is None:
+            assert time.monotonic() < deadline, "the command never said it was exporting"
+            time.sleep(0.01)
+        server.send_signal(signal.SIGTERM)
+        status = server.wait(HANG_GUARD_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    lines = log_path.read_text().splitlines()
+    assert status == 0 and "Traceback" not in lines, lines
+    assert lines[0] == "exporting runs/lightning_logs/version_0/checkpoints/last.ckpt to serve it", lines
+    assert lines[-1].startswith("stopped by SIGTERM before serving "), lines
+    assert not any(line.startswith(("starting", "ready")) for line in lines), lines
+    assert not list(temporary.iterdir()), "the temporary export was left behind"
 
 
 # What a server's processes import: the command (``python -m lightning_kit.serve``, which each model process

@@ -35,7 +35,7 @@ from ..errors import ConfigError, UserError, invoked_as
 from ..model_format import EXPORT_COMMAND, IMAGES
 from ..passwords import scrubbed
 from .model_file import ModelInfo, read_model
-from .stopping import GRACE_S, Stopper, say
+from .stopping import GRACE_S, Stopper, catch_sigterm, say, sigterm_received
 
 # Serving a model file needs PyTorch and LitServe, not Lightning, so it is not imported then: the server, and each
 # of its model processes, imports in about 4 CPU-s instead of 6.5. Lightning and a command line come with --ckpt_path.
@@ -161,6 +161,8 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
         from ..messages import errors_as_messages
 
         handled = errors_as_messages()
+    if not known.bench:  # SIGTERM from here on stops the server where it is, the checkpoint's export removed
+        catch_sigterm()
     with handled:
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
         with model_file(known, rest, cli_class) as path:
@@ -236,6 +238,7 @@ def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCL
     cli_class = cli_class or GenericCLI
     last = known.ckpt_path == "last"
     ckpt_path = latest_checkpoint(Path("runs/lightning_logs")) if last else Path(known.ckpt_path)
+    say(f"exporting {ckpt_path} to serve it")
     trained, datamodule = load_trained(ckpt_path, expand_shortcuts(rest), cli_class)
     with tempfile.TemporaryDirectory(prefix="serve-") as folder:
         path = Path(folder) / "model.pt2"
@@ -256,6 +259,9 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     """Run the server until SIGTERM or Ctrl-C (``stopping``)."""
+    if sigterm_received():  # while the checkpoint was exported, or the file read: nothing to stop yet
+        say(f"stopped by SIGTERM before serving {model.path}")
+        return
     import litserve as ls  # the serve extra: only this command needs it
     import litserve.server
 

@@ -9,12 +9,14 @@ runs ``LitServer.run`` in the main thread, and on SIGTERM a thread of its own st
 - then LitServe's shutdown event is set: the main thread, which waits on it, runs LitServe's
   shutdown of the model's processes, and returns.
 
-The signal handler itself only sets an event. A handler runs wherever the main thread is, in
-LitServe's start-up too: an exception raised from it could land in a finalizer that drops it (the
-server then went on to serve, and ignored SIGTERM), or in the middle of starting a process. A
-SIGTERM during the start-up stops it where LitServe creates its HTTP servers, before any has taken
-a request. Should the server not have stopped ``stop_s`` seconds after SIGTERM, its processes are
-killed and it exits with status 1. Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
+The signal handler (``catch_sigterm``, from before a checkpoint is exported to be served) only
+sets an event. A handler runs wherever the main thread is, in LitServe's start-up too: an
+exception raised from it could land in a finalizer that drops it (the server then went on to
+serve, and ignored SIGTERM), or in the middle of starting a process. A SIGTERM during an export
+stops the command once the export is done, its folder removed; during LitServe's start-up, where
+LitServe creates its HTTP servers, before any has taken a request. Should the server not have
+stopped ``stop_s`` seconds after SIGTERM, its processes are killed and it exits with status 1.
+Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
 """
 
 from __future__ import annotations
@@ -41,6 +43,32 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+# Set by SIGTERM, once catch_sigterm() has been called: the server stops at the next point that checks it.
+_REQUESTED = threading.Event()
+_PID: int | None = None  # the process that caught it; a process forked from it did not
+
+
+def catch_sigterm() -> None:
+    """From now on SIGTERM sets an event instead of ending the process: what the command was doing (exporting a
+    checkpoint, starting the server) stops at the next point that checks ``sigterm_received()``, files removed."""
+    global _PID
+    _PID = os.getpid()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def sigterm_received() -> bool:
+    return _REQUESTED.is_set()
+
+
+def _on_sigterm(signum, frame) -> None:
+    """Set the event, and nothing else: see the module's docstring."""
+    if os.getpid() != _PID:  # a process LitServe forked, which inherited this handler: as if it had none
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+        return
+    _REQUESTED.set()
+
+
 class StopRequestedError(Exception):
     """Raised in the main thread where LitServe creates an HTTP server, once SIGTERM has come: none is started."""
 
@@ -50,18 +78,17 @@ class Stopper:
 
     def __init__(self, server, stop_s: float) -> None:
         self.server, self.stop_s = server, stop_s
-        self.pid = os.getpid()
-        self.requested = threading.Event()  # SIGTERM came
         self.stopping = threading.Event()  # the server is stopping: LitServe's noise about it is no error
         self.finished = threading.Event()  # the main thread is out of LitServer.run
         self.http_servers_created = 0  # counted in the main thread, before LitServe forks each one's process
 
     def run(self, **options) -> None:
         """``LitServer.run(**options)``, in this (the main) thread, until the server has stopped."""
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        catch_sigterm()
         threading.Thread(target=self._stop_when_asked, name="serve-stopper", daemon=True).start()
         try:
-            self.server.run(**options)
+            if not _REQUESTED.is_set():  # SIGTERM before: LitServe is not started
+                self.server.run(**options)
         except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe stopped its model processes
             pass
         except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: LitServe leaves its processes to us
@@ -70,15 +97,8 @@ class Stopper:
             self.finished.set()
             end_children()
 
-    def _on_sigterm(self, signum, frame) -> None:
-        if os.getpid() != self.pid:  # a process LitServe forked, which inherited this handler: as if it had none
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGTERM)
-            return
-        self.requested.set()  # and nothing else: see the module's docstring
-
     def _stop_when_asked(self) -> None:
-        self.requested.wait()
+        _REQUESTED.wait()
         self.stopping.set()
         deadline = time.monotonic() + self.stop_s
         say("stopping: answering the requests taken, refusing new connections")
@@ -140,7 +160,7 @@ class Stopper:
             """
 
             def __init__(self, *args, **kwargs) -> None:
-                if stopper.requested.is_set():
+                if _REQUESTED.is_set():
                     raise StopRequestedError
                 super().__init__(*args, **kwargs)
                 stopper.http_servers_created += 1
