@@ -304,12 +304,15 @@ def png(side: int, seed: int = 0) -> bytes:
     return written.getvalue()
 
 
-def start(folder: Path, *flags: str) -> tuple[subprocess.Popen, int, Path]:
+def start(folder: Path, *flags: str, session: bool = False) -> tuple[subprocess.Popen, int, Path]:
+    """A server of ``folder/model.pt2``, ready; ``session``: in a session of its own, whose processes are its."""
     port = free_port()
     log_path = folder / f"server-{port}.log"
     log = log_path.open("w+b")
     command = [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port), *flags]
-    server = subprocess.Popen(command, cwd=folder, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        command, cwd=folder, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=session
+    )
     try:
         wait_until_healthy(f"http://127.0.0.1:{port}", server, log)
     except BaseException:
@@ -319,10 +322,11 @@ def start(folder: Path, *flags: str) -> tuple[subprocess.Popen, int, Path]:
     return server, port, log_path
 
 
-def stopped_under_load(folder: Path, body: bytes, clients: int, stagger: float, delay: float, *flags: str):
+def stopped_under_load(folder: Path, body: bytes, clients: int, stagger: float, delay: float, group: bool = False):
     """Start a server, start ``clients`` clients ``stagger`` seconds apart, each sending ``body`` on a connection of
-    its own, SIGTERM the server ``delay`` seconds after the first: what each client got, the exit status, the log."""
-    server, port, log_path = start(folder, *flags)
+    its own, SIGTERM the server (``group``: every process of its session, as SLURM and systemd stop a job) ``delay``
+    seconds after the first: what each client got, the exit status, the log."""
+    server, port, log_path = start(folder, session=group)
     outcomes: Counter = Counter()
     lock = threading.Lock()
     go = threading.Barrier(clients + 1)
@@ -351,7 +355,10 @@ def stopped_under_load(folder: Path, body: bytes, clients: int, stagger: float, 
             thread.start()
         go.wait()
         time.sleep(delay)
-        server.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(server.pid, signal.SIGTERM)
+        else:
+            server.send_signal(signal.SIGTERM)
         for thread in threads:
             thread.join(HANG_GUARD_S)
         status = server.wait(HANG_GUARD_S)
@@ -364,14 +371,20 @@ def stopped_under_load(folder: Path, body: bytes, clients: int, stagger: float, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("side", "clients", "stagger", "delay"),
-    [(SIDE, 40, 0.0, 0.05), (SIDE, 40, 0.02, 0.3), (2000, 12, 0.02, 0.1)],
-    ids=["40-at-once", "40-through-the-stop", "12-large-images"],
+    ("side", "clients", "stagger", "delay", "group"),
+    [
+        (SIDE, 40, 0.0, 0.05, False),
+        (SIDE, 40, 0.02, 0.3, False),
+        (2000, 12, 0.02, 0.1, False),
+        (SIDE, 40, 0.02, 0.3, True),
+    ],
+    ids=["40-at-once", "40-through-the-stop", "12-large-images", "40-through-a-stop-of-its-whole-group"],
 )
-def test_sigterm_answers_every_request_it_took_and_refuses_the_rest(model_path, side, clients, stagger, delay):
+def test_sigterm_answers_every_request_it_took_and_refuses_the_rest(model_path, side, clients, stagger, delay, group):
     """SIGTERM while clients send: every connection the server took is answered (200, or 503/504 where it cannot
-    be), the others are refused, never reset; the server exits 0, and its log has no traceback."""
-    outcomes, status, log = stopped_under_load(model_path.parent, png(side), clients, stagger, delay)
+    be), the others are refused, never reset; the server exits 0, and its log has no traceback. SIGTERM to every
+    process of the server at once too: its model process and LitServe's manager wait for the HTTP servers."""
+    outcomes, status, log = stopped_under_load(model_path.parent, png(side), clients, stagger, delay, group)
     print(f"{clients} clients of {side}x{side} images: {dict(outcomes)}, exit {status}")
     answered = {key: count for key, count in outcomes.items() if key in (200, 503, 504)}
     refused = outcomes.get("ConnectionRefusedError", 0)
@@ -402,17 +415,18 @@ def test_the_server_says_what_it_does_until_it_is_ready(model_path):
     assert lines[3] == f"ready: serving model.pt2 at http://127.0.0.1:{port}/predict"
 
 
-def sessions_live_processes(session: int) -> list[str]:
-    """The processes of ``session`` (a process group leader's pid) that have not exited: ``pid command`` each."""
-    found = []
+def sessions_live_processes(session: int) -> dict[int, str]:
+    """The processes of ``session`` (a session leader's pid) that have not exited: their command lines by pid."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # it exited meanwhile
             continue
-        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[3]) == session:  # fields: state, ppid, pgrp, session, ...
-            found.append(f"{stat.parent.name} {name}")
+        fields = text[text.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+        if fields[0] != "Z" and int(fields[3]) == session:
+            found[int(stat.parent.name)] = command
     return found
 
 
@@ -458,3 +472,47 @@ def test_a_sigterm_at_any_moment_of_the_start_up_stops_the_server_and_every_proc
         stopping = lines.index("stopping: answering the requests taken, refusing new connections")
         assert not any(line.startswith("ready") for line in lines[stopping:]), (delay, lines)
         assert lines[-1] == "stopped serving model.pt2", (delay, lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the processes of a session from /proc")
+def test_a_model_worker_killed_while_it_loads_stops_the_server_with_one_line(model_path):
+    """LitServe waits for a model worker to say it is ready or failed: one killed before (the OOM killer, say) left
+    the server waiting for ever. Now it stops with one line saying how the worker ended, and every process ends."""
+    port = free_port()
+    log_path = model_path.parent / f"killed-{port}.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port)],
+            cwd=model_path.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not (
+            workers := [pid for pid, command in sessions_live_processes(server.pid).items() if WORKER in command]
+        ):
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.01)
+        os.kill(workers[0], signal.SIGKILL)
+        status = server.wait(HANG_GUARD_S)
+        while left := sessions_live_processes(server.pid):
+            assert time.monotonic() < deadline, f"processes the server started still run after it: {left}"
+            time.sleep(0.05)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    lines = log_path.read_text(errors="replace").splitlines()
+    assert status == 1, lines
+    assert lines[-1] == (
+        "error: a model worker failed to load model.pt2 (killed by SIGKILL); the server stopped before serving"
+    ), lines
+    assert not any(line.startswith("ready") for line in lines), lines
+
+
+# How a model worker's command line ends: a process spawned by multiprocessing (and not its resource tracker).
+WORKER = "multiprocessing.spawn import spawn_main"

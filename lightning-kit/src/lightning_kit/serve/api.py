@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from torch.export.passes import move_to_device_pass
 
 from .model_file import ModelInfo, load_program
+from .stopping import ModelProcessGuard
 
 # The response header that says how many requests the model answered together with this one.
 BATCH_SIZE_HEADER = "X-Batch-Size"
@@ -36,12 +37,22 @@ class Classifier(ls.LitAPI):
     sequences of different lengths) are run in one batch per shape.
     """
 
-    def __init__(self, model: ModelInfo, max_batch_size: int, batch_timeout: float, cpu_threads: int) -> None:
+    def __init__(
+        self,
+        model: ModelInfo,
+        max_batch_size: int,
+        batch_timeout: float,
+        cpu_threads: int,
+        guard: ModelProcessGuard | None = None,
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.model_info = model
         self.cpu_threads = cpu_threads
+        self.guard = guard  # how the model process takes SIGTERM (see stopping); None: as by default
 
     def setup(self, device: str) -> None:
+        if self.guard is not None:
+            self.guard.install()
         if device == "cpu":
             # PyTorch's default, a thread per core in each worker, leaves none to the HTTP server's decoding, and
             # threads that wait for a busy core: on 2 cores, a batch of 32 took 5x as long with 2 threads as with 1.

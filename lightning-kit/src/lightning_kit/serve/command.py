@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import logging
 import math
+import signal
 import socket
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from ..errors import ConfigError, UserError, invoked_as
 from ..model_format import EXPORT_COMMAND, IMAGES
 from ..passwords import scrubbed
 from .model_file import ModelInfo, read_model
-from .stopping import GRACE_S, Stopper, catch_sigterm, say, sigterm_received
+from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
 
 # Serving a model file needs PyTorch and LitServe, not Lightning, so it is not imported then: the server, and each
 # of its model processes, imports in about 4 CPU-s instead of 6.5. Lightning and a command line come with --ckpt_path.
@@ -268,7 +269,12 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     from .api import Classifier, cpu_threads
     from .inputs import InputReader
 
-    api = Classifier(model, known.max_batch_size, known.batch_timeout, cpu_threads(known.workers_per_device))
+    # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
+    graceful_s = known.timeout + GRACE_S
+    stopper = Stopper(stop_s=graceful_s + GRACE_S)
+    api = Classifier(
+        model, known.max_batch_size, known.batch_timeout, cpu_threads(known.workers_per_device), stopper.model_processes
+    )
     accelerator = {"gpu": "cuda"}.get(known.accelerator, known.accelerator)
     server = ls.LitServer(
         api,
@@ -276,9 +282,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         workers_per_device=known.workers_per_device,
         timeout=known.timeout,
     )
-    # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
-    server.uvicorn_graceful_timeout = known.timeout + GRACE_S
-    stopper = Stopper(server, stop_s=server.uvicorn_graceful_timeout + GRACE_S)
+    server.uvicorn_graceful_timeout = graceful_s
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
     server.app.state.lit_server = server  # the HTTP servers wait for its model workers (Stopper.http_server_class)
     litserve.server._Server = stopper.http_server_class()  # the class of the HTTP servers LitServe starts
@@ -291,5 +295,19 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         f"starting {workers} model worker{'s' if workers > 1 else ''} on {accelerator} (each loads {model.path}); "
         f"{address}/predict answers once they are ready"
     )
-    stopper.run(host=known.host, port=known.port, generate_client_file=False, log_level="warning")
+    try:
+        stopper.run(server, host=known.host, port=known.port, generate_client_file=False, log_level="warning")
+    except WorkerEndedError as ended:
+        how = "with its error above" if ended.exitcode is None else _ended(ended.exitcode)
+        sys.exit(f"error: a model worker failed to load {model.path} ({how}); the server stopped before serving")
     say(f"stopped serving {model.path}")
+
+
+def _ended(exitcode: int) -> str:
+    """How a process ended, from its exit code: ``exit status 1``, ``killed by SIGKILL``."""
+    if exitcode >= 0:
+        return f"exit status {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"

@@ -62,40 +62,133 @@ def sigterm_received() -> bool:
 
 def _on_sigterm(signum, frame) -> None:
     """Set the event, and nothing else: see the module's docstring."""
-    if os.getpid() != _PID:  # a process LitServe forked, which inherited this handler: as if it had none
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if os.getpid() != _PID:  # a process LitServe forked, which inherited this handler
+        manager = not multiprocessing.current_process().name.startswith("LitServer-")
+        if manager and os.getppid() == _PID and not (_GUARD is not None and _GUARD.allowed()):
+            return  # LitServe's manager, SIGTERM'd with the server's whole group: the server ends it when done
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an HTTP server before uvicorn's handlers: as if it had none
         signal.raise_signal(signal.SIGTERM)
         return
     _REQUESTED.set()
+
+
+# The server's ModelProcessGuard, read by the processes LitServe forks (its manager).
+_GUARD: ModelProcessGuard | None = None
+
+
+class ModelProcessGuard:
+    """What a model process does on SIGTERM: it ends once the server allows it (``allow()``), or has gone.
+
+    A SIGTERM to the server's whole group (SLURM's ``scancel``, systemd's stop) reaches its model
+    processes too, which would end while the HTTP servers still wait for their answers, and
+    LitServe's manager, which the server's own shutdown uses. Until the HTTP servers have answered
+    what they took, these ignore it; the server then ends them.
+    """
+
+    def __init__(self) -> None:
+        self._allowed = multiprocessing.get_context("spawn").Event()  # handed to the model processes it spawns
+        self._server = os.getpid()
+
+    def allow(self) -> None:
+        self._allowed.set()
+
+    def allowed(self) -> bool:
+        return self._allowed.is_set()
+
+    def install(self) -> None:
+        """In the model process (``LitAPI.setup``): take SIGTERM as the class says."""
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.allowed() or os.getppid() != self._server:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
 
 
 class StopRequestedError(Exception):
     """Raised in the main thread where LitServe creates an HTTP server, once SIGTERM has come: none is started."""
 
 
+class WorkerEndedError(Exception):
+    """A model process failed to load the model (``exitcode`` None: it said so, its error in the log), or ended
+    while the server started (LitServe, which waits for one to be ready, would have waited for ever): ``exitcode``
+    is how it ended, negative for the signal that ended it."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(exitcode)
+        self.exitcode = exitcode
+
+
 class Stopper:
     """Runs a ``LitServer`` until SIGTERM or Ctrl-C, then stops it as the module's docstring says."""
 
-    def __init__(self, server, stop_s: float) -> None:
-        self.server, self.stop_s = server, stop_s
+    def __init__(self, stop_s: float) -> None:
+        self.server, self.stop_s = None, stop_s
+        self.model_processes = ModelProcessGuard()  # for the LitAPI, which installs it in each model process
+        global _GUARD
+        _GUARD = self.model_processes  # LitServe's manager, forked from this process, takes SIGTERM by it too
         self.stopping = threading.Event()  # the server is stopping: LitServe's noise about it is no error
         self.finished = threading.Event()  # the main thread is out of LitServer.run
         self.http_servers_created = 0  # counted in the main thread, before LitServe forks each one's process
+        self.worker_ended: int | None = None  # the exit code of a model process that ended during the start-up
 
-    def run(self, **options) -> None:
-        """``LitServer.run(**options)``, in this (the main) thread, until the server has stopped."""
+    def run(self, server, **options) -> None:
+        """``server.run(**options)``, in this (the main) thread, until the server has stopped.
+
+        Raises ``WorkerEndedError`` when a model process ended during the start-up, unless SIGTERM came first.
+        """
+        self.server = server
         catch_sigterm()
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
+            signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self._stop_when_asked, name="serve-stopper", daemon=True).start()
+        threading.Thread(target=self._watch_the_start_up, name="serve-start-watch", daemon=True).start()
         try:
             if not _REQUESTED.is_set():  # SIGTERM before: LitServe is not started
-                self.server.run(**options)
+                server.run(**options)
         except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe stopped its model processes
             pass
         except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: LitServe leaves its processes to us
             self.stopping.set()
+        except RuntimeError:  # LitServe's "workers failed to start": a model process failed, or ended
+            if self.worker_ended is not None and _REQUESTED.is_set():
+                pass  # ended by the SIGTERM that stops the server
+            elif self.worker_ended is not None or self._a_start_failed():
+                raise WorkerEndedError(self.worker_ended) from None
+            else:
+                raise
         finally:
             self.finished.set()
+            self.model_processes.allow()
             end_children()
+
+    def _a_start_failed(self) -> bool:
+        from litserve.utils import WorkerSetupStatus
+
+        with contextlib.suppress(Exception):  # the manager is gone
+            return WorkerSetupStatus.ERROR in list(self.server.workers_setup_status.values())
+        return False
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.model_processes.allow()  # LitServe's shutdown on Ctrl-C ends them with SIGTERM
+        signal.default_int_handler(signum, frame)
+
+    def _watch_the_start_up(self) -> None:
+        """Until the HTTP servers are created: a model process that ended before it was ready is marked failed,
+        so that LitServe stops waiting for it (it waits for a process to be ready, or to say it failed)."""
+        from litserve.utils import WorkerSetupStatus
+
+        while not self.finished.wait(0.1) and not self.http_servers_created:
+            for worker in list(getattr(self.server, "inference_workers", None) or []):
+                if worker.exitcode is None:
+                    continue
+                self.worker_ended = worker.exitcode
+                with contextlib.suppress(Exception):  # the manager is gone: LitServe has stopped already
+                    status = self.server.workers_setup_status
+                    for key, stage in list(status.items()):
+                        if stage != WorkerSetupStatus.READY:
+                            status[key] = WorkerSetupStatus.ERROR
+                return
 
     def _stop_when_asked(self) -> None:
         _REQUESTED.wait()
@@ -113,6 +206,8 @@ class Stopper:
             self.finished.wait(0.01)
         for child in told.values():
             child.join(max(0.0, deadline - time.monotonic()))
+        if told:  # the HTTP servers have answered what they took (in the start-up, StopRequestedError allows it)
+            self.model_processes.allow()
         shutdown = getattr(self.server, "_shutdown_event", None)  # LitServe's start-up creates it
         if shutdown is not None:
             with contextlib.suppress(Exception):  # its manager is gone: LitServe has stopped already
@@ -161,6 +256,7 @@ class Stopper:
 
             def __init__(self, *args, **kwargs) -> None:
                 if _REQUESTED.is_set():
+                    stopper.model_processes.allow()  # LitServe ends them now
                     raise StopRequestedError
                 super().__init__(*args, **kwargs)
                 stopper.http_servers_created += 1
