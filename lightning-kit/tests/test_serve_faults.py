@@ -6,6 +6,7 @@ The model files here are exported from a small network with the library's own ``
 is tested is the reading of the file and the server, not what the network learned.
 """
 
+import contextlib
 import http.client
 import io
 import json
@@ -19,6 +20,7 @@ import time
 import zipfile
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -430,6 +432,46 @@ def sessions_live_processes(session: int) -> dict[int, str]:
     return found
 
 
+@contextlib.contextmanager
+def server_in_a_session(folder: Path, name: str) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """``python -m lightning_kit.serve model.pt2`` in ``folder``, in a session of its own, its output in a log.
+
+    The body ends with the server. Then every process it started must end too, by itself; should the test
+    fail first, every process of the session is killed.
+    """
+    port = free_port()
+    log_path = folder / f"{name}-{port}.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port)],
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its processes are found by the session
+        )
+    try:
+        yield server, log_path
+        deadline = time.monotonic() + HANG_GUARD_S
+        while left := sessions_live_processes(server.pid):
+            assert time.monotonic() < deadline, f"processes the server started still run after it: {left}"
+            time.sleep(0.05)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for pid in sessions_live_processes(server.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def waited_for(condition, what: str) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} after {HANG_GUARD_S} s"
+        time.sleep(0.001)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the processes of a session from /proc")
 def test_a_sigterm_at_any_moment_of_the_start_up_stops_the_server_and_every_process_it_started(model_path):
@@ -440,32 +482,11 @@ def test_a_sigterm_at_any_moment_of_the_start_up_stops_the_server_and_every_proc
     dropped (the server went on to serve and ignored SIGTERM); inside LitServe's start-up, the process died of it.
     """
     for delay in (0.0, 0.003, 0.008, 0.02, 0.2):
-        port = free_port()
-        log_path = model_path.parent / f"early-{port}.log"
-        with log_path.open("wb") as log:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port)],
-                cwd=model_path.parent,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its processes are found by the session
-            )
-        try:
-            deadline = time.monotonic() + HANG_GUARD_S
-            while "starting" not in log_path.read_text() and server.poll() is None:
-                assert time.monotonic() < deadline, "the server never said it was starting"
-                time.sleep(0.001)
+        with server_in_a_session(model_path.parent, "early") as (server, log_path):
+            waited_for(lambda: "starting" in log_path.read_text() or server.poll() is not None, "no 'starting'")
             time.sleep(delay)
             server.send_signal(signal.SIGTERM)
             status = server.wait(HANG_GUARD_S)
-            while left := sessions_live_processes(server.pid):
-                assert time.monotonic() < deadline, f"processes the server started still run after it: {left}"
-                time.sleep(0.05)
-        finally:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
         lines = log_path.read_text(errors="replace").splitlines()
         assert status == 0, (delay, lines)
         assert "Traceback" not in lines and not any("Exception ignored" in line for line in lines), (delay, lines)
@@ -479,33 +500,15 @@ def test_a_sigterm_at_any_moment_of_the_start_up_stops_the_server_and_every_proc
 def test_a_model_worker_killed_while_it_loads_stops_the_server_with_one_line(model_path):
     """LitServe waits for a model worker to say it is ready or failed: one killed before (the OOM killer, say) left
     the server waiting for ever. Now it stops with one line saying how the worker ended, and every process ends."""
-    port = free_port()
-    log_path = model_path.parent / f"killed-{port}.log"
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "lightning_kit.serve", "model.pt2", "--port", str(port)],
-            cwd=model_path.parent,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        while not (
-            workers := [pid for pid, command in sessions_live_processes(server.pid).items() if WORKER in command]
-        ):
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.01)
-        os.kill(workers[0], signal.SIGKILL)
+    with server_in_a_session(model_path.parent, "killed") as (server, log_path):
+
+        def workers() -> list[int]:
+            assert server.poll() is None, log_path.read_text()
+            return [pid for pid, command in sessions_live_processes(server.pid).items() if WORKER in command]
+
+        waited_for(workers, "no model worker")
+        os.kill(workers()[0], signal.SIGKILL)
         status = server.wait(HANG_GUARD_S)
-        while left := sessions_live_processes(server.pid):
-            assert time.monotonic() < deadline, f"processes the server started still run after it: {left}"
-            time.sleep(0.05)
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
     lines = log_path.read_text(errors="replace").splitlines()
     assert status == 1, lines
     assert lines[-1] == (
