@@ -401,16 +401,20 @@ def test_sigterm_answers_every_request_it_took_and_refuses_the_rest(model_path, 
 
 @pytest.mark.slow
 def test_the_server_says_what_it_does_until_it_is_ready(model_path):
-    """Before `ready`, lines say it reads and checks the file and starts its workers; each comes at once."""
-    server, port, log_path = start(model_path.parent)
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        while "ready:" not in log_path.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)  # /health answers ok a moment before the line is printed
-        lines = log_path.read_text().splitlines()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(HANG_GUARD_S) == 0
+    """Before `ready`, lines say it reads and checks the file and starts its workers; each comes at once. Once it
+    says `ready`, its port takes connections (it was said a moment before the socket listened)."""
+    with server_in_a_session(model_path.parent, "ready") as (server, log_path):
+        try:
+            waited_for(lambda: "\nready:" in log_path.read_text() or server.poll() is not None, "no 'ready'")
+            port = int(log_path.read_text().split("\nready: ")[1].split(":")[2].split("/")[0])
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_GUARD_S)
+            connection.request("GET", "/health")  # refused, were the port not listening yet
+            assert connection.getresponse().status == 200
+            connection.close()
+            lines = log_path.read_text().splitlines()
+        finally:
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(HANG_GUARD_S) == 0
     assert lines[0] == f"reading model.pt2 and checking it ({model_path.stat().st_size:,} bytes)"
     assert lines[1].startswith("checked model.pt2: a model of images, resized to 32x32, answering 10 classes")
     assert lines[2].startswith("starting 1 model worker on cpu")

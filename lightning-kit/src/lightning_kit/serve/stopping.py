@@ -267,16 +267,18 @@ class Stopper:
             async def startup(self, sockets=None) -> None:
                 state = self.config.app.state
                 status = state.lit_server.workers_setup_status
-                while not self.should_exit:  # SIGTERM meanwhile: stop at once
+                ready = False
+                while not self.should_exit and not ready:  # SIGTERM meanwhile: stop at once
                     stages = list(status.values())
-                    if stages and all(stage == WorkerSetupStatus.READY for stage in stages):
-                        if os.environ.get("LITSERVE_WORKER_ID") == "0":
-                            say(state.ready_line)
-                        break
+                    ready = bool(stages) and all(stage == WorkerSetupStatus.READY for stage in stages)
                     if WorkerSetupStatus.ERROR in stages:
                         break  # LitServe stops the server
-                    await asyncio.sleep(0.05)
+                    if not ready:
+                        await asyncio.sleep(0.05)
                 await super().startup(sockets)
+                # Said once the port takes connections (the socket listens from here on), by the first HTTP server.
+                if ready and self.started and os.environ.get("LITSERVE_WORKER_ID") == "0":
+                    say(state.ready_line)
 
             async def shutdown(self, sockets=None) -> None:
                 listeners = [sock.dup() for sock in sockets or []]
