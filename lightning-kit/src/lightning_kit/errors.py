@@ -1,5 +1,6 @@
 """Mistakes a user can fix: the command line shows each as one line, ``error: ...``, not a traceback."""
 
+import signal
 import sys
 
 
@@ -20,3 +21,11 @@ def invoked_as(default: str) -> str:
     (a project's ``python -m my_project.placement``), else ``default``."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
+
+
+def signal_name(number: int) -> str:
+    """A signal's name for messages: ``SIGKILL``, or ``signal 64`` for a number that has none."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

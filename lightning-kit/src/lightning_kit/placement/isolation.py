@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..errors import signal_name
 from . import simulated
 from .verdict import Outcome, Verdict
 
@@ -172,11 +173,7 @@ def _messages(pipe) -> Iterator[tuple[str, Any]]:
 def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str], str]) -> Verdict:
     """The verdict of a child that ended without one: what it finished, then the stage it was in, not audited."""
     if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        try:
-            how = f"died with {signal.Signals(number).name}"
-        except ValueError:
-            how = f"died with signal {number}"
+        how = f"died with {signal_name(os.WTERMSIG(status))}"
     else:
         how = f"exited with status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status} before its verdict"
     verdict = Verdict(outcomes=list(outcomes))

@@ -21,7 +21,6 @@ import argparse
 import importlib.util
 import logging
 import math
-import signal
 import socket
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..accelerators import check_accelerator
-from ..errors import ConfigError, UserError, invoked_as
+from ..errors import ConfigError, UserError, invoked_as, signal_name
 from ..model_format import EXPORT_COMMAND, IMAGES
 from ..passwords import scrubbed
 from .model_file import ModelInfo, read_model
@@ -298,16 +297,10 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     try:
         stopper.run(server, host=known.host, port=known.port, generate_client_file=False, log_level="warning")
     except WorkerEndedError as ended:
-        how = "with its error above" if ended.exitcode is None else _ended(ended.exitcode)
+        code = ended.exitcode
+        if code is None:
+            how = "with its error above"
+        else:
+            how = f"exit status {code}" if code >= 0 else f"killed by {signal_name(-code)}"
         sys.exit(f"error: a model worker failed to load {model.path} ({how}); the server stopped before serving")
     say(f"stopped serving {model.path}")
-
-
-def _ended(exitcode: int) -> str:
-    """How a process ended, from its exit code: ``exit status 1``, ``killed by SIGKILL``."""
-    if exitcode >= 0:
-        return f"exit status {exitcode}"
-    try:
-        return f"killed by {signal.Signals(-exitcode).name}"
-    except ValueError:
-        return f"killed by signal {-exitcode}"

@@ -141,8 +141,8 @@ class Stopper:
         catch_sigterm()
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
             signal.signal(signal.SIGINT, self._on_sigint)
-        stopper = threading.Thread(target=self._stop_when_asked, name="serve-stopper", daemon=True)
-        stopper.start()
+        stopping = threading.Thread(target=self._stop_when_asked, name="serve-stopper", daemon=True)
+        stopping.start()
         threading.Thread(target=self._watch_the_start_up, name="serve-start-watch", daemon=True).start()
         try:
             if not _REQUESTED.is_set():  # SIGTERM before: LitServe is not started
@@ -161,7 +161,7 @@ class Stopper:
         finally:
             self.finished.set()
             if _REQUESTED.is_set():
-                stopper.join()  # it has said it is stopping (before this thread says it stopped), and has done
+                stopping.join()  # it has said it is stopping (before this thread says it stopped), and has done
             self.model_processes.allow()
             end_children()
 
