@@ -1,0 +1,258 @@
+"""Whether the library installed is the one the project names, and has what it needs: said at start-up, in one line.
+
+A project names the library in its ``pyproject.toml``: the template's repository at a commit
+(``lightning-kit @ git+https://...@<commit>#subdirectory=lightning-kit``), a folder
+(``lightning-kit @ file:///...``) or a version specifier. The library's version comes from git
+(``0.1.1.devN+g<commit>``), so pip replaces an installed library whenever the requirement names
+another commit; what is installed can still differ from what the project names: a ``cruft update``
+not followed by ``pip install``, two projects at different commits in one environment, a folder
+installed as a copy that has moved on since. Every command of the library (``train.py`` and
+``python -m <package>.<command>`` of a project, ``python -m lightning_kit...``) and its pytest
+plugin then say so in one line: what is installed, what is named, and the command that installs it.
+
+The standard library only: a project's package imports this first, so that a library installed
+without its requirements (``pip install --no-deps``) is one line too, not an ImportError.
+"""
+
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from .project import DISTRIBUTION, ProjectFile, find_project
+
+# Set once a process has said what it found of a project (its pyproject.toml's path), for it and the processes it starts
+# (DDP ranks, sweeps' trials, servers).
+CHECKED = "LIGHTNING_KIT_INSTALLATION_CHECKED"
+# The processes of a distributed run that are not its first: they stay quiet.
+_RANKS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+# The commit in a version setuptools-scm derived from git: 0.1.1.dev5+g1a2b3c4d5 (and .d20261202 when dirty).
+_VERSION_COMMIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The library in this environment: its version and where pip took it from (PEP 610's direct_url.json)."""
+
+    version: str
+    url: str | None = None  # the URL pip installed from: a git repository, or a file:// folder
+    commit: str | None = None  # the commit pip checked out, for a git URL
+    editable: bool = False
+
+    @property
+    def version_commit(self) -> str | None:
+        found = _VERSION_COMMIT.search(self.version)
+        return found[1] if found else None
+
+    def described(self) -> str:
+        source = f"{self.url}@{self.commit[:9]}" if self.url and self.commit else self.url
+        how = "editable, " if self.editable else ""
+        return f"lightning-kit {self.version}" + (f" ({how}from {source})" if source else "")
+
+
+def installed() -> Installed | None:
+    """The library installed where this process imports from; None when there is none."""
+    try:
+        distribution = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    try:
+        direct = json.loads(distribution.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    direct = direct if isinstance(direct, dict) else {}
+    vcs = direct.get("vcs_info") if isinstance(direct.get("vcs_info"), dict) else {}
+    folder = direct.get("dir_info") if isinstance(direct.get("dir_info"), dict) else {}
+    url = direct.get("url") if isinstance(direct.get("url"), str) else None
+    commit = vcs.get("commit_id") if isinstance(vcs.get("commit_id"), str) else None
+    return Installed(distribution.version, url, commit, bool(folder.get("editable")))
+
+
+def missing_requirements() -> list[str]:
+    """The library's own requirements (not its extras') that this environment lacks: ``pip install --no-deps``."""
+    try:
+        required = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for text in required:
+        if "extra ==" in text.replace("extra==", "extra =="):
+            continue
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", text)
+        marker = text.partition(";")[2]
+        if name is None or (marker and not _marker_applies(marker)):
+            continue
+        try:
+            importlib.metadata.distribution(name[1])
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name[1])
+    return missing
+
+
+def _marker_applies(marker: str) -> bool:
+    """Whether an environment marker of the library's requirements applies here (the few it uses: Python's version)."""
+    found = re.fullmatch(r"\s*python_version\s*(<|<=|>=|>)\s*['\"](\d+)\.(\d+)['\"]\s*", marker)
+    if found is None:
+        return True
+    here, there = sys.version_info[:2], (int(found[2]), int(found[3]))
+    return {"<": here < there, "<=": here <= there, ">=": here >= there, ">": here > there}[found[1]]
+
+
+def difference(library: Installed | None, project: ProjectFile) -> str | None:
+    """Why ``library`` is not the one ``project`` names, in words; None where it is (or where it cannot be told)."""
+    if project.requirement is None or library is None:
+        return None  # nothing named; or the library runs from its source folder, not installed: nothing to tell
+    if project.url is not None:
+        return _url_difference(library, project.url)
+    if project.specifier:
+        return _specifier_difference(library, project.specifier)
+    return None
+
+
+def _url_difference(library: Installed, named_url: str) -> str | None:
+    scheme, _, rest = named_url.partition("+") if named_url.startswith("git+") else ("", "", named_url)
+    if scheme == "git":
+        base, revision = _git_parts(rest)
+        installed_commit = library.commit or library.version_commit
+        if revision is None or not _COMMIT.fullmatch(revision):
+            # A branch or tag: which commit it is now cannot be told without git; the repository can.
+            return None if library.url and _same_url(library.url, base) else "it was installed from elsewhere"
+        if installed_commit is None:
+            return "it is not from a commit of the template's repository"
+        if not (installed_commit.startswith(revision) or revision.startswith(installed_commit)):
+            return f"it is commit {installed_commit[:9]}, not {revision[:9]}"
+        return None
+    if named_url.startswith("file:"):
+        named_folder = _file_path(named_url)
+        if library.url is None or not library.url.startswith("file:") or _file_path(library.url) != named_folder:
+            return "it was installed from elsewhere"
+        if library.editable:
+            return None  # it is that folder, as the folder is now
+        now = _head_commit(named_folder)
+        if now is not None and library.version_commit is not None and not now.startswith(library.version_commit):
+            return f"it was copied from that folder at commit {library.version_commit}, which is at {now[:9]} now"
+        return None
+    return None if library.url == named_url else "it was installed from elsewhere"
+
+
+def _specifier_difference(library: Installed, specifier: str) -> str | None:
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ModuleNotFoundError:
+        return None
+    try:
+        accepted = SpecifierSet(specifier).contains(Version(library.version), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return None
+    return None if accepted else f"version {library.version} is outside {specifier}"
+
+
+def _git_parts(url: str) -> tuple[str, str | None]:
+    """``https://host/repo@<rev>#subdirectory=...`` as the repository's URL and the revision (None if none)."""
+    without_fragment = url.partition("#")[0]
+    parsed = urllib.parse.urlsplit(without_fragment)
+    path, at, revision = parsed.path.rpartition("@")
+    if not at:
+        return without_fragment, None
+    return urllib.parse.urlunsplit(parsed._replace(path=path)), revision
+
+
+def _same_url(installed_url: str, named_base: str) -> bool:
+    return installed_url.removeprefix("git+").rstrip("/") == named_base.rstrip("/")
+
+
+def _file_path(url: str) -> Path:
+    parsed = urllib.parse.urlsplit(url)
+    return Path(urllib.parse.unquote(parsed.path)).resolve()
+
+
+def _head_commit(folder: Path) -> str | None:
+    """The commit checked out in the git repository ``folder`` lies in, read from its files (no git run); None if
+    it cannot be told."""
+    for candidate in [folder, *folder.parents][:8]:
+        git = candidate / ".git"
+        try:
+            if git.is_file():  # a worktree or submodule: "gitdir: <path>"
+                git = (candidate / git.read_text(encoding="utf-8").partition("gitdir:")[2].strip()).resolve()
+            if not git.is_dir():
+                continue
+            head = (git / "HEAD").read_text(encoding="utf-8").strip()
+            if not head.startswith("ref: "):
+                return head if _COMMIT.fullmatch(head) else None
+            ref = head.removeprefix("ref: ")
+            if (git / ref).is_file():
+                return (git / ref).read_text(encoding="utf-8").strip()
+            packed = (git / "packed-refs").read_text(encoding="utf-8") if (git / "packed-refs").is_file() else ""
+            return next((line.split()[0] for line in packed.splitlines() if line.endswith(f" {ref}")), None)
+        except (OSError, UnicodeDecodeError):
+            return None
+    return None
+
+
+def install_command(project: ProjectFile) -> str:
+    """The command that installs the library ``project`` names."""
+    return f"pip install {shlex.quote(project.requirement)}" if project.requirement else "pip install lightning-kit"
+
+
+def problem(start: str | Path | None = None) -> str | None:
+    """One line saying how the library installed differs from the one named by the project at or above ``start``
+    (a folder; by default the working folder), with the command that installs it; None where they agree."""
+    return _problem_of(find_project(start))
+
+
+def _problem_of(project: ProjectFile | None) -> str | None:
+    library = installed()
+    why = difference(library, project) if project is not None and library is not None else None
+    if why is None:
+        return None
+    return (
+        f"{library.described()} is installed, but {project.path} names {project.requirement} ({why}): "
+        f"{install_command(project)} installs that one"
+    )
+
+
+def check_installation(module: str | None = None) -> None:
+    """At a command's start: stop in one line where the library lacks what it needs; say in one line (on stderr)
+    where it is not the library the project names. ``module`` is one of the project's (its ``KitCLI``'s, or its
+    package): its ``pyproject.toml`` is found from its folder; without one, or for the library's own, the project
+    is the working folder's.
+
+    Said once for a project, by the first process of a run: not again by the processes it starts (which inherit
+    ``CHECKED``, naming the project's file), nor by a distributed run's others.
+    """
+    project = find_project(_folder_of(module))
+    missing = missing_requirements()
+    if missing:
+        how = install_command(project) if project is not None else "pip install lightning-kit"
+        sys.exit(
+            f"error: lightning-kit is installed without what it needs ({', '.join(missing)}; installed with "
+            f"--no-deps?): {how}"
+        )
+    checked = str(project.path) if project is not None else ""
+    if os.environ.get(CHECKED) == checked or any(os.environ.get(name, "0") not in ("", "0") for name in _RANKS):
+        return
+    os.environ[CHECKED] = checked
+    found = _problem_of(project)
+    if found is not None:
+        sys.stderr.write(f"warning: {found}\n")
+        sys.stderr.flush()
+
+
+def _folder_of(module: str | None) -> Path | None:
+    """The folder of ``module``'s file (imported already: it is the one running), where its project is found; None
+    for the library's own modules."""
+    if not module or module.partition(".")[0] == __package__:
+        return None
+    location = getattr(sys.modules.get(module), "__file__", None)
+    if not location:
+        return None
+    folder = Path(location).resolve().parent
+    # An installed copy (site-packages) has no pyproject.toml of its own: the working folder's project is asked.
+    return None if "site-packages" in folder.parts or "dist-packages" in folder.parts else folder

@@ -1,0 +1,170 @@
+"""The project a command runs for: its ``pyproject.toml``, read as data, and what it says to the library.
+
+A project names the library it runs on among its requirements (``lightning-kit @ ...``, or a version
+specifier), which ``installation`` holds against what is installed. A project without a ``KitCLI`` of its
+own (any Lightning project, run with ``python -m lightning_kit ...``) tells the library's commands about
+itself once, in a table of its ``pyproject.toml``::
+
+    [tool.lightning-kit]
+    packages = ["forecaster"]   # its own code: the classes its runs' config.yaml and checkpoints may name
+    monitor = "val/mae"         # the metric that chooses the best checkpoint (and judges a sweep's trials)
+    mode = "min"                # "min" or "max" (default "max")
+
+A project's file is the first ``pyproject.toml`` found from a folder up (the folder a command runs in,
+or the folder of a project's package); one in a project's folder of runs or data is not the project's. The file
+is read with bounds, as data: the standard library only, so that ``installation`` can read it where
+the library's own requirements are missing.
+"""
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+FILE = "pyproject.toml"
+TABLE = "lightning-kit"  # [tool.lightning-kit]
+DISTRIBUTION = "lightning-kit"
+MAX_BYTES = 1 << 20
+# How far up from a folder a project's file is looked for (a package in src/<name>/ finds it two folders up).
+MAX_LEVELS = 32
+# A requirement of the library, as PEP 508 writes one: name, extras, then a URL or a version specifier.
+_REQUIREMENT = re.compile(
+    r"^\s*lightning[-_.]kit(?![\w.-])\s*(?:\[[^\]]*\])?\s*(?:@\s*(?P<url>[^\s;]+)|(?P<specifier>[^;@]*))\s*(?:;.*)?$",
+    re.IGNORECASE,
+)
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_SETTINGS = {"packages", "monitor", "mode"}
+
+
+@dataclass(frozen=True)
+class ProjectFile:
+    """A project's ``pyproject.toml``: where it is, the library it requires, and its ``[tool.lightning-kit]``."""
+
+    path: Path
+    name: str | None = None  # [project].name
+    requirement: str | None = None  # the first requirement of the library: its dependency, else an extra's
+    settings: dict[str, Any] = field(default_factory=dict)  # [tool.lightning-kit], checked
+
+    @property
+    def url(self) -> str | None:
+        """The URL the requirement names the library by (``git+https://...@<commit>``, ``file:///...``), if any."""
+        found = _REQUIREMENT.match(self.requirement or "")
+        return found["url"] if found else None
+
+    @property
+    def specifier(self) -> str | None:
+        """The version specifier the requirement names (``>=0.1,<0.2``), if it names one rather than a URL."""
+        found = _REQUIREMENT.match(self.requirement or "")
+        return found["specifier"].strip() or None if found and found["specifier"] is not None else None
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return tuple(self.settings.get("packages", ()))
+
+    @property
+    def monitor(self) -> tuple[str, str] | None:
+        metric = self.settings.get("monitor")
+        return (metric, self.settings.get("mode", "max")) if metric else None
+
+
+def find_project(start: str | Path | None = None) -> ProjectFile | None:
+    """The project whose ``pyproject.toml`` is in ``start`` (default: the working folder) or the nearest folder above.
+
+    None where there is none, or where it cannot be read (``read_project`` says why, for a command that needs it).
+    """
+    path = project_file(start)
+    if path is None:
+        return None
+    try:
+        return read_project(path)
+    except (ConfigError, OSError):
+        return None
+
+
+def project_file(start: str | Path | None = None) -> Path | None:
+    """The path of the nearest ``pyproject.toml`` at or above ``start`` (default: the working folder).
+
+    One inside a project's folder of runs or data (``runs/``, ``data/`` beside the project's own
+    ``pyproject.toml``) was not written by the project: it is passed over, for the project's own.
+    """
+    try:
+        folder = Path(start if start is not None else os.getcwd()).resolve()
+    except OSError:  # the working folder was removed
+        return None
+    folders = [folder, *folder.parents][:MAX_LEVELS]
+    for position, candidate in enumerate(folders):
+        if _is_file(candidate / FILE) and not any(
+            above.name in ("runs", "data") and _is_file(above.parent / FILE) for above in folders[position:]
+        ):
+            return candidate / FILE
+    return None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def read_project(path: Path) -> ProjectFile:
+    """``path`` read as a project's file; ``ConfigError`` in one line naming it and what is wrong."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the library requires tomli there
+        import tomli as tomllib
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from err
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"{path} is over {MAX_BYTES >> 20} MiB: no project's pyproject.toml is that large")
+    try:
+        content = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise ConfigError(f"{path} is not TOML: {str(err).splitlines()[0]}") from err
+    project = content.get("project") if isinstance(content.get("project"), dict) else {}
+    tool = content.get("tool") if isinstance(content.get("tool"), dict) else {}
+    name = project.get("name") if isinstance(project.get("name"), str) else None
+    return ProjectFile(path, name, _library_requirement(project), _settings(path, tool.get(TABLE)))
+
+
+def _library_requirement(project: dict) -> str | None:
+    """The project's first requirement of the library: in its dependencies, else in an extra."""
+    groups = [project.get("dependencies")]
+    extras = project.get("optional-dependencies")
+    groups += list(extras.values()) if isinstance(extras, dict) else []
+    for group in groups:
+        for text in group if isinstance(group, list) else ():
+            if isinstance(text, str) and _REQUIREMENT.match(text):
+                return text.strip()
+    return None
+
+
+def _settings(path: Path, table: Any) -> dict[str, Any]:
+    """``[tool.lightning-kit]``, each setting checked: one line naming the key and what it accepts."""
+    if table is None:
+        return {}
+    where = f"{path}: [tool.{TABLE}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table of settings")
+    unknown = sorted(set(table) - _SETTINGS)
+    if unknown:
+        raise ConfigError(f"{where} has no setting {unknown[0]!r}: it takes {', '.join(sorted(_SETTINGS))}")
+    packages = table.get("packages", [])
+    if not isinstance(packages, list) or not all(isinstance(p, str) and _MODULE.fullmatch(p) for p in packages):
+        raise ConfigError(f'{where} packages must be a list of module names, such as ["forecaster"]')
+    monitor = table.get("monitor")
+    if monitor is not None and not (isinstance(monitor, str) and monitor.strip()):
+        raise ConfigError(f'{where} monitor must be the name of a logged metric, such as "val/loss"')
+    mode = table.get("mode", "max")
+    if mode not in ("min", "max"):
+        raise ConfigError(f'{where} mode must be "min" or "max", got {mode!r}')
+    if "mode" in table and monitor is None:
+        raise ConfigError(f"{where} mode says how to judge the monitored metric: give monitor too")
+    return {"packages": packages, **({"monitor": monitor.strip(), "mode": mode} if monitor else {})}
