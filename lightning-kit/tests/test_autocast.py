@@ -1,4 +1,4 @@
-"""Rule 15 of docs/device-placement.md: autocast (16-mixed, bf16-mixed, torch.autocast regions) on the simulated GPU.
+"""Rule 15 of the placement guide: autocast (16-mixed, bf16-mixed, torch.autocast regions) on the simulated GPU.
 
 Autocast on the simulated GPU casts by CUDA's policy, read from the op lists PyTorch ships
 (``placement/simulated/autocast.py``): a manual ``torch.autocast(x.device.type, ...)`` region is

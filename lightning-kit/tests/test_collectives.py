@@ -1,4 +1,4 @@
-"""Rule 16 of docs/device-placement.md: ``torch.distributed`` collectives take tensors on the process's GPU.
+"""Rule 16 of the placement guide: ``torch.distributed`` collectives take tensors on the process's GPU.
 
 As the second process of a two-GPU DDP run, the audit has a process group
 (``placement/simulated/collectives.py``): in this one process, on an in-memory store, with

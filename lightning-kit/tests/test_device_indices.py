@@ -1,4 +1,4 @@
-"""Rule 14 of docs/device-placement.md: every device index code can observe is its own process's GPU.
+"""Rule 14 of the placement guide: every device index code can observe is its own process's GPU.
 
 Inside PyTorch every simulated tensor sits on ``simgpu:0`` (its autograd engine serves one index
 of a Python device); the simulated GPU puts the index of the process it plays (1 in the audit's

@@ -1,4 +1,4 @@
-"""Rule 13 of docs/device-placement.md: lengths and sizes that CUDA reads on the host, each shown wrong and right.
+"""Rule 13 of the placement guide: lengths and sizes that CUDA reads on the host, each shown wrong and right.
 
 Some CUDA kernels read lengths, split points or bounds on the host: those arguments must be CPU
 tensors, and a GPU tensor stops at its line (``HOST_ARGUMENTS`` in

@@ -1,4 +1,4 @@
-"""Rule 19 of docs/device-placement.md: lazy modules materialise on the device their module was moved to.
+"""Rule 19 of the placement guide: lazy modules materialise on the device their module was moved to.
 
 ``nn.LazyLinear``, ``nn.LazyConv1d``, ``nn.LazyBatchNorm1d``, ...: an uninitialised parameter or
 buffer moves with its module and stays uninitialised there, and ``materialize`` (called by

@@ -5,6 +5,7 @@ That a project's own code places nothing by hand is the project's test (the temp
 these test the check, on planted files and on the library's own sources.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,18 @@ from pathlib import Path
 import pytest
 from conftest import HANG_GUARD_S
 
-from lightning_kit import lint_placement
+from lightning_kit import guide, lint_placement
 
 # The library's folder: src/lightning_kit holds its sources, and no train.py.
 LIBRARY = Path(__file__).resolve().parents[1]
 PACKAGE = LIBRARY / "src" / "lightning_kit"
 # The library's modules that play Lightning's part, so place by hand, and are exempt.
-EXEMPT = [PACKAGE / "placement" / "simulated", PACKAGE / "placement" / "lightning.py", PACKAGE / "bench.py"]
+EXEMPT = [
+    PACKAGE / "placement" / "simulated",
+    PACKAGE / "placement" / "lightning.py",
+    PACKAGE / "placement" / "batches.py",
+    PACKAGE / "bench.py",
+]
 HOOK = "def transfer_batch_to_device(self, batch, device, dataloader_idx):\n    return "
 
 
@@ -86,13 +92,17 @@ HOOK = "def transfer_batch_to_device(self, batch, device, dataloader_idx):\n    
     ],
 )
 def test_the_placement_check_finds_every_way_of_naming_a_device(tmp_path, source):
-    """Each form is found once, at its file and line, with the fix and the rule of docs/device-placement.md."""
+    """Each form is found once, at its file and line, with the fix and the rule of the placement guide that explains
+    it, which the command it names prints."""
     planted = tmp_path / "planted.py"
     planted.write_text(f"import torch\n\n{source}\n", encoding="utf-8")
     line = 4 if source.startswith(HOOK) else 3
     found = lint_placement.check([planted])
     assert len(found) == 1, found
-    assert found[0].startswith(f"{planted}:{line}: `") and "(docs/device-placement.md, rule" in found[0], found
+    assert found[0].startswith(f"{planted}:{line}: `"), found
+    cited = re.search(r"\((rules? [\d to]+): python -m lightning_kit\.guide (\d+)(?:-(\d+))?\)$", found[0])
+    assert cited is not None, found
+    assert guide.rules(int(cited[2]), int(cited[3] or cited[2])).startswith(f"## {cited[2]}. "), cited
 
 
 @pytest.mark.parametrize(
@@ -143,7 +153,7 @@ def test_the_placement_check_leaves_device_agnostic_code_alone(tmp_path, source)
 
 
 def test_the_library_places_by_hand_only_where_it_plays_lightnings_part():
-    """Lightning places everything; see docs/device-placement.md.
+    """Lightning places everything; see the placement guide.
 
     Three parts of the library stand in for Lightning and are exempt: the simulated GPU and its
     Lightning side, which play Lightning's part on a GPU, and the benchmark's hand-written loop.
@@ -183,7 +193,7 @@ def test_the_placement_check_names_file_line_and_fix(tmp_path, capsys):
     clean.write_text("import torch\n\nx = torch.zeros(3, device=y.device)\n", encoding="utf-8")
     assert lint_placement.main([str(planted), str(clean)]) == 1
     out = capsys.readouterr().out
-    assert out.startswith(f"{planted}:3: `.cuda()` — delete it") and "docs/device-placement.md" in out
+    assert out.startswith(f"{planted}:3: `.cuda()` — delete it") and "python -m lightning_kit.guide 1-2" in out
     assert len(out.splitlines()) == 1
     assert lint_placement.main([str(clean)]) == 0
 

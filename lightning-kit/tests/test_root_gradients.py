@@ -1,4 +1,4 @@
-"""Rule 17 of docs/device-placement.md: a gradient handed to the autograd engine is on its tensor's device.
+"""Rule 17 of the placement guide: a gradient handed to the autograd engine is on its tensor's device.
 
 The engine checks the gradients a backward pass starts from (``grad_outputs`` of
 ``torch.autograd.grad``, ``grad_tensors`` of ``torch.autograd.backward``, ``gradient`` of

@@ -1,4 +1,4 @@
-"""The placement rules of docs/device-placement.md about where tensors are, each shown wrong and right.
+"""The placement rules of the placement guide about where tensors are, each shown wrong and right.
 
 The simulated GPU (``placement/simulated/``) computes real values on the CPU and applies
 CUDA's rules for devices; the audit trains a model on it with Lightning's own Trainer: fit

@@ -1,10 +1,11 @@
 """Find manual device placement in Python files: calls that move tensors or modules, and devices written in.
 
-Lightning places the model and the batches; a project's docs/device-placement.md gives the
-rules for the rest. This check reads the source (nothing is imported or run), prints
-``path:line: <what> — <the fix>`` for each placement it finds and exits 1, or exits 0 when
-there is none. A project runs it on its own files (its pre-commit hook ``no-manual-placement``
-on every changed file in ``src/`` and ``train.py``, its tests on all of them)::
+Lightning places the model and the batches; the placement guide that ships with the library
+(``python -m lightning_kit.guide``) gives the rules for the rest. This check reads the source
+(nothing is imported or run), prints ``path:line: <what> — <the fix>`` for each placement it
+finds and exits 1, or exits 0 when there is none. A project runs it on its own files (its
+pre-commit hook ``no-manual-placement`` on every changed file in ``src/`` and ``train.py``, its
+tests on all of them)::
 
     python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py of the current folder
 
@@ -29,7 +30,8 @@ device from a dtype in a variable of any other name (``.to(d)``), or in another 
 
 Three parts of this library stand in for Lightning and are exempt, as the library's own files
 only: the simulated GPU (``lightning_kit/placement/simulated/``) and its Lightning side
-(``lightning_kit/placement/lightning.py``), which play Lightning's part on a GPU, and the
+(``lightning_kit/placement/lightning.py``, and ``placement/batches.py``, which follows Lightning's
+moves of a batch), which play Lightning's part on a GPU, and the
 benchmark's hand-written loop (``lightning_kit/bench.py``). A project's files are never exempt.
 It needs the standard library only, so that it also runs as a script (``python .../lint_placement.py``)
 where lightning_kit's dependencies are not installed.
@@ -41,19 +43,26 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-EXEMPT = ("placement/simulated", "placement/lightning.py", "bench.py")  # within this library's package
+# Within this library's package: the simulated GPU and its Lightning side (and its model of Lightning's batch moves).
+EXEMPT = ("placement/simulated", "placement/lightning.py", "placement/batches.py", "bench.py")
 LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
-DOCS = "docs/device-placement.md"
+# The command that prints the placement guide's rules (``guide.py``; this script imports nothing of the library).
+GUIDE = "python -m lightning_kit.guide"
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
+# The fix of each kind of placement, and the rules of the guide that explain it.
+_FIXES_AND_RULES = {
+    "cuda": (MOVED, "1-2"),
+    "cpu": ("keep tensors where Lightning put them: log them with self.log", "6"),
+    "to": (f"{MOVED}, and constants as registered buffers", "1-3"),
+    "device": ("take the device from the data or the module: x.device, self.device, pl_module.device", "11"),
+    "default": ("delete it: Lightning gives each process its device; a default moves every tensor", "11"),
+    "legacy": ("name a dtype, not a CUDA tensor type: .float(), torch.float16; .type_as(x) follows x", "11"),
+    "non_blocking": ("delete the transfer: Lightning moves the batches, overlapping the copies", "1"),
+    "map_location": ('load onto the CPU (map_location="cpu"): Lightning moves the model afterwards', "1"),
+}
 FIXES = {
-    "cuda": f"{MOVED} ({DOCS}, rules 1 and 2)",
-    "cpu": f"keep tensors where Lightning put them: log them with self.log ({DOCS}, rule 6)",
-    "to": f"{MOVED}, and constants as registered buffers ({DOCS}, rules 1 to 3)",
-    "device": f"take the device from the data or the module: x.device, self.device, pl_module.device ({DOCS}, rule 11)",
-    "default": f"delete it: Lightning gives each process its device; a default moves every tensor ({DOCS}, rule 11)",
-    "legacy": f"name a dtype, not a CUDA tensor type: .float(), torch.float16; .type_as(x) follows x ({DOCS}, rule 11)",
-    "non_blocking": f"delete the transfer: Lightning moves the batches, overlapping the copies ({DOCS}, rule 1)",
-    "map_location": f'load onto the CPU (map_location="cpu"): Lightning moves the model afterwards ({DOCS}, rule 1)',
+    kind: f"{fix} ({'rules ' + rules.replace('-', ' to ') if '-' in rules else 'rule ' + rules}: {GUIDE} {rules})"
+    for kind, (fix, rules) in _FIXES_AND_RULES.items()
 }
 
 # Methods that move a tensor or module to a device, and the fix for each.

@@ -38,6 +38,8 @@ uses the command line:
   Lightning;
 - ``verdict.py``: what the audit found (``Verdict``, ``Outcome``, ``DevicePlacementError``,
   ``AuditIncompleteError``) and the exit statuses;
+- ``batches.py``: what Lightning's move of a batch left on the CPU (a tensor in a class it cannot move),
+  where it sits in the batch, why, and the fix;
 - ``explain.py``: the explanation of a failure: the hook, your file and line, the attribute
   on the wrong device, and the fix from the guide;
 - ``lightning.py``: the simulated GPU in Lightning: the ``simgpu`` accelerator, the strategy

@@ -3,8 +3,9 @@
 ``explain`` turns what stopped a run on the simulated GPU into a ``DevicePlacementError``
 (where a GPU would refuse the same operation), naming the hook, the innermost line of the
 user's code (``is_user_code`` tells it from a library's), the attribute of the model that
-holds the tensor on the wrong device, and the rule of the guide that gives the fix; or, for
-anything else, into one line saying why the run stopped there.
+holds the tensor on the wrong device (or the place in the batch where Lightning's move left it:
+``batches.py``), and the rule of the guide that gives the fix; or, for anything else, into one line
+saying why the run stopped there.
 """
 
 import os
@@ -18,11 +19,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from . import simulated
+from ..guide import cite
+from . import batches, simulated
 from .simulated import DEVICE_TYPE, SimulatedDeviceError
 from .verdict import STEP_OF_STAGE, DevicePlacementError
 
-GUIDE = "docs/device-placement.md"
 # The fix for each kind of bug, and the rule of the guide that explains it.
 FIXES = {
     "mixed devices": (
@@ -30,6 +31,12 @@ FIXES = {
         "constants and state as buffers, metrics and modules as attributes or in nn.ModuleDict/ModuleList, and "
         "never .cpu() or .to('cpu') inside a step",
         "rules 2 to 9",
+    ),
+    "unmoved batch": (
+        "give the batch's class a to(self, device) method that returns it with its tensors moved (or make it a "
+        "dataclass or a NamedTuple), or override the LightningModule's "
+        "transfer_batch_to_device(self, batch, device, dataloader_idx) hook to move it",
+        "rule 1",
     ),
     "another GPU": (
         "every DDP process has its own GPU: take the device from the data or the module (x.device, self.device), "
@@ -115,11 +122,20 @@ def explain(
         lines.append(f"Found: {device_error}")
     else:
         lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")
-    culprit = _culprit(device_error, model)
-    if culprit:
-        lines.append(culprit)
+    unmoved = batches.left_on_cpu(device_error.culprit) if kind == "mixed devices" else None
+    if unmoved is not None:  # the batch's own tensor, which Lightning could not move: that is the cause
+        kind = "unmoved batch"
+        lines.append(unmoved.cause())
+    else:
+        culprit = _culprit(device_error, model)
+        if culprit:
+            lines.append(culprit)
+        if kind == "mixed devices":
+            lines += _batch_hint(device_error, model)
     fix, rule = FIXES[kind]
-    lines.append(f"Fix: {fix}. See {rule} of {GUIDE}.")
+    if unmoved is not None:
+        fix = unmoved.fix()
+    lines.append(f"Fix: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
         kind=kind,
@@ -313,6 +329,24 @@ def _culprit(err: SimulatedDeviceError, model: L.LightningModule | None) -> str 
     if holder == "attribute":
         return f"It is `{path}`, a plain tensor attribute, which Lightning does not move: register it as a buffer."
     return f"It belongs to `{path}`, kept in a plain {holder}, which Lightning does not move."
+
+
+def _batch_hint(err: SimulatedDeviceError, model: L.LightningModule | None) -> list[str]:
+    """A line naming the tensors that Lightning left on the CPU in the batch in flight, when the tensor on the
+    wrong device is not one of them (nor the model's) but may have been computed from them: where it is the
+    CPU tensor, those with its first (batch) dimension."""
+    left, tensor = batches.in_flight(), err.culprit
+    if tensor is not None and tensor.device.type == "cpu":
+        if model is not None and _find_attribute(model, tensor) is not None:
+            return []
+        left = [spot for spot in left if spot.tensor.shape[:1] == tensor.shape[:1]]
+    if not left:
+        return []
+    places = ", ".join(f"`{spot.path}`" for spot in left[:3]) + (", ..." if len(left) > 3 else "")
+    return [
+        f"The batch holds tensors that Lightning left on the CPU, {places}, in a {left[0].holder_name}; "
+        f"if this one comes from them: {left[0].fix()}."
+    ]
 
 
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))

@@ -1,7 +1,8 @@
 """The simulated GPU in Lightning: ``--accelerator simgpu``, and the audit's strategy for one GPU or a DDP rank.
 
 ``SimulatedGPUAccelerator`` is registered with Lightning under the name ``simgpu``;
-``SimulatedGPUStrategy`` runs one process on ``simgpu:<rank>``; ``HookTracker`` marks each
+``SimulatedGPUStrategy`` runs one process on ``simgpu:<rank>``, and keeps what Lightning's move of
+each batch left on the CPU for the explanation of a failure (``batches.py``); ``HookTracker`` marks each
 exception with the hook or loop step it came from; ``simulated_run`` is the run of
 ``train.py --accelerator simgpu``; ``run_on_simulated_gpu`` calls one function there.
 """
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
@@ -17,8 +19,9 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from . import simulated
+from . import batches, simulated
 from .explain import explain, is_user_code
 from .simulated import SimulatedDeviceError
 
@@ -137,6 +140,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
         # rank 1 left behind every later run in it would skip what rank 0 does (its logs, its files).
         self._process_rank = rank_zero_only.rank
         rank_zero_only.rank = self._rank
+        batches.forget()
 
     def teardown(self) -> None:
         super().teardown()
@@ -145,6 +149,24 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
     def model_to_device(self) -> None:
         self.model.to(self.root_device)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Lightning's move of ``batch`` (or the user's ``transfer_batch_to_device``), keeping what it left on CPU."""
+        unreached = batches.unreached(batch)
+        moved = super().batch_to_device(batch, device, dataloader_idx)
+        batches.record(unreached, moved, self._batch_mover() if unreached else None)
+        return moved
+
+    def _batch_mover(self) -> str | None:
+        """The user's ``transfer_batch_to_device`` that Lightning calls instead of its own, if any (the data
+        module's first, as Lightning calls it)."""
+        model = self.lightning_module
+        trainer = getattr(model, "_trainer", None)
+        owners = ((getattr(trainer, "datamodule", None), L.LightningDataModule), (model, L.LightningModule))
+        for owner, base in owners:
+            if owner is not None and is_overridden("transfer_batch_to_device", owner, base):
+                return f"{type(owner).__name__}.transfer_batch_to_device"
+        return None
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         if not isinstance(tensor, torch.Tensor) or not self.is_distributed:
@@ -242,6 +264,7 @@ def run_on_simulated_gpu(function: Callable[..., Any], *args: Any, **kwargs: Any
     For code outside a LightningModule, such as a data module's on-device augmentation.
     Raises ``DevicePlacementError`` where a GPU would fail.
     """
+    batches.forget()  # no batch of a run is in flight in this call
     with simulated.simulating(0, is_user_code):
         args, kwargs = move_data_to_device((args, kwargs), simulated.device(0))
         try:

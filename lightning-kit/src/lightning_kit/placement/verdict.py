@@ -17,7 +17,8 @@ class DevicePlacementError(RuntimeError):
     """An operation that would fail on a GPU.
 
     Attributes:
-        kind: ``"mixed devices"``, ``"another GPU"`` (another DDP process's), ``"generator"``,
+        kind: ``"mixed devices"``, ``"unmoved batch"`` (a tensor of the batch that Lightning could not move to
+            the GPU, for the type of what holds it), ``"another GPU"`` (another DDP process's), ``"generator"``,
             ``"hard-coded device"``, ``"numpy"``, ``"sync_dist"``, ``"collective"`` (a collective of
             ``torch.distributed`` on a tensor off the process's GPU), ``"autocast"`` (an operation CUDA's
             autocast refuses) or ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast).

@@ -1,0 +1,71 @@
+"""The placement guide that ships with the library: ``python -m lightning_kit.guide [RULE] [--path]``.
+
+    python -m lightning_kit.guide          # the whole guide, as Markdown
+    python -m lightning_kit.guide 13       # rule 13
+    python -m lightning_kit.guide 2-9      # rules 2 to 9 (the audit's fixes cite them so)
+    python -m lightning_kit.guide --path   # where the file is, to open it in an editor or a Markdown viewer
+
+The audit's fixes and the placement linter name its rules by number. The standard library only.
+"""
+
+import argparse
+import re
+import sys
+from importlib import resources
+
+FILE = "device-placement.md"
+COMMAND = "python -m lightning_kit.guide"
+_RULE = re.compile(r"^## (\d+)\. ", re.MULTILINE)
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def text() -> str:
+    """The guide, as Markdown."""
+    return resources.files(__package__).joinpath(FILE).read_text(encoding="utf-8")
+
+
+def rules(first: int, last: int | None = None) -> str:
+    """Rules ``first`` to ``last`` (or ``first`` alone) of the guide; ValueError names the rules there are."""
+    guide = text()
+    last = first if last is None else last
+    starts = [(int(found[1]), found.start()) for found in _RULE.finditer(guide)]
+    chosen = []
+    for position, (number, start) in enumerate(starts):
+        # A rule ends where the next heading of its level starts: the next rule's, or the section after the rules.
+        end = starts[position + 1][1] if position + 1 < len(starts) else guide.find("\n## ", start + 1)
+        if first <= number <= last:
+            chosen.append(guide[start : end if end >= 0 else len(guide)].rstrip())
+    if not chosen:
+        raise ValueError(f"the guide has rules 1 to {starts[-1][0]}")
+    return "\n\n".join(chosen) + "\n"
+
+
+def cite(rules_cited: str) -> str:
+    """How a message cites rules (``"2 to 9"``, ``"15"``): where to read them."""
+    numbers = re.findall(r"\d+", rules_cited)
+    shown = f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else (numbers[0] if numbers else "")
+    return f"{COMMAND} {shown}".rstrip()
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=COMMAND, description="Print lightning-kit's device placement guide.")
+    parser.add_argument("rule", nargs="?", help="a rule's number, or a range such as 2-9 (default: the whole guide)")
+    parser.add_argument("--path", action="store_true", help="print where the guide's file is, instead of the guide")
+    options = parser.parse_args(args)
+    if options.path:
+        print(resources.files(__package__).joinpath(FILE))
+        return
+    if options.rule is None:
+        sys.stdout.write(text())
+        return
+    found = _RANGE.fullmatch(options.rule.strip())
+    if found is None:
+        parser.exit(2, f"error: {options.rule!r} is not a rule: give its number (13) or a range (2-9)\n")
+    try:
+        sys.stdout.write(rules(int(found[1]), int(found[2]) if found[2] else None))
+    except ValueError as err:
+        parser.exit(2, f"error: rule {options.rule}: {err}\n")
+
+
+if __name__ == "__main__":
+    main()

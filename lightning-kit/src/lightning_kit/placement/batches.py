@@ -1,0 +1,290 @@
+"""What Lightning leaves on the CPU in a batch: the tensors its move cannot reach, where they sit, why, and the fix.
+
+On a GPU, Lightning moves each batch with ``LightningModule.transfer_batch_to_device``, whose default is
+``lightning.fabric.utilities.apply_func.move_data_to_device``: it moves tensors, the tensors in lists,
+tuples, dicts (any ``Mapping``), namedtuples and dataclasses (the fields their ``__init__`` takes),
+however nested, and any object whose class has a ``to`` method, by calling it. Anything else it hands
+on as it is: a tensor held by a class of the user's (an attribute, a slot, a dict the object keeps)
+stays on the CPU, and the first operation that meets it with the model's weights fails on a GPU.
+
+The simulated GPU's strategy (``lightning.py``) looks at each batch around its move: ``unreached``
+lists, before the move, the tensors where Lightning's move does not reach; ``record`` keeps those
+still on the CPU at the same place after it (after ``transfer_batch_to_device`` and
+``on_after_batch_transfer``) as the batch in flight. ``left_on_cpu`` tells ``explain`` whether the CPU
+tensor of an operation a GPU refuses is one of them (the same tensor, or a view of its memory), and
+``in_flight`` lists them. A batch that keeps a tensor on the CPU is no bug by itself (CUDA takes 0-dim
+CPU tensors in element-wise operations, ``pack_padded_sequence`` wants its lengths on the CPU, a
+tensor may be used on the CPU only): only an operation that a GPU refuses is one, and then this names
+its cause.
+
+The walk follows ``apply_to_collection`` of ``lightning_utilities`` as Lightning 2.6 calls it (the
+same order of tests: a ``to`` method, a dataclass, a ``Mapping``, a namedtuple or other ``Sequence``
+but ``str``), from Lightning's public behaviour, not its private names; where Lightning stops, it
+looks into objects' ``__dict__`` and ``__slots__``, and into the mappings, sequences and sets they hold;
+not into ``nn.Module``s, nor properties. It is bounded, to cost nothing a step would notice: ``DEPTH``
+containers deep, ``NODES`` objects, ``ITEMS`` items of one container.
+"""
+
+import dataclasses
+import itertools
+import types
+from collections.abc import Iterator, Mapping, Sequence, Set
+from typing import Any
+
+import torch
+
+DEPTH, NODES, ITEMS = 6, 2000, 1000
+# Why Lightning's move left a tensor where it is.
+PLAIN = "plain"  # held by an object that is none of the types Lightning looks into
+MOVED_BY_TO = "to"  # held by an object whose to() Lightning called, which did not move it
+NOT_A_FIELD = "not a field"  # in a dataclass, but not a field its __init__ takes
+
+# Values that hold no tensor, nor anything to look into.
+_LEAVES = (
+    str,
+    bytes,
+    bytearray,
+    int,
+    float,
+    complex,
+    type,
+    range,
+    types.ModuleType,
+    torch.nn.Module,
+    torch.dtype,
+    torch.device,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unmoved:
+    """A tensor of the batch that Lightning's move left on the CPU, and why.
+
+    Attributes:
+        path: Where it sits in the batch, e.g. ``batch.x`` or ``batch['extra'].values``.
+        tensor: The tensor.
+        holder: The class of the object that Lightning could not look into (or whose ``to`` left it).
+        holder_path: That object's place in the batch, e.g. ``batch`` or ``batch['extra']``.
+        why: ``PLAIN``, ``MOVED_BY_TO`` or ``NOT_A_FIELD``.
+        mover: The user's ``transfer_batch_to_device`` that moved the batch instead of Lightning's, if any,
+            e.g. ``"Classifier.transfer_batch_to_device"``.
+    """
+
+    path: str
+    tensor: torch.Tensor
+    holder: type
+    holder_path: str
+    why: str
+    mover: str | None = None
+
+    @property
+    def holder_name(self) -> str:
+        """The holder's class with its module, as Python prints it: ``my_project.data.Batch``."""
+        module = self.holder.__module__
+        return self.holder.__qualname__ if module == "builtins" else f"{module}.{self.holder.__qualname__}"
+
+    def cause(self) -> str:
+        """Why the tensor is on the CPU, in a sentence."""
+        it = f"The tensor on cpu is `{self.path}`, {tuple(self.tensor.shape)} {self.tensor.dtype}, which"
+        holder = (
+            f"the batch, a {self.holder_name}"
+            if self.holder_path == "batch"
+            else f"`{self.holder_path}`, a {self.holder_name}"
+        )
+        if self.mover is not None:
+            return (
+                f"{it} {self.mover} left on the CPU: it is in {holder}, and that hook moves the batches "
+                "instead of Lightning."
+            )
+        if self.why == MOVED_BY_TO:
+            return (
+                f"{it} stayed on the CPU: Lightning moved {holder}, by calling its to() method, which does not move "
+                "this tensor."
+            )
+        if self.why == NOT_A_FIELD:
+            return (
+                f"{it} Lightning left on the CPU: it is in {holder}, but not a field that its __init__ takes, and "
+                "Lightning moves only those of a dataclass."
+            )
+        return (
+            f"{it} Lightning left on the CPU: it is in {holder}, which Lightning cannot move. Lightning moves only "
+            "tensors in lists, tuples, dicts, namedtuples and dataclasses, and objects with a .to(device) method; "
+            "it hands anything else on as it is."
+        )
+
+    def fix(self) -> str:
+        """What to change, for the ``Fix:`` line."""
+        hook = (
+            "or override the LightningModule's transfer_batch_to_device(self, batch, device, dataloader_idx) "
+            "hook to move it"
+        )
+        if self.mover is not None:
+            return (
+                f"move `{self.path}` in {self.mover} too ({self.path}.to(device)), or give {self.holder_name} a "
+                "to(self, device) method that returns it moved, and call that there"
+            )
+        if self.why == MOVED_BY_TO:
+            return f"make {self.holder_name}.to(device) move every tensor it holds and return the moved object, {hook}"
+        if self.why == NOT_A_FIELD:
+            return (
+                f"make it a field of {self.holder_name} that __init__ takes, give {self.holder_name} a "
+                f"to(self, device) method that returns it moved, {hook}"
+            )
+        return (
+            f"give {self.holder_name} a to(self, device) method that returns it with its tensors moved (or make it "
+            f"a dataclass or a NamedTuple), {hook}"
+        )
+
+
+_IN_FLIGHT: list[Unmoved] = []  # the batch the step now running was given
+
+
+def unreached(batch: Any) -> dict[str, Unmoved]:
+    """The tensors of ``batch`` where Lightning's move does not reach, by their place in it."""
+    found: dict[str, Unmoved] = {}
+    for spot in _walk(batch):
+        found.setdefault(spot.path, spot)
+    return found
+
+
+def record(before: dict[str, Unmoved], moved: Any, mover: str | None = None) -> None:
+    """Keep, as the batch in flight, what ``before`` found that is still on the CPU at its place in ``moved``.
+
+    ``before`` is ``unreached`` of the batch as the DataLoader gave it; ``moved``, the batch after its move
+    and ``on_after_batch_transfer``; ``mover``, the user's ``transfer_batch_to_device`` that moved it, if any.
+    """
+    _IN_FLIGHT.clear()
+    if not before:
+        return
+    for spot in _walk(moved):
+        was = before.get(spot.path)
+        if was is None or spot.tensor.device.type != "cpu" or was.tensor.device.type != "cpu":
+            continue  # moved, or a tensor a hook made after the move: not the batch's
+        if was.tensor.shape == spot.tensor.shape:
+            _IN_FLIGHT.append(dataclasses.replace(spot, mover=mover))
+
+
+def forget() -> None:
+    """No batch is in flight: a run starts."""
+    _IN_FLIGHT.clear()
+
+
+def left_on_cpu(tensor: torch.Tensor | None) -> Unmoved | None:
+    """The tensor of the batch in flight that Lightning left on the CPU that ``tensor`` is, or views."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        return None
+    same = next((spot for spot in _IN_FLIGHT if spot.tensor is tensor), None)
+    if same is not None:
+        return same
+    memory = _memory(tensor)
+    return next((spot for spot in _IN_FLIGHT if memory and _memory(spot.tensor) == memory), None)
+
+
+def _memory(tensor: torch.Tensor) -> int:
+    """Where a dense tensor's values start in memory (0 for a sparse one, which has no one storage)."""
+    return tensor.untyped_storage().data_ptr() if tensor.layout == torch.strided else 0
+
+
+def in_flight() -> list[Unmoved]:
+    """The tensors of the batch in flight that Lightning left on the CPU, 0-dim ones (which CUDA takes) aside."""
+    return [spot for spot in _IN_FLIGHT if spot.tensor.dim() > 0]
+
+
+def _walk(batch: Any) -> list[Unmoved]:
+    """Every tensor of ``batch`` that Lightning's move does not reach, with why, within the bounds.
+
+    What the batch's own code raises while it is looked at (a mapping's ``items()``, a ``__getattr__``)
+    ends the look there, with what it found: it is no reason to stop the run, which goes on with the batch.
+    """
+    seen: dict[int, Any] = {}  # by id, holding each object, so that no id is another's while walking
+    budget = [NODES]
+
+    def walk(value: Any, path: str, depth: int, left: tuple[type, str, str] | None) -> Iterator[Unmoved]:
+        if isinstance(value, torch.Tensor):
+            if left is not None:
+                yield Unmoved(path, value, *left)
+            return
+        if value is None or isinstance(value, _LEAVES) or depth > DEPTH or budget[0] <= 0 or id(value) in seen:
+            return
+        budget[0] -= 1
+        seen[id(value)] = value
+        kind = type(value)
+        if left is not None:  # inside what Lightning hands on as it is: everything in it stays
+            for where, item in _parts(value, path):
+                yield from walk(item, where, depth + 1, left)
+        elif callable(getattr(kind, "to", None)):  # Lightning calls its to(): what that leaves stays
+            for where, item in _attributes(value, path):
+                yield from walk(item, where, depth + 1, (kind, path, MOVED_BY_TO))
+        elif dataclasses.is_dataclass(value):
+            fields = {field.name for field in dataclasses.fields(value) if field.init}
+            for where, item, name in _named_attributes(value, path):
+                yield from walk(item, where, depth + 1, None if name in fields else (kind, path, NOT_A_FIELD))
+        elif isinstance(value, Mapping):
+            for key, item in itertools.islice(value.items(), ITEMS):
+                yield from walk(item, f"{path}[{_key(key)}]", depth + 1, None)
+        elif isinstance(value, Sequence):  # tuples, namedtuples, lists (str is a leaf)
+            for where, item in _items(value, path):
+                yield from walk(item, where, depth + 1, None)
+        else:
+            for where, item in _attributes(value, path):
+                yield from walk(item, where, depth + 1, (kind, path, PLAIN))
+
+    found: list[Unmoved] = []
+    try:
+        for spot in walk(batch, "batch", 0, None):
+            found.append(spot)
+    except Exception:  # the batch's own code (see above): the look ends, the run goes on
+        pass
+    return found
+
+
+def _key(key: Any) -> str:
+    """A mapping's key as Python writes it, where it is short (a string, a number), else its type."""
+    return repr(key) if isinstance(key, str | int | float) else f"<{type(key).__name__}>"
+
+
+def _parts(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """What ``value`` holds, with its place: a mapping's values, a sequence's or set's items, an object's attributes."""
+    if isinstance(value, Mapping):
+        for key, item in itertools.islice(value.items(), ITEMS):
+            yield f"{path}[{_key(key)}]", item
+    elif isinstance(value, Sequence):
+        yield from _items(value, path)
+    elif isinstance(value, Set):
+        for item in itertools.islice(value, ITEMS):
+            yield f"{path}{{...}}", item
+    else:
+        yield from _attributes(value, path)
+
+
+def _items(value: Sequence, path: str) -> Iterator[tuple[str, Any]]:
+    fields = getattr(value, "_fields", None) if isinstance(value, tuple) else None  # a namedtuple's names
+    for index, item in enumerate(itertools.islice(value, ITEMS)):
+        yield (f"{path}.{fields[index]}" if fields and index < len(fields) else f"{path}[{index}]"), item
+
+
+def _attributes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    for where, item, _ in _named_attributes(value, path):
+        yield where, item
+
+
+def _named_attributes(value: Any, path: str) -> Iterator[tuple[str, Any, str]]:
+    """An object's attributes in its ``__dict__`` and ``__slots__``, read without calling anything of it."""
+    try:
+        attributes = object.__getattribute__(value, "__dict__")  # never a __getattr__ of the class's
+    except AttributeError:
+        attributes = None
+    if isinstance(attributes, dict):
+        for name, item in itertools.islice(attributes.items(), ITEMS):
+            yield f"{path}.{name}", item, name
+    for cls in type(value).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            descriptor = vars(cls).get(name)
+            if name in ("__dict__", "__weakref__") or descriptor is None or not hasattr(descriptor, "__get__"):
+                continue
+            try:
+                item = descriptor.__get__(value, cls)
+            except AttributeError:  # a slot never set
+                continue
+            yield f"{path}.{name}", item, name
