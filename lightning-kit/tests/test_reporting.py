@@ -1,7 +1,9 @@
 """Reporting: the best epoch and its checkpoint at the end of fit, the run's plots, and the predictions CSV."""
 
 import csv
+import os
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import lightning as L
@@ -181,6 +183,8 @@ def _saved(drawn: list):
                 "xticks": [label.get_text() for label in axes.get_xticklabels()],
                 "yticks": [label.get_text() for label in axes.get_yticklabels()],
                 "lines": [list(line.get_xdata()) for line in axes.lines],
+                "labels": [line.get_label() for line in axes.lines],
+                "titles": [each.get_title() for each in figure.axes if each.get_title()],
             }
         )
         return save(figure, path)
@@ -311,3 +315,298 @@ def test_without_a_monitored_metric_no_epoch_is_called_the_best(in_tmp_path, fas
     _, matrix = read_confusion(RUNS / "version_0" / "confusion_matrix.csv")
     assert sum(map(sum, matrix)) > 0 and all(matrix[k][k] == 0 for k in range(len(matrix)))  # epoch 1: all wrong
     assert drawn[-1]["title"] == "Validation confusion matrix, epoch 1 (the last)"
+
+
+def write_metrics(folder: Path, header: str, *rows: str) -> Path:
+    """A run folder's metrics.csv, as CSVLogger writes it: ``epoch,step,`` then ``header``'s columns."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.csv").write_text("".join(f"{line}\n" for line in (f"epoch,step,{header}", *rows)))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("name", "stage", "metric", "per_step"),
+    [
+        ("val/mae", "val", "mae", False),
+        ("val_mae", "val", "mae", False),
+        ("mae/val", "val", "mae", False),
+        ("validation-mae", "val", "mae", False),
+        ("train/loss_epoch", "train", "loss", False),
+        ("train/loss_step", "train", "loss", True),
+        ("train_acc", "train", "accuracy", False),
+        ("val/f1/macro", "val", "f1/macro", False),
+        ("lr-Adam", None, "lr-Adam", False),
+    ],
+)
+def test_a_logged_name_says_its_stage_and_metric_however_written(name, stage, metric, per_step):
+    """``val/mae``, ``val_mae``, ``mae/val`` are one metric of one stage; Lightning's ``_epoch`` and ``_step`` are
+    no part of the metric, ``_step`` says it is logged per step; ``acc`` is accuracy; a name without a stage is
+    its own metric."""
+    from lightning_kit.metric_logs import parse_name
+
+    parsed = parse_name(name)
+    assert (parsed.stage, parsed.metric, parsed.per_step) == (stage, metric, per_step)
+
+
+@pytest.mark.parametrize(
+    ("train", "val"),
+    [("train/mae", "val/mae"), ("train_mae", "val_mae"), ("mae/train", "mae/val"), ("train/mae_epoch", "val/mae")],
+)
+def test_each_metric_logged_per_epoch_is_a_plot_of_its_stages(tmp_path, train, val):
+    """A regression run: the loss and each other metric is one plot, its train and validation series on it,
+    however the names are written; no accuracy plot for a run that logs no accuracy. A metric logged only per
+    step (its ``_step``, or values before the epoch's last step) is no epoch curve."""
+    from lightning_kit.plots import plot_run
+
+    # Lightning's train/mae_step beside train/mae_epoch, when both are logged; train_lr is logged per step only.
+    step = ["train/mae_step"] if train.endswith("_epoch") else []
+    rows = [
+        {"epoch": 0, "step": 3, "train_lr": 0.8, **dict.fromkeys(step, 0.95)},  # before the epoch's last step, 9
+        {"epoch": 0, "step": 9, "train/loss": 1.0, train: 0.9},  # an epoch's training values at its last step,
+        {"epoch": 0, "step": 9, "val/loss": 0.6, val: 0.7},  # then its validation's
+        {"epoch": 1, "step": 19, "train/loss": 0.5, train: 0.4},
+        {"epoch": 1, "step": 19, "val/loss": 0.2, val: 0.3},
+    ]
+    with (tmp_path / "metrics.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, ["epoch", "step", *step, "train/loss", train, "train_lr", val, "val/loss"])
+        writer.writeheader()
+        writer.writerows(rows)
+    drawn = []
+    with mock.patch("lightning_kit.plots._save", wraps=_saved(drawn)):
+        paths = plot_run(tmp_path)
+    assert [path.name for path in paths] == ["loss.png", "mae.png"]
+    assert [(figure["path"], figure["labels"]) for figure in drawn] == [
+        ("loss.png", ["train", "validation"]),
+        ("mae.png", ["train", "validation"]),
+    ]
+    assert all(line == [0, 1] for figure in drawn for line in figure["lines"])
+    assert not (tmp_path / "accuracy.png").exists()
+
+
+def test_plot_file_names_are_made_safe_and_their_number_bounded(tmp_path, capsys, monkeypatch):
+    """Metric names that would climb out of the run folder, hide a file, or collide with the confusion matrix's
+    plot or with each other name files of letters, digits, ``.``, ``-`` and ``_`` in it; a run that logs more
+    metrics than MAX_CURVES gets that many plots, the loss first, and one note that says how many are not drawn."""
+    from lightning_kit import plots
+
+    names = ["val/../../escaped", "val/.hidden", "val/confusion_matrix", "val/Mae", "val/mae", "val/" + "x" * 300]
+    run = write_metrics(tmp_path / "run", ",".join([*names, "val/loss"]), "0,9," + ",".join(["0.5"] * (len(names) + 1)))
+    curves, left_out = plots.plan_curves(plots.read_epoch_metrics(run / "metrics.csv"))
+    assert [curve.filename for curve in curves] == [
+        "loss.png",
+        "escaped.png",
+        "hidden.png",
+        "confusion_matrix-2.png",
+        "Mae.png",
+        "mae-2.png",
+        "x" * plots.MAX_STEM + ".png",
+    ]
+    assert left_out == 0
+    monkeypatch.setattr(plots, "MAX_CURVES", 2)
+    assert [path.name for path in plots.plot_run(run)] == ["loss.png", "escaped.png"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
+    assert sorted(path.name for path in run.iterdir()) == ["escaped.png", "loss.png", "metrics.csv"]
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == [
+        f"note: {run} logs 7 metrics per epoch: 2 are drawn (at most 2, the loss and accuracy first), 5 are not"
+    ], notes
+
+
+def test_plots_replace_links_at_their_names_and_never_write_through_them(tmp_path):
+    """A link planted at each name a plot or the confusion matrix's CSV is written to (or at the file beside it
+    that is renamed into place) is replaced: the user's file it points to is unchanged, and a dangling link
+    makes no file outside the run folder."""
+    from lightning_kit.plots import CONFUSION_FILE, plot_run, write_confusion
+
+    run = write_metrics(tmp_path / "run", "train/acc,val/acc,val/loss,val/mae", "0,9,0.5,0.6,1.0,0.3")
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"the user's own")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (run / "loss.png").symlink_to(mine)
+    (run / "accuracy.png").symlink_to(outside / "accuracy.png")  # dangling
+    (run / CONFUSION_FILE).symlink_to(mine)
+    (run / "confusion_matrix.png").symlink_to(outside / "confusion.png")
+    (run / f".writing.{os.getpid()}.mae.png").symlink_to(mine)
+    write_confusion(run / CONFUSION_FILE, [[2, 0], [1, 3]], ["a", "b"])
+    written = plot_run(run)
+    assert sorted(path.name for path in written) == ["accuracy.png", "confusion_matrix.png", "loss.png", "mae.png"]
+    assert mine.read_bytes() == b"the user's own" and list(outside.iterdir()) == []
+    for name in [path.name for path in written] + [CONFUSION_FILE]:
+        assert not (run / name).is_symlink() and (run / name).is_file(), name
+    assert (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert read_confusion(run / CONFUSION_FILE) == (["a", "b"], [[2, 0], [1, 3]])
+    assert not [path.name for path in run.iterdir() if path.name.startswith(".writing.")]
+
+
+@pytest.mark.parametrize("epoch", ["inf", "1e30", "-1", "1.5"])
+def test_an_epoch_that_is_no_epoch_number_is_one_line(tmp_path, capsys, epoch):
+    """An infinite, huge, negative or fractional epoch in metrics.csv: the plots command stops in one line that
+    names the line, not with an OverflowError; the table of runs says it in the run's note."""
+    from lightning_kit.plots import main as plots_main
+    from lightning_kit.runs.command import main as runs_main
+
+    write_metrics(tmp_path, "val/loss", "0,9,1.0", f"{epoch},19,0.5")
+    with pytest.raises(SystemExit) as exit_info:
+        plots_main([str(tmp_path)])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 1 and message.count("\n") == 1, message
+    assert "line 3, is not a metrics row" in message and "is not an epoch number" in message, message
+    (tmp_path / "config.yaml").write_text("model: {}\n")
+    runs_main([str(tmp_path), "--format", "csv"])
+    row = next(csv.DictReader(capsys.readouterr().out.splitlines()))
+    assert "metrics.csv unreadable: line 3 is not a metrics row (epoch " in row["note"], row
+
+
+def predicted(tmp_path: Path, *batches, module_classes=None, data=None) -> list[list[str]]:
+    """The rows of the predictions CSV that CSVPredictionWriter writes for ``batches``, ``(output, batch)`` each,
+    driven as Lightning's predict loop drives it; ``data`` is the data module (its class names, its labels)."""
+    from lightning_kit.callbacks import CSVPredictionWriter
+
+    writer = CSVPredictionWriter(str(tmp_path / "predictions.csv"))
+    trainer = SimpleNamespace(world_size=1, global_rank=0, datamodule=data)
+    module = SimpleNamespace(class_names=module_classes) if module_classes else SimpleNamespace()
+    writer.on_predict_start(trainer, module)
+    start = 0
+    try:
+        for number, (output, batch) in enumerate(batches):
+            size = len(batch[0]) if isinstance(batch, tuple) else len(next(iter(batch.values())))
+            writer.write_on_batch_end(trainer, module, output, list(range(start, start + size)), batch, number, 0)
+            start += size
+    except BaseException as err:
+        writer.on_exception(trainer, module, err)
+        raise
+    writer.on_predict_end(trainer, module)
+    with (tmp_path / "predictions.csv").open(newline="") as file:
+        return list(csv.reader(file))
+
+
+X = torch.zeros(2, 3)  # a batch of two inputs
+
+
+@pytest.mark.parametrize(
+    ("output", "header", "first"),
+    [
+        (torch.tensor([0.25, -1.5]), ["index", "prediction"], ["0", "0.25"]),
+        (
+            torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]),
+            ["index", "prediction_0", "prediction_1", "prediction_2"],
+            ["0", "1", "2", "3"],
+        ),
+        (
+            torch.arange(12.0).reshape(2, 2, 3),
+            ["index", *(f"prediction_{i}_{j}" for i in range(2) for j in range(3))],
+            ["0", "0", "1", "2", "3", "4", "5"],
+        ),
+        (
+            {"mean": torch.tensor([0.5, 1.0]), "quantiles": torch.ones(2, 2)},
+            ["index", "mean", "quantiles_0", "quantiles_1"],
+            ["0", "0.5", "1", "1"],
+        ),
+        (
+            (torch.tensor([7, 8]), torch.tensor([[0.125], [2.0]], dtype=torch.float64)),
+            ["index", "prediction_0", "prediction_1_0"],
+            ["0", "7", "0.125"],
+        ),
+    ],
+    ids=["(B,)", "(B,K)", "(B,2,3)", "dict", "tuple"],
+)
+def test_a_regression_models_predictions_are_written_as_they_are(tmp_path, output, header, first):
+    """Outputs of a model that is no classifier, or whose classes have no names: one ``prediction`` column for
+    (B,), ``prediction_<k>`` for (B,K), flattened for more dimensions, a dict's keys and a tuple's indices in
+    the names; no ``predicted`` nor ``p_`` columns, which would read its values as class probabilities."""
+    rows = predicted(tmp_path, (output, (X,)), data=SimpleNamespace(class_names=["a", "b", "c", "d", "e"]))
+    assert rows[0] == header and rows[1] == first and len(rows) == 3
+
+
+def test_a_classifiers_predictions_keep_their_columns(tmp_path):
+    """Class names known (the module's, else the data module's) and an output of (batch, classes): ``file``,
+    ``predicted``, ``label``, ``p_<class>``, exactly as the baked projects write them. A regression model's
+    labels are written as they are, after its outputs."""
+    data = SimpleNamespace(predict_names=["x.png", "y.png"], predict_labelled=True)
+    scores = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    rows = predicted(tmp_path, (scores, (X, torch.tensor([0, 0]))), module_classes=["cat", "dog"], data=data)
+    assert rows == [
+        ["file", "predicted", "label", "p_cat", "p_dog"],
+        ["x.png", "cat", "cat", "0.900000", "0.100000"],
+        ["y.png", "dog", "cat", "0.200000", "0.800000"],
+    ]
+    by_data = predicted(tmp_path / "data", (scores, (X,)), data=SimpleNamespace(class_names=["cat", "dog"]))
+    assert by_data[0] == ["index", "predicted", "p_cat", "p_dog"] and by_data[2][1] == "dog"
+    labelled = SimpleNamespace(predict_labelled=True)
+    regression = predicted(
+        tmp_path / "regression", (torch.tensor([1.5, 2.5]), (X, torch.tensor([1.0, 3.0]))), data=labelled
+    )
+    assert regression == [["index", "prediction", "label"], ["0", "1.5", "1"], ["1", "2.5", "3"]]
+
+
+@pytest.mark.parametrize(
+    ("batches", "reason"),
+    [
+        ([(torch.zeros(2, 20_001), (X,))], "holds 20001 values an input, more than the 10000 columns"),
+        ([(torch.zeros(2, 3), (X,)), (torch.zeros(2, 4), (X,))], "unlike the first batch's"),
+        ([(torch.tensor(1.0), (X,))], "is a single number"),
+        ([({"a": torch.zeros(2), "b": torch.zeros(3)}, (X,))], "differ in their first dimension"),
+        ([(["text", "more"], (X,))], "is str, which a predictions CSV cannot hold"),
+    ],
+    ids=["huge", "changing", "scalar", "ragged", "strings"],
+)
+def test_predictions_that_make_no_table_are_refused_in_one_line(tmp_path, batches, reason):
+    """A huge output, one whose columns change between batches, a number for the whole batch, tensors of
+    different batch sizes, strings: refused in one line (a UserError, which the command line prints as one),
+    and no file is left, partial or temporary."""
+    from lightning_kit.errors import UserError
+
+    with pytest.raises(UserError) as refusal:
+        predicted(tmp_path, *batches)
+    assert reason in str(refusal.value) and "\n" not in str(refusal.value), refusal.value
+    assert list(tmp_path.iterdir()) == []
+
+
+class DictRegressor(L.LightningModule):
+    """A regression model with dict batches, as a project of its own writes one: ``(batch, 2)`` forecasts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(3, 2)
+
+    def predict_step(self, batch, batch_idx):
+        return {"forecast": self.head(batch["history"]), "scale": batch["history"].abs().mean(dim=1)}
+
+
+def test_lightnings_predict_writes_a_dict_output_by_its_keys(tmp_path):
+    """Through Lightning's own predict loop (its batch indices, its hooks), a dict batch and a dict output:
+    one row per input, in order, its columns named by the output's keys."""
+    from torch.utils.data import DataLoader
+
+    from lightning_kit.callbacks import CSVPredictionWriter
+
+    history = torch.arange(15.0).reshape(5, 3)
+    loader = DataLoader([{"history": row} for row in history], batch_size=2)
+    writer = CSVPredictionWriter(str(tmp_path / "out.csv"))
+    trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[writer], enable_progress_bar=False)
+    model = DictRegressor()
+    trainer.predict(model, loader, return_predictions=False)
+    with (tmp_path / "out.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == ["index", "forecast_0", "forecast_1", "scale"]
+    assert [row["index"] for row in rows] == ["0", "1", "2", "3", "4"]
+    with torch.no_grad():
+        expected = model.head(history)
+    assert [float(row["forecast_1"]) for row in rows] == pytest.approx(expected[:, 1].tolist(), abs=1e-5)
+    assert float(rows[4]["scale"]) == pytest.approx(13.0)
+
+
+def test_the_best_epoch_keeps_validation_metrics_however_named(tmp_path):
+    """When the checkpoint callback picks a new best, BestEpoch keeps the validation metrics of that moment,
+    ``val/mae`` and ``val_rmse`` alike, and no training metric."""
+    from lightning_kit.callbacks import BestEpoch
+
+    judge = SimpleNamespace(monitor="val_rmse", best_model_path="", best_model_score=None)
+    metrics = {"val/mae": torch.tensor(0.5), "val_rmse": torch.tensor(0.25), "train_loss": torch.tensor(1.0)}
+    trainer = SimpleNamespace(checkpoint_callback=judge, callback_metrics=metrics, current_epoch=3)
+    best = BestEpoch()
+    best.on_train_start(trainer, SimpleNamespace())
+    judge.best_model_path, judge.best_model_score = "best.ckpt", torch.tensor(0.25)
+    best.on_save_checkpoint(trainer, SimpleNamespace(), {})
+    assert best.epoch == 3 and best.metrics == {"val/mae": 0.5, "val_rmse": 0.25}

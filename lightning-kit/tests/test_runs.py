@@ -389,3 +389,96 @@ def test_a_real_cross_validation_is_listed_as_folds(in_tmp_path, fast_args, caps
     assert f"  val/acc (monitored): mean {sum(values) / 2:.4f}, standard deviation " in out, out
     assert f"  test/acc: mean {sum(tests) / 2:.4f}, standard deviation " in out, out
     assert "importance" not in out
+
+
+def logged(folder: Path, metrics: dict[str, list[float]], record: dict | None = None) -> Path:
+    """A run folder as fit writes it, of any model: config.yaml, metrics.csv with ``metrics``' values (one row an
+    epoch, at its last step) and run.json (finished, without a monitor unless ``record`` names one)."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"lr": 0.01}}))
+    columns = list(metrics)
+    epochs = len(next(iter(metrics.values())))
+    rows = "".join(
+        ",".join([str(epoch), str(10 * epoch + 9), *(str(metrics[column][epoch]) for column in columns)]) + "\n"
+        for epoch in range(epochs)
+    )
+    (folder / "metrics.csv").write_text(",".join(["epoch", "step", *columns]) + "\n" + rows)
+    started = "2026-01-01T10:00:00+00:00"
+    (folder / RUN_FILE).write_text(json.dumps({"status": "finished", "started": started, **(record or {})}))
+    return folder
+
+
+def test_the_best_epoch_is_the_monitored_metrics_and_a_run_without_one_shows_its_last(tmp_path, capsys):
+    """The best epoch is found by the monitor and mode run.json records (val/mae, min), however the metrics
+    are named; a run that monitors nothing shows its last validated epoch, called so (``2 (last)`` and a
+    note), with its latest checkpoint; so does a run whose monitor was never logged. Metrics named with ``_``
+    are columns as those with ``/``, test metrics too."""
+    regression = {"train/loss": [0.9, 0.5, 0.4], "val/loss": [0.5, 0.3, 0.4], "val/mae": [0.4, 0.2, 0.3]}
+    logged(tmp_path / "min", regression, {"monitor": "val/mae", "mode": "min"})
+    logged(tmp_path / "none", {"val_loss": [0.5, 0.3, 0.4], "val_r2": [0.1, 0.5, 0.4]})
+    (tmp_path / "none" / "checkpoints").mkdir()
+    (tmp_path / "none" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (tmp_path / "none" / "test" / "version_0").mkdir(parents=True)
+    (tmp_path / "none" / "test" / "version_0" / "metrics.csv").write_text("epoch,step,test_r2\n0,0,0.45\n")
+    logged(tmp_path / "null", {"val/acc": [0.9, 0.5]}, {"monitor": None})
+    logged(tmp_path / "unlogged", {"val/mae": [0.4, 0.2]}, {"monitor": "val/rmse", "mode": "min"})
+    rows = {row["run"]: row for row in table(capsys, str(tmp_path))}
+    assert (rows["min"]["best_epoch"], rows["min"]["val/mae"], rows["min"]["val/loss"]) == ("1", "0.2", "0.3")
+    assert rows["min"]["note"] == "" and "train/loss" not in rows["min"]
+    assert (rows["none"]["best_epoch"], rows["none"]["val_r2"], rows["none"]["test_r2"]) == ("2", "0.4", "0.45")
+    assert rows["none"]["note"] == "no monitored metric: the last validated epoch's metrics"
+    assert rows["none"]["checkpoint"] == str(tmp_path / "none" / "checkpoints" / "last.ckpt")
+    assert (rows["null"]["best_epoch"], rows["null"]["val/acc"]) == ("1", "0.5")
+    assert (rows["unlogged"]["best_epoch"], rows["unlogged"]["val/mae"]) == ("1", "0.2")
+    assert rows["unlogged"]["note"] == "val/rmse (monitored) not logged: the last validated epoch's metrics"
+    runs([str(tmp_path)])
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert " 2 (last) " in lines["none"] and {"0.4000", "0.4500"} <= set(lines["none"].split())
+    assert "(last)" not in lines["min"] and "0.2000" in lines["min"].split()
+
+
+def test_durations_under_a_minute_keep_a_tenth_of_a_second(tmp_path, capsys):
+    """0.4 s is ``0.4s``, not ``0s``; minutes and hours as before; the CSV keeps the seconds as recorded."""
+    from lightning_kit.runs.table import duration_text
+
+    assert [duration_text(s) for s in (0.4, 0.04, 16.3, 59.94, 59.96, 192, 3725)] == [
+        "0.4s",
+        "0.0s",
+        "16.3s",
+        "59.9s",
+        "1m00s",
+        "3m12s",
+        "1h02m",
+    ]
+    hand_made(tmp_path / "quick", record={"duration_s": 0.4})
+    assert table(capsys, str(tmp_path))[0]["duration"] == "0.4"
+    runs([str(tmp_path)])
+    assert capsys.readouterr().out.splitlines()[1].split()[-1] == "0.4s"
+
+
+def test_the_curves_draw_each_runs_monitored_or_first_validation_metric(tmp_path, capsys, monkeypatch):
+    """``--plot``: the validation loss, and a panel for each metric the runs chose, titled by it: the monitored
+    one (from run.json), else the first validation metric that is no loss; not a fixed val/acc. The file is
+    renamed into place: a link planted there (with --overwrite) is replaced, the file it points to unchanged."""
+    from test_reporting import _saved
+
+    logged(
+        tmp_path / "runs" / "a", {"val/loss": [0.5, 0.3], "val/mae": [0.4, 0.2]}, {"monitor": "val/mae", "mode": "min"}
+    )
+    logged(tmp_path / "runs" / "b", {"val/loss": [0.6, 0.4], "val/mae": [0.5, 0.1], "val/r2": [0.1, 0.2]})
+    logged(tmp_path / "runs" / "c", {"val_loss": [0.7, 0.2], "val_r2": [0.3, 0.6]})
+    mine = tmp_path / "mine.png"
+    mine.write_text("the user's")
+    (tmp_path / "curves.png").symlink_to(mine)
+    drawn = []
+    monkeypatch.setattr("lightning_kit.runs.curves._save", _saved(drawn))
+    runs([str(tmp_path / "runs"), "--plot", str(tmp_path / "curves.png"), "--overwrite"])
+    capsys.readouterr()
+    assert drawn[0]["titles"] == [
+        "Validation loss",
+        "val/mae (monitored in 1 of 2 runs)",
+        "val_r2 (first validation metric)",
+    ]
+    assert drawn[0]["labels"] == ["a", "b", "c"]
+    assert mine.read_text() == "the user's" and not (tmp_path / "curves.png").is_symlink()
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"

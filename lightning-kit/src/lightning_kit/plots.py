@@ -1,4 +1,12 @@
-"""Plots of a run: loss and accuracy curves, and the validation confusion matrix.
+"""Plots of a run: a curve for each metric it logged per epoch, and the validation confusion matrix.
+
+Each metric is one plot, its stages' series on it: ``train/mae`` and ``val/mae`` (or
+``train_mae`` and ``val_mae``, Lightning's ``_epoch`` ones) are drawn into ``mae.png``,
+the loss into ``loss.png``, accuracy into ``accuracy.png``; a metric logged only per step
+is no epoch curve (``metric_logs.py`` says how each name is read). File names are made
+from metric names with letters, digits, ``.``, ``-`` and ``_`` only, and at most
+``MAX_CURVES`` are drawn. Each file is written beside its name and renamed into place: a
+link planted at that name is replaced, never written through.
 
 Epochs count from 0 here as everywhere else (checkpoint names ``best-epoch=0-...``,
 ``metrics.csv``, the end of ``fit``, the table of runs): Lightning's ``epoch``.
@@ -8,25 +16,52 @@ Drawn into the run's folder after ``fit``; redraw them from a run's logs with
 """
 
 import argparse
+import contextlib
 import csv
-from collections import defaultdict
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import yaml
 
+from .metric_logs import STAGE_LABELS, MetricLog, parse_name, read_metric_log
+
 METRICS_FILE = "metrics.csv"
 CONFUSION_FILE = "confusion_matrix.csv"
+CONFUSION_PLOT = "confusion_matrix.png"
 # The first cell of the confusion matrix's CSV: rows are the true classes, columns the predicted ones.
 CONFUSION_CORNER = "true \\ predicted"
 # How an axis of epochs is labelled: the numbers are Lightning's, from 0.
 EPOCH_AXIS = "epoch (from 0)"
 # Above this many classes, the confusion matrix's cells are drawn without their counts, which would be unreadable.
 COUNTS_UP_TO = 30
-# (file, title, [(series label, metrics.csv column), ...])
-CURVES = (
-    ("loss.png", "Loss", (("train", "train/loss"), ("validation", "val/loss"))),
-    ("accuracy.png", "Accuracy", (("train", "train/acc"), ("validation", "val/acc"))),
-)
+# At most this many curves, the loss and accuracy first: a run that logs hundreds of metrics gets these.
+MAX_CURVES = 30
+# The longest file name made from a metric's name, before ``.png``.
+MAX_STEM = 64
+# Values beyond this size are not drawn (nor inf, nor NaN): matplotlib cannot lay out an axis across them.
+MAX_DRAWN = 1e300
+# Titles of the metrics everyone logs; any other is titled by its own name.
+TITLES = {"loss": "Loss", "accuracy": "Accuracy"}
+_UNSAFE = re.compile(r"[^A-Za-z0-9._\-]+")
+
+
+@dataclass
+class Curve:
+    """One plot of a metric by epoch: its file, its title, and its series, ``(label, metrics.csv column)``."""
+
+    filename: str
+    metric: str
+    series: list[tuple[str, str]]
+
+    @property
+    def title(self) -> str:
+        return TITLES.get(self.metric, self.metric)
 
 
 def plot_run(run_dir: str | Path, confusion_epoch: int | None = None, confusion_which: str = "") -> list[Path]:
@@ -34,49 +69,115 @@ def plot_run(run_dir: str | Path, confusion_epoch: int | None = None, confusion_
 
     ``confusion_epoch`` names the confusion matrix's epoch and ``confusion_which`` which one it
     is (``"the best checkpoint's"``); by default, it is taken for the last validation's, the
-    last epoch with validation metrics in ``metrics.csv``.
+    last epoch with validation metrics in ``metrics.csv``. When the run logged more metrics than
+    ``MAX_CURVES``, a note on stderr says how many were not drawn.
     """
-    plt = _pyplot()
     run_dir = Path(run_dir)
     written = []
     # Curves need the CSV logger's metrics.csv; with another logger, use its own viewer.
-    per_epoch = read_history(run_dir) if (run_dir / METRICS_FILE).is_file() else {}
-    for filename, title, series in CURVES if per_epoch else ():
-        figure, axes = plt.subplots(figsize=(6, 4))
-        for label, column in series:
-            points = sorted(per_epoch.get(column, {}).items())
-            if points:
-                axes.plot([epoch for epoch, _ in points], [value for _, value in points], marker="o", label=label)
-        axes.set(title=title, xlabel=EPOCH_AXIS, ylabel=title.lower())
-        axes.xaxis.get_major_locator().set_params(integer=True)
-        axes.grid(alpha=0.3)
-        if axes.lines:
-            axes.legend()
-        written.append(_save(figure, run_dir / filename))
+    log = read_history(run_dir) if (run_dir / METRICS_FILE).is_file() else MetricLog()
+    curves, left_out = plan_curves(log)
+    if left_out:
+        sys.stderr.write(
+            f"note: {run_dir} logs {len(curves) + left_out} metrics per epoch: {len(curves)} are drawn "
+            f"(at most {MAX_CURVES}, the loss and accuracy first), {left_out} are not\n"
+        )
+    for curve in curves:
+        path = _draw_curve(curve, log, run_dir)
+        if path is not None:
+            written.append(path)
     confusion_path = run_dir / CONFUSION_FILE
     if confusion_path.is_file():
-        names, matrix = read_confusion(confusion_path)
-        side = min(0.4 * len(names), 12)  # room for the names, within a page
-        figure, axes = plt.subplots(figsize=(max(6, side + 3), max(5, side + 2)))
-        image = axes.imshow(matrix, cmap="Blues")
-        figure.colorbar(image, ax=axes)
-        for row, counts in enumerate(matrix if len(names) <= COUNTS_UP_TO else ()):
-            for column, count in enumerate(counts):
-                axes.text(column, row, str(count), ha="center", va="center", fontsize=7)
         if confusion_epoch is None:
-            validated = sorted(per_epoch.get("val/acc", {}))
-            confusion_epoch, confusion_which = (validated[-1], "the last") if validated else (None, "")
-        title = "Validation confusion matrix"
-        if confusion_epoch is not None:
-            title += f", epoch {confusion_epoch}" + (f" ({confusion_which})" if confusion_which else "")
-        axes.set(title=title, xlabel="predicted class", ylabel="true class")
-        if len(names) <= COUNTS_UP_TO:
-            long_names = max(map(len, names), default=0) > 3  # slanted, so that neighbours do not overlap
-            slant = {"rotation": 45, "ha": "right"} if long_names else {}
-            axes.set_xticks(range(len(names)), names, **slant)
-            axes.set_yticks(range(len(names)), names)
-        written.append(_save(figure, run_dir / "confusion_matrix.png"))
+            confusion_epoch = log.last_validated()
+            confusion_which = "the last" if confusion_epoch is not None else ""
+        written.append(_draw_confusion(confusion_path, confusion_epoch, confusion_which, run_dir / CONFUSION_PLOT))
     return written
+
+
+def plan_curves(log: MetricLog) -> tuple[list[Curve], int]:
+    """The curves to draw from ``log`` (one per metric logged per epoch, at most ``MAX_CURVES``, the loss and
+    accuracy first), and how many more metrics there were."""
+    by_metric: dict[str, list[str]] = {}
+    for column in log.epoch_columns():
+        by_metric.setdefault(parse_name(column).metric, []).append(column)
+    first = [metric for metric in TITLES if metric in by_metric]
+    order = first + [metric for metric in by_metric if metric not in TITLES]
+    taken = {CONFUSION_PLOT}
+    curves = []
+    for metric in order[:MAX_CURVES]:
+        filename = _file_name(metric, taken)
+        taken.add(filename.lower())
+        curves.append(Curve(filename, metric, _series(by_metric[metric])))
+    return curves, len(order) - len(curves)
+
+
+def _series(columns: list[str]) -> list[tuple[str, str]]:
+    """Each column's legend label, its stage in words (``train``, ``validation``), ordered train, validation,
+    test; a column without a stage, or sharing its stage with another, is labelled by its name."""
+    ranks = {stage: rank for rank, stage in enumerate(STAGE_LABELS)}
+    stages = {column: parse_name(column).stage for column in columns}
+    columns = sorted(columns, key=lambda column: ranks.get(stages[column], len(ranks)))
+    labels = [STAGE_LABELS.get(stages[column], column) for column in columns]
+    return [
+        (label if labels.count(label) == 1 else column, column) for label, column in zip(labels, columns, strict=True)
+    ]
+
+
+def _file_name(metric: str, taken: set[str]) -> str:
+    """A PNG's name for ``metric``: letters, digits, ``.``, ``-`` and ``_`` (no folder, no hidden file), at most
+    ``MAX_STEM`` of them, and none of ``taken`` (compared without case, as some file systems do)."""
+    stem = _UNSAFE.sub("_", metric).strip("._-")[:MAX_STEM] or "metric"
+    name, count = f"{stem}.png", 1
+    while name.lower() in taken:
+        count += 1
+        name = f"{stem}-{count}.png"
+    return name
+
+
+def _draw_curve(curve: Curve, log: MetricLog, run_dir: Path) -> Path | None:
+    """Draw ``curve`` into the run's folder; None when none of its values can be drawn."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for label, column in curve.series:
+        points = sorted((epoch, value) for epoch, value in log.epochs[column].items() if drawable(value))
+        if points:
+            axes.plot([epoch for epoch, _ in points], [value for _, value in points], marker="o", label=label)
+    if not axes.lines:
+        plt.close(figure)
+        return None
+    axes.set(title=curve.title, xlabel=EPOCH_AXIS, ylabel=curve.metric)
+    axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    return _save(figure, run_dir / curve.filename)
+
+
+def drawable(value: float) -> bool:
+    """Whether ``value`` can be drawn: a finite number, within ``MAX_DRAWN``."""
+    return math.isfinite(value) and abs(value) <= MAX_DRAWN
+
+
+def _draw_confusion(path: Path, epoch: int | None, which: str, target: Path) -> Path:
+    plt = _pyplot()
+    names, matrix = read_confusion(path)
+    side = min(0.4 * len(names), 12)  # room for the names, within a page
+    figure, axes = plt.subplots(figsize=(max(6, side + 3), max(5, side + 2)))
+    image = axes.imshow(matrix, cmap="Blues")
+    figure.colorbar(image, ax=axes)
+    for row, counts in enumerate(matrix if len(names) <= COUNTS_UP_TO else ()):
+        for column, count in enumerate(counts):
+            axes.text(column, row, str(count), ha="center", va="center", fontsize=7)
+    title = "Validation confusion matrix"
+    if epoch is not None:
+        title += f", epoch {epoch}" + (f" ({which})" if which else "")
+    axes.set(title=title, xlabel="predicted class", ylabel="true class")
+    if len(names) <= COUNTS_UP_TO:
+        long_names = max(map(len, names), default=0) > 3  # slanted, so that neighbours do not overlap
+        slant = {"rotation": 45, "ha": "right"} if long_names else {}
+        axes.set_xticks(range(len(names)), names, **slant)
+        axes.set_yticks(range(len(names)), names)
+    return _save(figure, target)
 
 
 def write_confusion(path: Path, matrix: list[list[int]], class_names: list[str] | None = None) -> None:
@@ -85,7 +186,7 @@ def write_confusion(path: Path, matrix: list[list[int]], class_names: list[str] 
     names = [str(name) for name in class_names or ()]
     if len(names) != len(matrix):
         names = [str(label) for label in range(len(matrix))]
-    with path.open("w", newline="") as file:
+    with written_into_place(path, "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow([CONFUSION_CORNER, *names])
         writer.writerows([name, *counts] for name, counts in zip(names, matrix, strict=True))
@@ -108,13 +209,13 @@ def read_confusion(path: Path) -> tuple[list[str], list[list[int]]]:
     return names, matrix
 
 
-def read_history(run_dir: Path) -> dict[str, dict[int, float]]:
-    """The run's per-epoch metrics, preceded by those of the runs it resumed from.
+def read_history(run_dir: Path) -> MetricLog:
+    """The run's metric log, preceded by those of the runs it resumed from.
 
     A resumed run logs into a folder of its own; its ``config.yaml`` names the
     checkpoint it started from, whose run folder holds the earlier epochs.
     """
-    history = read_epoch_metrics(run_dir / METRICS_FILE)
+    log = read_epoch_metrics(run_dir / METRICS_FILE)
     config_path = run_dir / "config.yaml"
     ckpt_path = yaml.safe_load(config_path.read_text()).get("ckpt_path") if config_path.is_file() else None
     earlier_dir = Path(ckpt_path).parent.parent if ckpt_path else None
@@ -123,26 +224,33 @@ def read_history(run_dir: Path) -> dict[str, dict[int, float]]:
         and earlier_dir.resolve() != run_dir.resolve()
         and (earlier_dir / METRICS_FILE).is_file()
     ):
-        for column, values in read_history(earlier_dir).items():
-            history[column] = {**values, **history.get(column, {})}
-    return history
+        log = log.continuing(read_history(earlier_dir))
+    return log
 
 
-def read_epoch_metrics(path: Path) -> dict[str, dict[int, float]]:
-    """Read a CSVLogger ``metrics.csv`` into ``{column: {epoch: value}}``, keeping each epoch's last value."""
-    values: dict[str, dict[int, float]] = defaultdict(dict)
-    with path.open() as file:
-        for line, row in enumerate(csv.DictReader(file), start=2):
-            if not row.get("epoch"):
-                continue
-            try:
-                epoch = int(float(row["epoch"]))
-                for column, value in row.items():
-                    if value and column not in ("epoch", "step"):
-                        values[column][epoch] = float(value)
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{path}, line {line}, is not a metrics row ({err})") from None
-    return values
+def read_epoch_metrics(path: Path) -> MetricLog:
+    """Read a CSVLogger ``metrics.csv``: each column's last value in each epoch, and which are logged per step."""
+    with path.open(newline="") as file:
+        return read_metric_log(file, where=str(path))
+
+
+@contextlib.contextmanager
+def written_into_place(path: Path, mode: str = "wb", **options) -> Iterator[IO]:
+    """A new file opened for writing beside ``path``, renamed to ``path`` when the block ends without an error.
+
+    So a reader never finds half a file, and a link at ``path`` (to a user's file, or to nowhere) is
+    replaced by the file, never written through. The file beside it is made anew (``x``): a link
+    planted at its name is removed first, not followed. On an error it is removed.
+    """
+    temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
+    temporary.unlink(missing_ok=True)
+    try:
+        with temporary.open(mode.replace("w", "x"), **options) as file:
+            yield file
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def _pyplot():
@@ -156,9 +264,13 @@ def _pyplot():
 
 
 def _save(figure, path: Path) -> Path:
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    _pyplot().close(figure)
+    """Save ``figure`` as a PNG into ``path`` (beside it, then renamed into place) and close it."""
+    try:
+        figure.tight_layout()
+        with written_into_place(Path(path)) as file:
+            figure.savefig(file, format="png", dpi=100)
+    finally:
+        _pyplot().close(figure)
     return path
 
 
@@ -168,9 +280,15 @@ def main(args: list[str] | None = None) -> None:
     options = parser.parse_args(args)
     try:
         paths = plot_run(options.run_dir)
-    except (OSError, ValueError, csv.Error) as err:
+    except (OSError, ValueError, ArithmeticError, csv.Error) as err:
         parser.exit(1, f"error: the plots of {options.run_dir} cannot be drawn: {err}\n")
     if not paths:
+        if (Path(options.run_dir) / METRICS_FILE).is_file():
+            parser.exit(
+                1,
+                f"error: {options.run_dir}/{METRICS_FILE} holds no metric logged per epoch with a finite value, "
+                "and there is no confusion matrix (a metric logged only per step is no epoch curve)\n",
+            )
         parser.exit(1, f"error: {options.run_dir} holds neither {METRICS_FILE} nor {CONFUSION_FILE}\n")
     for path in paths:
         print(path)

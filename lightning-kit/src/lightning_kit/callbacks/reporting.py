@@ -2,8 +2,10 @@
 
 import contextlib
 import csv
+import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,13 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ..errors import UserError
 from ..files import check_output_file
+from ..metric_logs import parse_name
 from ..plots import CONFUSION_FILE, plot_run, write_confusion
+
+# Columns of values a predictions CSV holds at most, beside the input's name and label: more is no table to read.
+MAX_COLUMNS = 10_000
+# Containers inside containers in predict_step's output, at most.
+MAX_DEPTH = 8
 
 
 class BestEpoch(L.Callback):
@@ -49,7 +57,7 @@ class BestEpoch(L.Callback):
         self.metrics = {
             name: float(value)
             for name, value in trainer.callback_metrics.items()
-            if name.startswith("val/") and value.numel() == 1
+            if parse_name(name).stage == "val" and value.numel() == 1
         }
         self.confusion = _confusion_of(pl_module, trainer.current_epoch)
         if "callbacks" in checkpoint:
@@ -105,7 +113,7 @@ class RunPlots(L.Callback):
             trainer.logger.save()
         try:
             plot_run(run_dir, confusion_epoch=epoch, confusion_which=which)
-        except (OSError, ValueError, csv.Error) as err:
+        except (OSError, ValueError, ArithmeticError, csv.Error) as err:
             sys.stderr.write(f"warning: the plots of {run_dir} were not drawn: {err}\n")
 
     @staticmethod
@@ -123,13 +131,20 @@ class RunPlots(L.Callback):
 class CSVPredictionWriter(BasePredictionWriter):
     """Write ``predict``'s output to a CSV file, one row per input, in the order of the inputs.
 
-    Columns: ``file`` (or ``index`` for inputs that are not files), ``predicted`` (the class
-    name), ``label`` (the true class name, when the inputs have labels), then ``p_<class>``,
-    each class's probability. The file is written beside its final name and renamed when
-    complete, so a run that fails leaves no partial file; an existing file is replaced only
-    when asked to. A path that names a folder, a FIFO or a device, or that cannot be
-    written, is refused in one line before predicting (by the command line, before the
-    data is read).
+    The first column is ``file`` (or ``index`` for inputs that are not files). A classifier's
+    output, ``(batch, classes)`` where the class names are known (the module's ``class_names``,
+    else the data module's), is written as ``predicted`` (the class name), ``label`` (the true
+    class name, when the inputs have labels: the data module's ``predict_labelled``), then
+    ``p_<class>``, each class's probability. Any other output is written as it is: one
+    ``prediction`` column for a ``(batch,)`` tensor, ``prediction_0`` ... ``prediction_<K-1>``
+    for ``(batch, K)``, ``prediction_<i>_<j>`` for more dimensions; a dict's keys (a tuple's
+    ``prediction_<i>``) stand in for ``prediction``; then the labels, as they are. An output of
+    more than ``MAX_COLUMNS`` values an input is refused in one line before anything is written.
+
+    The file is written beside its final name and renamed when complete, so a run that fails
+    leaves no partial file; an existing file is replaced only when asked to. A path that names
+    a folder, a FIFO or a device, or that cannot be written, is refused in one line before
+    predicting (by the command line, before the data is read).
 
     Args:
         path: The CSV file to write. Under several processes, each writes its own
@@ -168,37 +183,57 @@ class CSVPredictionWriter(BasePredictionWriter):
         datamodule = trainer.datamodule
         self._names = getattr(datamodule, "predict_names", None)
         self._labelled = getattr(datamodule, "predict_labelled", False)
-        self._classes = getattr(pl_module, "class_names", None)
-        self._header_written = False
+        classes = getattr(pl_module, "class_names", None) or getattr(datamodule, "class_names", None)
+        self._classes = [str(name) for name in classes] if isinstance(classes, list | tuple) and classes else None
+        self._header: list[str] | None = None
 
     def write_on_batch_end(
         self,
         trainer: L.Trainer,
         pl_module: L.LightningModule,
-        prediction: torch.Tensor,
+        prediction: Any,
         batch_indices: Any,
         batch: Any,
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        classes = self._classes or [str(k) for k in range(prediction.shape[1])]
-        if not self._header_written:
-            first = "file" if self._names is not None else "index"
-            label = ["label"] if self._labelled else []
-            self._writer.writerow([first, "predicted", *label, *(f"p_{name}" for name in classes)])
-            self._header_written = True
-        predicted = prediction.argmax(dim=1).tolist()
-        labels = batch[1].tolist() if self._labelled else [None] * len(predicted)
+        classes = self._classes
+        if classes is not None and _class_scores(prediction, len(classes)):
+            # A classifier's: its class and the class's probabilities, by name.
+            size = len(prediction)
+            labels = _labels(batch, size, classes) if self._labelled else []
+            header = ["predicted", *(name for name, _ in labels), *(f"p_{name}" for name in classes)]
+            guesses = [classes[k] for k in prediction.argmax(dim=1).tolist()]
+            scores = [[f"{p:.6f}" for p in row] for row in zip(*prediction.float().tolist(), strict=True)]
+            columns = [guesses, *(values for _, values in labels), *scores]
+        else:
+            # Any other model's: its outputs as they are, then the labels.
+            size, outputs = _outputs(prediction, "prediction", "predict_step's output")
+            labels = _labels(batch, size, None) if self._labelled else []
+            header = [name for name, _ in [*outputs, *labels]]
+            columns = [values for _, values in [*outputs, *labels]]
+        if self._header is None:
+            self._header = header
+            self._write_rows([["file" if self._names is not None else "index", *header]])
+        elif header != self._header:
+            raise UserError(
+                f"predict_step's output for batch {batch_idx} makes the columns {_few(header)}, unlike the first "
+                f"batch's {_few(self._header)}: return the same keys and shapes (but the batch size) for every batch"
+            )
+        if batch_indices is None or len(batch_indices) != size:
+            batch_indices = range(self._rows, self._rows + size)  # no indices from the sampler: in order
         rows = []
-        for index, guess, label, row in zip(batch_indices, predicted, labels, prediction.float().tolist(), strict=True):
+        for position, index in enumerate(batch_indices):
             name = self._names[index] if self._names is not None else index
-            true = [classes[label]] if self._labelled else []
-            rows.append([name, classes[guess], *true, *(f"{p:.6f}" for p in row)])
+            rows.append([name, *(values[position] for values in columns)])
+        self._write_rows(rows)
+        self._rows += size
+
+    def _write_rows(self, rows: list[list]) -> None:
         try:
             self._writer.writerows(rows)
         except OSError as err:
             self._not_written(err)
-        self._rows += len(predicted)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is not None:
@@ -225,3 +260,105 @@ class CSVPredictionWriter(BasePredictionWriter):
             f"--predictions.path {self._target} cannot be written ({err.strerror or err}): "
             "free some space there, or give another --predictions.path"
         ) from err
+
+
+def _outputs(output: Any, prefix: str, what: str) -> tuple[int, list[tuple[str, list[str]]]]:
+    """The batch size of ``what`` (``predict_step``'s output, the labels), and its columns, ``(name, one text per
+    input)``: a tensor's values (``prefix``, ``prefix_0``, ``prefix_0_1``), a dict's under its keys, a tuple's or
+    list's under ``prefix_<i>``. A tensor without the batch's dimension, a value of another type, or more than
+    ``MAX_COLUMNS`` values an input are refused in one line."""
+    leaves = list(_leaves(output, prefix, what, depth=0))
+    sizes = {len(tensor) for _, tensor in leaves}
+    if len(sizes) > 1:
+        shapes = ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in leaves)
+        raise UserError(f"{what} is tensors that differ in their first dimension, the batch's: {shapes}")
+    count = sum(math.prod(tensor.shape[1:]) for _, tensor in leaves)
+    if count > MAX_COLUMNS:
+        raise UserError(
+            f"{what} holds {count} values an input, more than the {MAX_COLUMNS} columns a predictions CSV takes: "
+            "return fewer from predict_step (a summary, the top classes), or write them with a BasePredictionWriter "
+            "of your own"
+        )
+    columns = []
+    for name, tensor in leaves:
+        if tensor.ndim == 1:
+            names = [name]
+        else:
+            names = [f"{name}_{'_'.join(map(str, where))}" for where in _indices(tuple(tensor.shape[1:]))]
+        texts = _texts(tensor.detach().reshape(len(tensor), -1))  # tolist() reads the values wherever they are
+        columns += [(column, [row[k] for row in texts]) for k, column in enumerate(names)]
+    return sizes.pop(), columns
+
+
+def _leaves(output: Any, prefix: str, what: str, depth: int):
+    """The tensors in ``output``, each with its column's name."""
+    if depth > MAX_DEPTH:
+        raise UserError(f"{what} nests deeper than {MAX_DEPTH} levels: return a tensor, or a dict of them")
+    if isinstance(output, torch.Tensor):
+        if output.ndim == 0:
+            raise UserError(
+                f"{what} ({prefix}) is a single number, not one an input: return a tensor whose first dimension is "
+                "the batch's"
+            )
+        yield prefix, output
+    elif isinstance(output, Mapping) and output:
+        for key, value in output.items():
+            yield from _leaves(value, str(key) if depth == 0 else f"{prefix}_{key}", what, depth + 1)
+    elif isinstance(output, list | tuple) and output:
+        for index, value in enumerate(output):
+            yield from _leaves(value, f"{prefix}_{index}", what, depth + 1)
+    else:
+        raise UserError(
+            f"{what} ({prefix}) is {type(output).__name__}, which a predictions CSV cannot hold: return a tensor "
+            "(batch, ...), or a dict or tuple of them"
+        )
+
+
+def _indices(shape: tuple[int, ...]):
+    """Every index into a tensor of ``shape``, in the order of its values (the last dimension fastest)."""
+    if not shape:
+        yield ()
+        return
+    for first in range(shape[0]):
+        for rest in _indices(shape[1:]):
+            yield (first, *rest)
+
+
+def _texts(values: torch.Tensor) -> list[list[str]]:
+    """A ``(batch, N)`` tensor's values as text: float64 exactly, other floats to 7 significant digits (a float32's
+    precision), integers and booleans as numbers."""
+    if values.dtype == torch.float64:
+        return [[repr(value) for value in row] for row in values.tolist()]
+    if values.is_floating_point():
+        return [[f"{value:.7g}" for value in row] for row in values.float().tolist()]
+    if values.dtype == torch.bool:
+        values = values.long()
+    return [[str(value) for value in row] for row in values.tolist()]
+
+
+def _class_scores(prediction: Any, classes: int) -> bool:
+    """Whether ``prediction`` is a classifier's, ``(batch, classes)``."""
+    return isinstance(prediction, torch.Tensor) and prediction.ndim == 2 and prediction.shape[1] == classes
+
+
+def _labels(batch: Any, size: int, classes: list[str] | None) -> list[tuple[str, list[str]]]:
+    """The inputs' labels as columns: ``label``, the class name where the classes are known, else the values as
+    they are (``label_0`` ... for several an input). Taken from the batch's second item, or its ``label`` key."""
+    if isinstance(batch, Mapping):
+        labels = batch.get("label")
+    else:
+        labels = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
+    if not isinstance(labels, torch.Tensor) or labels.ndim == 0 or len(labels) != size:
+        raise UserError(
+            "the data module's predict_labelled is true, but its predict batches hold no labels, one an input "
+            "(a batch's second item, or its 'label' key): set predict_labelled false, or give the labels"
+        )
+    if classes is not None and labels.ndim == 1 and not labels.is_floating_point():
+        return [("label", [classes[k] if 0 <= k < len(classes) else str(k) for k in labels.tolist()])]
+    return _outputs(labels, "label", "the labels")[1]
+
+
+def _few(names: list[str]) -> str:
+    """A header as a short text: its first names and how many more."""
+    shown = ", ".join(names[:6])
+    return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")

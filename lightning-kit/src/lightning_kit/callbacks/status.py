@@ -52,5 +52,7 @@ class RunStatus(L.Callback):
         judge = trainer.checkpoint_callback
         if judge is not None and getattr(judge, "monitor", None):
             details.update(monitor=judge.monitor, mode=judge.mode, best_checkpoint=judge.best_model_path or None)
+        else:
+            details["monitor"] = None  # chose by no metric: the table of runs shows its last validated epoch
         write_record(self._path, ended_record(self._record, status, **details))
         self._path = None

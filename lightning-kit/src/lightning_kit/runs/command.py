@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import UserError, invoked_as
 from ..files import check_output_file
+from ..installation import check_installation
 from ..run_record import ENDINGS, RUNNING
 from .curves import plot_curves
 from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run
@@ -31,6 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
     """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
+    check_installation()
     parser = _Parser(
         prog=prog or invoked_as("python -m lightning_kit.runs"),
         description="List the runs below FOLDER: status, the settings that differ, best and test metrics, checkpoint.",
@@ -103,7 +105,8 @@ def _list(options: argparse.Namespace) -> None:
             _write(Path(path), FORMATS[name](table) + (f"\n{below}" if below and name != "csv" else ""))
             notes.append(f"written: {path}")
     if options.plot:
-        notes.append(f"written: {plot_curves(runs, Path(options.plot))}")
+        drawn = plot_curves(runs, Path(options.plot), notes)
+        notes.append(f"written: {drawn}")
         for sweep, history, importances in plots:
             notes += plot_sweep(sweep, history, importances) or [f"written: {history}, {importances}"]
     for note in map(printable, notes):

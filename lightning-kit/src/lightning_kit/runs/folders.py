@@ -24,6 +24,7 @@ import yaml
 
 from ..errors import UserError
 from ..files import open_regular
+from ..metric_logs import MetricLog, read_metric_log
 from ..passwords import scrubbed
 from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
 
@@ -34,7 +35,7 @@ MAX_FILE_BYTES = {CONFIG_FILE: 1 << 20, RUN_FILE: 1 << 20, STUDY_FILE: 1 << 20, 
 # A configuration flattened to more values than this is no configuration (YAML aliases expanding without end).
 MAX_VALUES = 10_000
 MAX_DEPTH = 50
-# The project's best checkpoint (cli.py): the best validation accuracy. run.json says when a run chose another.
+# The best checkpoint of a project from before run.json named its monitor: the best validation accuracy.
 DEFAULT_MONITOR = ("val/acc", "max")
 # Settings that say where a run wrote, not how it trained: never a difference between runs.
 NOT_HYPERPARAMETERS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "predictions")
@@ -52,6 +53,7 @@ class Run:
     name: str  # its place in the folder listed
     settings: dict[str, Any] = field(default_factory=dict)  # config.yaml, flattened to the command line's names
     history: dict[str, dict[int, float]] = field(default_factory=dict)  # {metric: {epoch: value}}
+    per_step: set[str] = field(default_factory=set)  # the metrics of history logged per step, not per epoch
     record: dict[str, Any] | None = None  # run.json
     status: str = UNKNOWN
     started: datetime | None = None
@@ -114,7 +116,8 @@ def read_run(run: Run, root: Path) -> None:
         run.notes.append(f"{CONFIG_FILE} unreadable: {_reason(err)}")
     if (folder / METRICS_FILE).exists() or (folder / METRICS_FILE).is_symlink():
         try:
-            run.history = read_metrics(read_text(folder / METRICS_FILE, root))
+            log = read_metric_log(_complete_lines(read_text(folder / METRICS_FILE, root)))
+            run.history, run.per_step = log.epochs, log.per_step
         except _UNREADABLE as err:
             run.notes.append(f"{METRICS_FILE} unreadable: {_reason(err)}")
     _read_status(run, root)
@@ -169,37 +172,60 @@ def _read_status(run: Run, root: Path) -> None:
         pass
 
 
-def monitor_of(run: Run) -> tuple[str, str]:
-    """The metric and direction (``max`` or ``min``) by which the run chose its best checkpoint."""
+def monitor_of(run: Run) -> tuple[str, str] | None:
+    """The metric and direction (``max`` or ``min``) by which the run chose its best checkpoint; None for a run
+    that chose by none.
+
+    As its run.json records them (``"monitor": null``: none). A run that recorded none (from
+    before run.json, still running, or of a checkpoint callback that monitors nothing) is taken
+    to have chosen by validation accuracy, as the projects did before run.json, when it logged it;
+    else by none.
+    """
     record = run.record or {}
     monitor, mode = record.get("monitor"), record.get("mode")
     if isinstance(monitor, str) and mode in ("max", "min"):
         return monitor, mode
-    return DEFAULT_MONITOR
+    if "monitor" in record:
+        return None
+    return DEFAULT_MONITOR if DEFAULT_MONITOR[0] in full_log(run).epochs else None
 
 
-def full_history(run: Run) -> dict[str, dict[int, float]]:
-    """The run's per-epoch metrics, preceded by those of the runs it resumed (the epochs it continues)."""
-    history = {column: dict(values) for column, values in run.history.items()}
+def full_log(run: Run) -> MetricLog:
+    """The run's metric log, preceded by those of the runs it resumed (the epochs it continues)."""
+    log = MetricLog({column: dict(values) for column, values in run.history.items()}, set(run.per_step))
     seen, earlier = {id(run)}, run.earlier
     while earlier is not None and id(earlier) not in seen:
         seen.add(id(earlier))
-        for column, values in earlier.history.items():
-            history[column] = {**values, **history.get(column, {})}
+        log = log.continuing(MetricLog(earlier.history, earlier.per_step))
         earlier = earlier.earlier
-    return history
+    return log
 
 
-def best_epoch(run: Run) -> tuple[int | None, dict[str, float]]:
-    """The epoch with the best monitored value (the first, on a tie) and its validation metrics."""
-    history = full_history(run)
-    monitor, mode = monitor_of(run)
-    scores = {epoch: value for epoch, value in history.get(monitor, {}).items() if not math.isnan(value)}
-    if not scores:
-        return None, {}
-    sign = 1 if mode == "max" else -1
-    epoch = max(sorted(scores), key=lambda e: sign * scores[e])
-    return epoch, {name: values[epoch] for name, values in history.items() if name[:4] == "val/" and epoch in values}
+def best_epoch(run: Run) -> tuple[int | None, dict[str, float], str | None]:
+    """The epoch whose validation metrics stand for the run, those metrics, and a note when it is no best epoch.
+
+    The epoch with the best monitored value (the first, on a tie); for a run that monitors no
+    metric, or never logged the one it monitors, the last validated epoch, and a note that says so.
+    """
+    log = full_log(run)
+    monitor = monitor_of(run)
+    if monitor is not None:
+        name, mode = monitor
+        scores = {epoch: value for epoch, value in log.epochs.get(name, {}).items() if not math.isnan(value)}
+        if scores:
+            sign = 1 if mode == "max" else -1
+            epoch = max(sorted(scores), key=lambda e: sign * scores[e])
+            return epoch, _validation(log, epoch), None
+    epoch = log.last_validated()
+    if epoch is None:
+        return None, {}, None
+    why = "no monitored metric" if monitor is None else f"{monitor[0]} (monitored) not logged"
+    return epoch, _validation(log, epoch), f"{why}: the last validated epoch's metrics"
+
+
+def _validation(log: MetricLog, epoch: int) -> dict[str, float]:
+    """The validation metrics logged per epoch, at ``epoch``."""
+    return {column: log.epochs[column][epoch] for column in log.epoch_columns("val") if epoch in log.epochs[column]}
 
 
 def best_file(run: Run, epoch: int | None) -> str | None:
@@ -208,6 +234,12 @@ def best_file(run: Run, epoch: int | None) -> str | None:
         return None
     found = sorted((run.folder / "checkpoints").glob(f"best-epoch={epoch}-*.ckpt"))
     return str(found[-1]) if found else None
+
+
+def latest_file(run: Run) -> str | None:
+    """The run's latest checkpoint, ``checkpoints/last.ckpt``, if there: what a run that monitors nothing keeps."""
+    path = run.folder / "checkpoints" / "last.ckpt"
+    return str(path) if path.is_file() else None
 
 
 def link_resumed(runs: list[Run]) -> None:
@@ -256,24 +288,9 @@ def flatten(config: Any) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
-def read_metrics(text: str) -> dict[str, dict[int, float]]:
-    """A CSVLogger ``metrics.csv`` as ``{column: {epoch: value}}``, each epoch's last value.
-
-    A last line without its newline is being written: left out.
-    """
-    text = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
-    values: dict[str, dict[int, float]] = {}
-    for line, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
-        if not row.get("epoch"):
-            continue
-        try:
-            epoch = int(float(row["epoch"]))
-            for column, value in row.items():
-                if value and isinstance(column, str) and column not in ("epoch", "step"):
-                    values.setdefault(column, {})[epoch] = float(value)
-        except (TypeError, ValueError, OverflowError) as err:
-            raise ValueError(f"line {line} is not a metrics row ({err})") from None
-    return values
+def _complete_lines(text: str) -> io.StringIO:
+    """``text`` without a last line that has no newline yet (being written)."""
+    return io.StringIO(text if text.endswith("\n") else text[: text.rfind("\n") + 1])
 
 
 def read_text(path: Path, root: Path) -> str:
@@ -295,11 +312,11 @@ def _read_tests(run: Run, root: Path) -> None:
         return
     latest = max(tests, key=lambda folder: _natural(folder.name))
     try:
-        metrics = read_metrics(read_text(latest / METRICS_FILE, root))
+        log = read_metric_log(_complete_lines(read_text(latest / METRICS_FILE, root)))
     except _UNREADABLE as err:
         run.notes.append(f"{_relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
         return
-    run.test = {column: values[max(values)] for column, values in metrics.items() if column.startswith("test/")}
+    run.test = {column: log.epochs[column][max(log.epochs[column])] for column in log.epoch_columns("test")}
 
 
 def _in_this_folder(folder: Path, recorded: str) -> str:

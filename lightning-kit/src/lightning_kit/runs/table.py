@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from .folders import Run, best_epoch, best_file
+from .folders import Run, best_epoch, best_file, latest_file
 
 # Before the hyperparameters, and after them. A sweep's trials add "trial" and "state" after "run".
 FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")
@@ -16,29 +16,43 @@ _MISSING = object()
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+class LastEpoch(int):
+    """A ``best_epoch`` cell that is no best: the last validated epoch of a run that monitors no metric. Shown
+    ``3 (last)``; a number in CSV and when sorting."""
+
+
 class Table:
     """One row per run: its folder, start, status, the hyperparameters that differ between the runs, the best
-    epoch and its validation metrics, the test metrics, the duration, the best checkpoint and notes."""
+    epoch (or, for a run that monitors no metric, the last validated one) and its validation metrics, the test
+    metrics, the duration, the best (or latest) checkpoint and notes."""
 
     def __init__(self, runs: Sequence[Run], trials: dict[int, tuple[int, str]] | None = None) -> None:
         trials = trials or {}
         self.hyperparameters = differing(runs)
-        rows = [self._row(run, trials.get(id(run))) for run in runs]
-        metrics = _ordered(key for row in rows for key in row if key.startswith(("val/", "test/")))
-        val, test = [key for key in metrics if key.startswith("val/")], [k for k in metrics if k.startswith("test/")]
+        rows, val, test = [], [], []
+        for run in runs:
+            row, validation = self._row(run, trials.get(id(run)))
+            rows.append(row)
+            val += validation
+            test += run.test
+        val, test = _ordered(val), _ordered(test)
+        self.metrics = set(val) | set(test)
         sweep = ["trial", "state"] if trials else []
         self.columns = [FIRST[0], *sweep, *FIRST[1:], *self.hyperparameters, "best_epoch", *val, *test, *LAST]
         self.rows = rows
 
-    def _row(self, run: Run, trial: tuple[int, str] | None) -> dict[str, Any]:
-        epoch, val = best_epoch(run)
-        row = {"run": run.name, "started": run.started, "status": run.status, "best_epoch": epoch, **val, **run.test}
+    def _row(self, run: Run, trial: tuple[int, str] | None) -> tuple[dict[str, Any], list[str]]:
+        """The run's row, and the names of its validation metrics."""
+        epoch, val, last = best_epoch(run)
+        shown = LastEpoch(epoch) if last is not None and epoch is not None else epoch
+        row = {"run": run.name, "started": run.started, "status": run.status, "best_epoch": shown, **val, **run.test}
         if trial is not None:
             row["trial"], row["state"] = trial
         row.update({key: _setting(run.settings.get(key, _MISSING)) for key in self.hyperparameters})
-        checkpoint = run.best_checkpoint or best_file(run, epoch)
-        row.update(duration=run.duration_s, checkpoint=checkpoint, note="; ".join(run.notes) or None)
-        return row
+        checkpoint = run.best_checkpoint or (best_file(run, epoch) if last is None else latest_file(run))
+        notes = [*run.notes, *([last] if last else [])]
+        row.update(duration=run.duration_s, checkpoint=checkpoint, note="; ".join(notes) or None)
+        return row, list(val)
 
     def sort(self, column: str, descending: bool = False) -> None:
         """Order the rows by ``column``; empty cells last either way. ValueError names the columns accepted."""
@@ -51,15 +65,18 @@ class Table:
 
     def text(self) -> str:
         """Aligned columns for a terminal."""
-        cells = [self.columns, *([_shown(row.get(column), column) for column in self.columns] for row in self.rows)]
+        cells = [self.columns, *([self._shown(row, column) for column in self.columns] for row in self.rows)]
         widths = [max(len(line[k]) for line in cells) for k in range(len(self.columns))]
         return "".join("  ".join(map(str.ljust, line, widths)).rstrip() + "\n" for line in cells)
 
     def markdown(self) -> str:
         """A GitHub Markdown table."""
         lines = [self.columns, ["---"] * len(self.columns)]
-        lines += [[_shown(row.get(column), column).replace("|", "\\|") for column in self.columns] for row in self.rows]
+        lines += [[self._shown(row, column).replace("|", "\\|") for column in self.columns] for row in self.rows]
         return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+
+    def _shown(self, row: dict[str, Any], column: str) -> str:
+        return _shown(row.get(column), column, metric=column in self.metrics)
 
     def csv(self) -> str:
         """CSV with full values: times in ISO 8601, durations in seconds, numbers unrounded."""
@@ -115,9 +132,9 @@ def _raw(value: Any) -> str:
     return value.isoformat() if isinstance(value, datetime) else printable(str(value))
 
 
-def _shown(value: Any, column: str) -> str:
-    """A cell for people: metrics to 4 decimals, durations in minutes and seconds, the start to the minute;
-    a setting a run lacks is ``-``."""
+def _shown(value: Any, column: str, metric: bool = False) -> str:
+    """A cell for people: metrics to 4 decimals, durations in seconds, minutes or hours, the start to the
+    minute, a last validated epoch as ``3 (last)``; a setting a run lacks is ``-``."""
     if value is _MISSING:
         return "-"
     if value is None:
@@ -126,8 +143,10 @@ def _shown(value: Any, column: str) -> str:
         return value.strftime("%Y-%m-%d %H:%M")
     if column == "duration":
         return duration_text(value)
+    if isinstance(value, LastEpoch):
+        return f"{int(value)} (last)"
     if isinstance(value, float):
-        return f"{value:.4f}" if column.startswith(("val/", "test/")) else f"{value:g}"
+        return f"{value:.4f}" if metric else f"{value:g}"
     return printable(str(value))
 
 
@@ -137,10 +156,10 @@ def printable(text: str) -> str:
 
 
 def duration_text(seconds: float) -> str:
-    """``16s``, ``3m12s``, ``1h02m``."""
+    """``0.4s``, ``16.3s``, ``3m12s``, ``1h02m``: under a minute to a tenth of a second."""
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
     seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
