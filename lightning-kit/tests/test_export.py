@@ -1,4 +1,5 @@
-"""An exported model loads without the project and gives the checkpoint's outputs, for images and token ids alike."""
+"""An exported model loads without the project and gives the checkpoint's outputs, for images and token ids alike,
+and for any other network: a model of tensors, its inputs found from the model's example_input_array or a batch."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -15,10 +17,12 @@ import torch
 from conftest import HANG_GUARD_S
 from image_project.cli import ProjectCLI as ImageCLI
 from sequence_project.cli import ProjectCLI as SequenceCLI
+from torch import nn
 
 from lightning_kit import cli as kit_cli
-from lightning_kit.errors import ConfigError
-from lightning_kit.export import IMAGES, TOKENS, example_inputs, load_trained
+from lightning_kit.errors import ConfigError, UserError
+from lightning_kit.export import IMAGES, TENSORS, TOKENS, example_inputs, load_trained
+from lightning_kit.export import export as export_model
 from lightning_kit.export import main as export
 
 # Each project's command line, the fixture of its short run, and what its export must record of its inputs.
@@ -138,14 +142,6 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_checkpoint_is_r
     assert (in_tmp_path / "file.pt2").read_text() == "mine"
 
 
-def test_a_data_module_that_says_nothing_of_its_inputs_is_one_line():
-    """A data module with neither an image_size nor a seq_len and a vocab_size: the export cannot tell the inputs."""
-    with pytest.raises(
-        ConfigError, match=r"^the data module LightningDataModule has neither an image_size nor a seq_len"
-    ):
-        example_inputs(L.LightningDataModule())
-
-
 @pytest.mark.slow
 def test_the_projects_export_command_runs_in_a_fresh_process(trained_once, in_tmp_path):
     """``python -m image_project.export --ckpt_path last``: the project's thin command, with its command line."""
@@ -250,3 +246,309 @@ def test_a_project_without_a_kit_cli_exports_with_its_model_and_data_named(
         torch.testing.assert_close(outputs, model(inputs).softmax(dim=-1), rtol=1e-5, atol=1e-6)
     assert extra["class_names.json"] == ["0", "1", "2"]
     assert {key: extra["input.json"][key] for key in recorded} == recorded
+
+
+# Models of tensors: small networks of each form a batch or an example_input_array can take, trained on nothing
+# (what is tested is what the file takes and answers, not what the network learned).
+
+
+class Regression(L.LightningModule):
+    """A GRU over a window, forecasting 4 values: ``forward(history)``, its batches dicts with a ``target``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(2, 8, batch_first=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, history: torch.Tensor) -> torch.Tensor:
+        _, last = self.gru(history)  # (layers, batch, hidden)
+        return self.head(last[-1])  # (batch, 4)
+
+
+class Windows(L.LightningDataModule):
+    """Dict batches ``{"history": (B, 24, 2), "target": (B, 4)}``, of a training loader alone; records the stages
+    ``setup`` was called for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages: list[str] = []
+
+    def setup(self, stage: str) -> None:
+        self.stages.append(stage)
+        generator = torch.Generator().manual_seed(0)
+        self.items = [{"history": torch.randn(24, 2, generator=generator), "target": torch.zeros(4)} for _ in range(8)]
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.items, batch_size=4)
+
+
+class Features(nn.Module):
+    """A tabular network: ``features`` (B, 5) to ``outputs`` values each, or one (B,) where ``outputs`` is None."""
+
+    def __init__(self, outputs: int | None) -> None:
+        super().__init__()
+        self.outputs = outputs
+        self.layer = nn.Linear(5, outputs or 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        out = self.layer(features)
+        return out if self.outputs else out.squeeze(-1)
+
+
+class Tabular(L.LightningModule):
+    """The tabular network as its ``net``, as a project's LightningModule holds it."""
+
+    def __init__(self, outputs: int | None) -> None:
+        super().__init__()
+        self.net = Features(outputs)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features)
+
+
+class Table(L.LightningDataModule):
+    """(x, y) batches of a TensorDataset, x (B, 5) float32 and y (B,), from a predict loader and a test loader."""
+
+    def _loader(self, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        rows = torch.utils.data.TensorDataset(torch.randn(6, 5, generator=generator), torch.zeros(6))
+        return torch.utils.data.DataLoader(rows, batch_size=3)
+
+    def predict_dataloader(self):
+        return self._loader(0)
+
+    def test_dataloader(self):
+        raise AssertionError("the predict loader comes first")
+
+
+class Statistics(L.LightningModule):
+    """``forward(values, mask)``, of two tensors (float32 and bool), answers a dict; the data gives them by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Linear(3, 3)
+
+    def forward(self, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        kept = self.scale(values) * mask  # (batch, 3)
+        return {"total": kept.sum(-1), "scaled": kept}
+
+
+class Pairs(L.LightningDataModule):
+    """Dict batches of values, a mask and a label, of a validation loader alone."""
+
+    def val_dataloader(self):
+        generator = torch.Generator().manual_seed(0)
+        items = [
+            {"values": torch.randn(3, generator=generator), "mask": torch.rand(3, generator=generator) > 0.5, "y": 1}
+            for _ in range(4)
+        ]
+        return torch.utils.data.DataLoader(items, batch_size=4)
+
+
+class Given(L.LightningModule):
+    """A model that says what it takes: its ``example_input_array``, one row of two positional tensors; it answers
+    a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+        self.example_input_array = (torch.randn(1, 3), torch.randn(1, 3))
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer(left - right), (left * right).sum(-1)
+
+
+def exported_file(path: Path) -> tuple[nn.Module, dict, list]:
+    """The program of an exported file, as PyTorch alone loads it, and its input.json and class_names.json."""
+    extra = {"input.json": "", "class_names.json": ""}
+    program = torch.export.load(path, extra_files=extra)
+    return program.module(), json.loads(extra["input.json"]), json.loads(extra["class_names.json"])
+
+
+def answered_alike(exported, model: nn.Module, *args, **kwargs) -> None:
+    """The exported program answers as the model does, whatever the nesting of the outputs."""
+    with torch.no_grad():
+        torch.testing.assert_close(exported(*args, **kwargs), model(*args, **kwargs), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dict_batch_is_taken_by_forwards_parameter_names(tmp_path):
+    """A regression model without example_input_array or sizes: its inputs are the first batch of the data module's
+    only loader (setup for "fit"), the dict's entries that forward names, passed by keyword; any batch size."""
+    model, data = Regression(), Windows()
+    written = export_model(model, data, tmp_path / "model.pt2", onnx="no")
+    assert written.files == [tmp_path / "model.pt2"] and written.no_onnx is None
+    assert data.stages == ["fit"]
+    exported, described, class_names = exported_file(tmp_path / "model.pt2")
+    assert described == {
+        "kind": TENSORS,
+        "passed": "keyword",
+        "inputs": [{"name": "history", "dtype": "float32", "shape": [24, 2]}],
+    }
+    assert class_names == []  # no softmax, no classes: the outputs as they are
+    for rows in (1, 5):
+        answered_alike(exported, model, history=torch.randn(rows, 24, 2))
+
+
+@pytest.mark.parametrize("outputs", [None, 3], ids=["one-value", "three-values"])
+def test_a_tuple_batch_gives_its_first_items_to_the_models_net(tmp_path, outputs):
+    """(x, y) batches of a tabular model with a ``net``: the net alone is exported, on x (forward's one required
+    parameter), taken by position; it answers (B,) or (B, K) as it does, from the predict loader first."""
+    model = Tabular(outputs)
+    export_model(model, Table(), tmp_path / "model.pt2", onnx="no")
+    exported, described, _ = exported_file(tmp_path / "model.pt2")
+    assert described["passed"] == "positional"
+    assert described["inputs"] == [{"name": "features", "dtype": "float32", "shape": [5]}]
+    features = torch.randn(7, 5)
+    answered_alike(exported, model.net, features)
+    assert exported(features).shape == ((7, outputs) if outputs else (7,))
+
+
+def test_an_example_input_array_comes_first_and_one_row_is_enough(tmp_path):
+    """A model's example_input_array (a tuple: positional arguments) is what the file takes, though the data module
+    has an image_size; its one row is repeated, so the batch still varies. It answers its tuple."""
+    model = Given()
+    export_model(model, SimpleNamespace(image_size=8), tmp_path / "model.pt2", onnx="no")
+    exported, described, _ = exported_file(tmp_path / "model.pt2")
+    assert described["kind"] == TENSORS and described["passed"] == "positional"
+    assert [entry["name"] for entry in described["inputs"]] == ["left", "right"]
+    left, right = torch.randn(4, 3), torch.randn(4, 3)
+    answered_alike(exported, model, left, right)
+    assert [tuple(output.shape) for output in exported(left, right)] == [(4, 2), (4,)]
+
+
+def test_two_tensors_by_keyword_answer_a_dict_and_the_onnx_file_names_them(tmp_path):
+    """forward(values, mask) of a dict batch: two inputs of their own dtypes by keyword, and a dict answered; the
+    .onnx file takes them by forward's parameter names and answers the dict's keys."""
+    pytest.importorskip("onnxscript", reason="ONNX export needs: pip install onnx onnxscript")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="checking the ONNX file needs: pip install onnxruntime")
+    model = Statistics()
+    written = export_model(model, Pairs(), tmp_path / "model.pt2")
+    assert written.files == [tmp_path / "model.pt2", tmp_path / "model.onnx"]
+    exported, described, _ = exported_file(tmp_path / "model.pt2")
+    assert described["passed"] == "keyword"
+    assert described["inputs"] == [
+        {"name": "values", "dtype": "float32", "shape": [3]},
+        {"name": "mask", "dtype": "bool", "shape": [3]},
+    ]
+    values, mask = torch.randn(5, 3), torch.rand(5, 3) > 0.5
+    answered_alike(exported, model, values=values, mask=mask)
+    session = onnxruntime.InferenceSession(tmp_path / "model.onnx")
+    assert [given.name for given in session.get_inputs()] == ["values", "mask"]
+    names = [answer.name for answer in session.get_outputs()]
+    answers = session.run(None, {"values": values.numpy(), "mask": mask.numpy()})
+    with torch.no_grad():
+        expected = model(values, mask)
+    assert names == ["total", "scaled"]
+    for name, answer in zip(names, answers, strict=True):
+        torch.testing.assert_close(torch.from_numpy(answer), expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_network_torch_onnx_cannot_convert_still_has_its_pt2(tmp_path, monkeypatch):
+    """Where torch.onnx fails, the .pt2 is written all the same, and one line says why there is no .onnx."""
+    pytest.importorskip("onnxscript", reason="ONNX export needs: pip install onnx onnxscript")
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("no conversion for aten::weird\nand more lines")
+
+    monkeypatch.setattr(torch.onnx, "export", unsupported)
+    written = export_model(Given(), None, tmp_path / "model.pt2")
+    assert written.files == [tmp_path / "model.pt2"] and not (tmp_path / "model.onnx").exists()
+    assert written.no_onnx == "torch.onnx cannot export Given (RuntimeError: no conversion for aten::weird)"
+    exported_file(tmp_path / "model.pt2")  # loads
+    # Exported again over an earlier export's files: its .onnx, of another network, does not stay beside the .pt2.
+    (tmp_path / "model.onnx").write_bytes(b"an earlier export's")
+    written = export_model(Given(), None, tmp_path / "model.pt2", overwrite=True)
+    assert written.no_onnx.endswith(f"; the {tmp_path / 'model.onnx'} of an earlier export was removed")
+    assert not (tmp_path / "model.onnx").exists()
+
+
+class Branching(L.LightningModule):
+    """A forward that branches on its data: it runs, but torch.export cannot export it."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs if inputs.sum() > 0 else -inputs
+
+
+class Summing(Regression):
+    """A forward that answers one number for the whole batch: no row per example to answer a request with."""
+
+    def forward(self, history: torch.Tensor) -> torch.Tensor:
+        return super().forward(history).sum()
+
+
+class Empty(L.LightningDataModule):
+    """A data module with no loader and no sizes."""
+
+
+TAKES = (
+    "set example_input_array on {model} to what its forward takes (a tensor, a tuple or a dict of tensors), "
+    "or give the data module image_size, or seq_len and vocab_size"
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "datamodule", "expected"),
+    [
+        (
+            Regression(),
+            Empty(),
+            "the export cannot tell what Regression takes (the data module Empty has no dataloader): "
+            + TAKES.format(model="Regression"),
+        ),
+        (
+            Regression(),
+            Pairs(),
+            "the export cannot tell what Regression takes (the first batch of Pairs.val_dataloader() is a dict of "
+            "values, mask, y, with no history of forward(history)): " + TAKES.format(model="Regression"),
+        ),
+        (
+            Regression(),
+            Table(),
+            "the export cannot tell what Regression takes (Regression cannot take the first batch of "
+            "Table.predict_dataloader(), a list of 2: its forward raised RuntimeError: ...): "
+            + TAKES.format(model="Regression"),
+        ),
+        (
+            Summing(),
+            Windows(),
+            "the export cannot tell what Summing takes (for the first batch of Windows.train_dataloader(), a dict of "
+            "history, target, Summing's forward answers a tensor of shape () for 2 examples, not one row per "
+            "example): " + TAKES.format(model="Summing"),
+        ),
+        (
+            Tabular(3),
+            SimpleNamespace(image_size=8),
+            "Tabular (its net Features) cannot take uint8 images of 8x8 (the data module's image_size): its forward "
+            "raised RuntimeError: ...",
+        ),
+    ],
+    ids=["no-loader", "no-parameter-of-forward", "a-batch-forward-fails-on", "no-row-per-example", "wrong-sizes"],
+)
+def test_a_model_whose_inputs_cannot_be_found_is_one_line_naming_example_input_array(model, datamodule, expected):
+    """No example_input_array, sizes or batch that forward runs on: one line naming the model, and what to set
+    (``...``: PyTorch's own words, the first line of its error)."""
+    with pytest.raises(ConfigError) as refused:
+        example_inputs(model, datamodule)
+    assert re.fullmatch(re.escape(expected).replace(re.escape("..."), "[^\\n]+"), str(refused.value)), refused.value
+
+
+def test_an_example_input_array_forward_does_not_take_is_one_line(tmp_path):
+    model = Given()
+    model.example_input_array = {"left": torch.randn(2, 3)}
+    with pytest.raises(ConfigError) as refused:
+        export_model(model, None, tmp_path / "model.pt2", onnx="no")
+    message = str(refused.value)
+    assert message.startswith("Given cannot take the example_input_array of Given: its forward raised TypeError")
+    assert message.endswith(": set example_input_array on Given to what its forward takes") and "\n" not in message
+    assert not (tmp_path / "model.pt2").exists()
+
+
+def test_a_network_torch_export_cannot_export_is_one_line(tmp_path):
+    """torch.export's own error, as one line naming the model and the first line of its reason; nothing written."""
+    model = Branching()
+    model.example_input_array = torch.randn(2, 3)
+    with pytest.raises(UserError) as refused:
+        export_model(model, None, tmp_path / "model.pt2", onnx="no")
+    message = str(refused.value)
+    assert message.startswith("torch.export cannot export Branching (") and "\n" not in message, message
+    assert not (tmp_path / "model.pt2").exists()

@@ -1,8 +1,10 @@
 """The served model over real HTTP: the predict command's answers, 4xx for bad requests, batching, a clean stop.
 
-One server (``python -m lightning_kit.serve MODEL``) serves either kind of model: what a request
-holds, an image file or JSON token ids, is what the model file records. The tests that differ by
-kind run on a model of each project: ``image_project``'s (images) and ``sequence_project``'s (tokens).
+One server (``python -m lightning_kit.serve MODEL``) serves every kind of model: what a request
+holds, an image file, JSON token ids or JSON tensors by name, is what the model file records. The
+tests that differ by kind run on a model of each project: ``image_project``'s (images) and
+``sequence_project``'s (tokens); and on a small network of two inputs by keyword, exported untrained
+(tensors).
 """
 
 import csv
@@ -33,11 +35,14 @@ from image_project.cli import main as train_image
 from PIL import Image
 from sequence_project.cli import ProjectCLI as SequenceCLI
 from sequence_project.cli import main as train_sequence
+from torch import nn
 
 from lightning_kit.cli import GenericCLI
-from lightning_kit.export import IMAGES, TOKENS
+from lightning_kit.export import IMAGES, TENSORS, TOKENS
+from lightning_kit.export import export as export_model
 from lightning_kit.export import main as export
-from lightning_kit.serve import read_model
+from lightning_kit.model_format import TensorInput
+from lightning_kit.serve import ModelInfo, read_model, tensors
 from lightning_kit.serve.command import GENERIC_COMMAND, model_file, parser
 from lightning_kit.serve.command import main as serve
 
@@ -657,3 +662,168 @@ def test_serving_a_model_file_imports_no_lightning(exported):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == "[]", done.stdout
     assert GenericCLI.command == GENERIC_COMMAND  # what --help names, written down without importing the command line
+
+
+class Stations(nn.Module):
+    """A model of tensors: ``values`` (B, 2, 3) float32 and ``station`` (B,) int64, an id of 4 stations, by keyword
+    (its example_input_array is a dict), answering a dict of ``mean`` (B, 2) and ``spread`` (B,)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(4, 3)
+        self.head = nn.Linear(3, 1)
+        self.example_input_array = {"values": torch.randn(2, 2, 3), "station": torch.tensor([0, 3])}
+
+    def forward(self, values: torch.Tensor, station: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = values + self.embedding(station)[:, None]  # (batch, 2, 3)
+        return {"mean": self.head(features).squeeze(-1), "spread": features.std(dim=(1, 2))}
+
+
+@pytest.fixture(scope="module")
+def exported_tensors(tmp_path_factory) -> tuple[Path, nn.Module]:
+    """A folder with the model.pt2 of an untrained ``Stations``, and the model."""
+    folder = tmp_path_factory.mktemp("serve-tensors")
+    torch.manual_seed(0)
+    model = Stations().eval()
+    export_model(model, None, folder / "model.pt2", onnx="no")
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def server_tensors(exported_tensors) -> Iterator[str]:
+    yield from serve_exported(Exported(exported_tensors[0], None))
+
+
+def tensor_body(values, station) -> tuple[bytes, str]:
+    return json.dumps({"values": values, "station": station}).encode(), "application/json"
+
+
+def test_the_model_file_says_which_tensors_a_request_holds(exported_tensors, monkeypatch):
+    """A model of tensors: its inputs by name, dtype and shape per example, by keyword, and what it answers; a
+    --max_body_bytes that no example's JSON could fit in is refused at start, in one line."""
+    folder, _ = exported_tensors
+    info = read_model(folder / "model.pt2")[1]
+    assert (info.kind, info.class_names, info.by_keyword) == (TENSORS, (), True)
+    assert [str(spec) for spec in info.inputs] == ["values (float32, 2x3)", "station (int64, one number)"]
+    assert (info.answers, info.index_rows) == ("a dict of mean (2,), spread ()", (None, 4))
+    monkeypatch.chdir(folder)
+    with pytest.raises(SystemExit) as stopped:
+        serve(["model.pt2", "--max_body_bytes", "10", "--port", str(free_port())])
+    assert str(stopped.value.code) == (
+        "error: model.pt2 takes 7 numbers per example, at least 13 bytes of JSON, more than --max_body_bytes 10: "
+        "give a larger --max_body_bytes"
+    )
+
+
+@pytest.mark.slow
+def test_tensor_answers_equal_the_models_and_are_batched(exported_tensors, server_tensors):
+    """One example's JSON is answered with the model's outputs for it, a dict by name; examples sent at once reach
+    the model in batches (X-Batch-Size), each answered with its own outputs."""
+    _, model = exported_tensors
+    generator = torch.Generator().manual_seed(1)
+    values, station = torch.randn(6, 2, 3, generator=generator), torch.tensor([0, 1, 2, 3, 1, 0])
+    with torch.no_grad():
+        expected = model(values=values, station=station)
+    bodies = [tensor_body(values[index].tolist(), int(station[index])) for index in range(6)]
+    status, _, answer = request(server_tensors, *bodies[0])
+    assert status == 200 and list(answer) == ["outputs"], answer
+    assert answer["outputs"]["mean"] == pytest.approx(expected["mean"][0].tolist(), abs=1e-6)
+    assert answer["outputs"]["spread"] == pytest.approx(expected["spread"][0].item(), abs=1e-6)
+    answers = concurrently(server_tensors, bodies)
+    for index, (status, _, answer) in enumerate(answers):
+        assert status == 200, answer
+        assert answer["outputs"]["mean"] == pytest.approx(expected["mean"][index].tolist(), abs=1e-5)
+        assert answer["outputs"]["spread"] == pytest.approx(expected["spread"][index].item(), abs=1e-5)
+    sizes = [int(headers["X-Batch-Size"]) for _, headers, _ in answers]
+    assert max(sizes) > 1 and all(1 <= size <= 4 for size in sizes), sizes
+
+
+ROWS = [[0.5, 1.0, -2.0], [3.0, 0.0, 1.0]]  # one example of values, (2, 3)
+
+
+def bad_tensor_requests() -> list[tuple[str, bytes, str | None, int]]:
+    """(what, body, Content-Type, the status expected) of requests a model of tensors must refuse."""
+    json_type = "application/json"
+    return [
+        ("an unknown input", json.dumps({"values": ROWS, "station": 1, "extra": 0}).encode(), json_type, 400),
+        ("a missing input", json.dumps({"values": ROWS}).encode(), json_type, 400),
+        ("a ragged list", tensor_body([[0.5, 1.0, -2.0], [3.0, 0.0]], 1)[0], json_type, 400),
+        ("too few rows", tensor_body(ROWS[:1], 1)[0], json_type, 400),
+        ("a batch, not one example", tensor_body([ROWS, ROWS], 1)[0], json_type, 400),
+        ("nesting deeper than the shape", tensor_body([[[0.5], [1.0], [2.0]], ROWS[1]], 1)[0], json_type, 400),
+        ("a string", tensor_body([["0.5", 1.0, -2.0], ROWS[1]], 1)[0], json_type, 400),
+        ("a boolean for a float", tensor_body([[True, 1.0, -2.0], ROWS[1]], 1)[0], json_type, 400),
+        ("NaN", b'{"values": [[NaN, 1, 2], [3, 4, 5]], "station": 1}', json_type, 400),
+        ("Infinity", b'{"values": [[Infinity, 1, 2], [3, 4, 5]], "station": 1}', json_type, 400),
+        ("a float that overflows", b'{"values": [[1e999, 1, 2], [3, 4, 5]], "station": 1}', json_type, 400),
+        ("a float past float32", tensor_body([[1e39, 1.0, -2.0], ROWS[1]], 1)[0], json_type, 400),
+        ("a float for an integer", tensor_body(ROWS, 1.5)[0], json_type, 400),
+        ("a whole float for an integer", tensor_body(ROWS, 1.0)[0], json_type, 400),
+        ("a boolean for an integer", tensor_body(ROWS, True)[0], json_type, 400),
+        ("an integer past int64", tensor_body(ROWS, 2**70)[0], json_type, 400),
+        ("an id past the embedding", tensor_body(ROWS, 4)[0], json_type, 400),
+        ("a negative id", tensor_body(ROWS, -1)[0], json_type, 400),
+        ("a list for a number", tensor_body(ROWS, [1])[0], json_type, 400),
+        ("null", tensor_body(ROWS, None)[0], json_type, 400),
+        ("nesting past the parser", b"[" * 50_000, json_type, 400),
+        ("a bare list", b"[1, 2]", json_type, 400),
+        ("malformed JSON", b'{"values": [[0.5, 1', json_type, 400),
+        ("not UTF-8", b'{"values": "\xff"}', json_type, 400),
+        ("an empty body", b"", json_type, 400),
+        ("a wrong content type", tensor_body(ROWS, 1)[0], "text/plain", 415),
+        ("a body over --max_body_bytes", b" " * (MAX_BODY_BYTES + 1), json_type, 413),
+    ]
+
+
+@pytest.mark.slow
+def test_a_bad_tensor_request_answers_its_4xx_and_the_server_keeps_serving(server_tensors):
+    """Each body a model of tensors cannot take answers its 4xx with a JSON detail, never a 500, before it reaches
+    the model; a good request is answered after them. (One test for them all: each good request waits for its
+    batch, and these are many.)"""
+    wrong = {}
+    for what, body, content_type, status in bad_tensor_requests():
+        answered, _, answer = request(server_tensors, body, content_type)
+        if (answered, type(answer.get("detail"))) != (status, str):
+            wrong[what] = (answered, answer)
+    assert not wrong, wrong
+    assert request(server_tensors, *tensor_body(ROWS, 1))[0] == 200
+
+
+@pytest.mark.slow
+def test_the_load_test_runs_against_a_server_of_tensors(exported_tensors, server_tensors, monkeypatch, capsys):
+    """``serve --bench --url``: bodies sampled from the recorded inputs, each answered 200, against the model
+    called directly on the same inputs."""
+    monkeypatch.chdir(exported_tensors[0])
+    before, threads = signal.getsignal(signal.SIGTERM), torch.get_num_threads()
+    try:
+        serve(["model.pt2", "--bench", "--url", server_tensors, "--requests", "40", "--concurrency", "4"])
+    finally:  # the load test's own, set in this process
+        signal.signal(signal.SIGTERM, before)
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "40 requests of JSON examples of values (float32, 2x3), station (int64, one number), 4 at a time" in out
+    assert f"the server at {server_tensors}: " in out and "requests/s" in out, out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "good", "bad", "said"),
+    [
+        ("bool", [True, False], [True, 1], "takes true or false: it holds 1 (a number)"),
+        ("uint8", [0, 255], [0, 256], "holds 256: outside the range of uint8 (0 to 255)"),
+        ("int32", [-(2**31), 7], [0, 2**31], "holds 2147483648: outside the range of int32"),
+        ("float16", [65504, -0.5], [1.0, 70000.0], "holds 70000.0: float16 takes finite numbers from -6.55e+04"),
+        ("bfloat16", [1, 2.5], [1, 10**400], "holds a number of 401 digits: bfloat16 takes finite numbers"),
+        ("float64", [1e300, 2], [1, "2"], 'takes numbers (float64): it holds "2" (a string)'),
+    ],
+)
+def test_each_dtype_takes_its_own_numbers(tmp_path, dtype, good, bad, said):
+    """A request's numbers are checked against the dtype the file records, in the HTTP server, before the model: an
+    example of them is stacked into the batch the program takes, of that dtype."""
+    info = ModelInfo(tmp_path, (), TENSORS, inputs=(TensorInput("x", dtype, (2,)),))
+    decoded = tensors.decode(json.dumps({"x": good}).encode(), info)
+    (batch,), _ = tensors.arguments([decoded, decoded], info, "cpu")
+    assert batch.dtype == getattr(torch, dtype) and batch.shape == (2, 2)
+    assert batch[0].tolist() == pytest.approx(good)
+    with pytest.raises(tensors.RequestError) as refused:
+        tensors.decode(json.dumps({"x": bad}).encode(), info)
+    assert refused.value.status == 400 and str(refused.value).startswith(f"x {said}"), refused.value

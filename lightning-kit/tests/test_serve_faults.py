@@ -1,6 +1,6 @@
-"""The server under faults: hostile model files read with bounds, claims checked against the program, numeric
-flags refused in one line, a SIGTERM that answers every request the server had taken, and a SIGTERM at any moment
-of the start-up that stops it.
+"""The server under faults: hostile model files read with bounds, claims checked against the program (for images,
+tokens and tensors), numeric flags refused in one line, a SIGTERM that answers every request the server had taken,
+and a SIGTERM at any moment of the start-up that stops it.
 
 The model files here are exported from a small network with the library's own ``export`` (no training): what
 is tested is the reading of the file and the server, not what the network learned.
@@ -241,6 +241,79 @@ def test_claims_of_the_extra_files_are_checked_against_the_program(model_path, t
         message = str(refused.value)
         assert message.startswith(str(target)) and expected in message and "\n" not in message, message
     assert read_model(tokens_path)[1].lengths == (2, 12)
+
+
+class Readings(nn.Module):
+    """A model of tensors: ``values`` (B, 4) float32 and ``station`` (B,) int64 by keyword, answering (B, 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(5, 4)
+        self.fc = nn.Linear(4, 2)
+        self.example_input_array = {"values": torch.zeros(2, 4), "station": torch.zeros(2, dtype=torch.long)}
+
+    def forward(self, values: torch.Tensor, station: torch.Tensor) -> torch.Tensor:
+        return self.fc(values + self.embedding(station))
+
+
+@pytest.fixture(scope="module")
+def readings_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("faults-tensors") / "model.pt2"
+    export(Readings(), None, path, onnx="no")
+    return path
+
+
+def saved(path: Path, program, described: dict, class_names: list | None = None) -> Path:
+    """``program`` written to ``path`` as the export writes it, its input.json ``described``."""
+    extra = {"class_names.json": json.dumps(class_names or []), "input.json": json.dumps(described)}
+    torch.export.save(program, path, extra_files=extra)
+    return path
+
+
+def test_claims_of_a_model_of_tensors_are_checked_against_the_program(readings_path, tmp_path):
+    """An input.json of tensors that disagrees with its program (a dtype, a shape, a name, how they are passed, an
+    input too few), class names for it, or a program of one batch size or of no row per example: one line each."""
+    described = extra(readings_path, "input.json")
+    assert read_model(readings_path)[1].index_rows == (None, 5)
+    values, station = described["inputs"]
+    takes = "its input.json says it takes"
+    cases = [
+        (
+            {**described, "inputs": [{**values, "dtype": "float64"}, station]},
+            "takes values of float32, shape (batch, 4)",
+        ),
+        ({**described, "inputs": [{**values, "shape": [5]}, station]}, f"{takes} values (float32, 5), station"),
+        ({**described, "passed": "positional"}, "by position, but its program takes values, station by keyword"),
+        ({**described, "inputs": [{**values, "name": "value"}, station]}, "but its program takes values, station by"),
+        ({**described, "inputs": [values]}, f"{takes} values (float32, 4) by keyword, but its program takes values"),
+        ({**described, "inputs": [{**values, "dtype": "complex64"}, station]}, "says values is 'complex64', not one"),
+        ({**described, "inputs": "values"}, "is damaged: its input.json names no inputs"),
+        ({key: value for key, value in described.items() if key != "passed"}, "is damaged: its input.json names no"),
+    ]
+    changes = [{"extra/input.json": json.dumps(claimed)} for claimed, _ in cases]
+    cases.append((None, "names 1 classes, but a model of tensors answers its outputs as they are: refused"))
+    changes.append({"extra/class_names.json": b'["a"]'})
+    for index, ((_, expected), changed) in enumerate(zip(cases, changes, strict=True)):
+        target = rewritten(readings_path, tmp_path / f"claim{index}.pt2", changed)
+        with pytest.raises(ModelFileError) as refused:
+            read_model(target)
+        message = str(refused.value)
+        assert message.startswith(str(target)) and expected in message and "\n" not in message, message
+    inputs = Readings().example_input_array
+    static = saved(tmp_path / "static.pt2", torch.export.export(Readings(), (), inputs), described)
+    with pytest.raises(ModelFileError, match=r"takes batches of 2 examples only .*: refused$"):
+        read_model(static)
+    batch = torch.export.Dim("batch")
+    summed = torch.export.export(Summed(), (), inputs, dynamic_shapes={"values": {0: batch}, "station": {0: batch}})
+    with pytest.raises(ModelFileError, match=r"answers a float32 tensor of shape \(\), which no request could be"):
+        read_model(saved(tmp_path / "summed.pt2", summed, described))
+
+
+class Summed(Readings):
+    """One number for the whole batch: no answer per request."""
+
+    def forward(self, values: torch.Tensor, station: torch.Tensor) -> torch.Tensor:
+        return super().forward(values, station).sum()
 
 
 def test_a_program_of_one_batch_size_is_refused(model_path, tmp_path):

@@ -5,27 +5,44 @@
     python -m my_project.export --ckpt_path runs/lightning_logs/version_3/checkpoints/last.ckpt --output model.pt2
 
 writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and
-``model.onnx`` when the ``onnx`` and ``onnxscript`` packages are installed. What the file
-takes follows from the data module: with an ``image_size``, raw ``uint8`` images
-``(B, 3, S, S)`` (the network normalises them inside); with a ``seq_len`` and a
-``vocab_size``, token ids ``(B, T)``, ``int64``, of up to ``seq_len`` tokens. Either way it
-returns class probabilities ``(B, classes)``. The class names travel in the file, and so does
-what its inputs are (``input.json``: their kind and sizes), which is what a server
-(``python -m lightning_kit.serve``) decodes requests by. Loading needs PyTorch alone::
+``model.onnx`` when the ``onnx`` and ``onnxscript`` packages are installed (where torch.onnx
+cannot export the network, a line says why, and the ``.pt2`` is written all the same). The
+file holds the model's ``net`` where it has one, else the model. What it takes is the first
+of these (``example_inputs`` finds it, and calls the network on it before the export):
+
+- the model's ``example_input_array`` (a tensor, a tuple of positional or a dict of keyword
+  arguments of forward): a model of **tensors**;
+- the data module's ``image_size``: raw ``uint8`` **images** ``(B, 3, S, S)`` (the network
+  normalises them inside); or its ``seq_len`` and ``vocab_size``: **token** ids ``(B, T)``,
+  ``int64``, of 2 to ``seq_len`` tokens;
+- else one batch of the data module (of its predict, test, validation or training loader),
+  made what forward takes: a dict by forward's parameters' names, a tuple ``(x, y)`` by its
+  first elements (``x``), a tensor as the one argument: a model of **tensors**.
+
+A model of images or tokens answers class probabilities ``(B, classes)`` (the softmax of the
+network's logits), its class names in the file. A model of tensors takes each of forward's
+inputs, by position or by keyword as the example passed them, of the example's dtype and
+shape but for the batch dimension, which varies; and answers forward's outputs as they are
+(a tensor, a tuple or a dict of tensors, a row per example), with no softmax and no class
+names. What the inputs are travels in the file (``input.json``: their kind, names, dtypes
+and sizes), which is what a server (``python -m lightning_kit.serve``) decodes requests by.
+Loading needs PyTorch alone::
 
     import json, torch
-    names = {"class_names.json": ""}
-    model = torch.export.load("model.pt2", extra_files=names).module()
-    probabilities = model(inputs)
-    classes = json.loads(names["class_names.json"])
+    extra = {"class_names.json": "", "input.json": ""}
+    model = torch.export.load("model.pt2", extra_files=extra).module()
+    probabilities = model(images)                 # images or tokens
+    classes = json.loads(extra["class_names.json"])
+    outputs = model(history=history)              # tensors, as input.json says ("passed": "keyword")
 """
 
 import argparse
 import importlib.util
 import json
 import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import yaml
@@ -34,18 +51,23 @@ from torch import nn
 from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint, written_whole
 from .cli import GenericCLI, KitCLI, build, expand_shortcuts
 from .errors import ConfigError, UserError, invoked_as
+from .example_inputs import Example, example_inputs, reason
 from .files import check_output_file
-from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TOKENS
+from .installation import check_installation
+from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS
 from .trust import check_trusted, read_config, trust_modules
+
+__all__ = ["IMAGES", "TENSORS", "TOKENS", "Exported", "example_inputs", "export", "load_trained", "main"]
 
 # What of a run's config.yaml builds its model and data.
 RUN_SETTINGS = ("seed_everything", "model", "data")
-# The fewest tokens an exported sequence model takes: torch.export makes a dimension of 0 or 1 a constant.
-FEWEST_TOKENS = 2
+# What torch.export warns of every nn.RNN (GRU, LSTM) in a network, and of nothing else: its `_flat_weights`.
+RNN_WEIGHTS_WARNING = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\](, )?)+ were assigned during export\."
 
 
 class Probabilities(nn.Module):
-    """What an exported file holds: the trained network, then a softmax over its logits."""
+    """What the file of a classifier (of images or tokens) holds: the trained network, then a softmax over its
+    logits."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
@@ -55,24 +77,12 @@ class Probabilities(nn.Module):
         return self.net(inputs).softmax(dim=-1)
 
 
-def example_inputs(datamodule) -> tuple[torch.Tensor, dict[int, torch.export.Dim], dict[str, Any]]:
-    """Inputs of the shape and type the network takes, which of their dimensions may vary, and what a server
-    needs to know of them (written as ``INPUT_FILE``): images when the data module has an ``image_size``, token
-    ids when it has a ``seq_len`` and a ``vocab_size``."""
-    batch = {0: torch.export.Dim("batch")}
-    size = getattr(datamodule, "image_size", None)
-    if size is not None:
-        inputs = torch.zeros(2, 3, size, size, dtype=torch.uint8)
-        return inputs, batch, {"kind": IMAGES, "image_size": int(size)}
-    seq_len, vocab_size = getattr(datamodule, "seq_len", None), getattr(datamodule, "vocab_size", None)
-    if seq_len is not None and vocab_size is not None:
-        length = torch.export.Dim("length", min=FEWEST_TOKENS, max=seq_len)
-        inputs = torch.zeros(2, seq_len, dtype=torch.long)
-        return inputs, {**batch, 1: length}, {"kind": TOKENS, "seq_len": int(seq_len), "vocab_size": int(vocab_size)}
-    raise ConfigError(
-        f"the data module {type(datamodule).__name__} has neither an image_size nor a seq_len and a vocab_size: "
-        "the export cannot tell what the network takes (uint8 images of image_size, or token ids up to seq_len)"
-    )
+@dataclass(frozen=True)
+class Exported:
+    """What ``export`` wrote, and why it wrote no ``.onnx`` where it would have (torch.onnx could not export)."""
+
+    files: list[Path]
+    no_onnx: str | None = None
 
 
 def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = GenericCLI) -> tuple[nn.Module, object]:
@@ -82,9 +92,8 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
     given = any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args)
     if not given and not config.is_file():
         raise ConfigError(f"no config.yaml in {config.parent}: give the run's settings with --config")
-    own = cli_class.own_package()
     # Before the run's files are read: the project's package and the modules it trusts may be named in them.
-    trust_modules((*([own] if own else []), *cli_class.trusted_modules))
+    trust_modules(cli_class.trusted())
     trained = read_checkpoint(ckpt_path, args)
     settings = []
     if not given:
@@ -99,46 +108,92 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
     return model.eval(), datamodule
 
 
-def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> list[Path]:
+def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> Exported:
     """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written.
 
-    The network is the model's ``net`` where it has one, else the model itself. Each file is written
-    beside its name and renamed into place: a link at that name is replaced, not written through.
+    The network is the model's ``net`` where it has one, else the model itself; what it takes is found by
+    ``example_inputs``. A network that torch.export cannot export is ``UserError``, in one line naming the model;
+    one that torch.onnx cannot export has its ``.pt2`` written all the same, and ``Exported.no_onnx`` says why.
+    Each file is written beside its name and renamed into place: a link at that name is replaced, not written
+    through.
     """
     targets = check_outputs(output, overwrite, onnx)
     if onnx == "yes" and not _has_onnx():
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
-    net = model.net if isinstance(getattr(model, "net", None), nn.Module) else model
-    wrapped = Probabilities(net).eval()
-    inputs, dims, description = example_inputs(datamodule)
-    program = torch.export.export(wrapped, (inputs,), dynamic_shapes={"inputs": dims})
-    class_names = _class_names(model, datamodule, program, inputs)
-    dtype = str(inputs.dtype).removeprefix("torch.")
-    description |= {"dtype": dtype, "shape": list(inputs.shape), "varies": list(dims)}
-    extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(description)}
+    example = example_inputs(model, datamodule)
+    classifier = example.kind in (IMAGES, TOKENS)
+    network = Probabilities(example.network).eval() if classifier else example.network
+    try:
+        with warnings.catch_warnings():
+            # PyTorch warns of nn.GRU's and nn.LSTM's own list of weights in every export of one: none of the user's.
+            warnings.filterwarnings("ignore", message=RNN_WEIGHTS_WARNING, category=UserWarning)
+            program = torch.export.export(network, example.args, example.kwargs, dynamic_shapes=example.dynamic_shapes)
+    except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
+        raise UserError(f"torch.export cannot export {example.named} ({reason(err)})") from err
+    class_names = _class_names(model, datamodule, example.outputs) if classifier else []
+    extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(example.described)}
     try:
         with written_whole(output) as temporary:
             torch.export.save(program, temporary, extra_files=extra_files)
-        if len(targets) > 1:
-            onnx_program = torch.onnx.export(
-                wrapped, (inputs,), dynamic_shapes={"inputs": dims}, input_names=["inputs"], dynamo=True
-            )
-            onnx_program.model.metadata_props["class_names"] = json.dumps(class_names)
-            with written_whole(targets[1]) as temporary:
-                onnx_program.save(temporary)
+        no_onnx = _write_onnx(program, example, class_names, targets[1]) if len(targets) > 1 else None
     except OSError as err:  # a full disk, a folder made read-only since the check
         raise UserError(f"--output {err.filename or output} could not be written ({err.strerror or err})") from err
-    return targets
+    return Exported(targets if no_onnx is None else targets[:1], no_onnx)
 
 
-def _class_names(model, datamodule, program, inputs: torch.Tensor) -> list[str]:
+def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_names: list[str], path: Path):
+    """Write ``program`` as ONNX to ``path``, its inputs named by forward's parameters; None, or why it could not
+    be converted."""
+    classifier = example.kind in (IMAGES, TOKENS)
+    # ONNX names each value once: an output named as an input is renamed.
+    outputs = [f"{name}_output" if name in example.input_names else name for name in _output_names(example.outputs)]
+    try:
+        with warnings.catch_warnings():
+            # Its dimensions named as the export named them ("batch"): torch.onnx warns of each one shared, needlessly.
+            warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
+            onnx_program = torch.onnx.export(
+                program,
+                dynamic_shapes=example.dynamic_shapes,
+                input_names=example.input_names,
+                output_names=None if classifier else outputs,
+                dynamo=True,
+                verbose=False,
+            )
+    except Exception as err:  # a network torch.onnx has no conversion for: the .pt2 is there all the same
+        said = f"torch.onnx cannot export {example.named} ({reason(err)})"
+        if (
+            path.is_file() and not path.is_symlink()
+        ):  # --overwrite: an .onnx of another export would pass for this one's
+            path.unlink()
+            said += f"; the {path} of an earlier export was removed"
+        return said
+    if classifier:
+        onnx_program.model.metadata_props["class_names"] = json.dumps(class_names)
+    with written_whole(path) as temporary:
+        onnx_program.save(temporary)
+    return None
+
+
+def _output_names(outputs, name: str | None = None) -> list[str]:
+    """The names of an ONNX file's outputs, flat, in the order torch.export flattens them: a dict's keys and a
+    tuple's positions (``output_0``), joined where they nest (``pair_1``, ``stats.mean``); ``output`` for one
+    tensor."""
+    if isinstance(outputs, torch.Tensor):
+        return [name or "output"]
+    if isinstance(outputs, dict):
+        named = [(str(key) if name is None else f"{name}.{key}", value) for key, value in outputs.items()]
+    else:
+        named = [(f"{name or 'output'}_{index}", value) for index, value in enumerate(outputs)]
+    return [flat for key, value in named for flat in _output_names(value, key)]
+
+
+def _class_names(model, datamodule, logits: torch.Tensor) -> list[str]:
     """The model's class names, else the data module's, else the classes' numbers ("0", "1", ...)."""
     for owner in (model, datamodule):
         names = getattr(owner, "class_names", None)
         if names is not None:
             return [str(name) for name in names]
-    with torch.no_grad():
-        return [str(index) for index in range(program.module()(inputs).shape[-1])]
+    return [str(index) for index in range(logits.shape[-1])]
 
 
 def check_outputs(output: str | Path, overwrite: bool, onnx: str) -> list[Path]:
@@ -159,6 +214,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     """Export the checkpoint that ``args`` name, its model and data built by ``cli_class`` (the project's
     ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the command in
     messages."""
+    check_installation(cli_class.__module__)
     parser = argparse.ArgumentParser(
         prog=prog or invoked_as("python -m lightning_kit.export"),
         description=__doc__.split("\n\n")[0],
@@ -182,9 +238,13 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         written = export(model, datamodule, output, overwrite=known.overwrite, onnx=known.onnx)
     except UserError as err:
         sys.exit(f"error: {err}")
-    for path in written:
+    for path in written.files:
         print(f"exported {ckpt_path} to {path}")
-    if len(written) == 1 and known.onnx == "auto":
+    if written.no_onnx is not None:
+        if known.onnx == "yes":
+            sys.exit(f"error: no ONNX file: {written.no_onnx}")
+        print(f"no ONNX file: {written.no_onnx}")
+    elif len(written.files) == 1 and known.onnx == "auto":
         print("no ONNX file: pip install onnx onnxscript to have one written too")
 
 

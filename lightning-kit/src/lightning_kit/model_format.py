@@ -2,13 +2,47 @@
 
 The export (``lightning_kit.export``) writes them and the server (``lightning_kit.serve``) reads them;
 kept here, in the standard library alone, so that serving a model file imports no Lightning.
+
+``INPUT_FILE`` is JSON. For ``IMAGES`` and ``TOKENS``: ``{"kind", "dtype", "shape", "varies"}`` and
+``image_size``, or ``seq_len`` and ``vocab_size``; the program answers class probabilities, named by
+``CLASS_NAMES_FILE``. For ``TENSORS``: ``{"kind": "tensors", "passed": "positional" | "keyword",
+"inputs": [{"name", "dtype", "shape"}, ...]}``, each shape that of one example (the batch dimension,
+which varies, left out); the program answers the network's outputs as they are (a tensor, a tuple or
+a dict of tensors, each of a row per example), and ``CLASS_NAMES_FILE`` is an empty list.
 """
+
+from dataclasses import dataclass
 
 # The extra files of a ``.pt2``: the class names (a JSON list) and what the inputs are (JSON: their kind and sizes).
 CLASS_NAMES_FILE = "class_names.json"
 INPUT_FILE = "input.json"
-# The kinds of input an exported file takes (``INPUT_FILE``'s "kind"), decided by the data module.
+# The kinds of input an exported file takes (``INPUT_FILE``'s "kind"), decided by the model and the data module.
 IMAGES = "images"  # uint8 (batch, 3, image_size, image_size): the data module has an image_size
 TOKENS = "tokens"  # int64 (batch, length), ids in [0, vocab_size): the data module has a seq_len and a vocab_size
+TENSORS = "tensors"  # named tensors of fixed dtypes and shapes, each with a batch dimension: any other network
+# How a model of tensors takes its inputs (``INPUT_FILE``'s "passed"): forward(*inputs), or forward(**inputs).
+POSITIONAL = "positional"
+KEYWORD = "keyword"
+# The dtypes an input of a model of tensors may have (as PyTorch names them, without ``torch.``): those JSON's
+# numbers and booleans can give.
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 # The command that writes model files, named in messages (a project's server names its own, ``<package>.export``).
 EXPORT_COMMAND = "python -m lightning_kit.export"
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    """One input of a model of tensors: its name (forward's parameter), dtype, and the shape of one example."""
+
+    name: str
+    dtype: str  # one of DTYPES
+    shape: tuple[int, ...]  # without the batch dimension
+
+    def described(self) -> dict:
+        """The input as ``INPUT_FILE`` records it."""
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    def __str__(self) -> str:
+        """``history (float32, 24x2)``; ``weight (float32, one number)`` for an input of one number per example."""
+        sizes = "x".join(map(str, self.shape)) if self.shape else "one number"
+        return f"{self.name} ({self.dtype}, {sizes})"

@@ -1,4 +1,8 @@
-"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked."""
+"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked.
+
+``Classifier`` serves a model of images or tokens (its class probabilities); ``Tensors`` a model of tensors (its
+outputs as they are).
+"""
 
 import os
 from collections import defaultdict
@@ -11,6 +15,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from torch.export.passes import move_to_device_pass
 
+from . import tensors
 from .model_file import ModelInfo, load_program
 from .stopping import ModelProcessGuard
 
@@ -29,13 +34,8 @@ def cpu_threads(workers: int) -> int:
     return max(1, (cores - 1) // workers)
 
 
-class Classifier(ls.LitAPI):
-    """Answers each input with the predicted class and every class's probability, by name.
-
-    Concurrent requests are batched by LitServe, up to ``max_batch_size`` of them or what
-    came within ``batch_timeout`` seconds of the first; inputs of different shapes (token
-    sequences of different lengths) are run in one batch per shape.
-    """
+class _Model(ls.LitAPI):
+    """The model of a file, loaded in each model process: what the kinds of model share."""
 
     def __init__(
         self,
@@ -64,17 +64,30 @@ class Classifier(ls.LitAPI):
     def decode_request(self, request: Annotated[np.ndarray, Depends(read_input)]) -> np.ndarray:
         return request  # read, checked and decoded by read_input, one request at a time
 
-    def batch(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return inputs  # stacked in predict, one stack per shape
+    def batch(self, inputs: list) -> list:
+        return inputs  # stacked in predict
 
     @torch.inference_mode()
-    def predict(self, inputs: list[np.ndarray] | np.ndarray) -> list[tuple[list[float], int]] | tuple[list[float], int]:
+    def predict(self, inputs: list) -> list:
         if not isinstance(inputs, list):  # max_batch_size 1: LitServe hands over one input, not a list
             return self._predict([inputs])[0]
         return self._predict(inputs)
 
-    def unbatch(self, outputs: list[tuple[list[float], int]]) -> list[tuple[list[float], int]]:
+    def unbatch(self, outputs: list) -> list:
         return outputs
+
+    def _predict(self, inputs: list) -> list:
+        """Each input's answer, and the size of the batch it was run in."""
+        raise NotImplementedError
+
+
+class Classifier(_Model):
+    """Answers each input with the predicted class and every class's probability, by name.
+
+    Concurrent requests are batched by LitServe, up to ``max_batch_size`` of them or what
+    came within ``batch_timeout`` seconds of the first; inputs of different shapes (token
+    sequences of different lengths) are run in one batch per shape.
+    """
 
     def encode_response(self, output: tuple[list[float], int]) -> JSONResponse:
         probabilities, batch_size = output
@@ -94,3 +107,20 @@ class Classifier(ls.LitAPI):
             for index, row in zip(indices, self.model(batch).tolist(), strict=True):
                 outputs[index] = (row, len(indices))
         return outputs
+
+
+class Tensors(_Model):
+    """Answers each example with the model's outputs for it, as they are: ``{"outputs": ...}`` (``tensors``).
+
+    Concurrent requests are batched by LitServe as for ``Classifier``; every example of a model of
+    tensors has the same shapes, so a batch is run at once.
+    """
+
+    def encode_response(self, output: tuple[object, int]) -> JSONResponse:
+        outputs, batch_size = output
+        return JSONResponse({"outputs": outputs}, headers={BATCH_SIZE_HEADER: str(batch_size)})
+
+    def _predict(self, inputs: list[dict[str, np.ndarray]]) -> list[tuple[object, int]]:
+        """Each example's outputs, and the size of the batch it was run in."""
+        args, kwargs = tensors.arguments(inputs, self.model_info, self.device)
+        return [(answer, len(inputs)) for answer in tensors.answers(self.model(*args, **kwargs), len(inputs))]

@@ -31,7 +31,8 @@ from PIL import Image
 
 from ..data.image_decoding import decode_image
 from ..errors import UserError
-from ..model_format import IMAGES
+from ..model_format import IMAGES, TENSORS
+from . import tensors
 from .api import cpu_threads
 from .model_file import ModelInfo, load_program
 
@@ -76,11 +77,19 @@ def bench(known: argparse.Namespace, model: ModelInfo) -> None:
 
 
 def sample_bodies(model: ModelInfo, count: int) -> list[tuple[bytes, str]]:
-    """``count`` request bodies with their Content-Type: random inputs of the largest size the model takes."""
+    """``count`` request bodies with their Content-Type: random inputs of the largest size the model takes.
+
+    For a model of tensors: one example of each input of its recorded shape, standard normal numbers for a
+    floating dtype, random ``true``/``false`` for ``bool``, and zeros for an integer dtype (an index into a table
+    of any size: the file does not record which integers an input takes).
+    """
     generator = np.random.default_rng(0)
     bodies = []
     for _ in range(count):
-        if model.kind == IMAGES:
+        if model.kind == TENSORS:
+            example = {spec.name: _sample(generator, spec).tolist() for spec in model.inputs}
+            bodies.append((json.dumps(example).encode(), "application/json"))
+        elif model.kind == IMAGES:
             pixels = generator.integers(0, 256, (model.image_size, model.image_size, 3), dtype=np.uint8)
             encoded = io.BytesIO()
             Image.fromarray(pixels).save(encoded, format="PNG")
@@ -101,8 +110,21 @@ def direct_throughput(
     with torch.inference_mode():
         for first in range(0, count, batch_size):
             chosen = [bodies[index % len(bodies)][0] for index in range(first, min(first + batch_size, count))]
-            network(torch.from_numpy(np.stack([_decoded(model, body) for body in chosen])))
+            if model.kind == TENSORS:
+                args, kwargs = tensors.arguments([tensors.decode(body, model) for body in chosen], model, "cpu")
+                tensors.answers(network(*args, **kwargs), len(chosen))
+            else:
+                network(torch.from_numpy(np.stack([_decoded(model, body) for body in chosen])))
     return count / (time.perf_counter() - started)
+
+
+def _sample(generator: np.random.Generator, spec) -> np.ndarray:
+    """One random example of a model of tensors' input ``spec`` (see ``sample_bodies``)."""
+    if spec.dtype == "bool":
+        return generator.integers(0, 2, spec.shape).astype(bool)
+    if getattr(torch, spec.dtype).is_floating_point:
+        return generator.standard_normal(spec.shape).astype(np.float32)
+    return np.zeros(spec.shape, dtype=np.int64)
 
 
 def _decoded(model: ModelInfo, body: bytes) -> np.ndarray:
@@ -213,6 +235,8 @@ def _stopped(signum, frame) -> None:
 
 
 def _described(model: ModelInfo) -> str:
+    if model.kind == TENSORS:
+        return f"JSON examples of {', '.join(map(str, model.inputs))}"
     if model.kind == IMAGES:
         return f"{model.image_size}x{model.image_size} PNG images"
     return f"{model.lengths[1]} token ids"

@@ -4,12 +4,22 @@
     python -m my_project.serve --ckpt_path last --port 8080     # a project's: exported by its command line
     python -m my_project.serve --bench --ckpt_path last
 
-``POST /predict`` takes what the model file says its model takes (the export records it): for a
-model of images, an image file (the body, or the one file of a multipart form); for a model of
-token sequences, JSON ``{"tokens": [token ids]}``. It answers JSON ``{"predicted": name,
-"probabilities": {name: p, ...}}``, with the batch it was run in as the ``X-Batch-Size`` header;
-``GET /health`` answers ``ok`` once the model is loaded. A bad request answers 4xx with a JSON
-``detail``. SIGTERM stops the server: it stops taking connections, answers every
+``POST /predict`` takes what the model file says its model takes (the export records it):
+
+- a model of images: an image file (the body, or the one file of a multipart form); a model of
+  token sequences: JSON ``{"tokens": [token ids]}``. Either answers JSON ``{"predicted": name,
+  "probabilities": {name: p, ...}}``.
+- a model of tensors: JSON ``{"<input name>": one example, ...}``, each of forward's inputs by
+  name, as nested lists of its recorded shape (no batch dimension: the server batches requests)
+  and of numbers of its dtype, e.g. ``{"history": [[0.1, 0.5], ...]}`` for a ``(24, 2)`` float32
+  input. It answers ``{"outputs": ...}``: what forward returned for that example, nested lists
+  for a tensor, a list for a tuple, an object by name for a dict (``null`` for a number that
+  is not finite).
+
+Each answer has the batch it was run in as the ``X-Batch-Size`` header; ``GET /health`` answers
+``ok`` once the model is loaded. A bad request answers 4xx with a JSON ``detail`` (400 for what
+the model cannot take, 413 for a body over ``--max_body_bytes``, 415 for a wrong Content-Type)
+and never reaches the model. SIGTERM stops the server: it stops taking connections, answers every
 request it had taken (one that cannot be answered in time gets LitServe's 504), and exits 0.
 Until it is ready it says what it is doing (reading the model file, checking it, starting its
 workers), then prints ``ready``. Needs the ``serve`` extra: ``pip install -e ".[serve]"``.
@@ -32,7 +42,8 @@ from typing import TYPE_CHECKING
 
 from ..accelerators import check_accelerator
 from ..errors import ConfigError, UserError, invoked_as, signal_name
-from ..model_format import EXPORT_COMMAND, IMAGES
+from ..installation import check_installation
+from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS, TOKENS
 from ..passwords import scrubbed
 from .model_file import ModelInfo, read_model
 from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
@@ -136,6 +147,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
     """Serve the model file ``args`` name, or the checkpoint of ``--ckpt_path`` exported by ``cli_class`` (the
     project's ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the
     command in messages."""
+    check_installation(cli_class.__module__ if cli_class is not None else None)
     export_command = EXPORT_COMMAND if cli_class is None else export_command_of(cli_class)
     train_command = GENERIC_COMMAND if cli_class is None else cli_class.command
     options = parser(prog, export_command, train_command)
@@ -199,6 +211,9 @@ def _size(path: Path) -> str:
 
 
 def _described(model: ModelInfo) -> str:
+    if model.kind == TENSORS:
+        way = "by keyword" if model.by_keyword else "by position"
+        return f"a model of {', '.join(map(str, model.inputs))} per example ({way}), answering {model.answers}"
     classes = ", ".join(model.class_names[:5]) + (", ..." if len(model.class_names) > 5 else "")
     if model.kind == IMAGES:
         takes = f"images, resized to {model.image_size}x{model.image_size}"
@@ -213,6 +228,12 @@ def check_limits(known: argparse.Namespace, model: ModelInfo) -> None:
         raise ConfigError(
             f"{model.path} takes {model.image_size}x{model.image_size} images, more pixels than --max_pixels "
             f"{known.max_pixels:,}: give a larger --max_pixels, or a model of smaller images"
+        )
+    numbers = sum(math.prod(spec.shape) for spec in model.inputs)
+    if model.kind == TENSORS and 2 * numbers - 1 > known.max_body_bytes:
+        raise ConfigError(
+            f"{model.path} takes {numbers:,} numbers per example, at least {2 * numbers - 1:,} bytes of JSON, more "
+            f"than --max_body_bytes {known.max_body_bytes:,}: give a larger --max_body_bytes"
         )
 
 
@@ -265,13 +286,14 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     import litserve as ls  # the serve extra: only this command needs it
     import litserve.server
 
-    from .api import Classifier, cpu_threads
+    from .api import Classifier, Tensors, cpu_threads
     from .inputs import InputReader
 
     # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
     graceful_s = known.timeout + GRACE_S
     stopper = Stopper(stop_s=graceful_s + GRACE_S)
-    api = Classifier(
+    api_class = Classifier if model.kind in (IMAGES, TOKENS) else Tensors
+    api = api_class(
         model, known.max_batch_size, known.batch_timeout, cpu_threads(known.workers_per_device), stopper.model_processes
     )
     accelerator = {"gpu": "cuda"}.get(known.accelerator, known.accelerator)

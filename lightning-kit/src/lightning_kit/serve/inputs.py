@@ -6,7 +6,8 @@ Each request is checked on its own, before batching: LitServe fails a whole batc
 also runs beside the model, in threads, instead of before it in the model's process.
 
 What a request holds is what the model file says its model takes (``ModelInfo.kind``): an
-image file for a model of images, JSON token ids for a model of token sequences.
+image file for a model of images, JSON token ids for a model of token sequences, a JSON object
+of one example of each named input for a model of tensors (``tensors`` decodes and checks it).
 """
 
 import json
@@ -21,27 +22,30 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from ..data.image_decoding import ImageTooLargeError, UnreadableImageError, decode_image
-from ..model_format import IMAGES, TOKENS
+from ..model_format import IMAGES, TENSORS, TOKENS
+from . import tensors
 from .model_file import ModelInfo
 
 # What POST /predict takes, for each kind of model: an image file as the body, or a multipart form holding
-# one; or a JSON object with the token ids.
+# one; or a JSON object with the token ids (a model of tensors: with its inputs, as ``tensors.accepted`` says).
 ACCEPTED = {
     IMAGES: "an image file as the body (Content-Type image/... or application/octet-stream), or a form with one file",
     TOKENS: 'JSON {"tokens": [token ids]} (Content-Type application/json)',
 }
+# The size from which a JSON body of tensors is decoded in a thread, not in the event loop (a few milliseconds).
+DECODED_IN_THREAD = 64 * 1024
 
 
 def accepted(model: ModelInfo) -> str:
     """What ``POST /predict`` takes for ``model``, as its messages say it."""
-    return ACCEPTED[model.kind]
+    return tensors.accepted(model) if model.kind == TENSORS else ACCEPTED[model.kind]
 
 
 class InputReader:
     """Reads the input of one request: the body, within ``max_body_bytes``, checked and made the model's input.
 
     Args:
-        model: What the model takes: images or token ids (``model.kind``).
+        model: What the model takes: images, token ids or tensors (``model.kind``).
         max_body_bytes: The largest body accepted; a larger one is refused (413) when its
             ``Content-Length`` says so, before it is read, and otherwise once that much has come.
         max_pixels: The most pixels an image may have; a larger one is refused from its header (413).
@@ -54,7 +58,7 @@ class InputReader:
         self.max_pixels = max_pixels
         self._decoders: anyio.CapacityLimiter | None = None  # made in the event loop, on the first image
 
-    async def __call__(self, request: Request) -> np.ndarray:
+    async def __call__(self, request: Request) -> np.ndarray | dict[str, np.ndarray]:
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await self._body(request)
         if self.model.kind == IMAGES:
@@ -63,6 +67,12 @@ class InputReader:
             raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {accepted(self.model)}")
         if not body:
             raise HTTPException(400, f"the body is empty: send {accepted(self.model)}")
+        if self.model.kind == TENSORS:
+            decode = partial(tensors.decode, body, self.model)
+            try:  # a large body in a thread, so that the others' requests are read meanwhile
+                return await anyio.to_thread.run_sync(decode) if len(body) > DECODED_IN_THREAD else decode()
+            except tensors.RequestError as err:
+                raise HTTPException(err.status, str(err)) from err
         return self._tokens(body)
 
     async def _body(self, request: Request) -> bytes:

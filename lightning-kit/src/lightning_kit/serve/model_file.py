@@ -14,16 +14,19 @@ elsewhere could run code through any of these, so a file is loaded only when
 A file is read with bounds (``archive``): every entry's size is checked in the archive's
 directory before anything is inflated, and read as a stream that stops at its bound, into an
 archive of stored entries that PyTorch loads: PyTorch inflates nothing. What the extra files claim (the kind and
-size of the inputs, the class names) is checked against the program's own signature and
-output before a server is started.
+size of the inputs, the class names; for a model of tensors, each input's name, dtype and shape
+and how it is passed) is checked against the program's own signature and output before a server
+is started.
 
-Tested with PyTorch 2.14 (``torch.export.pt2_archive``).
+Tested with PyTorch 2.14 (``torch.export.pt2_archive``). What a model of tensors claims is checked
+in ``tensor_claims``.
 """
 
 import io
 import json
 import operator
 import os
+import sys
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
@@ -35,17 +38,20 @@ import torch
 from torch.export import ExportedProgram
 
 from ..files import NotAFileError, open_regular
-from ..model_format import CLASS_NAMES_FILE, EXPORT_COMMAND, IMAGES, INPUT_FILE, TOKENS
+from ..model_format import CLASS_NAMES_FILE, EXPORT_COMMAND, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput
 from .archive import ModelFileError, stored_copy
+from .tensor_claims import check_tensor_claims
 
 
 @dataclass(frozen=True)
 class ModelInfo:
     """What the server needs to know of an exported model to check requests before they reach it.
 
-    ``kind`` says what a request holds: ``IMAGES`` (an image file, resized to ``image_size``) or
-    ``TOKENS`` (token ids in ``[0, vocab_size)``, as many as ``lengths`` allows); the other kind's
-    fields are None.
+    ``kind`` says what a request holds: ``IMAGES`` (an image file, resized to ``image_size``),
+    ``TOKENS`` (token ids in ``[0, vocab_size)``, as many as ``lengths`` allows) or ``TENSORS``
+    (each of ``inputs`` by name, one example of its dtype and shape); the other kinds' fields are
+    None or empty. A model of images or tokens answers the probabilities of ``class_names``; one of
+    tensors its outputs as they are (``answers`` describes them), and has no class names.
     """
 
     path: Path
@@ -54,6 +60,10 @@ class ModelInfo:
     image_size: int | None = None  # images are resized to image_size x image_size
     vocab_size: int | None = None  # token ids lie in [0, vocab_size)
     lengths: tuple[int, int] | None = None  # the fewest and the most tokens the model takes
+    inputs: tuple[TensorInput, ...] = ()  # a model of tensors: its inputs, in the order its program takes them
+    by_keyword: bool = False  # a model of tensors: called as forward(**inputs), else forward(*inputs)
+    answers: str = ""  # a model of tensors: what it answers, e.g. "a tensor (4,)" or "a dict of mean (4,), ..."
+    index_rows: tuple[int | None, ...] = ()  # a model of tensors: of each input that is an embedding's ids, its rows
 
 
 def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[ExportedProgram, ModelInfo]:
@@ -120,8 +130,8 @@ def _check_operations(path: Path, program: ExportedProgram) -> None:
 
 
 def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
-    """The class names and the inputs the export wrote beside the program: images or token ids, each checked
-    against the program's own signature and output.
+    """The class names and the inputs the export wrote beside the program: images, token ids or tensors, each
+    checked against the program's own signature and output.
 
     The kind of input is what the export recorded; a file without it (exported before it was
     recorded) is read by its inputs' type and shape.
@@ -137,6 +147,17 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
             raise TypeError("not a list")
         class_names = tuple(str(name) for name in names)
         described = json.loads(extra[INPUT_FILE])
+        if isinstance(described, dict) and described.get("kind") == TENSORS:
+            claims = check_tensor_claims(path, program, described, class_names)
+            return ModelInfo(
+                path,
+                (),
+                TENSORS,
+                inputs=claims.inputs,
+                by_keyword=claims.by_keyword,
+                answers=claims.answers,
+                index_rows=claims.index_rows,
+            )
         dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
         kind = described.get("kind", _kind_of(dtype, shape, described))
         vocab_size = int(described["vocab_size"]) if kind == TOKENS else None
@@ -155,7 +176,8 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
         said = f" (its {INPUT_FILE} says {kind!r})" if kind in (IMAGES, TOKENS) else ""
         raise ModelFileError(
             f"{path} takes {takes}{said}, neither images (uint8, (batch, 3, size, size)) "
-            "nor token ids (int64, (batch, length)): no request could be decoded for it"
+            f"nor token ids (int64, (batch, length)), nor tensors its {INPUT_FILE} names: no request could be "
+            "decoded for it"
         )
     _check_claims(path, program, info, dtype, shape, claimed)
     return info
@@ -259,7 +281,8 @@ def _lengths(path: Path, program: ExportedProgram, exported: int) -> tuple[int, 
     if isinstance(length, int):
         return length, length
     bounds = program.range_constraints.get(length.node.expr)
-    if bounds is None or not bounds.upper.is_finite:
+    # Not `upper.is_finite`: sympy says it of PyTorch's integer infinity too (torch.utils._sympy.numbers).
+    if bounds is None or bool(bounds.upper > sys.maxsize):
         raise ModelFileError(f"{path}: its program takes sequences of any length, with no most: refused")
     return int(bounds.lower), int(bounds.upper)
 

@@ -1,0 +1,305 @@
+"""What a network takes, found for its export: an example of its inputs, checked by calling it, and what the
+exported file records of them (``model_format.INPUT_FILE``).
+
+The network is the model's ``net`` where that is an ``nn.Module``, else the model itself. Its
+inputs are the first of these that applies:
+
+1. the model's ``example_input_array``, Lightning's own convention: a tensor (``forward(x)``), a
+   tuple of positional arguments (``forward(*inputs)``) or a dict of keyword arguments
+   (``forward(**inputs)``). A model of ``TENSORS``.
+2. the data module's ``image_size`` (``IMAGES``: uint8 ``(B, 3, S, S)``), or its ``seq_len`` and
+   ``vocab_size`` (``TOKENS``: int64 ``(B, T)``, from 2 to ``seq_len`` tokens). A classifier: the
+   export answers the softmax of its logits, by class name.
+3. one batch of the data module: the first of ``predict_dataloader``, else of the test, validation or
+   training one, whichever it has (``setup`` is called for that stage), made what forward takes: a
+   dict by forward's parameters' names (passed by keyword), a tuple or list by its first elements, as
+   many as forward has required positional parameters (``(x, y)`` -> ``x``), a tensor as the one
+   argument. A model of ``TENSORS``.
+
+A model of ``TENSORS`` takes each input with a batch dimension first, which varies (one
+``torch.export.Dim`` shared by all), its other dimensions fixed as in the example; and answers
+forward's outputs as they are: a tensor, a tuple, a list or a dict of tensors (nested or not), each
+with a row per example. The example is cut or repeated to ``EXAMPLE_ROWS`` rows, so that torch.export
+does not make the batch dimension a constant (as it does sizes of 0 and 1).
+"""
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .errors import ConfigError
+from .model_format import DTYPES, IMAGES, KEYWORD, POSITIONAL, TENSORS, TOKENS, TensorInput
+
+# The rows of every example exported: torch.export makes a dimension of 0 or 1 a constant.
+EXAMPLE_ROWS = 2
+# The fewest tokens an exported sequence model takes, for the same reason.
+FEWEST_TOKENS = 2
+# The data module's loaders, in the order a batch is taken from them, and the stage ``setup`` is called for.
+LOADERS = (
+    ("predict", "predict_dataloader"),
+    ("test", "test_dataloader"),
+    ("validate", "val_dataloader"),
+    ("fit", "train_dataloader"),
+)
+# How long a reason quoted from an error may be, in a one-line message.
+REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Example:
+    """What to export and on what: ``network(*args, **kwargs)``, which answered ``outputs``, and which dimensions of
+    the inputs vary (``dynamic_shapes``, as ``torch.export.export`` takes it)."""
+
+    network: nn.Module
+    args: tuple[torch.Tensor, ...]
+    kwargs: dict[str, torch.Tensor]
+    dynamic_shapes: tuple | dict
+    described: dict  # what the file records of its inputs (INPUT_FILE)
+    outputs: Any  # what the network answered for the example
+    named: str  # the model, as messages name it: "Forecaster", or "Classifier (its net ReferenceCNN)"
+    input_names: list[str] = field(default_factory=list)  # of the flat inputs, in order
+
+    @property
+    def kind(self) -> str:
+        return self.described["kind"]
+
+
+def network_of(model: nn.Module) -> nn.Module:
+    """What an exported file holds: the model's ``net`` where that is an ``nn.Module``, else the model."""
+    net = getattr(model, "net", None)
+    return net if isinstance(net, nn.Module) else model
+
+
+def example_inputs(model: nn.Module, datamodule: Any) -> Example:
+    """An example of what ``model``'s network takes, checked by calling it: from the model's
+    ``example_input_array``, else the data module's sizes, else one of its batches (this module's docstring).
+
+    Raises ``ConfigError`` in one line, naming the model and ``example_input_array``, where none of them gives
+    inputs the network runs on.
+    """
+    net = network_of(model)
+    named = type(model).__name__ if net is model else f"{type(model).__name__} (its net {type(net).__name__})"
+    given = getattr(model, "example_input_array", None)
+    if given is not None:
+        source = f"the example_input_array of {type(model).__name__}"
+        if isinstance(given, torch.Tensor):
+            args, kwargs = (given,), {}
+        elif isinstance(given, tuple | list):
+            args, kwargs = tuple(given), {}
+        elif isinstance(given, Mapping):
+            args, kwargs = (), dict(given)
+        else:
+            raise ConfigError(
+                f"{source} is a {type(given).__name__}: set it to what forward takes, a tensor, a tuple (positional "
+                "arguments) or a dict (keyword arguments) of tensors"
+            )
+        example, why = _tensors(net, named, args, kwargs, source)
+        if example is None:
+            raise ConfigError(f"{why}: set example_input_array on {type(model).__name__} to what its forward takes")
+        return example
+    classified = _classifier_inputs(net, named, datamodule)
+    if classified is not None:
+        return classified
+    batch, why = _first_batch(datamodule)
+    if batch is not None:
+        args, kwargs, why = _call_of(batch, net, why)
+        if args is not None:
+            example, why = _tensors(net, named, args, kwargs, why)
+            if example is not None:
+                return example
+    raise ConfigError(
+        f"the export cannot tell what {named} takes ({why}): set example_input_array on {type(model).__name__} to "
+        "what its forward takes (a tensor, a tuple or a dict of tensors), or give the data module image_size, or "
+        "seq_len and vocab_size"
+    )
+
+
+def reason(err: BaseException) -> str:
+    """An error as a short line: its type and the first line of its message."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    said = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return said if len(said) <= REASON_CHARS else said[: REASON_CHARS - 3] + "..."
+
+
+def _classifier_inputs(net: nn.Module, named: str, datamodule: Any) -> Example | None:
+    """Images of the data module's ``image_size``, or token ids up to its ``seq_len``; None where it has neither."""
+    batch = torch.export.Dim("batch")
+    size = getattr(datamodule, "image_size", None)
+    seq_len, vocab_size = getattr(datamodule, "seq_len", None), getattr(datamodule, "vocab_size", None)
+    if size is not None:
+        inputs = torch.zeros(EXAMPLE_ROWS, 3, size, size, dtype=torch.uint8)
+        dims = {0: batch}
+        described = {"kind": IMAGES, "image_size": int(size)}
+        takes = f"uint8 images of {size}x{size} (the data module's image_size)"
+    elif seq_len is not None and vocab_size is not None:
+        inputs = torch.zeros(EXAMPLE_ROWS, seq_len, dtype=torch.long)
+        dims = {0: batch, 1: torch.export.Dim("length", min=FEWEST_TOKENS, max=seq_len)}
+        described = {"kind": TOKENS, "seq_len": int(seq_len), "vocab_size": int(vocab_size)}
+        takes = f"int64 token ids, {seq_len} of them (the data module's seq_len)"
+    else:
+        return None
+    outputs = _called(net, (inputs,), {}, f"{named} cannot take {takes}")
+    if not isinstance(outputs, torch.Tensor) or outputs.dim() != 2 or outputs.shape[0] != EXAMPLE_ROWS:
+        shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+        raise ConfigError(
+            f"{named} answers {shape} for {EXAMPLE_ROWS} {takes}: a classifier answers logits of (batch, classes)"
+        )
+    described |= {"dtype": str(inputs.dtype).removeprefix("torch."), "shape": list(inputs.shape), "varies": list(dims)}
+    return Example(net, (inputs,), {}, (dims,), described, outputs, named, ["inputs"])
+
+
+def _called(net: nn.Module, args: tuple, kwargs: dict, failed: str) -> Any:
+    """``net(*args, **kwargs)`` in eval mode without gradients; ``ConfigError`` saying ``failed`` and why, if it
+    raises."""
+    try:
+        with torch.no_grad():
+            return net.eval()(*args, **kwargs)
+    except Exception as err:  # the user's forward: any error is theirs to read, in one line
+        raise ConfigError(f"{failed}: its forward raised {reason(err)}") from err
+
+
+def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str) -> tuple[Example | None, str]:
+    """A model of ``TENSORS`` exported on ``args`` and ``kwargs`` (from ``source``), checked by calling it; else
+    None and why not."""
+    given = [*args, *kwargs.values()]
+    odd = [value for value in given if not isinstance(value, torch.Tensor)]
+    if not given or odd:
+        what = f"a {type(odd[0]).__name__}" if odd else "no inputs"
+        return None, f"{source} holds {what}, not tensors alone"
+    dtypes = [str(value.dtype).removeprefix("torch.") for value in given]
+    unsupported = [dtype for dtype in dtypes if dtype not in DTYPES]
+    if unsupported:
+        return None, f"{source} holds a {unsupported[0]} tensor, which JSON cannot give: inputs of {', '.join(DTYPES)}"
+    rows = {value.shape[0] if value.dim() else None for value in given}
+    if None in rows or len(rows) != 1 or 0 in rows:
+        shapes = ", ".join(str(tuple(value.shape)) for value in given)
+        wrong = "no rows" if rows == {0} else "not all of one batch dimension first"
+        return None, f"{source} holds tensors of shapes {shapes}, {wrong}"
+    args = tuple(_rows(value) for value in args)
+    kwargs = {name: _rows(value) for name, value in kwargs.items()}
+    try:
+        outputs = _called(net, args, kwargs, f"{named} cannot take {source}")
+    except ConfigError as err:
+        return None, str(err)
+    wrong = _wrong_output(outputs)
+    if wrong:
+        return None, f"for {source}, {named}'s forward answers {wrong}"
+    batch = torch.export.Dim("batch")
+    names = _positional_names(net, len(args)) + list(kwargs)
+    described = {
+        "kind": TENSORS,
+        "passed": KEYWORD if kwargs else POSITIONAL,
+        "inputs": [
+            TensorInput(name, dtype, tuple(value.shape[1:])).described()
+            for name, dtype, value in zip(names, dtypes, [*args, *kwargs.values()], strict=True)
+        ],
+    }
+    dims = {name: {0: batch} for name in kwargs} if kwargs else tuple({0: batch} for _ in args)
+    return Example(net, args, kwargs, dims, described, outputs, named, names), ""
+
+
+def _rows(value: torch.Tensor) -> torch.Tensor:
+    """``value`` cut or repeated to ``EXAMPLE_ROWS`` rows, contiguous (it may be a view of a larger batch)."""
+    index = torch.arange(EXAMPLE_ROWS, device=value.device) % value.shape[0]
+    return value.index_select(0, index).contiguous()
+
+
+def _wrong_output(outputs: Any) -> str:
+    """What is wrong with a network's outputs for a server to answer them; empty where nothing is.
+
+    A tensor, or a tuple, a list or a dict (of names) of them, nested or not, each with a row per example.
+    """
+    if isinstance(outputs, torch.Tensor):
+        if outputs.dim() == 0 or outputs.shape[0] != EXAMPLE_ROWS:
+            return f"a tensor of shape {tuple(outputs.shape)} for {EXAMPLE_ROWS} examples, not one row per example"
+        if outputs.is_complex():
+            return "a complex tensor, which JSON cannot hold"
+        return ""
+    if type(outputs) in (tuple, list):
+        items = outputs
+    elif type(outputs) is dict and all(isinstance(key, str) for key in outputs):
+        items = outputs.values()
+    else:
+        return f"a {type(outputs).__name__}, not a tensor, a tuple or a dict (of names) of tensors"
+    return next((wrong for wrong in map(_wrong_output, items) if wrong), "" if items else "an empty container")
+
+
+def _positional_names(net: nn.Module, count: int) -> list[str]:
+    """The names of forward's first ``count`` positional parameters (``args_0``, ... for those of ``*args``)."""
+    names, rest = [], "args"
+    for parameter in _parameters(net):
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            names.append(parameter.name)
+        elif parameter.kind is parameter.VAR_POSITIONAL:
+            rest = parameter.name
+            break
+    names = names[:count]
+    return names + [f"{rest}_{index}" for index in range(count - len(names))]
+
+
+def _parameters(net: nn.Module) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(net.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward whose signature cannot be read
+        return []
+
+
+def _first_batch(datamodule: Any) -> tuple[Any, str]:
+    """The first batch of the data module's first loader of ``LOADERS``, and where it came from; else None and why."""
+    if datamodule is None:
+        return None, "there is no data module"
+    name = type(datamodule).__name__
+    failures = []
+    for stage, loader_name in LOADERS:
+        loader = getattr(datamodule, loader_name, None)
+        if not callable(loader) or _not_overridden(datamodule, loader_name):
+            continue
+        where = f"the first batch of {name}.{loader_name}()"
+        try:
+            if callable(getattr(datamodule, "setup", None)):
+                datamodule.setup(stage)
+            loaders = loader()
+            if isinstance(loaders, list | tuple) and loaders and isinstance(loaders[0], DataLoader):
+                loaders = loaders[0]  # the first of several
+            return next(iter(loaders)), where
+        except StopIteration:
+            failures.append(f"{name}.{loader_name}() is empty")
+        except Exception as err:  # the user's data module: why it gave no batch, in one line
+            failures.append(f"{name}.{loader_name}() gave no batch ({reason(err)})")
+    return None, failures[0] if failures else f"the data module {name} has no dataloader"
+
+
+def _not_overridden(datamodule: Any, loader_name: str) -> bool:
+    """Whether the loader is Lightning's own, which raises: the data module has none of that stage."""
+    own = getattr(L.LightningDataModule, loader_name, None)
+    return isinstance(datamodule, L.LightningDataModule) and getattr(type(datamodule), loader_name, None) is own
+
+
+def _call_of(batch: Any, net: nn.Module, where: str) -> tuple[tuple | None, dict, str]:
+    """The arguments of forward that ``batch`` gives (``where`` says whence it came); else None and why not."""
+    parameters = [p for p in _parameters(net) if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    takes = f"forward({', '.join(p.name for p in parameters)})"
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}, f"{where}, a tensor"
+    if isinstance(batch, Mapping):
+        by_name = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        kwargs = {p.name: batch[p.name] for p in by_name if p.name in batch}
+        missing = [p.name for p in by_name if p.default is p.empty and p.name not in batch]
+        keys = ", ".join(map(str, batch))
+        if missing or not kwargs:
+            lacks = f"no {', '.join(missing)}" if missing else "none of its parameters"
+            return None, {}, f"{where} is a dict of {keys}, with {lacks} of {takes}"
+        return (), kwargs, f"{where}, a dict of {keys}"
+    if isinstance(batch, tuple | list):
+        positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        count = sum(p.default is p.empty for p in positional) or 1
+        if len(batch) < count:
+            return None, {}, f"{where} holds {len(batch)} items, fewer than {takes} takes"
+        return tuple(batch[:count]), {}, f"{where}, a {type(batch).__name__} of {len(batch)}"
+    return None, {}, f"{where} is a {type(batch).__name__}, not a tensor, a tuple or a dict of tensors"

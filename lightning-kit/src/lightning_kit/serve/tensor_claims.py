@@ -1,0 +1,202 @@
+"""What the file of a model of tensors claims of its inputs and outputs, checked against its program's own signature.
+
+Its ``INPUT_FILE`` names each input, with a dtype and the shape of one example, and says whether
+they are passed by position or by keyword (``model_format``). The program must take exactly
+those, each with a batch dimension first that varies (one shared by all, from 1 example up), and
+answer what a server can answer request by request: a tensor, a tuple, a list or a dict (of names)
+of tensors, each with that batch dimension first. Anything else is refused in one line, before a
+server is started. An integer input the program indexes an embedding with takes ids below its
+rows: the server refuses others (400) before they reach the model.
+
+Tested with PyTorch 2.14: ``torch.utils._pytree.tree_unflatten`` (private) of the program's
+``call_spec``, which says how the program takes its inputs and how its outputs nest.
+"""
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
+from torch.utils import _pytree as pytree
+
+from ..model_format import CLASS_NAMES_FILE, DTYPES, INPUT_FILE, KEYWORD, POSITIONAL, TensorInput
+from .archive import ModelFileError
+
+# How a message says the inputs are passed.
+BY = {POSITIONAL: "by position", KEYWORD: "by keyword"}
+# The dtypes an embedding takes its ids in.
+INDEX_DTYPES = ("int32", "int64")
+
+
+@dataclass(frozen=True)
+class TensorClaims:
+    """What the file of a model of tensors says it takes, checked, and what its program answers."""
+
+    inputs: tuple[TensorInput, ...]  # in the order the program takes them
+    by_keyword: bool  # forward(**inputs), else forward(*inputs)
+    answers: str  # what the program answers per example, e.g. "a tensor (4,)", "a dict of mean (2,), spread ()"
+    index_rows: tuple[int | None, ...]  # for each input that indexes an embedding, its rows (ids lie below)
+
+
+def check_tensor_claims(
+    path: Path, program: ExportedProgram, described: dict, class_names: tuple[str, ...]
+) -> TensorClaims:
+    """What the ``INPUT_FILE`` of a model of tensors (``described``) says of its inputs, each checked against the
+    program's own signature and outputs; ``ModelFileError`` in one line where they disagree."""
+    passed, given = described.get("passed"), described.get("inputs")
+    inputs = tuple(_tensor_input(path, entry) for entry in given) if isinstance(given, list) else ()
+    if passed not in (POSITIONAL, KEYWORD) or not inputs or len({spec.name for spec in inputs}) != len(inputs):
+        raise ModelFileError(
+            f"{path} is damaged: its {INPUT_FILE} names no inputs of distinct names, passed {POSITIONAL} or {KEYWORD}"
+        )
+    if class_names:
+        raise ModelFileError(
+            f"{path}: its {CLASS_NAMES_FILE} names {len(class_names)} classes, but a model of tensors answers its "
+            "outputs as they are: refused"
+        )
+    batch, taken = _check_inputs(path, program, inputs, passed)
+    rows = tuple(
+        _embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
+        for spec, name in zip(inputs, taken, strict=True)
+    )
+    return TensorClaims(inputs, passed == KEYWORD, _check_outputs(path, program, batch), rows)
+
+
+def _tensor_input(path: Path, entry: object) -> TensorInput:
+    """One input as ``INPUT_FILE`` records it: a name, one of ``DTYPES``, a shape of sizes from 0."""
+    if not isinstance(entry, dict):
+        raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input that is not an object")
+    name, dtype, shape = entry.get("name"), entry.get("dtype"), entry.get("shape")
+    if not isinstance(name, str) or not name:
+        raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input without a name")
+    if dtype not in DTYPES:
+        raise ModelFileError(f"{path}: its {INPUT_FILE} says {name} is {dtype!r}, not one of {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(type(size) is int and size >= 0 for size in shape):
+        raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records no shape of whole sizes for {name}")
+    return TensorInput(name, dtype, tuple(shape))
+
+
+def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInput, ...], passed: str):
+    """Refuse inputs the program does not take as ``INPUT_FILE`` says; the symbol of the batch dimension they share,
+    and the names of the program's inputs, in the order of ``inputs``."""
+    names = list(program.graph_signature.user_inputs)
+    claimed = f"its {INPUT_FILE} says it takes {', '.join(map(str, inputs))} {BY[passed]}"
+    try:
+        args, kwargs = pytree.tree_unflatten(names, program.call_spec.in_spec)
+    except Exception as err:  # a spec that does not fit its own inputs: the file was tampered with
+        raise ModelFileError(f"{path}: its program does not say how it takes its inputs: refused") from err
+    wanted = [spec.name for spec in inputs]
+    if passed == KEYWORD:
+        fits = args == () and isinstance(kwargs, dict) and sorted(kwargs) == sorted(wanted)
+        taken = [kwargs.get(name) for name in wanted] if fits else []
+    else:
+        fits = kwargs == {} and isinstance(args, tuple) and len(args) == len(wanted)
+        taken = list(args) if fits else []
+    if not fits or not all(isinstance(name, str) for name in taken):
+        raise ModelFileError(f"{path}: {claimed}, but its program takes {_takes(args, kwargs)}: refused")
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    batch = None
+    for spec, name in zip(inputs, taken, strict=True):
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(value, torch.Tensor):
+            raise ModelFileError(f"{path}: its program does not record the shape of its input {name}: refused")
+        dtype, sizes = str(value.dtype).removeprefix("torch."), list(value.shape)
+        # Each size after the batch's a number: a symbol compared with one would be a guard, not an answer.
+        fixed = [size if isinstance(size, int) else None for size in sizes[1:]]
+        if dtype != spec.dtype or not sizes or fixed != list(spec.shape):
+            raise ModelFileError(
+                f"{path}: {claimed}, but its program takes {spec.name} of {dtype}, shape {_shown(sizes)}: refused"
+            )
+        if isinstance(sizes[0], int):
+            raise ModelFileError(
+                f"{path}: its program takes batches of {sizes[0]} examples only (exported without a batch dimension "
+                "that varies), and the server batches requests: refused"
+            )
+        if batch is not None and sizes[0].node.expr != batch:
+            raise ModelFileError(f"{path}: its program's inputs do not share one batch dimension: refused")
+        batch = sizes[0].node.expr
+    bounds = program.range_constraints.get(batch)
+    # Not `upper.is_finite`: sympy says it of PyTorch's integer infinity too (torch.utils._sympy.numbers).
+    if bounds is not None and (bool(bounds.lower > 1) or not bool(bounds.upper > sys.maxsize)):
+        raise ModelFileError(
+            f"{path}: its program takes batches of {bounds.lower} to {bounds.upper} examples, and the server batches "
+            "any number from 1: refused"
+        )
+    return batch, taken
+
+
+def _embedding_rows(program: ExportedProgram, name: str) -> int | None:
+    """The fewest rows of an embedding the program's input ``name`` indexes directly; None where it indexes none."""
+    rows = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
+            weight, indices = node.args[0], node.args[1]
+            size = weight.meta.get("val").shape[0] if isinstance(weight.meta.get("val"), torch.Tensor) else None
+            if getattr(indices, "name", None) == name and isinstance(size, int):
+                rows.append(size)
+    return min(rows, default=None)
+
+
+def _check_outputs(path: Path, program: ExportedProgram, batch) -> str:
+    """Refuse outputs the server cannot answer request by request: anything but a tensor, a tuple, a list or a dict
+    of names of tensors, each with the inputs' batch dimension first. What the program answers, described."""
+    signature = program.graph_signature
+    (output,) = [node for node in program.graph.nodes if node.op == "output"]
+    returned = [
+        getattr(node, "meta", {}).get("val")
+        for spec, node in zip(signature.output_specs, output.args[0], strict=False)
+        if spec.kind == OutputKind.USER_OUTPUT
+    ]
+    try:
+        outputs = pytree.tree_unflatten(returned, program.call_spec.out_spec)
+    except Exception as err:  # a spec that does not fit its own outputs: the file was tampered with
+        raise ModelFileError(f"{path}: its program does not say how its outputs nest: refused") from err
+    wrong = _wrong_outputs(outputs, batch)
+    if wrong:
+        raise ModelFileError(f"{path}: its program answers {wrong}, which no request could be answered with: refused")
+    return _answers(outputs)
+
+
+def _wrong_outputs(outputs, batch) -> str:
+    """What is wrong with a program's outputs (its fake tensors, nested as it returns them); empty where nothing is."""
+    if isinstance(outputs, torch.Tensor):
+        first = outputs.shape[0] if outputs.dim() else None
+        if not isinstance(first, torch.SymInt) or first.node.expr != batch or outputs.is_complex():
+            return f"a {str(outputs.dtype).removeprefix('torch.')} tensor of shape {_shown(list(outputs.shape))}"
+        return ""
+    if type(outputs) is dict and all(isinstance(key, str) for key in outputs):
+        items = list(outputs.values())
+    elif type(outputs) in (tuple, list):
+        items = list(outputs)
+    else:
+        return f"a {type(outputs).__name__}"
+    return next((wrong for wrong in (_wrong_outputs(item, batch) for item in items) if wrong), "" if items else "()")
+
+
+def _answers(outputs) -> str:
+    """``a tensor (4,)``; ``a dict of mean (4,), scale ()``; ``a tuple of (4,), (2, 3)``: per example."""
+    if isinstance(outputs, torch.Tensor):
+        return f"a tensor {tuple(outputs.shape[1:])}"
+    if isinstance(outputs, dict):
+        return "a dict of " + ", ".join(
+            f"{key} {_answers(value).removeprefix('a tensor ')}" for key, value in outputs.items()
+        )
+    return f"a {type(outputs).__name__} of " + ", ".join(_answers(value).removeprefix("a tensor ") for value in outputs)
+
+
+def _takes(args, kwargs) -> str:
+    """How a program takes its inputs, as a message says it: ``history by keyword``, ``x, y by position``."""
+    ways = []
+    if args:
+        ways.append(f"{', '.join(map(str, pytree.tree_leaves(args)))} by position")
+    if kwargs:
+        ways.append(f"{', '.join(map(str, kwargs))} by keyword")
+    return " and ".join(ways) or "no inputs"
+
+
+def _shown(sizes: list) -> str:
+    """A program's shape, its sizes that vary shown as ``batch`` (the first) or ``any``."""
+    shown = [str(size) if isinstance(size, int) else "batch" if axis == 0 else "any" for axis, size in enumerate(sizes)]
+    return f"({', '.join(shown)}{',' if len(shown) == 1 else ''})"

@@ -1,0 +1,188 @@
+"""The requests and answers of a model of tensors: one example's JSON decoded and checked against what its file
+records, a batch of examples made the program's arguments, and its outputs made each request's answer.
+
+A request is a JSON object with one entry per input, by the input's name: one example (no batch
+dimension), as nested lists of the input's shape, of numbers of its dtype (``true``/``false`` for
+``bool``; whole numbers within range for an integer dtype; finite numbers within range for a
+floating dtype). Nothing else is taken: a missing or unknown name, a ragged or wrongly nested list,
+a string, ``NaN`` or ``Infinity`` is refused with the reason. An answer is ``{"outputs": ...}``:
+what the model answered for that example, nested lists for a tensor, a list for a tuple, an object
+for a dict; a number that is not finite is ``null``.
+
+NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
+(``api``), and the load test does both (``bench``).
+"""
+
+import json
+import math
+
+import numpy as np
+import torch
+
+from ..model_format import TensorInput
+from .model_file import ModelInfo
+
+# Each dtype a request's numbers are read as (bfloat16, which NumPy lacks, as float32 until PyTorch has them).
+NUMPY_DTYPES = {
+    "bool": np.bool_,
+    "uint8": np.uint8,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "float16": np.float16,
+    "bfloat16": np.float32,
+    "float32": np.float32,
+    "float64": np.float64,
+}
+
+
+class RequestError(ValueError):
+    """A request the model cannot take: the HTTP status to answer, and why (the message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def accepted(model: ModelInfo) -> str:
+    """What ``POST /predict`` takes for a model of tensors, as its messages say it."""
+    entries = ", ".join(f'"{spec.name}": {expected(spec)}' for spec in model.inputs)
+    return f"JSON {{{entries}}} for one example (Content-Type application/json)"
+
+
+def expected(spec: TensorInput) -> str:
+    """What one example of ``spec`` is: ``24x2 nested lists of float32``, ``one int64 number``, ``true or false``."""
+    if not spec.shape:
+        return "true or false" if spec.dtype == "bool" else f"one {spec.dtype} number"
+    return f"{'x'.join(map(str, spec.shape))} nested lists of {spec.dtype}"
+
+
+def decode(body: bytes, model: ModelInfo) -> dict[str, np.ndarray]:
+    """The inputs of one example from a JSON body, each checked against the model's dtype and shape; ``RequestError``
+    (400) saying what is wrong."""
+    shown = accepted(model)
+    try:
+        given = json.loads(body, parse_constant=_not_a_number)
+    except RecursionError as err:
+        raise RequestError(400, f"the body nests too deeply to be read: send {shown}") from err
+    except ValueError as err:  # malformed JSON, NaN or Infinity; UnicodeDecodeError is a ValueError
+        raise RequestError(400, f"the body is not JSON that can be read ({err}): send {shown}") from err
+    if not isinstance(given, dict):
+        raise RequestError(400, f"the body is a JSON {type(given).__name__}, not an object: send {shown}")
+    names = [spec.name for spec in model.inputs]
+    missing = [name for name in names if name not in given]
+    unknown = [name for name in given if name not in names]
+    if missing or unknown:
+        wrong = f"no {', '.join(missing)}" if missing else f"{', '.join(map(repr, unknown))}, which it does not take"
+        raise RequestError(400, f"the body has {wrong}: the model takes {', '.join(names)}; send {shown}")
+    rows = model.index_rows or (None,) * len(model.inputs)
+    return {spec.name: _array(given[spec.name], spec, most) for spec, most in zip(model.inputs, rows, strict=True)}
+
+
+def _not_a_number(constant: str) -> float:
+    raise ValueError(f"{constant} is not a finite number")
+
+
+def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
+    """One example of ``spec``: ``value`` walked level by level (never deeper than its shape), then its numbers (ids
+    below ``rows``, where it indexes an embedding of so many)."""
+    items = [value]
+    for depth, size in enumerate(spec.shape):
+        flat = []
+        for item in items:
+            if type(item) is not list or len(item) != size:
+                found = f"a list of {len(item)}" if type(item) is list else f"a {_json_type(item)}"
+                where = f"at depth {depth}" if depth else "as a whole"
+                raise RequestError(
+                    400, f"{spec.name} must be {expected(spec)}: {where} it holds {found}, not {size} items"
+                )
+            flat.extend(item)
+        items = flat
+    numbers = _numbers(items, spec)
+    if rows is not None and numbers.size and not (numbers.min() >= 0 and numbers.max() < rows):
+        outside = next(item for item in items if not 0 <= item < rows)
+        raise RequestError(400, f"{spec.name} holds {outside}: the model's embedding of it takes ids in [0, {rows})")
+    return numbers.astype(NUMPY_DTYPES[spec.dtype]).reshape(spec.shape)
+
+
+def _numbers(items: list, spec: TensorInput) -> np.ndarray:
+    """The leaves of one example, checked to be numbers of ``spec``'s dtype, within its range."""
+    kinds = set(map(type, items))
+    if spec.dtype == "bool":
+        if kinds - {bool}:
+            raise RequestError(400, f"{spec.name} takes true or false: it holds {_first_of(items, kinds - {bool})}")
+        return np.array(items, dtype=np.bool_)
+    dtype = getattr(torch, spec.dtype)
+    whole = not dtype.is_floating_point
+    taken = {int} if whole else {int, float}
+    if kinds - taken:
+        what = "whole numbers" if whole else "numbers"
+        raise RequestError(400, f"{spec.name} takes {what} ({spec.dtype}): it holds {_first_of(items, kinds - taken)}")
+    bounds = torch.iinfo(dtype) if whole else torch.finfo(dtype)
+    try:
+        numbers = np.array(items, dtype=np.int64 if whole else np.float64)
+    except OverflowError:  # a whole number past int64, or one of hundreds of digits: Python compares them
+        outside = np.array([not bounds.min <= item <= bounds.max for item in items])
+    else:
+        outside = (numbers < bounds.min) | (numbers > bounds.max)
+        if not whole:
+            outside |= ~np.isfinite(numbers)
+    if outside.any():
+        item = items[int(np.argmax(outside))]
+        shown = item if len(str(item)) <= 40 else f"a number of {len(str(item))} digits"
+        if whole:
+            said = f"outside the range of {spec.dtype} ({bounds.min} to {bounds.max})"
+        else:
+            said = f"{spec.dtype} takes finite numbers from {bounds.min:.4g} to {bounds.max:.4g}"
+        raise RequestError(400, f"{spec.name} holds {shown}: {said}")
+    return numbers
+
+
+def _first_of(items: list, kinds: set) -> str:
+    item = next(item for item in items if type(item) in kinds)
+    return f"{json.dumps(item)[:40]} (a {_json_type(item)})"
+
+
+def _json_type(item: object) -> str:
+    """What a decoded JSON value is, as JSON names it."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}
+    return names.get(type(item), "null" if item is None else type(item).__name__)
+
+
+def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -> tuple[tuple, dict]:
+    """The program's arguments for a batch of decoded examples: each input stacked, on ``device``, positional or by
+    keyword as the model takes them."""
+    stacked = {
+        spec.name: torch.as_tensor(np.stack([example[spec.name] for example in examples]), device=device).to(
+            getattr(torch, spec.dtype)
+        )
+        for spec in model.inputs
+    }
+    if model.by_keyword:
+        return (), stacked
+    return tuple(stacked[spec.name] for spec in model.inputs), {}
+
+
+def answers(outputs, count: int) -> list:
+    """Each of ``count`` examples' share of the program's ``outputs``, as JSON holds it (see the docstring)."""
+    if isinstance(outputs, torch.Tensor):
+        values = outputs.detach()  # tolist() reads the values wherever they are
+        if values.dtype in (torch.float16, torch.bfloat16):
+            values = values.float()
+        rows = values.tolist()
+        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+            rows = _finite_or_null(rows)
+        return rows
+    if isinstance(outputs, dict):
+        columns = {key: answers(value, count) for key, value in outputs.items()}
+        return [{key: column[index] for key, column in columns.items()} for index in range(count)]
+    columns = [answers(value, count) for value in outputs]
+    return [[column[index] for column in columns] for index in range(count)]
+
+
+def _finite_or_null(values):
+    """``values`` (nested lists of floats) with each number that is not finite made None (JSON's null)."""
+    if isinstance(values, list):
+        return [_finite_or_null(value) for value in values]
+    return values if math.isfinite(values) else None
