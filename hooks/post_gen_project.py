@@ -194,6 +194,10 @@ def library_reference(source: tuple[str, str, str | None] | None) -> str | None:
     if re.fullmatch(r"[\w.-]+@[\w.-]+:.+", url):  # scp-like git@host:org/name.git, which pip does not take
         user_host, _, path = url.partition(":")
         url = f"ssh://{user_host}/{path}"
+    if url.startswith("file:///"):
+        # The same repository, with its host written out: the pip that Python ships (23.2, with Python 3.11) refuses a
+        # `git+file:///` URL as it refused any URL without a host; git takes both.
+        url = f"file://localhost/{url.removeprefix('file:///')}"
     return f"git+{url}@{commit}#subdirectory={subdirectory}"
 
 

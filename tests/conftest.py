@@ -110,12 +110,15 @@ def copy_template(target: Path) -> Path:
     return target
 
 
-def cookiecutter_cli(source: str, output: Path, cwd: Path, env: dict[str, str], *options: str) -> Path:
-    """`cookiecutter --no-input SOURCE` into ``output``, as a user types it; return the project."""
-    command = [sys.executable, "-m", "cookiecutter", "--no-input", *options, "-o", str(output), source]
+def cookiecutter_cli(
+    source: str, output: Path, cwd: Path, env: dict[str, str], *options: str, answers: dict[str, str] | None = None
+) -> Path:
+    """`cookiecutter --no-input SOURCE [key=value ...]` into ``output``, as a user types it; return the project."""
+    extra = [f"{key}={value}" for key, value in (answers or {}).items()]
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", *options, "-o", str(output), source, *extra]
     done = run(*command, cwd=cwd, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    return output / "vision_project"
+    return output / (answers or {}).get("project_slug", "vision_project")
 
 
 def library_requirements(project: Path) -> list[str]:
@@ -130,11 +133,13 @@ def library_requirements(project: Path) -> list[str]:
 
 @dataclass
 class FreshVenv:
-    """A plain virtual environment (no system site-packages) into which a project baked from a git URL was installed.
+    """A plain virtual environment (no system site-packages) into which a project baked from a git URL was installed
+    as its README says for a machine without a GPU, with the pip that Python ships: PyTorch's CPU build first, then
+    `pip install -e ".[dev]"`.
 
-    ``install_log`` and ``install_seconds`` are of that first ``pip install -e ".[dev]"``, which
-    took every dependency from the package index; ``installed`` is what the environment held right
-    after it. Each test that uses it installs what it needs first: another may have changed it.
+    ``install_log`` and ``install_seconds`` are of those installs, which took every dependency from the package
+    index; ``installed`` is what the environment held right after them. Each test that uses it installs what it
+    needs first: another may have changed it.
     """
 
     folder: str
@@ -145,6 +150,7 @@ class FreshVenv:
     install_seconds: float
     install_log: str
     installed: dict
+    cpu_torch: str | None = None  # the CPU build of PyTorch installed first ("2.13.0+cpu"); None where none was found
 
     @property
     def bin(self) -> Path:
@@ -207,26 +213,47 @@ def exclusive(lock: Path) -> Iterator[None]:
             fcntl.flock(file, fcntl.LOCK_UN)
 
 
+# The task baked into the fresh environment: the sequence project, which needs no torchvision (a CPU build of
+# torchvision is not on this machine's disk, and PyPI's does not load beside a CPU build of PyTorch).
+FRESH_TASK = "sequence"
+
+
+def cpu_torch_wheel() -> Path | None:
+    """A CPU build of PyTorch for this Python among pip's --find-links folders (``PIP_FIND_LINKS``): the stand-in here
+    for PyTorch's CPU index (https://download.pytorch.org/whl/cpu), which this machine cannot reach; None if none."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for folder in os.environ.get("PIP_FIND_LINKS", "").split():
+        found = sorted(Path(folder).glob(f"torch-*+cpu-{tag}-{tag}-*.whl")) if Path(folder).is_dir() else []
+        if found:
+            return found[-1]
+    return None
+
+
 def build_fresh_venv(folder: Path) -> FreshVenv:
-    """Bake the template from a git URL and `pip install -e ".[dev]"` the project into a new, plain environment."""
+    """Bake the template from a git URL and install the project into a new, plain environment as its README says for
+    a machine without a GPU: with the pip Python ships (not upgraded), PyTorch's CPU build, then the project."""
     folder.mkdir(parents=True, exist_ok=True)
     env = git_environment(folder)
     template = copy_template(folder / "template")
     first = commit(template, "the template", env)
     url = f"git+{template.as_uri()}"
-    project = cookiecutter_cli(url, folder / "projects", folder, env)
+    project = cookiecutter_cli(url, folder / "projects", folder, env, answers={"task": FRESH_TASK})
     venv = folder / "venv"
     done = run(sys.executable, "-m", "venv", str(venv), cwd=folder)
     assert done.returncode == 0, done.stderr
     state = FreshVenv(str(venv), str(template), first, url, str(project), 0.0, "", {})
-    started = time.monotonic()
-    # The pip that Python ships may be too old for a `git+file:` URL (pip 23.2 rejects one without a host, as
-    # its packaging did); the repository a team shares has an https URL, which any pip takes.
-    done = state.run("python", "-m", "pip", "install", "--upgrade", "pip", cwd=project)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    started, logs = time.monotonic(), []
+    wheel = cpu_torch_wheel()
+    if wheel is not None:
+        # `pip install torch --index-url https://download.pytorch.org/whl/cpu`, from the folder that stands in for it.
+        state.cpu_torch = wheel.name.split("-")[1]
+        torch = f"torch=={state.cpu_torch}"
+        done = state.run("python", "-m", "pip", "install", "--find-links", str(wheel.parent), torch, cwd=project)
+        logs.append(done.stdout[-4000:] + done.stderr[-4000:])
+        assert done.returncode == 0, logs[-1]
     done = state.run("python", "-m", "pip", "install", "-e", ".[dev]", cwd=project)
     state.install_seconds = round(time.monotonic() - started, 1)
-    state.install_log = done.stdout[-20000:] + done.stderr[-4000:]
+    state.install_log = "".join(logs) + done.stdout[-20000:] + done.stderr[-4000:]
     assert done.returncode == 0, state.install_log
     state.installed = {name: state.distribution(name, project) for name in ("lightning-kit", "vision_project", "torch")}
     return state

@@ -14,7 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FreshVenv, commit, cookiecutter_cli, copy_template, git, git_environment, library_requirements, run
+from conftest import (
+    FRESH_TASK,
+    FreshVenv,
+    commit,
+    cookiecutter_cli,
+    copy_template,
+    git,
+    git_environment,
+    library_requirements,
+    run,
+)
 
 PROJECT_TEMPLATE = "{{cookiecutter.project_slug}}"
 # The user's change and the template's, on the README's first line or at its end.
@@ -219,14 +229,14 @@ def test_a_bake_from_a_git_url_requires_the_library_at_the_commit_baked_and_an_u
     first = git("rev-parse", "HEAD", cwd=template, env=env).strip()
     url = f"git+{template.as_uri()}"
     project = cookiecutter_cli(url, tmp_path / "projects", tmp_path, env)
-    assert library_references(project) == {f"{url}@{first}#subdirectory=lightning-kit"}
+    assert library_references(project) == {f"{library_url(url)}@{first}#subdirectory=lightning-kit"}
     assert state(project)["template"] == template.as_uri()
     commit(project, "bake", env)
     second = change_template(template, env, title=False)
 
     update = cruft("update", "--skip-apply-ask", project=project, env=env)
     assert update.returncode == 0, update.stdout + update.stderr
-    assert library_references(project) == {f"{url}@{second}#subdirectory=lightning-kit"}
+    assert library_references(project) == {f"{library_url(url)}@{second}#subdirectory=lightning-kit"}
     assert state(project)["commit"] == second
 
 
@@ -243,38 +253,86 @@ PROJECT_TEST = (
 )
 
 
+def library_url(url: str) -> str:
+    """The git URL a bake writes for the library's repository: a local one with its host written out (pip 23.2, which
+    Python ships, refuses `git+file:///` URLs)."""
+    return url.replace("git+file:///", "git+file://localhost/", 1)
+
+
 @pytest.mark.slow
 def test_an_update_to_a_commit_that_changes_the_library_installs_it_there_and_the_project_passes(
     tmp_path, env, fresh_venv: FreshVenv
 ):
-    """Baked from a git URL at commit A and edited, then updated to commit B: its tests pass on B's library."""
+    """Baked from a git URL at commit A and edited, then updated to commit B: the README's one install command puts
+    B's library in place (no uninstall), and the project's tests pass on it. Then, in the same environment: a second
+    project at A installed beside it replaces the library, and the first says so in one line at start-up; with the
+    library uninstalled, or the project installed with --no-deps, it says how to install it in one line."""
     template = tmp_path / "template"
     git("clone", "-q", fresh_venv.template, str(template), cwd=tmp_path, env=env)
     url = f"git+{template.as_uri()}"
-    project = cookiecutter_cli(url, tmp_path / "projects", tmp_path, env)
-    assert library_references(project) == {f"{url}@{fresh_venv.commit}#subdirectory=lightning-kit"}
+    answers = {"task": FRESH_TASK}
+    project = cookiecutter_cli(url, tmp_path / "projects", tmp_path, env, answers=answers)
+    first = fresh_venv.commit
+    assert library_references(project) == {f"{library_url(url)}@{first}#subdirectory=lightning-kit"}
     commit(project, "bake", env)
     edit(project / "README.md", "# Vision Project\n", USER_TITLE)
     commit(project, "our own change", env)
+    fresh_venv.pip("install", "-e", ".[dev]", cwd=project)
+    assert fresh_venv.distribution("lightning-kit", project)["version"].endswith(f"+g{first[:9]}")
     for name, text in (LIBRARY_CHANGE, PROJECT_TEST):
         (template / name).write_text(text, encoding="utf-8")
     second = commit(template, "the library's release notes", env)
 
     update = cruft("update", "--skip-apply-ask", project=project, env=env)
     assert update.returncode == 0, update.stdout + update.stderr
-    reference = f"{url}@{second}#subdirectory=lightning-kit"
+    reference = f"{library_url(url)}@{second}#subdirectory=lightning-kit"
     assert library_references(project) == {reference}
     assert (project / "README.md").read_text(encoding="utf-8").startswith(USER_TITLE), "the user's change was lost"
     assert (project / "tests" / "test_release_notes.py").is_file(), "the template's new test did not arrive"
     assert state(project)["commit"] == second
 
-    # In the fresh environment, which has what the project needs, the library at B: pip keeps an installed
-    # library of the same version for the new reference, so the library is uninstalled first.
-    fresh_venv.pip("uninstall", "--yes", "lightning-kit", cwd=project)
+    # Not installed yet: the project's commands say which library they run on, and the command that installs B's.
+    stale = fresh_venv.run("python", "train.py", "--help", cwd=project)
+    assert stale.returncode == 0, stale.stderr[-4000:]
+    warning = stale.stderr.strip().splitlines()[0]
+    assert warning.startswith("warning: lightning-kit 0.1."), warning
+    assert f"(it is commit {first[:9]}, not {second[:9]})" in warning, warning
+    assert warning.endswith(f"pip install 'lightning-kit @ {reference}' installs that one"), warning
+
+    # The README's command, as it is: B's library, whose version is B's own.
     fresh_venv.pip("install", "-e", ".[dev]", cwd=project)
-    installed = fresh_venv.distribution("lightning-kit", project)["direct_url"]
-    assert (installed["vcs_info"]["commit_id"], installed["subdirectory"]) == (second, "lightning-kit"), installed
+    installed = fresh_venv.distribution("lightning-kit", project)
+    assert (installed["direct_url"]["vcs_info"]["commit_id"], installed["direct_url"]["subdirectory"]) == (
+        second,
+        "lightning-kit",
+    ), installed
+    assert installed["version"].endswith(f"+g{second[:9]}"), installed
+    print(f"the update installed lightning-kit {installed['version']} (was the bake's, at {first[:9]})")
     tests = fresh_venv.run("python", "-m", "pytest", "-v", "-p", "no:cacheprovider", "--disable-warnings", cwd=project)
     assert tests.returncode == 0, tests.stdout[-20000:] + tests.stderr[-2000:]
     assert re.search(r"\d+ passed", tests.stdout.splitlines()[-1]), tests.stdout[-2000:]
     assert "tests/test_release_notes.py::test_the_library_is_the_templates_second_commit PASSED" in tests.stdout
+    assert "LibraryMismatchWarning" not in tests.stdout and "is installed, but" not in tests.stdout
+
+    # A second project, baked at A, installed into the same environment: pip replaces B's library with A's.
+    others = {**answers, "project_name": "Other Project", "project_slug": "other_project"}
+    other = cookiecutter_cli(url, tmp_path / "others", tmp_path, env, "--checkout", first, answers=others)
+    fresh_venv.pip("install", "-e", ".[dev]", cwd=other)
+    assert fresh_venv.distribution("lightning-kit", other)["version"].endswith(f"+g{first[:9]}")
+    told = fresh_venv.run("python", "train.py", "--help", cwd=project)
+    assert told.returncode == 0 and told.stderr.count("warning: lightning-kit") == 1, told.stderr[-4000:]
+    assert f"(it is commit {first[:9]}, not {second[:9]}): pip install 'lightning-kit @ {reference}'" in told.stderr
+    assert fresh_venv.run("python", "train.py", "--help", cwd=other).stderr.count("warning:") == 0
+
+    # No library at all: uninstalled, then the project alone installed with --no-deps.
+    missing = "error: lightning-kit, the library this project runs on, is not installed here"
+    fresh_venv.pip("uninstall", "--yes", "lightning-kit", cwd=project)
+    for step in ("uninstalled", "--no-deps"):
+        if step == "--no-deps":
+            fresh_venv.pip("install", "--no-deps", "-e", ".", cwd=project)
+        for command in (("python", "train.py"), ("python", "-m", "vision_project.placement")):
+            done = fresh_venv.run(*command, cwd=project)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(missing), (step, done.stderr)
+            assert 'pip install -e ".[dev]"' in lines[0], lines
+    fresh_venv.pip("install", "-e", ".[dev]", cwd=project)  # as the next test that uses the environment expects

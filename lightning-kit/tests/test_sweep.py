@@ -199,7 +199,7 @@ def test_cross_validation_runs_each_fold_once_and_reports_their_spread(in_tmp_pa
     ("space", "named"),
     [
         ("model.lr: [0.1\n", "space.yaml is not YAML"),
-        ("- model.lr\n", "space.yaml must map train.py flags"),
+        ("- model.lr\n", "space.yaml must map fit's flags"),
         (
             "model.lrr: [0.1, 0.01]\n",
             "space.yaml: model.lrr is not an argument of python train.py: did you mean model.lr?",

@@ -91,7 +91,7 @@ def test_your_own_data_module_can_be_evaluated_and_exported_when_named_or_truste
     message = exit_message(main, "test", *fast_args, "--ckpt_path", str(LAST))
     assert "names code outside this project (mymodule.MyData)" in message
     assert "--data mymodule.MyData" in message
-    assert "add 'mymodule' to trusted_modules of the project's command line (its KitCLI subclass, in cli.py)" in message
+    assert "add 'mymodule' to the trusted_modules of the project's KitCLI, or to packages in [tool" in message
     for subcommand in ("validate", "test", "predict"):
         main([subcommand, *fast_args, "--ckpt_path", str(LAST), "--data", "mymodule.MyData"])
     export(["--ckpt_path", str(LAST), "--onnx", "no", "--data", "mymodule.MyData"])

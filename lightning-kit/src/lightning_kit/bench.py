@@ -61,6 +61,7 @@ from .cli import GenericCLI, KitCLI, build_all
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
 from .errors import UserError, invoked_as
+from .installation import check_installation
 from .messages import errors_as_messages
 
 # Callbacks that end training early: they would stop a run before its timed steps.
@@ -290,6 +291,7 @@ def _synchronizer(device: torch.device) -> Callable[[], None]:
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Benchmark the training that ``cli_class`` (the project's ``KitCLI``; by default ``GenericCLI``, which takes
     ``--model`` and ``--data``) builds from ``args``, or the image folder reader; ``prog`` names the command."""
+    check_installation(cli_class.__module__)
     prog = prog or invoked_as("python -m lightning_kit.bench")
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n\n")[0], epilog=f"Other arguments go to {cli_class.command}."

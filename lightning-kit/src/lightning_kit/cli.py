@@ -41,6 +41,7 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
+from .errors import RefusedArgumentError, invoked_as
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
@@ -50,18 +51,25 @@ from .evaluation import (
     choose_checkpoint,
     config_flags,
     no_empty_folders_left,
+    run_config_of_checkpoint,
     split_run_configs,
 )
+from .installation import check_installation
 from .messages import errors_as_messages, report, silence_the_unactionable
 from .parser import (
+    REFUSALS,
     CheckedInstantiator,
     HelpFormatter,
     KitArgumentParser,
     check_given_against_data,
     check_run_arguments,
+    constructor_failure,
+    run_refusal,
 )
+from .parser import given_arguments as parser_given_arguments
 from .placement.explain import count_as_user_code
 from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
+from .project import ProjectFile, project_file, read_project
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
 from .trust import check_command_line, trust_modules
 
@@ -108,8 +116,7 @@ class KitCLI(LightningCLI):
     command: str = "python train.py"
 
     def __init__(self, *args, **kwargs) -> None:
-        own = type(self).own_package()
-        trust_modules((*([own] if own else []), *self.trusted_modules))
+        trust_modules(type(self).trusted())
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -117,6 +124,17 @@ class KitCLI(LightningCLI):
         """The package of the project this command line is (its top-level package); None for the library's own."""
         package = cls.__module__.partition(".")[0]
         return None if package in (__package__, "__main__") else package
+
+    @classmethod
+    def trusted(cls) -> tuple[str, ...]:
+        """The modules whose classes a run's config.yaml or a checkpoint may name: the project's and those it trusts."""
+        own = cls.own_package()
+        return (*([own] if own else []), *cls.trusted_modules)
+
+    @classmethod
+    def monitored(cls) -> tuple[str, str] | None:
+        """The metric that chooses the best checkpoint, and how (``monitor``)."""
+        return cls.monitor
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
@@ -147,6 +165,9 @@ class KitCLI(LightningCLI):
         check_files_given(args)  # too large, not text, or expanding without end: refused before being read
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
         run_configs, args = split_run_configs(args)
+        if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and _no_model(args):
+            # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).
+            run_configs = run_config_of_checkpoint(args)
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
         rest = args[len(subcommand_given) :]
         self._parse_with_class_defaults(parser, [*subcommand_given, *config_flags(run_configs), *rest])
@@ -209,6 +230,20 @@ class KitCLI(LightningCLI):
             # Before the data is read and the model run: a path that cannot be written would waste that work.
             CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            failure = constructor_failure(err, config, self._fixed_model_class())
+            if failure is None:
+                raise
+            raise failure from err if isinstance(failure, RefusedArgumentError) else None
+
+    def _fixed_model_class(self) -> type | None:
+        """The model's class where the configuration does not name one (``subclass_mode_model`` off)."""
+        return None if self.subclass_mode_model else self.model_class
+
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = list(trainer_config.get("callbacks") or [])
@@ -244,7 +279,14 @@ class KitCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         # A run refused once Lightning has made its log folder (a missing split, say) leaves no empty folder behind.
         with no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None):
-            super()._run_subcommand(subcommand)
+            try:
+                super()._run_subcommand(subcommand)
+            except REFUSALS as err:
+                # A value given to the model or the data that a DataLoader, an optimizer or the class itself refused.
+                refusal = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
+                if refusal is None:
+                    raise
+                raise refusal from err
 
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
@@ -268,6 +310,12 @@ class KitCLI(LightningCLI):
             report(f"run folder: {log_dir}")
 
 
+def _no_model(args: list[str]) -> bool:
+    """Whether ``args`` name no model: neither ``--model`` nor a ``--config`` (which may name one)."""
+    named = ("--model", "--config", "-c")
+    return not any(arg in named or arg.startswith(("--model=", "--config=")) for arg in args)
+
+
 def _without_print_config(args: list[str]) -> list[str] | None:
     """``args`` without ``--print_config[=flags]``; None when it is not there."""
     kept = [arg for arg in args if arg != "--print_config" and not arg.startswith("--print_config=")]
@@ -282,13 +330,36 @@ class GenericCLI(KitCLI):
     """The command line of any Lightning project: ``--model their.Module --data their.DataModule``.
 
     What the library's own commands (``python -m lightning_kit.placement``, ...) build from a command
-    line. The best checkpoint is not chosen by a metric, since the module's metrics are its own.
+    line. What a project's ``KitCLI`` says in Python, a project without one says in the
+    ``[tool.lightning-kit]`` table of its ``pyproject.toml`` (``project.py``), found from the folder
+    the command runs in: its own ``packages``, whose classes its runs' config.yaml and checkpoints may
+    name, and the metric to ``monitor`` (and its ``mode``) that chooses the best checkpoint. Without
+    one, no best checkpoint is chosen by a metric, since the module's metrics are its own.
     """
 
     subclass_mode_model = True
     monitor = None
     summary_metrics = ()
     command = "python -m lightning_kit"
+
+    @classmethod
+    def own_package(cls) -> str | None:
+        packages = cls._project_settings().packages
+        return packages[0].partition(".")[0] if packages else None
+
+    @classmethod
+    def trusted(cls) -> tuple[str, ...]:
+        return (*cls._project_settings().packages, *cls.trusted_modules)
+
+    @classmethod
+    def monitored(cls) -> tuple[str, str] | None:
+        return cls._project_settings().monitor or cls.monitor
+
+    @staticmethod
+    def _project_settings() -> ProjectFile:
+        """The working folder's project's ``[tool.lightning-kit]`` (empty without one); a mistake in it is one line."""
+        path = project_file()
+        return read_project(path) if path is not None else ProjectFile(Path("."))
 
 
 def expand_shortcuts(args: list[str]) -> list[str]:
@@ -311,7 +382,9 @@ def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) ->
     with simulated_run:
         try:
             with errors_as_messages():  # inside: it tells a lost DDP process by the live process group
-                _make_cli(cli_class, expand_shortcuts(args), run=True)
+                check_installation(cli_class.__module__)
+                # `python -m lightning_kit` names itself so in messages; a script, by its file's name (train.py).
+                _make_cli(cli_class, expand_shortcuts(args), run=True, prog=invoked_as("") or None)
         finally:
             leave_process_group()
 
@@ -327,9 +400,21 @@ def build_all(
 ) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
     """The model, data module and Trainer that ``train.py fit`` would build from ``args``; ``prog`` names the
     command in messages (by default, the script's file name)."""
-    with errors_as_messages():
-        cli = _make_cli(cli_class, expand_shortcuts(args), run=False, prog=prog)
+    cli = build_cli(cli_class, args, prog)
     return cli.model, cli.datamodule, cli.trainer
+
+
+def build_cli(cli_class: type[KitCLI], args: list[str], prog: str | None = None) -> KitCLI:
+    """The command line ``train.py fit`` would run on ``args``, its classes built and nothing run: its model, data
+    module and Trainer, and the configuration they were built from (``given_arguments``)."""
+    with errors_as_messages():
+        return _make_cli(cli_class, expand_shortcuts(args), run=False, prog=prog)
+
+
+def given_arguments(cli: KitCLI) -> dict:
+    """The arguments given to ``cli``'s model and data classes, by flag, where not the class's default."""
+    config = cli.config[cli.subcommand] if cli.subcommand else cli.config
+    return parser_given_arguments(config, cli._fixed_model_class())
 
 
 def fit(cli_class: type[KitCLI], args: list[str], callbacks: Sequence[L.Callback] = ()) -> KitCLI:
@@ -348,9 +433,9 @@ def _make_cli(
         "_ProjectHelpFormatter", (HelpFormatter,), {"own_choices": {"data": f"{own}.", "model.net": f"{own}."}}
     )
     best = []
-    if cli_class.monitor is not None:
+    if cli_class.monitored() is not None:
         # The best epoch by the monitored metric (validation accuracy), every epoch.
-        monitor, mode = cli_class.monitor
+        monitor, mode = cli_class.monitored()
         best = [BestCheckpoint(monitor=monitor, mode=mode, filename="best-{epoch}-{step}")]
     return cli_class(
         cli_class.model_class,

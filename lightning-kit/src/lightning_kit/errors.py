@@ -16,6 +16,11 @@ class ConfigError(UserError, ValueError):
     """An argument's value is outside what is accepted; the message names the flag and the accepted range."""
 
 
+class RefusedArgumentError(ConfigError):
+    """A value given to the model's or the data's class that the class refused (in its constructor, or once running):
+    a mistake on the command line, like the parser's own, so the command line exits with 2 after its one line."""
+
+
 def invoked_as(default: str) -> str:
     """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
     (a project's ``python -m my_project.placement``), else ``default``."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from .checkpoints import latest_checkpoint
-from .errors import ConfigError
+from .errors import ConfigError, UserError
 from .messages import report
 from .trust import check_trusted, config_files, flag_pairs, in_run_folder, read_config
 
@@ -96,6 +96,24 @@ def split_run_configs(args: list[str]) -> tuple[list[Path], list[str]]:
             kept += args[position : position + width]
         position += width
     return found, kept
+
+
+def run_config_of_checkpoint(args: list[str]) -> list[Path]:
+    """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), read as data
+    and checked like any run's: for a command line with no model of its own to parse the run's settings with
+    (``GenericCLI``), which builds the run's model and data from it. None given, or none there: empty."""
+    given = _given_ckpt_path(args)
+    if given is None:
+        return []
+    try:
+        checkpoint = latest_checkpoint(_runs_root(None), report=lambda line: None) if given == "last" else Path(given)
+        config = checkpoint.parent.parent / "config.yaml"
+        if checkpoint.parent.name != "checkpoints" or not config.is_file():
+            return []
+    except (OSError, ValueError, UserError):  # said in its place, when the checkpoint itself is read
+        return []
+    check_trusted(read_config(config) or {}, config, args, [config.parent])
+    return [config]
 
 
 def config_flags(paths: list[Path]) -> list[str]:

@@ -41,6 +41,7 @@ import torch
 
 from .cli import GenericCLI, KitCLI
 from .errors import UserError, invoked_as
+from .installation import check_installation
 
 # The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
 LIBRARY = Path(__file__).resolve().parents[2]
@@ -274,6 +275,7 @@ def write_atomically(path: Path, text: str) -> None:
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Run the check on the project ``args`` name (by default the one in this folder); ``cli_class``: the
     project's command line, whose package's commands are run; ``prog`` names the command in messages."""
+    check_installation(cli_class.__module__)
     parser = argparse.ArgumentParser(
         prog=prog or invoked_as("python -m lightning_kit.gpu_check"), description=__doc__.split("\n\n")[0]
     )

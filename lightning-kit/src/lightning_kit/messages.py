@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .arguments import TRAINER
 from .callbacks import InterruptCheckpoint
-from .errors import UserError
+from .errors import RefusedArgumentError, UserError
 from .passwords import scrubbed
 from .placement.explain import explain
 from .placement.lightning import simulated_run
@@ -116,6 +116,8 @@ def errors_as_messages() -> Iterator[None]:
     """
     try:
         yield
+    except RefusedArgumentError as err:  # a value the user's classes refused: a usage error, as the parser's are
+        _usage_error(err)
     except (UserError, MisconfigurationException) as err:
         sys.exit(scrubbed(f"error: {err}"))
     except PermissionError as err:
@@ -133,6 +135,8 @@ def errors_as_messages() -> Iterator[None]:
         raise
     except Exception as err:
         if (mistake := _user_error_behind(err)) is not None:
+            if isinstance(mistake, RefusedArgumentError):
+                _usage_error(mistake)
             sys.exit(scrubbed(f"error: {mistake}"))  # jsonargparse wraps what a class raised when it was instantiated
         if (store := failure_line(err)) is not None:
             sys.exit(f"error: {store}")
@@ -151,6 +155,13 @@ def errors_as_messages() -> Iterator[None]:
         if not isinstance(found, DevicePlacementError):
             raise
         sys.exit(f"error: this would fail on a GPU: {found}")
+
+
+def _usage_error(err: RefusedArgumentError) -> None:
+    """Exit with 2, as for a mistake on the command line (the parser's own), after one line naming the argument."""
+    sys.stderr.write(scrubbed(f"error: {err}") + "\n")
+    sys.stderr.flush()
+    sys.exit(2)
 
 
 # What Lightning prints that a user of this project cannot act on, silenced here and nowhere

@@ -6,18 +6,22 @@
 - ``CheckedInstantiator``: builds a class after holding its arguments against its table
   (``KitCLI.argument_tables``), so a plain ``nn.Module`` network needs no checks of its own;
 - ``check_run_arguments`` and ``check_given_against_data``: what ``KitCLI`` checks of a parsed
-  configuration, the Trainer's arguments and the seed, then each value the data sets.
+  configuration, the Trainer's arguments and the seed, then each value the data sets;
+- ``constructor_failure`` and ``run_refusal``: a class of the project's that refused the values it was given,
+  when built or once running, as one line naming the argument, its value and the class's own message.
 """
 
 import inspect
-from typing import ClassVar
+import re
+import sys
+from typing import Any, ClassVar
 
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
 from .arguments import RUN, TRAINER, Arguments
-from .errors import ConfigError
+from .errors import ConfigError, RefusedArgumentError, UserError
 from .messages import one_line
 
 
@@ -99,3 +103,187 @@ def check_given_against_data(config, datamodule, model: LightningModule, data_li
             f"--{target} {given!r} disagrees with the data's {source}, {data_value!r}, which it is set from: "
             + (f"give {data_flag} {given!r} instead" if data_flag else f"leave --{target} out")
         )
+
+
+# What a class raises when it refuses the value of an argument (a check of its own, or of PyTorch it calls).
+REFUSALS = (ValueError, TypeError, AssertionError, RuntimeError, IndexError, KeyError, OverflowError)
+# Words of a message about devices: the audit's business (a placement bug), never an argument's refusal.
+_DEVICES = re.compile(r"\b(device|devices|cuda|simgpu|gpu)\b", re.IGNORECASE)
+
+
+def given_arguments(config, model_class: type | None = None) -> dict[str, Any]:
+    """The arguments given to the model's and the data's classes (and to the classes given as their arguments), by
+    flag, where the value is not the class's default: ``{"--data.batch_size": 0, "--model.net.init_args.width": 8}``.
+
+    ``model_class`` is the model's class where the configuration names none (a ``KitCLI`` with one model class).
+    """
+    given: dict[str, Any] = {}
+    for key, cls in (("model", model_class), ("data", None)):
+        node = config.get(key)
+        if isinstance(node, Namespace):
+            _given_in(node, f"--{key}", cls, given, depth=0)
+    return given
+
+
+def _given_in(node: Namespace, flag: str, cls: type | None, given: dict[str, Any], depth: int) -> None:
+    if "class_path" in node:
+        cls = _loaded_class(node.get("class_path"))
+        arguments = node.get("init_args") or Namespace()
+        prefix = flag if depth == 0 else f"{flag}.init_args"  # --data.batch_size, --model.net.init_args.width
+    else:
+        arguments, prefix = node, flag
+    parameters = inspect.signature(cls).parameters if cls is not None else {}
+    for name, value in vars(arguments).items() if isinstance(arguments, Namespace) else ():
+        if isinstance(value, Namespace) and depth < 4:
+            _given_in(value, f"{prefix}.{name}", None, given, depth + 1)
+            continue
+        default = parameters.get(name)
+        if default is None or default.default is inspect.Parameter.empty or not _same(value, default.default):
+            given[f"{prefix}.{name}"] = value
+
+
+def _same(value: Any, default: Any) -> bool:
+    try:
+        return bool(value == default)
+    except Exception:  # an array's comparison, say: not the same
+        return False
+
+
+def _loaded_class(class_path: Any) -> type | None:
+    """The class ``class_path`` names, where its module is imported already (the parser imported it): never imports."""
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = class_path.rpartition(".")
+    found = sys.modules.get(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def constructor_failure(err: BaseException, config, model_class: type | None = None) -> BaseException | None:
+    """What to show for ``err``, raised while the model's and the data's classes were built: for a class that refused
+    the arguments it was given, one line (``RefusedArgumentError``); for a class that failed otherwise, or on its
+    defaults (a bug of its own), what it raised, with its own traceback rather than jsonargparse's nest of
+    alternatives; None where no class of the configuration raised it, or where it raised a one-line mistake itself.
+
+    Which class raised is read from the traceback of what it raised: the outermost ``__init__`` of a class the
+    configuration names.
+    """
+    root = _root_cause(err)
+    if isinstance(root, UserError):
+        return None  # said in one line already (an argument table's check)
+    built = _class_being_built(root, config, model_class)
+    if built is None:
+        return None
+    key, cls = built
+    given = {flag: value for flag, value in given_arguments(config, model_class).items() if _under(flag, key)}
+    if not isinstance(root, REFUSALS) or not given:
+        return root
+    named = _named_in(_reason(root), given) or (given if len(given) == 1 else {})
+    if named:
+        return RefusedArgumentError(f"{_shown(named)}: {cls.__name__} refused {'it' if len(named) == 1 else 'them'}: "
+                           f"{_reason(root)}")  # fmt: skip
+    return RefusedArgumentError(f"--{key} ({cls.__module__}.{cls.__qualname__}) refused its arguments {_shown(given)}: "
+                       f"{_reason(root)}")  # fmt: skip
+
+
+def run_refusal(err: BaseException, config, stage: str, model_class: type | None = None) -> RefusedArgumentError | None:
+    """One line for a run that stopped on a value given to the model or the data, once running (a DataLoader's
+    ``batch_size`` 0, an optimizer's negative learning rate, a negative size): the error's message names the
+    argument, or its value where that cannot be a coincidence (a negative number, a word). None otherwise."""
+    root = _root_cause(err)
+    if not isinstance(root, REFUSALS) or isinstance(root, UserError) or _DEVICES.search(str(root)):
+        return None
+    named = _named_in(_reason(root), given_arguments(config, model_class))
+    if not named:
+        return None
+    which = "it" if len(named) == 1 else "them"
+    return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {which}: {_reason(root)}")
+
+
+def named_refusal(stage: str, reason: str, given: dict[str, Any]) -> RefusedArgumentError | None:
+    """One line for a stage that stopped for ``reason`` (``"ValueError: batch_size should be ..."``), where that names
+    arguments of ``given`` by name or by a value that cannot be a coincidence; None otherwise (as ``run_refusal``)."""
+    kind = reason.partition(":")[0]
+    if kind not in {cls.__name__ for cls in REFUSALS} or _DEVICES.search(reason):
+        return None
+    named = _named_in(reason, given)
+    if not named:
+        return None
+    return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {'it' if len(named) == 1 else 'them'}: {reason}")
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    seen = set()
+    while err.__cause__ is not None and id(err) not in seen:
+        seen.add(id(err))
+        err = err.__cause__
+    return err
+
+
+def _class_being_built(root: BaseException, config, model_class: type | None) -> tuple[str, type] | None:
+    """The configuration's key of the class whose ``__init__`` raised ``root``, and the class."""
+    classes = _configured_classes(config, model_class)
+    tb = root.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
+            for key, cls in classes.items():
+                if type(frame.f_locals["self"]) is cls:
+                    return key, cls
+        tb = tb.tb_next
+    return None
+
+
+def _configured_classes(config, model_class: type | None) -> dict[str, type]:
+    """The classes the configuration builds for the model and the data (and inside them), by key."""
+    found: dict[str, type] = {}
+    if model_class is not None:
+        found["model"] = model_class
+    stack = [(key, config.get(key)) for key in ("model", "data")]
+    while stack:
+        key, node = stack.pop()
+        if not isinstance(node, Namespace):
+            continue
+        if "class_path" in node and (cls := _loaded_class(node.get("class_path"))) is not None:
+            found[key] = cls
+        inner = node.get("init_args") if "class_path" in node else node
+        if isinstance(inner, Namespace) and key.count(".") < 4:
+            stack += [(f"{key}.{name}", value) for name, value in vars(inner).items() if isinstance(value, Namespace)]
+    return found
+
+
+def _under(flag: str, key: str) -> bool:
+    """Whether ``flag`` is an argument of the class at ``key`` itself (not of a class inside it)."""
+    rest = flag.removeprefix(f"--{key}.")
+    return rest != flag and "." not in rest.removeprefix("init_args.")
+
+
+def _named_in(message: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of ``given`` that ``message`` names: by name, or by a value that cannot be a coincidence."""
+    named = {}
+    for flag, value in given.items():
+        name = flag.rpartition(".")[2]
+        if re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message) or _value_named(value, message):
+            named[flag] = value
+    return dict(list(named.items())[:3])
+
+
+def _value_named(value: Any, message: str) -> bool:
+    if isinstance(value, bool) or value is None:
+        return False
+    negative = isinstance(value, int | float) and value < 0
+    word = isinstance(value, str) and len(value.strip()) >= 3 and not value.strip().replace(".", "").isdigit()
+    if not (negative or word):
+        return False
+    return re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w])", message) is not None
+
+
+def _shown(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}" for flag, value in
+                     arguments.items())  # fmt: skip
+
+
+def _reason(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or "(no message)"
+    return f"{type(err).__name__}: {text[:300]}"

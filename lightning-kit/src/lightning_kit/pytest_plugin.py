@@ -7,16 +7,35 @@ session whose first tests train on the CPU audits after them with the plugin and
 no test pays for it, and a PyTorch that cannot host it is said in the test that audits. Installed
 with the library (the ``pytest11`` entry point), it runs in every pytest session of a project that
 has the library; ``-p no:lightning_kit`` turns it off.
+
+It also holds the library installed against the one the project's ``pyproject.toml`` (at pytest's
+rootdir) names: a library installed without its own requirements stops the session in one line, and
+one that is not the library named is a warning of the session, saying the command that installs it.
 """
 
 import contextlib
 
 import pytest
 
-from .placement import simulated
+from . import installation
+
+
+class LibraryMismatchWarning(UserWarning):
+    """The library installed is not the one the project's pyproject.toml names."""
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    missing = installation.missing_requirements()
+    if missing:
+        raise pytest.UsageError(
+            f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?): "
+            "install it again without --no-deps"
+        )
+    found = installation.problem(config.rootpath)
+    if found is not None:
+        config.issue_config_time_warning(LibraryMismatchWarning(found), stacklevel=2)
+    from .placement import simulated  # PyTorch: imported once the library is known to have it
+
     with contextlib.suppress(simulated.SimulationUnavailableError):  # audit() says why, in the test that calls it
         simulated.enable()

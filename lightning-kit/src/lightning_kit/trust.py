@@ -68,14 +68,14 @@ def check_trusted(settings: Any, source: str | Path, args: Sequence[str] = (), f
         if inside is not None:
             raise UntrustedCodeError(
                 f"{source} names {name}, code in the run or data folder {_shown(inside)}: refused, nothing was "
-                "imported (code in a run or data folder is never imported: move the module out of it, beside "
-                f"train.py or into src/, and name its class with {_flag(keys)})"
+                "imported (code in a run or data folder is never imported: move the module out of it, into the "
+                f"project's package, and name its class with {_flag(keys)})"
             )
         if not (_within(module, (__package__, *BUILT_ON, *_trusted)) or module in named):
             raise UntrustedCodeError(
                 f"{source} names code outside this project ({name}): refused, nothing was imported. If you trust "
-                f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to trusted_modules of "
-                "the project's command line (its KitCLI subclass, in cli.py)"
+                f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to the trusted_modules "
+                "of the project's KitCLI, or to packages in [tool.lightning-kit] of its pyproject.toml"
             )
 
 

@@ -12,8 +12,10 @@ stage during which the audit's process died: the stages run in a forked copy of 
 import sys
 from typing import Any
 
-from ..cli import GenericCLI, KitCLI, build_all
-from ..errors import invoked_as
+from ..cli import GenericCLI, KitCLI, build_cli, given_arguments
+from ..errors import RefusedArgumentError, invoked_as
+from ..installation import check_installation
+from ..parser import named_refusal
 from .audit import run_audit
 from .simulated import SimulationUnavailableError
 from .verdict import EXIT_PASSED, EXIT_USAGE
@@ -22,6 +24,7 @@ from .verdict import EXIT_PASSED, EXIT_USAGE
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Audit the model, data and Trainer settings that ``cli_class`` builds from the same arguments; ``prog``
     names the command in messages."""
+    check_installation(cli_class.__module__)
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["fit"]:
         args = args[1:]
@@ -29,11 +32,10 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     settings_only += ["--trainer.num_nodes", "1"]
     try:
-        model, datamodule, trainer = build_all(
-            cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}")
-        )
+        cli = build_cli(cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}"))
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
+    model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
     net = getattr(model, "net", None)
     print(
         f"Auditing {type(model).__name__}{f' ({type(net).__name__})' if net is not None else ''} with "
@@ -46,11 +48,29 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         sys.exit(_usage(f"error: {err}"))
     for line in verdict.report():
         print(line)
+    refusal = _refused_value(verdict, given_arguments(cli))
+    if refusal is not None:  # not the model's placement but a value given on the command line: a usage error
+        sys.exit(_usage(f"error: {refusal}"))
     if verdict.exit_code == EXIT_PASSED:
         stages = "Every stage the data defines" if verdict.skipped else "Every stage"
         hooks = len(verdict.hooks)
         print(f"{stages} ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
     sys.exit(verdict.exit_code)
+
+
+def _refused_value(verdict, given: dict) -> RefusedArgumentError | None:
+    """Where no bug was found, and a stage stopped in the model's or the data's code on a value given to them (a
+    DataLoader's batch_size 0): that value, as one line; None otherwise."""
+    if verdict.errors:
+        return None
+    for outcome in verdict.gaps:
+        # "<hook> stopped at <file>:<line>: <Type>: <message>" (explain.py), or a process that died: no value's.
+        _, stopped, rest = outcome.gap.partition(" stopped at ")
+        reason = rest.partition(": ")[2] if stopped else ""
+        refusal = named_refusal(outcome.stage, reason, given) if reason else None
+        if refusal is not None:
+            return refusal
+    return None
 
 
 def _usage(message: Any) -> int:

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 
 from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all
 from ..errors import ConfigError, invoked_as
+from ..installation import check_installation
 from ..messages import errors_as_messages, report
 from ..passwords import scrubbed, shown_command
 from ..placement.lightning import simulated_run
@@ -54,9 +55,10 @@ class _Parser(argparse.ArgumentParser):
 
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Run the sweep that ``args`` describe over ``cli_class``'s fit; ``prog`` names the command in messages."""
+    check_installation(cli_class.__module__)
     prog = prog or invoked_as(f"python -m {__package__}")
     parser = _Parser(prog=prog, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
-    parser.add_argument("--space", type=Path, help="the search space: a YAML file of train.py flags and their ranges")
+    parser.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
     parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
     parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
     parser.add_argument("--study", help="the study's name (default: the space file's name, or folds)")
@@ -98,7 +100,7 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
-_EPILOG = "Other arguments go to train.py (fit), as to train.py itself."
+_EPILOG = "Other arguments go to the command line's fit, as to fit itself."
 
 
 def _check_options(parser: _Parser, options: argparse.Namespace) -> None:
@@ -136,7 +138,7 @@ def sweep(
                 f"--trials is not used with --sampler grid, which runs each of its {combinations} combinations "
                 "once: leave --trials out"
             )
-    _, datamodule, trainer = build_all(cli_class, [*ONE_DEVICE, *train_args], prog=f"{prog} [train.py arguments]")
+    _, datamodule, trainer = build_all(cli_class, [*ONE_DEVICE, *train_args], prog=f"{prog} [fit arguments]")
     monitor, direction = _monitored(trainer)
     if options.folds is not None:
         space, fixed = _folds(options.folds, datamodule, train_args, cli_class), ["--data.folds", str(options.folds)]
@@ -227,8 +229,8 @@ def _monitored(trainer) -> tuple[str, str]:
     if trainer.world_size > 1:
         raise ConfigError(
             "a sweep trains each trial in one process, on one device: leave out --devices and --num_nodes "
-            "(more workers run more trials at once: scripts/sweep.sbatch); to train a chosen trial on more, "
-            "give train.py --config <its folder>/config.yaml --devices N"
+            "(more workers, sharing one --storage, run more trials at once); to train a chosen trial on more, "
+            "give the training command --config <its folder>/config.yaml --devices N"
         )
     return judge.monitor, "maximize" if judge.mode == "max" else "minimize"
 

@@ -55,7 +55,7 @@ class SearchSpace:
             raise ConfigError(f"{path} is not YAML: {' '.join(str(err).split())}") from None
         if not isinstance(settings, dict) or not settings:
             raise ConfigError(
-                f"{path} must map train.py flags to ranges or lists of choices, e.g. 'model.lr: [0.01, 0.001]'"
+                f"{path} must map fit's flags to ranges or lists of choices, e.g. 'model.lr: [0.01, 0.001]'"
             )
         distributions = {str(key): _distribution(path, str(key), value) for key, value in settings.items()}
         return cls(path, distributions, text)
