@@ -80,7 +80,7 @@ TRAINER_SHORTCUTS = ("accelerator", "devices", "strategy", "num_nodes", "precisi
 DESCRIPTION = """\
 Train and evaluate the model. Without a subcommand, `fit` is run.
 Shortcuts: --accelerator, --devices, --strategy, --num_nodes, --precision and
---max_epochs stand for --trainer.<name>. Example: train.py --accelerator gpu
+--max_epochs stand for --trainer.<name>. Example: {command} --accelerator gpu
 --accelerator simgpu runs on a simulated GPU, to find what would fail on a real one."""
 
 
@@ -467,7 +467,7 @@ def _make_cli(
         },
         parser_class=KitArgumentParser,
         parser_kwargs={
-            "description": cli_class.description,
+            "description": cli_class.description.replace("{command}", cli_class.command),
             "formatter_class": formatter,
             **({"prog": prog} if prog else {}),
         },

@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps and cross-validation: many runs of train.py as one resumable Optuna study.
+"""Hyperparameter sweeps and cross-validation: many runs of a project's fit as one resumable Optuna study.
 
     python -m lightning_kit.sweep --space configs/sweeps/example.yaml --trials 20 --config configs/synthetic.yaml
     python -m lightning_kit.sweep --folds 5 --config configs/synthetic.yaml
