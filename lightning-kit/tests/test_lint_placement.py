@@ -5,6 +5,7 @@ That a project's own code places nothing by hand is the project's test (the temp
 these test the check, on planted files and on the library's own sources.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -251,3 +252,68 @@ def test_invalid_python_is_one_line_naming_its_line(tmp_path, capsys):
     assert lint_placement.main([str(planted)]) == 1
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith(f"{planted}:3: not valid Python")
+
+
+def _special(kind: str, at: Path) -> Path:
+    """A path the check must not read as source: what ``kind`` names, planted under ``at``."""
+    path = at / f"{kind}.py"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link-to-fifo":
+        os.mkfifo(at / "real-fifo")
+        path.symlink_to(at / "real-fifo")
+    elif kind == "dangling-link":
+        path.symlink_to(at / "nowhere")
+    elif kind == "device":
+        return Path("/dev/zero")
+    elif kind == "socket":
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()
+    elif kind == "binary":
+        path.write_bytes(bytes(range(256)) * 8)
+    elif kind == "latin-1":
+        path.write_bytes("x = 'caf\xe9'\n".encode("latin-1"))
+    elif kind == "bad-coding":
+        path.write_bytes(b"# -*- coding: no-such-codec -*-\nx = 1\n")
+    elif kind == "huge":
+        path.write_text("x = 1\n" * (lint_placement.MAX_SOURCE_BYTES // 6 + 10))
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize(
+    "kind",
+    ["missing", "fifo", "link-to-fifo", "dangling-link", "device", "socket", "binary", "latin-1", "bad-coding", "huge"],
+)
+def test_what_is_not_python_source_is_one_line_and_never_read_without_bound(kind, tmp_path, capsys):
+    """A FIFO or device is not opened for reading (it would block or never end), a large file is not read
+    whole, text in another encoding is refused as Python refuses it; the other files are still checked."""
+    path = _special(kind, tmp_path)
+    planted = tmp_path / "planted.py"
+    planted.write_text("import torch\n\nx = torch.zeros(3).cuda()\n", encoding="utf-8")
+    assert lint_placement.main([str(path), str(planted)]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{planted}:3:") and len(out.splitlines()) == 1, out
+    assert err.startswith(f"error: {path} ") and len(err.splitlines()) == 1, err
+    with pytest.raises(lint_placement.UnreadableError):
+        lint_placement.check([path])
+
+
+def test_a_coding_declaration_is_read_as_python_reads_it(tmp_path):
+    latin = tmp_path / "latin.py"
+    latin.write_bytes("# -*- coding: latin-1 -*-\nname = 'caf\xe9'\nx = x.cuda()\n".encode("latin-1"))
+    [found] = lint_placement.check([latin])
+    assert found.startswith(f"{latin}:3:")
+
+
+def test_a_folder_stands_for_its_python_files_and_links_in_it_are_not_followed(tmp_path, capsys):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "m.py").write_text("x = x.cuda()\n")
+    (tmp_path / "pkg" / "notes.txt").write_text("x.cuda()\n")
+    (tmp_path / "pkg" / "loop").symlink_to(tmp_path / "pkg")
+    assert lint_placement.main([str(tmp_path / "pkg")]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{tmp_path / 'pkg' / 'sub' / 'm.py'}:1:")

@@ -38,8 +38,12 @@ where lightning_kit's dependencies are not installed.
 """
 
 import ast
+import io
+import os
 import re
+import stat
 import sys
+import tokenize
 from pathlib import Path
 from typing import NamedTuple
 
@@ -266,14 +270,73 @@ def project_files(root: Path) -> list[Path]:
     return [path for path in files if path.is_file() and not is_exempt(path)]
 
 
-def check(paths: list[Path]) -> list[str]:
-    """One line per manual placement in ``paths``, ``path:line: what — fix``; exempt modules are skipped."""
+# The largest source file read: a Python file of more is generated, or not a source file at all.
+MAX_SOURCE_BYTES = 4 << 20
+
+
+class UnreadableError(Exception):
+    """A path that names no Python source the check can read: why, in words."""
+
+
+def read_source(path: Path) -> str:
+    """The text of the Python file at ``path``, read as data: a regular file (a link to one is followed),
+    at most ``MAX_SOURCE_BYTES``, decoded as Python decodes it (UTF-8 or its coding declaration).
+
+    Raises ``UnreadableError`` for anything else: a FIFO or a device is never opened for reading, so that
+    neither can block or run without end.
+    """
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then tells what was opened.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise UnreadableError("does not exist") from None
+    except IsADirectoryError:
+        raise UnreadableError("is a folder") from None
+    except OSError as err:
+        raise UnreadableError(f"cannot be read ({err.strerror or err})") from None
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UnreadableError("is a folder")
+        if not stat.S_ISREG(mode):
+            raise UnreadableError("is not a regular file (a FIFO, a socket or a device): nothing read")
+        try:
+            data = handle.read(MAX_SOURCE_BYTES + 1)
+        except OSError as err:
+            raise UnreadableError(f"cannot be read ({err.strerror or err})") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise UnreadableError(f"is over {MAX_SOURCE_BYTES >> 20} MiB: not a source file this check reads")
+    if b"\0" in data:
+        raise UnreadableError("is not a text file (it holds NUL bytes)")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError) as err:
+        reason = err.reason if isinstance(err, UnicodeDecodeError) else err
+        raise UnreadableError(
+            f"is not Python source text ({reason}; Python reads UTF-8 or a coding declaration)"
+        ) from None
+
+
+def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
+    """One line per manual placement in ``paths``, ``path:line: what — fix``; exempt modules are skipped.
+
+    A path that cannot be read as Python source (see ``read_source``) is no finding: its line,
+    ``error: <path> <why>``, goes to ``errors`` where given, else it is raised as ``UnreadableError``.
+    """
     lines = []
     for path in paths:
         if is_exempt(path):
             continue
         try:
-            findings = manual_placements(path.read_text(encoding="utf-8"))
+            source = read_source(path)
+        except UnreadableError as why:
+            if errors is None:
+                raise UnreadableError(f"{path} {why}") from None
+            errors.append(f"error: {path} {why}")
+            continue
+        try:
+            findings = manual_placements(source)
         except SyntaxError as error:
             lines.append(f"{path}:{error.lineno}: not valid Python ({error.msg}) — fix the syntax first")
             continue
@@ -281,13 +344,30 @@ def check(paths: list[Path]) -> list[str]:
     return lines
 
 
+def python_files(folder: Path) -> list[Path]:
+    """The ``.py`` files under ``folder``, in order; links to folders are not followed (nor loop)."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        folders.sort()
+        found += [Path(root, name) for name in sorted(files) if name.endswith(".py")]
+    return found
+
+
 def main(args: list[str] | None = None) -> int:
+    """Exit status 1 where a placement was found or a file named could not be read, else 0.
+
+    A folder named stands for the Python files under it.
+    """
     names = sys.argv[1:] if args is None else args
     paths = [Path(name) for name in names] if names else project_files(Path.cwd())
-    lines = check(paths)
+    paths = [found for path in paths for found in (python_files(path) if path.is_dir() else [path])]
+    errors: list[str] = []
+    lines = check(paths, errors)
     for line in lines:
         print(line)
-    return 1 if lines else 0
+    for line in errors:
+        print(line, file=sys.stderr)
+    return 1 if lines or errors else 0
 
 
 if __name__ == "__main__":
