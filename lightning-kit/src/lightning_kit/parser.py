@@ -76,6 +76,17 @@ class KitArgumentParser(LightningArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        required = re.match(r"the following arguments are required: (.*)", message.strip())
+        named = {name.strip().rpartition(".")[2] for name in required[1].split(",")} if required else set()
+        if named and named <= {"model", "data"}:
+            # A command line with no classes of its own (GenericCLI) was given none to build.
+            flags = " and ".join(f"--{name}" for name in sorted(named, reverse=True))
+            needed = (
+                f"{flags} {'is' if len(named) == 1 else 'are'} needed: the classes to build, by import path "
+                "(--model your.Module --data your.DataModule), a --config that names them, or the --ckpt_path of a "
+                "checkpoint in a run folder's checkpoints/, whose config.yaml names them"
+            )
+            self.exit(2, f"error: {needed} (options: {prog} --help)\n")
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
 
 

@@ -15,7 +15,6 @@ Drawn into the run's folder after ``fit``; redraw them from a run's logs with
     python -m lightning_kit.plots runs/lightning_logs/version_0
 """
 
-import argparse
 import contextlib
 import csv
 import math
@@ -29,6 +28,9 @@ from typing import IO
 
 import yaml
 
+from .config_files import read_config_file
+from .errors import OneLineParser, UserError
+from .installation import check_installation
 from .metric_logs import STAGE_LABELS, MetricLog, parse_name, read_metric_log
 
 METRICS_FILE = "metrics.csv"
@@ -209,22 +211,25 @@ def read_confusion(path: Path) -> tuple[list[str], list[list[int]]]:
     return names, matrix
 
 
-def read_history(run_dir: Path) -> MetricLog:
+def read_history(run_dir: Path, seen: frozenset[Path] = frozenset()) -> MetricLog:
     """The run's metric log, preceded by those of the runs it resumed from.
 
-    A resumed run logs into a folder of its own; its ``config.yaml`` names the
-    checkpoint it started from, whose run folder holds the earlier epochs.
+    A resumed run logs into a folder of its own; its ``config.yaml`` names the checkpoint it started
+    from, whose run folder holds the earlier epochs. The file is read as data, with bounds; a chain of
+    runs that resume each other is followed once around.
     """
     log = read_epoch_metrics(run_dir / METRICS_FILE)
     config_path = run_dir / "config.yaml"
-    ckpt_path = yaml.safe_load(config_path.read_text()).get("ckpt_path") if config_path.is_file() else None
-    earlier_dir = Path(ckpt_path).parent.parent if ckpt_path else None
+    settings = yaml.safe_load(read_config_file(config_path)) if config_path.is_file() else None
+    ckpt_path = settings.get("ckpt_path") if isinstance(settings, dict) else None
+    earlier_dir = Path(ckpt_path).parent.parent if isinstance(ckpt_path, str) and ckpt_path else None
+    here = run_dir.resolve()
     if (
         earlier_dir is not None
-        and earlier_dir.resolve() != run_dir.resolve()
+        and earlier_dir.resolve() not in {here, *seen}
         and (earlier_dir / METRICS_FILE).is_file()
     ):
-        log = log.continuing(read_history(earlier_dir))
+        log = log.continuing(read_history(earlier_dir, seen | {here}))
     return log
 
 
@@ -275,11 +280,20 @@ def _save(figure, path: Path) -> Path:
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Redraw the plots of a run from its logs.")
+    check_installation()
+    parser = OneLineParser(description="Redraw the plots of a run from its logs.")
     parser.add_argument("run_dir", help="a run's folder, e.g. runs/lightning_logs/version_0")
     options = parser.parse_args(args)
+    folder, metrics = Path(options.run_dir), Path(options.run_dir) / METRICS_FILE
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        parser.exit(1, f"error: {options.run_dir} {what}: give a run's folder, e.g. runs/lightning_logs/version_0\n")
+    if metrics.exists() and not metrics.is_file():
+        parser.exit(1, f"error: {metrics} is not a plain file (a FIFO, a device or a folder): no plots drawn\n")
     try:
         paths = plot_run(options.run_dir)
+    except UserError as err:
+        parser.exit(1, f"error: the plots of {options.run_dir} cannot be drawn: {err}\n")
     except (OSError, ValueError, ArithmeticError, csv.Error) as err:
         parser.exit(1, f"error: the plots of {options.run_dir} cannot be drawn: {err}\n")
     if not paths:
