@@ -154,7 +154,9 @@ def test_the_projects_export_command_runs_in_a_fresh_process(trained_once, in_tm
     missing = subprocess.run(
         command[:3], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
-    assert missing.returncode == 2 and missing.stderr.startswith("usage: python -m image_project.export"), missing
+    assert missing.returncode == 2 and missing.stderr.startswith(
+        "error: the following arguments are required: --ckpt_path (options: python -m image_project.export --help)"
+    ), missing
 
 
 # A project without a KitCLI: a LightningModule without a `net` or class names, and a data module, in its own module.

@@ -60,7 +60,7 @@ from torch import nn
 from .cli import GenericCLI, KitCLI, build_all
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
-from .errors import UserError, invoked_as
+from .errors import OneLineParser, UserError, invoked_as
 from .installation import check_installation
 from .messages import errors_as_messages
 
@@ -293,7 +293,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     ``--model`` and ``--data``) builds from ``args``, or the image folder reader; ``prog`` names the command."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as("python -m lightning_kit.bench")
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog, description=__doc__.split("\n\n")[0], epilog=f"Other arguments go to {cli_class.command}."
     )
     parser.add_argument("--steps", type=int, default=100, help="timed training steps per run (default 100)")

@@ -1,5 +1,6 @@
 """Mistakes a user can fix: the command line shows each as one line, ``error: ...``, not a traceback."""
 
+import argparse
 import signal
 import sys
 
@@ -34,3 +35,11 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose every mistake is one line, ``error: <what> (options: <prog> --help)``, exit 2:
+    not the usage and the message."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")

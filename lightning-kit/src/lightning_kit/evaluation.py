@@ -10,6 +10,7 @@ import yaml
 
 from .checkpoints import latest_checkpoint
 from .errors import ConfigError, UserError
+from .files import check_folder_path
 from .messages import report
 from .trust import check_trusted, config_files, flag_pairs, in_run_folder, read_config
 
@@ -191,8 +192,11 @@ def _warn_about_changes(trained: dict, args: list[str]) -> None:
 
 
 def check_new_log_dir(logger) -> None:
-    """A run never writes into an earlier run's folder: Lightning's CSV logger would delete its metrics."""
+    """The folder of a run's logs can be made, and a run never writes into an earlier run's folder: Lightning's
+    CSV logger would delete its metrics."""
     init_args = getattr(logger, "init_args", None) or {}
+    if init_args:
+        check_folder_path(_runs_root(logger), "the runs folder", "--trainer.logger.init_args.save_dir")
     version = init_args.get("version")
     if version is None:
         return

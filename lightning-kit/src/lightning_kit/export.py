@@ -36,7 +36,6 @@ Loading needs PyTorch alone::
     outputs = model(history=history)              # tensors, as input.json says ("passed": "keyword")
 """
 
-import argparse
 import importlib.util
 import json
 import sys
@@ -48,9 +47,9 @@ import torch
 import yaml
 from torch import nn
 
-from .checkpoints import check_architecture, latest_checkpoint, read_checkpoint, written_whole
+from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint, written_whole
 from .cli import GenericCLI, KitCLI, build, expand_shortcuts
-from .errors import ConfigError, UserError, invoked_as
+from .errors import ConfigError, OneLineParser, UserError, invoked_as
 from .example_inputs import Example, example_inputs, reason
 from .files import check_output_file
 from .installation import check_installation
@@ -88,6 +87,7 @@ class Exported:
 def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = GenericCLI) -> tuple[nn.Module, object]:
     """The model of ``ckpt_path`` with its weights, and its data module, built by ``cli_class`` from its run's
     ``config.yaml`` and ``args``."""
+    check_file(ckpt_path)  # the checkpoint named is the first thing wrong when it is not there
     config = ckpt_path.parent.parent / "config.yaml"
     given = any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args)
     if not given and not config.is_file():
@@ -215,7 +215,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the command in
     messages."""
     check_installation(cli_class.__module__)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.export"),
         description=__doc__.split("\n\n")[0],
         epilog=f"Other arguments (--config, --model, --data.*) go to {cli_class.command}, as for fit.",

@@ -96,3 +96,26 @@ def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite
         raise ConfigError(
             f"{flag} {path} cannot be written ({reason}): give a file in a folder you can write to"
         ) from err
+
+
+def check_folder_path(path: str | Path, what: str, flag: str) -> None:
+    """Refuse, in one line naming ``flag``, a folder ``path`` (``what`` it is for) that cannot be made or used.
+
+    Refused: a part of the path that is there but is not a folder (a file, a FIFO), and a link that points
+    nowhere, which making the folder would follow, creating folders wherever it points. A link to a folder
+    that is there is used (runs kept on another disk).
+    """
+    path = Path(path)
+    for part in [*reversed(path.parents), path]:
+        if part == part.parent or part == Path("."):
+            continue
+        if part.is_symlink() and not part.exists():
+            raise ConfigError(
+                f"{what} {path} cannot be made: {part} is a link to {os.readlink(part)}, which is not there "
+                f"(it is not followed): remove the link, make its folder, or give another {flag}"
+            )
+        if part.exists() and not part.is_dir():
+            kind = kind_of(part.stat().st_mode) or "a file"
+            raise ConfigError(
+                f"{what} {path} cannot be made: {part} is {kind}, not a folder: move it away, or give another {flag}"
+            )

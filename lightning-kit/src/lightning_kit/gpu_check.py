@@ -25,7 +25,6 @@ failed, 2 no CUDA GPU here (one line, nothing written), a summary that exists al
 ``--overwrite``), or a project folder or configuration that is not there.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 
 from .cli import GenericCLI, KitCLI
-from .errors import UserError, invoked_as
+from .errors import OneLineParser, UserError, invoked_as
 from .installation import check_installation
 
 # The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
@@ -276,7 +275,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     """Run the check on the project ``args`` name (by default the one in this folder); ``cli_class``: the
     project's command line, whose package's commands are run; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.gpu_check"), description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--project", type=Path, default=Path("."), help="the project's folder (default: this one)")

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import UserError, invoked_as
+from ..errors import OneLineParser, UserError, invoked_as
 from ..files import check_output_file
 from ..installation import check_installation
 from ..run_record import ENDINGS, RUNNING
@@ -24,16 +24,10 @@ STATUSES = (RUNNING, *ENDINGS, UNKNOWN, UNREADABLE)
 OUTPUTS = ("csv", "markdown", "plot")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, not the usage and the message."""
-        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
-
-
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
     """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
     check_installation()
-    parser = _Parser(
+    parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.runs"),
         description="List the runs below FOLDER: status, the settings that differ, best and test metrics, checkpoint.",
     )

@@ -41,7 +41,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..accelerators import check_accelerator
-from ..errors import ConfigError, UserError, invoked_as, signal_name
+from ..errors import ConfigError, OneLineParser, UserError, invoked_as, signal_name
 from ..installation import check_installation
 from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS, TOKENS
 from ..passwords import scrubbed
@@ -74,7 +74,7 @@ def parser(
 ) -> argparse.ArgumentParser:
     """The command's options; ``prog`` names it, ``export_command`` the command that writes its model files and
     ``train_command`` the command line that builds the model of a checkpoint (``--ckpt_path``)."""
-    described = _Parser(
+    described = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.serve"),
         description=__doc__.split("\n\n")[0],
         epilog=f"With --ckpt_path, other arguments (--config, --model, --data.*) go to {train_command}, as for the "
@@ -112,12 +112,6 @@ def parser(
     described.add_argument("--concurrency", type=_bounded(int, 1), default=32, help="--bench: requests at a time")
     described.add_argument("--url", help="--bench: a running server's address (default: start one, and one unbatched)")
     return described
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, not the usage and the message."""
-        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
 
 
 def _bounded(kind, low, high=None, low_open=False):

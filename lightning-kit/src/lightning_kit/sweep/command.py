@@ -26,7 +26,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all
-from ..errors import ConfigError, invoked_as
+from ..errors import ConfigError, OneLineParser, invoked_as
 from ..installation import check_installation
 from ..messages import errors_as_messages, report
 from ..passwords import scrubbed, shown_command
@@ -48,16 +48,11 @@ MAX_NEW_STUDIES = 100
 MAX_TRIALS = 1_000_000
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
-
-
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Run the sweep that ``args`` describe over ``cli_class``'s fit; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as(f"python -m {__package__}")
-    parser = _Parser(prog=prog, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
     parser.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
     parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
     parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
@@ -103,7 +98,7 @@ def _interrupt(signum: int, frame) -> None:
 _EPILOG = "Other arguments go to the command line's fit, as to fit itself."
 
 
-def _check_options(parser: _Parser, options: argparse.Namespace) -> None:
+def _check_options(parser: OneLineParser, options: argparse.Namespace) -> None:
     if (options.space is None) == (options.folds is None):
         parser.error("give --space FILE (a sweep) or --folds K (cross-validation), one of them")
     if options.folds is not None and options.folds < 2:

@@ -1,0 +1,647 @@
+"""Hostile inputs and faults against every command the library ships, each answered in one line and nothing lost.
+
+Each case is what an attacker (or an unlucky user) gives a command: bad values, special files (FIFOs, devices,
+folders where files go, files where folders go), links planted in run folders, archives that inflate without
+end, files of the wrong kind, foreign code named by a run's own files, stores that cannot be reached, passwords
+in URLs. The command runs in this process, in a folder of the test's own that holds a project never baked (the
+library's example, its pyproject.toml naming this library) and, where the case needs one, a copy of a short run.
+Every case asserts
+
+- the exit status (2 for a mistake on the command line, 1 for any other refusal, 0 where the input is data the
+  command reports on: a note in the table of runs, say);
+- one line starting ``error:`` saying what is wrong (or, for a status of 0, the note), and no traceback;
+- nothing written outside the test's folder, a file behind a link planted there left as it was, and no
+  password printed.
+
+Running in this process costs each case a few milliseconds, not the seconds of a process that imports PyTorch:
+the few cases that need a process of their own (a size limit, a signal) live with the commands' own tests.
+"""
+
+import functools
+import gzip
+import io
+import json
+import os
+import shutil
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lightning_kit import cli, export, guide, lint_placement, plots
+from lightning_kit.placement import command as placement
+from lightning_kit.runs import command as runs
+from lightning_kit.serve import command as serve
+from lightning_kit.sweep import command as sweep
+
+LIBRARY = Path(__file__).resolve().parents[1]
+EXAMPLE = LIBRARY / "examples" / "forecaster"
+NAMED = "lightning-kit[serve] @ git+https://github.com/org/template#subdirectory=lightning-kit"
+CONFIG = str(EXAMPLE / "configs" / "forecaster.yaml")
+SPACE = str(EXAMPLE / "configs" / "sweep.yaml")
+CLASSES = ["--model", "forecaster.Forecaster", "--data", "forecaster.SineWaves"]
+RUN = Path("runs/lightning_logs/version_0")
+CKPT = str(RUN / "checkpoints" / "last.ckpt")
+SECRET = "Hush9q42"
+VICTIM_TEXT = "the user's own file\n"
+
+MAINS: dict[str, Callable[[list[str]], object]] = {
+    "lightning_kit": lambda args: cli.main(cli.GenericCLI, args),
+    "placement": placement.main,
+    "sweep": sweep.main,
+    "runs": runs.main,
+    "plots": plots.main,
+    "export": export.main,
+    "serve": lambda args: serve.main(args),
+    "guide": guide.main,
+    "lint_placement": lambda args: sys.exit(lint_placement.main(args)),
+}
+
+
+@dataclass
+class Case:
+    command: str
+    args: list[str]
+    said: str  # in the one line (or, with status 0, in the output)
+    status: int = 1
+    setup: Callable[[Path], None] | None = None
+    run: bool = False  # needs a copy of the short run in runs/
+    pyproject: str | None = None  # another [tool.lightning-kit] table for the project's file
+    importable: str | None = None  # a folder of the project put first on sys.path (as the working folder would be)
+    marks: list = field(default_factory=list)
+
+    def param(self, name: str):
+        return pytest.param(self, id=name, marks=self.marks)
+
+
+# --- what the cases plant ---------------------------------------------------------------------------------------
+
+
+def fifo(name: str) -> Callable[[Path], None]:
+    def plant(folder: Path) -> None:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+
+    return plant
+
+
+def file(name: str, content: bytes | str) -> Callable[[Path], None]:
+    def plant(folder: Path) -> None:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+    return plant
+
+
+def link(name: str, target: str) -> Callable[[Path], None]:
+    """A link at ``name``; a ``target`` starting with ``victim`` points at the user's file outside the folder."""
+
+    def plant(folder: Path) -> None:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        resolved = folder.parent / "outside" / target if target.startswith("victim") else Path(target)
+        path.symlink_to(resolved)
+
+    return plant
+
+
+def folder(name: str) -> Callable[[Path], None]:
+    return lambda at: (at / name).mkdir(parents=True, exist_ok=True)
+
+
+def both(*plants: Callable[[Path], None]) -> Callable[[Path], None]:
+    def plant(at: Path) -> None:
+        for one in plants:
+            one(at)
+
+    return plant
+
+
+@functools.cache
+def _bomb() -> bytes:
+    """An archive of one entry that inflates from a megabyte to a gigabyte of zeros."""
+    buffer = io.BytesIO()
+    with (
+        zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+        archive.open("archive/data.pkl", "w", force_zip64=True) as entry,
+    ):
+        for _ in range(1024):
+            entry.write(bytes(1 << 20))
+    return buffer.getvalue()
+
+
+def zip_bomb(name: str) -> Callable[[Path], None]:
+    return lambda at: (at / name).write_bytes(_bomb())
+
+
+def yaml_bomb(name: str) -> Callable[[Path], None]:
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [
+        f"{chr(98 + k)}: &{chr(98 + k)} [*{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}]"
+        for k in range(12)
+    ]
+    return file(name, "\n".join(lines) + "\n")
+
+
+def run_config(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    """The short run's config.yaml, edited as data."""
+    import yaml
+
+    def plant(at: Path) -> None:
+        path = at / RUN / "config.yaml"
+        settings = yaml.safe_load(path.read_text())
+        edit(settings)
+        path.write_text(yaml.safe_dump(settings))
+
+    return plant
+
+
+def data_class(name: str) -> Callable[[dict], None]:
+    def edit(settings: dict) -> None:
+        settings["data"]["class_path"] = name
+
+    return edit
+
+
+EVIL = "import pathlib\npathlib.Path('imported').write_text('ran')\nclass Data: pass\n"
+
+
+# --- the cases ----------------------------------------------------------------------------------------------------
+
+CASES = {
+    # python -m lightning_kit (GenericCLI): the command line, its files and its checkpoints.
+    "fit-model-not-there": Case("lightning_kit", ["fit", "--model", "nosuch.Module", "--data", "x.Y"], "--model", 2),
+    "fit-no-classes": Case("lightning_kit", ["fit"], "--model and --data are needed", 2),
+    "fit-data-as-model": Case(
+        "lightning_kit", ["fit", "--model", "forecaster.SineWaves", "--data", "forecaster.SineWaves"], "--model", 2
+    ),
+    "fit-batch-size-0": Case("lightning_kit", ["fit", *CLASSES, "--data.batch_size", "0"], "--data.batch_size 0", 2),
+    "fit-negative-size": Case("lightning_kit", ["fit", *CLASSES, "--data.size", "-5"], "--data.size -5", 2),
+    "fit-negative-width": Case("lightning_kit", ["fit", *CLASSES, "--model.hidden", "-3"], "--model.hidden -3", 2),
+    "fit-negative-lr": Case("lightning_kit", ["fit", *CLASSES, "--model.lr", "-1"], "--model.lr -1", 2),
+    "fit-width-not-a-number": Case("lightning_kit", ["fit", *CLASSES, "--model.hidden", "wide"], "--model.hidden", 2),
+    "fit-width-a-float": Case("lightning_kit", ["fit", *CLASSES, "--model.hidden", "2.5"], "--model.hidden", 2),
+    "fit-unknown-argument": Case("lightning_kit", ["fit", *CLASSES, "--model.depth", "3"], "depth", 2),
+    "fit-negative-epochs": Case("lightning_kit", ["fit", *CLASSES, "--max_epochs", "-7"], "--max_epochs must be"),
+    "fit-seed-out-of-range": Case("lightning_kit", ["fit", *CLASSES, "--seed_everything", "-1"], "seed_everything"),
+    "fit-tpu": Case("lightning_kit", ["fit", *CLASSES, "--accelerator", "tpu"], "tpu"),
+    "fit-no-gpu-here": Case("lightning_kit", ["fit", *CLASSES, "--accelerator", "gpu"], "GPU"),
+    "fit-precision-unknown": Case("lightning_kit", ["fit", *CLASSES, "--precision", "7"], "--trainer.precision", 2),
+    "fit-config-missing": Case("lightning_kit", ["fit", "--config", "nowhere.yaml"], "nowhere.yaml", 2),
+    "fit-config-fifo": Case("lightning_kit", ["fit", "--config", "c.yaml"], "not a regular file", 1, fifo("c.yaml")),
+    "fit-config-device": Case("lightning_kit", ["fit", "--config", "/dev/zero"], "not a regular file"),
+    "fit-config-binary": Case(
+        "lightning_kit", ["fit", "--config", "c.yaml"], "not a text file", 1, file("c.yaml", b"\x89PNG\r\n\x1a\n\0\0\0")
+    ),
+    "fit-config-too-large": Case(
+        "lightning_kit", ["fit", "--config", "c.yaml"], "over 1 MiB", 1, file("c.yaml", "# pad\n" * 300_000)
+    ),
+    "fit-config-yaml-bomb": Case("lightning_kit", ["fit", "--config", "c.yaml"], "c.yaml", 1, yaml_bomb("c.yaml")),
+    "fit-config-python-object": Case(
+        "lightning_kit",
+        ["fit", "--config", "c.yaml"],
+        "c.yaml",
+        1,
+        file("c.yaml", "model: !!python/object/apply:os.system ['touch pwned']\n"),
+    ),
+    "fit-config-not-yaml": Case(
+        "lightning_kit", ["fit", "--config", "c.yaml"], "c.yaml", 1, file("c.yaml", "model: [unclosed\n")
+    ),
+    "fit-runs-a-file": Case("lightning_kit", ["fit", "--config", CONFIG], "runs", 1, file("runs", "not a folder")),
+    "fit-logs-a-file": Case(
+        "lightning_kit", ["fit", "--config", CONFIG], "lightning_logs", 1, file("runs/lightning_logs", "not a folder")
+    ),
+    "fit-runs-a-dangling-link": Case(
+        "lightning_kit", ["fit", "--config", CONFIG], "runs", 1, link("runs", "victim-folder/runs")
+    ),
+    "fit-ckpt-missing": Case("lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "no.ckpt"], "no.ckpt"),
+    "fit-ckpt-text": Case(
+        "lightning_kit",
+        ["fit", "--config", CONFIG, "--ckpt_path", "c.ckpt"],
+        "c.ckpt",
+        1,
+        file("c.ckpt", "not a checkpoint\n"),
+    ),
+    "fit-ckpt-device": Case("lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "/dev/zero"], "/dev/zero"),
+    "fit-ckpt-fifo": Case(
+        "lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "c.ckpt"], "c.ckpt", 1, fifo("c.ckpt")
+    ),
+    "fit-ckpt-folder": Case("lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "d"], "d", 1, folder("d")),
+    "fit-ckpt-zip-bomb": Case(
+        "lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "b.ckpt"], "b.ckpt", 1, zip_bomb("b.ckpt")
+    ),
+    "fit-ckpt-last-without-runs": Case("lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "last"], "runs"),
+    "validate-without-a-checkpoint": Case("lightning_kit", ["validate", "--config", CONFIG], "--ckpt_path"),
+    "validate-checkpoint-of-no-run": Case(
+        "lightning_kit", ["validate", "--ckpt_path", "c.ckpt"], "--model and", 2, file("c.ckpt", "x")
+    ),
+    "validate-run-names-foreign-code": Case(
+        "lightning_kit",
+        ["validate", "--config", str(RUN / "config.yaml"), "--ckpt_path", CKPT],
+        "names code outside this project (evil.Data)",
+        1,
+        both(file("evil.py", EVIL), run_config(data_class("evil.Data"))),
+        run=True,
+    ),
+    "validate-run-names-code-in-its-folder": Case(
+        "lightning_kit",
+        ["validate", "--ckpt_path", CKPT],
+        "code in the run or data folder",
+        1,
+        both(file(f"{RUN}/evil.py", EVIL), run_config(data_class("evil.Data"))),
+        run=True,
+        importable=str(RUN),
+    ),
+    "predict-into-a-folder": Case(
+        "lightning_kit",
+        ["predict", "--ckpt_path", CKPT, "--predictions.path", "out/"],
+        "--predictions.path",
+        1,
+        run=True,
+    ),
+    "predict-over-a-file": Case(
+        "lightning_kit",
+        ["predict", "--ckpt_path", CKPT, "--predictions.path", "p.csv"],
+        "exists",
+        1,
+        file("p.csv", VICTIM_TEXT),
+        run=True,
+    ),
+    "predict-into-a-fifo": Case(
+        "lightning_kit",
+        ["predict", "--ckpt_path", CKPT, "--predictions.path", "p.csv", "--predictions.overwrite", "true"],
+        "FIFO",
+        1,
+        fifo("p.csv"),
+        run=True,
+    ),
+    "pyproject-bad-mode": Case(
+        "lightning_kit",
+        ["fit", *CLASSES],
+        "mode must be",
+        1,
+        pyproject='packages = ["forecaster"]\nmonitor = "val/mae"\nmode = "lowest"',
+    ),
+    "pyproject-unknown-setting": Case(
+        "lightning_kit", ["fit", *CLASSES], "has no setting 'trust'", 1, pyproject='trust = ["os"]'
+    ),
+    # The audit's command: 2 for the command line, never 1 (a placement bug) for a value refused.
+    "audit-model-not-there": Case("placement", ["--model", "nosuch.Module", "--data", "x.Y"], "--model", 2),
+    "audit-batch-size-0": Case("placement", [*CLASSES, "--data.batch_size", "0"], "--data.batch_size 0", 2),
+    "audit-negative-width": Case("placement", [*CLASSES, "--model.hidden", "-3"], "--model.hidden -3", 2),
+    "audit-config-fifo": Case("placement", ["--config", "c.yaml"], "not a regular file", 2, fifo("c.yaml")),
+    "audit-precision-unknown": Case("placement", [*CLASSES, "--precision", "9"], "precision", 2),
+    # Sweeps: their space, their options, their stores.
+    "sweep-space-missing": Case("sweep", ["--space", "no.yaml", "--trials", "2", "--config", CONFIG], "no.yaml"),
+    "sweep-space-fifo": Case(
+        "sweep", ["--space", "s.yaml", "--trials", "2", "--config", CONFIG], "FIFO", 1, fifo("s.yaml")
+    ),
+    "sweep-space-binary": Case(
+        "sweep", ["--space", "s.yaml", "--trials", "2", "--config", CONFIG], "s.yaml", 1, file("s.yaml", b"\0\1\2\3")
+    ),
+    "sweep-space-a-list": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
+        "must map",
+        1,
+        file("s.yaml", "- model.lr\n"),
+    ),
+    "sweep-space-unknown-flag": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
+        "model.lrr is not an argument",
+        1,
+        file("s.yaml", "model.lrr: [0.1, 0.01]\n"),
+    ),
+    "sweep-space-low-above-high": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
+        "low must be below high",
+        1,
+        file("s.yaml", "model.lr: {low: 1, high: 0.1}\n"),
+    ),
+    "sweep-space-nan": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
+        "finite",
+        1,
+        file("s.yaml", "model.lr: {low: .nan, high: 0.1}\n"),
+    ),
+    "sweep-space-empty-choices": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
+        "empty",
+        1,
+        file("s.yaml", "model.hidden: []\n"),
+    ),
+    "sweep-space-yaml-bomb": Case(
+        "sweep", ["--space", "s.yaml", "--trials", "2", "--config", CONFIG], "s.yaml", 1, yaml_bomb("s.yaml")
+    ),
+    "sweep-space-refused-value": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
+        "model.hidden",
+        1,
+        file("s.yaml", "model.hidden: [16, -4]\n"),
+    ),
+    "sweep-trials-0": Case("sweep", ["--space", SPACE, "--trials", "0", "--config", CONFIG], "--trials", 2),
+    "sweep-trials-huge": Case(
+        "sweep", ["--space", SPACE, "--trials", "10000000000", "--config", CONFIG], "--trials", 2
+    ),
+    "sweep-trials-not-a-number": Case("sweep", ["--space", SPACE, "--trials", "x", "--config", CONFIG], "--trials", 2),
+    "sweep-folds-1": Case("sweep", ["--folds", "1", "--config", CONFIG], "--folds", 2),
+    "sweep-space-and-folds": Case("sweep", ["--space", SPACE, "--folds", "3", "--config", CONFIG], "one of them", 2),
+    "sweep-study-name-a-path": Case(
+        "sweep", ["--space", SPACE, "--trials", "2", "--study", "../up", "--config", CONFIG], "--study", 2
+    ),
+    "sweep-grid-with-trials": Case(
+        "sweep",
+        ["--space", "s.yaml", "--trials", "2", "--sampler", "grid", "--config", CONFIG],
+        "--trials is not used with --sampler grid",
+        1,
+        file("s.yaml", "model.hidden: [8, 16]\n"),
+    ),
+    "sweep-grid-over-a-range": Case(
+        "sweep",
+        ["--space", SPACE, "--sampler", "grid", "--config", CONFIG],
+        "--sampler grid takes lists of choices only",
+    ),
+    "sweep-storage-a-folder": Case(
+        "sweep",
+        ["--space", SPACE, "--trials", "1", "--config", CONFIG, "--storage", "sqlite:///d"],
+        "d",
+        1,
+        folder("d"),
+    ),
+    "sweep-storage-not-sqlite": Case(
+        "sweep",
+        ["--space", SPACE, "--trials", "1", "--config", CONFIG, "--storage", "sqlite:///s.db"],
+        "s.db",
+        1,
+        file("s.db", "not a database"),
+    ),
+    "sweep-storage-unreachable": Case(
+        "sweep",
+        [
+            "--space",
+            SPACE,
+            "--trials",
+            "1",
+            "--config",
+            CONFIG,
+            "--storage",
+            f"postgresql+psycopg://team:{SECRET}@127.0.0.1:9/studies",
+        ],
+        "cannot be reached",
+        1,
+    ),
+    "sweep-storage-unknown-driver": Case(
+        "sweep",
+        ["--space", SPACE, "--trials", "1", "--config", CONFIG, "--storage", f"nosuch://team:{SECRET}@host/db"],
+        "--storage",
+    ),
+    "sweep-without-a-monitored-metric": Case(
+        "sweep",
+        ["--space", SPACE, "--trials", "1", "--config", CONFIG],
+        "monitored metric",
+        1,
+        pyproject='packages = ["forecaster"]',
+    ),
+    "sweep-a-subcommand-other-than-fit": Case("sweep", ["validate", "--space", SPACE, "--trials", "1"], "fit", 2),
+    # The table of runs: a run folder is data, each bad file a note on its row.
+    "runs-folder-missing": Case("runs", ["nowhere"], "does not exist"),
+    "runs-folder-a-file": Case("runs", ["f"], "is not a folder", 1, file("f", "x")),
+    "runs-folder-a-fifo": Case("runs", ["f"], "is not a folder", 1, fifo("f")),
+    "runs-sort-unknown": Case("runs", ["--sort", "bogus"], "--sort bogus", 1, run=True),
+    "runs-status-unknown": Case("runs", ["--status", "bogus"], "--status", 2, run=True),
+    "runs-markdown-into-a-folder": Case("runs", ["--markdown", "out/"], "--markdown", 1, run=True),
+    "runs-markdown-over-a-file": Case("runs", ["--markdown", "t.md"], "exists", 1, file("t.md", VICTIM_TEXT), run=True),
+    "runs-markdown-through-a-link": Case(
+        "runs", ["--markdown", "t.md", "--overwrite"], "lightning_logs", 0, link("t.md", "victim"), run=True
+    ),
+    "runs-plot-into-a-fifo": Case("runs", ["--plot", "p.png", "--overwrite"], "FIFO", 1, fifo("p.png"), run=True),
+    "runs-config-yaml-bomb": Case("runs", [], "config.yaml unreadable", 0, yaml_bomb(f"{RUN}/config.yaml"), run=True),
+    "runs-config-a-fifo": Case(
+        "runs",
+        [],
+        "config.yaml unreadable",
+        0,
+        both(lambda at: (at / RUN / "config.yaml").unlink(), fifo(f"{RUN}/config.yaml")),
+        run=True,
+    ),
+    "runs-metrics-binary": Case(
+        "runs", [], "metrics.csv unreadable", 0, file(f"{RUN}/metrics.csv", b"\0\xff" * 50), run=True
+    ),
+    "runs-metrics-inf-epoch": Case(
+        "runs", [], "metrics.csv unreadable", 0, file(f"{RUN}/metrics.csv", "epoch,step,val/mae\ninf,1,0.5\n"), run=True
+    ),
+    "runs-record-not-json": Case("runs", [], "run.json unreadable", 0, file(f"{RUN}/run.json", "{not json"), run=True),
+    "runs-record-a-link-out": Case("runs", [], "links outside", 0, link(f"{RUN}/run.json", "victim"), run=True),
+    "runs-a-link-to-a-folder-outside": Case(
+        "runs", [], "not followed", 0, link("runs/elsewhere", "victim-folder"), run=True
+    ),
+    "runs-a-link-to-itself": Case("runs", [], "lightning_logs", 0, link("runs/loop", "runs"), run=True),
+    # A run's plots: its files read with bounds, every file written renamed into place.
+    "plots-folder-missing": Case("plots", ["nowhere"], "does not exist"),
+    "plots-folder-a-file": Case("plots", ["f"], "is not a folder", 1, file("f", "x")),
+    "plots-metrics-a-fifo": Case(
+        "plots",
+        [str(RUN)],
+        "not a plain file",
+        1,
+        both(lambda at: (at / RUN / "metrics.csv").unlink(), fifo(f"{RUN}/metrics.csv")),
+        run=True,
+    ),
+    "plots-metrics-binary": Case(
+        "plots", [str(RUN)], "cannot be drawn", 1, file(f"{RUN}/metrics.csv", b"\xa2\0" * 9), run=True
+    ),
+    "plots-metrics-inf-epoch": Case(
+        "plots", [str(RUN)], "epoch", 1, file(f"{RUN}/metrics.csv", "epoch,step,val/mae\ninf,1,0.5\n"), run=True
+    ),
+    "plots-config-yaml-bomb": Case("plots", [str(RUN)], "config.yaml", 1, yaml_bomb(f"{RUN}/config.yaml"), run=True),
+    "plots-config-not-a-mapping": Case(
+        "plots", [str(RUN)], "loss.png", 0, file(f"{RUN}/config.yaml", "- a\n- b\n"), run=True
+    ),
+    "plots-runs-resume-each-other": Case(
+        "plots",
+        [str(RUN)],
+        "loss.png",
+        0,
+        both(
+            run_config(lambda settings: settings.update(ckpt_path="runs/b/checkpoints/last.ckpt")),
+            lambda at: shutil.copytree(at / RUN, at / "runs/b"),
+            lambda at: (at / "runs/b/config.yaml").write_text(f"ckpt_path: {RUN}/checkpoints/last.ckpt\n"),
+        ),
+        run=True,
+    ),
+    "plots-through-a-link-to-the-users-file": Case(
+        "plots", [str(RUN)], "loss.png", 0, link(f"{RUN}/loss.png", "victim"), run=True
+    ),
+    "plots-through-a-dangling-link": Case(
+        "plots", [str(RUN)], "mae.png", 0, link(f"{RUN}/mae.png", "victim-new.png"), run=True
+    ),
+    # Export: checked before the model is built, written whole or not at all.
+    "export-ckpt-missing": Case("export", ["--ckpt_path", "no.ckpt"], "no.ckpt"),
+    "export-output-not-pt2": Case(
+        "export", ["--ckpt_path", CKPT, "--output", "m.zip"], "must end in .pt2", 1, run=True
+    ),
+    "export-output-a-folder": Case(
+        "export", ["--ckpt_path", CKPT, "--output", "m.pt2/"], "names a folder", 1, run=True
+    ),
+    "export-output-exists": Case(
+        "export", ["--ckpt_path", CKPT, "--output", "m.pt2"], "exists", 1, file("m.pt2", VICTIM_TEXT), run=True
+    ),
+    "export-output-a-fifo": Case(
+        "export", ["--ckpt_path", CKPT, "--output", "m.pt2", "--overwrite"], "FIFO", 1, fifo("m.pt2"), run=True
+    ),
+    "export-output-in-a-file": Case(
+        "export", ["--ckpt_path", CKPT, "--output", "f/m.pt2"], "cannot be written", 1, file("f", "x"), run=True
+    ),
+    "export-onnx-unknown": Case("export", ["--ckpt_path", CKPT, "--onnx", "maybe"], "--onnx", 2, run=True),
+    "export-ckpt-zip-bomb": Case(
+        "export", ["--ckpt_path", "b.ckpt", "--config", CONFIG], "b.ckpt", 1, zip_bomb("b.ckpt")
+    ),
+    # Serving: the model file read with bounds and checked before any port is taken.
+    "serve-model-missing": Case("serve", ["no.pt2"], "does not exist"),
+    "serve-model-not-pt2": Case("serve", ["m.zip"], "is not a .pt2 file", 1, file("m.zip", "x")),
+    "serve-model-a-fifo": Case("serve", ["m.pt2"], "FIFO", 1, fifo("m.pt2")),
+    "serve-model-a-folder": Case("serve", ["m.pt2"], "a folder", 1, folder("m.pt2")),
+    "serve-model-random-bytes": Case("serve", ["m.pt2"], "is not an exported model", 1, file("m.pt2", os.urandom(999))),
+    "serve-model-gzip": Case(
+        "serve", ["m.pt2"], "is not an exported model", 1, file("m.pt2", gzip.compress(b"x" * 1000))
+    ),
+    "serve-model-zip-bomb": Case("serve", ["m.pt2"], "m.pt2", 1, zip_bomb("m.pt2")),
+    "serve-port-privileged": Case("serve", ["m.pt2", "--port", "80"], "--port", 2),
+    "serve-port-not-a-number": Case("serve", ["m.pt2", "--port", "http"], "--port", 2),
+    "serve-host-foreign": Case("serve", ["m.pt2", "--host", "8.8.8.8"], "--host", 2),
+    "serve-batch-size-0": Case("serve", ["m.pt2", "--max_batch_size", "0"], "--max_batch_size", 2),
+    "serve-timeout-0": Case("serve", ["m.pt2", "--timeout", "0"], "--timeout", 2),
+    "serve-batch-timeout-negative": Case("serve", ["m.pt2", "--batch_timeout", "-1"], "--batch_timeout", 2),
+    "serve-batch-timeout-inf": Case("serve", ["m.pt2", "--batch_timeout", "inf"], "--batch_timeout", 2),
+    "serve-workers-0": Case("serve", ["m.pt2", "--workers_per_device", "0"], "--workers_per_device", 2),
+    "serve-neither-model-nor-checkpoint": Case("serve", [], "model", 2),
+    # The guide and the linter.
+    "guide-rule-not-there": Case("guide", ["40"], "rules 1 to", 2),
+    "guide-rule-0": Case("guide", ["0"], "rules 1 to", 2),
+    "guide-not-a-rule": Case("guide", ["rm -rf"], "not a rule", 2),
+    "guide-range-backwards": Case("guide", ["9-2"], "rules 1 to", 2),
+    "lint-file-missing": Case("lint_placement", ["nowhere.py"], "nowhere.py"),
+    "lint-a-fifo": Case("lint_placement", ["f.py"], "f.py", 1, fifo("f.py")),
+    "lint-a-link-to-a-fifo": Case("lint_placement", ["l.py"], "l.py", 1, both(fifo("f.py"), link("l.py", "f.py"))),
+    "lint-a-device": Case("lint_placement", ["/dev/zero"], "/dev/zero"),
+    "lint-binary": Case("lint_placement", ["b.py"], "b.py", 1, file("b.py", b"\0\x01\x02" * 100)),
+    "lint-too-large": Case("lint_placement", ["big.py"], "big.py", 1, file("big.py", "x = 1\n" * 2_000_000)),
+}
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> Path:
+    """A short run of the example, trained once for the cases that need a run folder (each works on a copy)."""
+    folder = tmp_path_factory.mktemp("short-run")
+    prepare(folder, None)
+    previous, path = Path.cwd(), list(sys.path)
+    os.chdir(folder)
+    sys.path.insert(0, str(EXAMPLE / "src"))
+    try:
+        cli.main(
+            cli.GenericCLI,
+            [
+                "fit",
+                "--config",
+                CONFIG,
+                "--max_epochs",
+                "2",
+                "--data.size",
+                "96",
+                "--trainer.enable_progress_bar",
+                "false",
+            ],
+        )
+    except SystemExit as stop:
+        assert stop.code in (0, None), stop.code
+    finally:
+        os.chdir(previous)
+        sys.path[:] = path
+    return folder / "runs"
+
+
+def prepare(folder: Path, table: str | None) -> None:
+    """The example's pyproject.toml in ``folder``, naming this library (and another table, where given)."""
+    text = (
+        (EXAMPLE / "pyproject.toml").read_text(encoding="utf-8").replace(NAMED, f"lightning-kit @ {LIBRARY.as_uri()}")
+    )
+    if table is not None:
+        text = text[: text.index("[tool.lightning-kit]")] + f"[tool.lightning-kit]\n{table}\n"
+    (folder / "pyproject.toml").write_text(text, encoding="utf-8")
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """What ``folder`` holds: each path and a file's bytes (None for what is not a plain file)."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes() if path.is_file() and not path.is_symlink() else None
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("case", [case.param(name) for name, case in CASES.items()])
+def test_a_hostile_input_is_answered_in_one_line_and_nothing_outside_is_touched(
+    case: Case, tmp_path, monkeypatch, capsys, request
+):
+    if "fifo" in request.node.name and not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+    here, outside = tmp_path / "project", tmp_path / "outside"
+    here.mkdir()
+    (outside / "victim-folder").mkdir(parents=True)
+    (outside / "victim").write_text(VICTIM_TEXT)
+    before = snapshot(outside)
+    prepare(here, case.pyproject)
+    if case.run:
+        shutil.copytree(request.getfixturevalue("short_run"), here / "runs", symlinks=True)
+    monkeypatch.chdir(here)
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    monkeypatch.syspath_prepend(str(here))  # as `python -m` puts the working folder first
+    if case.importable is not None:
+        monkeypatch.syspath_prepend(str(here / case.importable))
+    if case.setup is not None:
+        case.setup(here)
+
+    status, output = run_command(case, capsys)
+
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert "Traceback" not in output and SECRET not in output, output[-3000:]
+    assert status == case.status, (status, output[-3000:])
+    if case.status:
+        errors = [line for line in lines if line.startswith("error:")]
+        assert len(errors) == 1 and case.said in errors[0], output[-3000:]
+    else:
+        assert case.said in output, output[-3000:]
+    assert snapshot(outside) == before, "something outside the project's folder was written"
+    assert not (here / "imported").exists() and not (here / "pwned").exists(), "code named by data was run"
+
+
+def run_command(case: Case, capsys) -> tuple[int, str]:
+    """Run the case's command in this process: its exit status and everything it printed."""
+    status = 0
+    try:
+        MAINS[case.command](list(case.args))
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+            status = 1
+        else:
+            status = stop.code or 0
+    out, err = capsys.readouterr()
+    return status, out + err
+
+
+def test_there_are_a_hundred_cases_and_more_across_every_command():
+    assert len(CASES) >= 100
+    assert {case.command for case in CASES.values()} == set(MAINS)
+    assert json.dumps(sorted(CASES))  # names are plain text
