@@ -170,6 +170,11 @@ def data_class(name: str) -> Callable[[dict], None]:
     return edit
 
 
+def space_case(content: str, said: str) -> Case:
+    """The sweep run over a space file of ``content``."""
+    return Case("sweep", ["--space", "s.yaml", "--trials", "2", "--config", CONFIG], said, 1, file("s.yaml", content))
+
+
 EVIL = "import pathlib\npathlib.Path('imported').write_text('ran')\nclass Data: pass\n"
 
 
@@ -306,51 +311,15 @@ CASES = {
     "sweep-space-binary": Case(
         "sweep", ["--space", "s.yaml", "--trials", "2", "--config", CONFIG], "s.yaml", 1, file("s.yaml", b"\0\1\2\3")
     ),
-    "sweep-space-a-list": Case(
-        "sweep",
-        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
-        "must map",
-        1,
-        file("s.yaml", "- model.lr\n"),
-    ),
-    "sweep-space-unknown-flag": Case(
-        "sweep",
-        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
-        "model.lrr is not an argument",
-        1,
-        file("s.yaml", "model.lrr: [0.1, 0.01]\n"),
-    ),
-    "sweep-space-low-above-high": Case(
-        "sweep",
-        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
-        "low must be below high",
-        1,
-        file("s.yaml", "model.lr: {low: 1, high: 0.1}\n"),
-    ),
-    "sweep-space-nan": Case(
-        "sweep",
-        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
-        "finite",
-        1,
-        file("s.yaml", "model.lr: {low: .nan, high: 0.1}\n"),
-    ),
-    "sweep-space-empty-choices": Case(
-        "sweep",
-        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
-        "empty",
-        1,
-        file("s.yaml", "model.hidden: []\n"),
-    ),
+    "sweep-space-a-list": space_case("- model.lr\n", "must map"),
+    "sweep-space-unknown-flag": space_case("model.lrr: [0.1, 0.01]\n", "model.lrr is not an argument"),
+    "sweep-space-low-above-high": space_case("model.lr: {low: 1, high: 0.1}\n", "low must be below high"),
+    "sweep-space-nan": space_case("model.lr: {low: .nan, high: 0.1}\n", "finite"),
+    "sweep-space-empty-choices": space_case("model.hidden: []\n", "empty"),
     "sweep-space-yaml-bomb": Case(
         "sweep", ["--space", "s.yaml", "--trials", "2", "--config", CONFIG], "s.yaml", 1, yaml_bomb("s.yaml")
     ),
-    "sweep-space-refused-value": Case(
-        "sweep",
-        ["--space", "s.yaml", "--trials", "2", "--config", CONFIG],
-        "model.hidden",
-        1,
-        file("s.yaml", "model.hidden: [16, -4]\n"),
-    ),
+    "sweep-space-refused-value": space_case("model.hidden: [16, -4]\n", "model.hidden"),
     "sweep-trials-0": Case("sweep", ["--space", SPACE, "--trials", "0", "--config", CONFIG], "--trials", 2),
     "sweep-trials-huge": Case(
         "sweep", ["--space", SPACE, "--trials", "10000000000", "--config", CONFIG], "--trials", 2
