@@ -97,7 +97,7 @@ def explain(
     hook: str | None = None,
 ) -> DevicePlacementError | str:
     """A ``DevicePlacementError`` for what a GPU would refuse in ``err``, or else why the run stopped there."""
-    chain = _chain(err)
+    chain = _with_what_torchscript_lost(_chain(err))
     device_error = next((_as_device_error(link) for link in chain if _as_device_error(link) is not None), None)
     if device_error is not None:
         chain = chain[: next(i for i, link in enumerate(chain) if _as_device_error(link) is not None) + 1]
@@ -192,6 +192,26 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
         return SimulatedDeviceError(_first_line(err), kind="dtype", operation="PyTorch's own dtype check")
     return None
+
+
+# TorchScript's interpreter turns what an operation raised into a RuntimeError of its own, which keeps the
+# script's traceback as text and neither the exception nor its message.
+_TORCHSCRIPT_FAILURE = "The following operation failed in the TorchScript interpreter"
+_TORCHSCRIPT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (\S+)$', flags=re.MULTILINE)
+
+
+def _with_what_torchscript_lost(chain: list[BaseException]) -> list[BaseException]:
+    """``chain``, and innermost the exception a TorchScript function's operation raised, where one lost it.
+
+    That exception gets the script's frames, innermost last, as its stack: the line of the operation.
+    """
+    failed = next((link for link in chain if str(link).startswith(_TORCHSCRIPT_FAILURE)), None)
+    lost = simulated.last_raised() if failed is not None else None
+    if lost is None or lost in chain:
+        return chain
+    frames = [(path, int(line), name, None) for path, line, name in _TORCHSCRIPT_FRAME.findall(str(failed))]
+    lost._audit_stack = traceback.StackSummary.from_list(frames)
+    return [*chain, lost]
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -352,16 +372,23 @@ def _batch_hint(err: SimulatedDeviceError, model: L.LightningModule | None) -> l
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
+def _storage(tensor: torch.Tensor) -> int | None:
+    """The address of a CPU tensor's storage; None for other devices and for sparse layouts, which have none."""
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        return None
+    return tensor.untyped_storage().data_ptr()
+
+
 def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
     """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
-    storage = tensor.untyped_storage().data_ptr() if tensor.device.type == "cpu" else None
+    storage = _storage(tensor)
 
     def same(value: Any) -> bool:
         if not isinstance(value, torch.Tensor):
             return False
         if value is tensor:
             return True
-        return storage is not None and value.device.type == "cpu" and value.untyped_storage().data_ptr() == storage
+        return storage is not None and _storage(value) == storage
 
     def holds(value: Any) -> bool:
         if isinstance(value, torch.nn.Module):

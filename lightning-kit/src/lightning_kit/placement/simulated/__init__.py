@@ -106,6 +106,7 @@ import types
 from . import autocast, backend, code_checks, collectives, containment, devices, gpu_only, lazy, rules, tensor
 from .backend import enable
 from .code_checks import SimulatedGenerator, simulating
+from .containment import last_raised
 from .devices import (
     DEVICE_COUNT,
     DEVICE_TYPE,
@@ -131,6 +132,7 @@ __all__ = [
     "current_device",
     "device",
     "enable",
+    "last_raised",
     "set_device",
     "simulating",
     "to_cpu",

@@ -6,6 +6,7 @@ into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``) stop
 """
 
 import functools
+import linecache
 import os
 import sys
 import traceback
@@ -243,6 +244,54 @@ def _check_hook_result(hook, args, result) -> None:
             raise err
 
 
+_APPLY = torch.autograd.Function.__dict__["apply"]
+
+
+@classmethod
+def _apply_checked(cls, *args, **kwargs):
+    """``Function.apply`` of a custom ``torch.autograd.Function``, whose backward's gradients are checked.
+
+    CUDA's autograd engine refuses a gradient on another device than the input it belongs to ("Function
+    XBackward returned an invalid gradient at index 0 - expected device cuda:0 but got cpu",
+    ``validate_outputs`` in engine.cpp), but skips the check for tensor subclasses, as the simulated
+    GPU's are: a hook on the function's node does it instead.
+    """
+    result = _APPLY.__get__(None, cls)(*args, **kwargs)
+    inputs = [arg.device for arg in args if isinstance(arg, torch.Tensor)]
+    outputs = result if isinstance(result, tuple | list) else (result,)
+    node = next((out.grad_fn for out in outputs if isinstance(out, torch.Tensor) and out.grad_fn is not None), None)
+    if inputs and isinstance(node, torch.autograd.function.BackwardCFunction):
+        check = functools.partial(_check_function_gradients, cls, node, inputs)
+        node.register_hook(_contained_hook(functools.update_wrapper(check, cls.backward)))
+    return result
+
+
+def _check_function_gradients(cls, node, devices, gradients, _outputs) -> None:
+    """Raise ``SimulatedDeviceError`` where ``cls.backward`` gave a gradient on another device than its input's."""
+    for index, (was, got) in enumerate(zip(devices, gradients, strict=False)):
+        if isinstance(got, torch.Tensor) and got.device != was and got.dim() > 0:  # 0-dim ones CUDA moves
+            err = SimulatedDeviceError(
+                f"Function {type(node).__name__} returned an invalid gradient at index {index} - "
+                f"expected device {as_cuda(was)} but got {as_cuda(got.device)}",
+                kind="mixed devices",
+                operation=f"{cls.__name__}.backward",
+                devices=(as_cuda(was), as_cuda(got.device)),
+            )
+            code = getattr(cls.backward, "__code__", None)
+            if code is not None:  # backward has returned: its line is where it is defined
+                where = (code.co_filename, _def_line(code), "backward", None)
+                err._audit_stack = traceback.StackSummary.from_list([where])
+            raise err
+
+
+def _def_line(code) -> int:
+    """The line of the ``def`` of ``code``'s function (``co_firstlineno`` is its first decorator's)."""
+    for lineno in range(code.co_firstlineno, code.co_firstlineno + 20):
+        if linecache.getline(code.co_filename, lineno).lstrip().startswith(("def ", "async def ")):
+            return lineno
+    return code.co_firstlineno
+
+
 def _type_name(tensor: torch.Tensor) -> str:
     """ATen's name of ``tensor``'s type, as CUDA's message gives it: ``CUDAFloatType``, ``CPUFloatType``."""
     scalar = torch.empty(0, dtype=tensor.dtype).type().rpartition(".")[2].removesuffix("Tensor")
@@ -360,6 +409,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
         _state.is_user_code = is_user_code
     torch.Generator, torch.compile = _Generator, _as_written
     BackwardHook.__init__ = _module_backward_hooks
+    torch.autograd.Function.apply = _apply_checked
     if _ENGINE_RUN is not None:
         torch.autograd._engine_run_backward = _engine_run_checked
     discard()  # nothing of an earlier run is raised in this one
@@ -382,6 +432,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
     finally:
         torch.Generator, torch.compile = _RealGenerator, _compile
         BackwardHook.__init__ = _BackwardHookInit
+        torch.autograd.Function.apply = _APPLY
         if _ENGINE_RUN is not None:
             torch.autograd._engine_run_backward = _ENGINE_RUN
         _state.index, _state.is_user_code = previous

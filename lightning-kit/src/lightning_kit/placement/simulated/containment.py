@@ -85,10 +85,24 @@ def raise_kept() -> None:
 
 
 def discard() -> BaseException | None:
-    """Forget the kept exception, if any, and return it."""
+    """Forget the kept exception, if any, and return it (and the last one raised: see ``last_raised``)."""
+    _raised[0] = None
     with _lock:
         err = _kept[0] if _kept else None
         _kept.clear()
+    return err
+
+
+# The last exception an entry point raised outside a backward pass. Where TorchScript's interpreter runs the
+# operation, it turns the exception into a RuntimeError of its own that keeps neither the exception nor its
+# message ("The following operation failed in the TorchScript interpreter. ... RuntimeError: "): this is
+# what it was.
+_raised: list[BaseException | None] = [None]
+
+
+def last_raised() -> BaseException | None:
+    """The last exception the simulated GPU's entry points raised outside a backward pass, taken: once only."""
+    err, _raised[0] = _raised[0], None
     return err
 
 
@@ -115,7 +129,11 @@ def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..
             if torch._C._current_autograd_node() is None:
                 if _kept:
                     raise_kept()  # back in Python after a backward pass that kept one
-                return function(*args, **kwargs)
+                try:
+                    return function(*args, **kwargs)
+                except BaseException as err:
+                    _raised[0] = err  # where C++ keeps only its message, or none (see last_raised)
+                    raise
             try:
                 return function(*args, **kwargs)
             except BaseException as err:  # nothing may leave for C++ here: it is raised later

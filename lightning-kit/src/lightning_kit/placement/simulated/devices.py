@@ -2,6 +2,7 @@
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -15,7 +16,30 @@ class SimulationUnavailableError(RuntimeError):
 
 
 class NotSimulatedError(RuntimeError):
-    """An operation the simulated GPU cannot run: PyTorch has it for GPUs only."""
+    """An operation the simulated GPU cannot run: ``"the audit cannot run <operation>: <reason>"``.
+
+    PyTorch has it for GPUs only, or the simulated GPU cannot hold or compute its tensors (a layout or
+    kind of tensor it has no wrapper for, a failure of its own machinery): what a GPU would make of the
+    operation is then unknown, never a pass nor a bug.
+
+    Attributes:
+        operation: The operation, e.g. ``"aten._to_copy.default"``.
+        reason: Why, in a line.
+    """
+
+    def __init__(self, operation: str, reason: str) -> None:
+        super().__init__(f"the audit cannot run {operation}: {reason}")
+        self.operation = operation
+        self.reason = reason
+
+
+def cannot_run(operation: Any, err: BaseException) -> NotSimulatedError:
+    """``NotSimulatedError`` for an exception of the simulated GPU's own machinery while it ran ``operation``."""
+    text = str(err).strip()
+    reason = f"{type(err).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+    made = NotSimulatedError(str(operation), reason)
+    made.__cause__ = err
+    return made
 
 
 class SimulatedDeviceError(RuntimeError):

@@ -9,11 +9,18 @@ import torch._decomp
 
 from .devices import NotSimulatedError
 
+# The CPU's kernels: for dense tensors, sparse COO ones, and the compressed layouts (CSR, CSC, BSR, BSC). An
+# operation of a sparse layout alone (the COO constructor an embedding's sparse gradient is made with) has
+# only a sparse one.
+_CPU_KEYS = ("CPU", "SparseCPU", "SparseCsrCPU")
+
 
 @functools.cache
 def _on_the_cpu(func) -> Callable[..., Any]:
     """``func``, or for an operation PyTorch runs only on GPUs, the same computation in CPU operations."""
-    if func.namespace != "aten" or torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), "CPU"):
+    if func.namespace != "aten" or any(
+        torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), key) for key in _CPU_KEYS
+    ):
         return func
     if func in _GPU_ONLY:
         return _GPU_ONLY[func]
@@ -23,7 +30,7 @@ def _on_the_cpu(func) -> Callable[..., Any]:
 
 
 def _not_simulated(func, *args, **kwargs):
-    raise NotSimulatedError(f"{func} runs only on GPUs, and no CPU computation of it is known to simulate it with")
+    raise NotSimulatedError(str(func), "it runs only on GPUs, and no CPU computation of it is known to simulate it")
 
 
 # LSTM and GRU cells take fused kernels on every device but the CPU. The same arithmetic

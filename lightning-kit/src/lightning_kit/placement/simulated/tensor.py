@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
 from .containment import contained
-from .devices import _CPU, DEVICE_TYPE, _state, current_device
+from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, cannot_run, current_device
 from .gpu_only import _on_the_cpu
 from .rules import _check_devices, _rule, check_host_arguments, cuda_paths
 
@@ -27,16 +27,32 @@ class SimulatedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> "SimulatedTensor":
-        wrapper = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.size(),
-            strides=elem.stride(),
-            storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
-            layout=elem.layout,
-            device=_state.physical,
-            requires_grad=False,
-        )
+        try:
+            wrapper = torch.Tensor._make_wrapper_subclass(
+                cls,
+                elem.size(),
+                strides=elem.stride(),
+                storage_offset=elem.storage_offset(),
+                dtype=elem.dtype,
+                layout=elem.layout,
+                device=_state.physical,
+                requires_grad=False,
+            )
+        except RuntimeError:
+            if elem.layout == torch.strided:
+                raise
+            # The compressed sparse layouts (CSR, CSC, BSR, BSC) have no strides, nor one storage, and a
+            # wrapper cannot take their layout: it takes the size alone, and asks __torch_dispatch__ for its
+            # layout and strides, which answers with ``elem``'s (see _METADATA).
+            wrapper = torch.Tensor._make_wrapper_subclass(
+                cls,
+                elem.size(),
+                dtype=elem.dtype,
+                device=_state.physical,
+                dispatch_layout=True,
+                dispatch_sizes_strides_policy="strides",
+                requires_grad=False,
+            )
         wrapper.elem = elem
         return wrapper
 
@@ -60,57 +76,101 @@ class SimulatedTensor(torch.Tensor):
     @classmethod
     @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in _METADATA:  # a compressed sparse tensor's layout and strides: those of the tensor inside
+            return func(args[0].elem, *args[1:])
         kwargs = kwargs or {}
-        check_host_arguments(func, args, kwargs)
-        path = cuda_paths().get(func)
+        # What fails in the simulated GPU's own steps (its checks, its wrapping) is no error of the code run:
+        # it is one the audit cannot run, NotSimulatedError. The operation's own errors (computed, or in the
+        # operations CUDA runs it as) go on as they are.
+        try:
+            check_host_arguments(func, args, kwargs)
+            path = cuda_paths().get(func)
+            rule = None
+            if path is None and len({tensor.device for tensor in _tensors(args, kwargs)}) > 1:
+                rule = _rule(func)
+                if rule != "composite" and rule != "implicit":
+                    _check_devices(func, rule, args, kwargs)
+        except SimulatedDeviceError:
+            raise
+        except Exception as err:
+            raise cannot_run(func, err) from err
         if path is not None:
             return path(*args, **kwargs)
-        devices = {tensor.device for tensor in _tensors(args, kwargs)}
-        if len(devices) > 1:
-            rule = _rule(func)
+        if rule is not None:
             if rule == "composite":
                 # CUDA runs it as other operations: check those.
                 return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
             if rule == "implicit":
                 return func.decompose(*args, **kwargs)
-            _check_devices(func, rule, args, kwargs)
         return _run(func, args, kwargs)
 
 
+# What the wrapper of a compressed sparse tensor asks __torch_dispatch__ about itself.
+_METADATA = frozenset(
+    getattr(namespace, name).default
+    for namespace, name in (
+        (torch.ops.prim, "layout"),
+        (torch.ops.aten, "stride"),
+        (torch.ops.aten, "sym_stride"),
+        (torch.ops.aten, "is_contiguous"),
+        (torch.ops.aten, "is_strides_like_format"),
+        (torch.ops.aten, "is_non_overlapping_and_dense"),
+        (torch.ops.aten, "sym_storage_offset"),
+    )
+    if hasattr(namespace, name)
+)
+
+
 def _run(func, args, kwargs):
-    """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere)."""
-    position = _device_position(func)
-    given = position is not None and position < len(args) and args[position] is not None
-    explicit = args[position] if given else kwargs.get("device")  # x.to(device, dtype) names it by position
-    explicit = None if explicit is None else torch.device(explicit)
-    simulated = explicit.type == DEVICE_TYPE if explicit is not None else _any_simulated(args, kwargs)
-    cpu_args = tuple(_unwrap(arg) for arg in args)
-    cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()}
-    if explicit is not None and simulated:
-        if given:
-            cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
-        else:
-            cpu_kwargs["device"] = _CPU
-    out = _on_the_cpu(func)(*cpu_args, **cpu_kwargs)
+    """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere).
+
+    Raises ``NotSimulatedError`` where the simulated GPU cannot: its tensors cannot hold the results (a
+    nested tensor's), or the CPU has no kernel for the operation on them (``NotImplementedError``).
+    """
+    try:
+        position = _device_position(func)
+        given = position is not None and position < len(args) and args[position] is not None
+        explicit = args[position] if given else kwargs.get("device")  # x.to(device, dtype) names it by position
+        explicit = None if explicit is None else torch.device(explicit)
+        simulated = explicit.type == DEVICE_TYPE if explicit is not None else _any_simulated(args, kwargs)
+        cpu_args = tuple(_unwrap(arg) for arg in args)
+        cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()}
+        if explicit is not None and simulated:
+            if given:
+                cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
+            else:
+                cpu_kwargs["device"] = _CPU
+        compute = _on_the_cpu(func)
+    except Exception as err:
+        raise cannot_run(func, err) from err
+    try:
+        out = compute(*cpu_args, **cpu_kwargs)
+    except NotImplementedError as err:  # no CPU kernel for these tensors' layout or dtype: a GPU may have one
+        if func.namespace != "aten":
+            raise  # a library's own kernel, which refuses them itself
+        raise cannot_run(func, err) from err
     if not simulated:
         return out
-    if _is_view(func) and torch.is_inference_mode_enabled():
-        # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
-        with torch.inference_mode(False):
+    try:
+        if _is_view(func) and torch.is_inference_mode_enabled():
+            # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
+            with torch.inference_mode(False):
+                wrapped = _wrap(out)
+        else:
             wrapped = _wrap(out)
-    else:
-        wrapped = _wrap(out)
-    if torch.Tag.inplace_view in func.tags:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
-        return return_and_correct_aliasing(func, args, kwargs, wrapped)
-    written = _written_arguments(func)
-    if written is None:
-        return wrapped
-    if not written:
-        return None  # an in-place operation that returns nothing (GradScaler's unscaling)
-    # An in-place or out= operation returns the very tensors it was given.
-    arguments = func._schema.arguments
-    given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
-    return given[0] if len(func._schema.returns) == 1 else tuple(given)
+        if torch.Tag.inplace_view in func.tags:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
+            return return_and_correct_aliasing(func, args, kwargs, wrapped)
+        written = _written_arguments(func)
+        if written is None:
+            return wrapped
+        if not written:
+            return None  # an in-place operation that returns nothing (GradScaler's unscaling)
+        # An in-place or out= operation returns the very tensors it was given.
+        arguments = func._schema.arguments
+        given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
+        return given[0] if len(func._schema.returns) == 1 else tuple(given)
+    except Exception as err:
+        raise cannot_run(func, err) from err
 
 
 # Operations take and return tensors, numbers, and lists or tuples of them: flat and fast to walk.
