@@ -86,6 +86,7 @@ def run_audit(
     With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages;
     with ``isolate``, it runs in a forked copy of this process (see ``audit``).
     """
+    _check_arguments(model, data, trainer)
     simulated.enable()
     count_as_user_code(model, data)
     if isolate:
@@ -96,6 +97,37 @@ def run_audit(
         if verdict is not None:
             return verdict
     return _run(model, data, trainer, stop_at_bug)
+
+
+def _check_arguments(model: Any, data: Any, trainer: Any) -> None:
+    """Raise ``TypeError``, in one line saying what the audit takes, for arguments of the wrong kind."""
+    takes = "audit(model, data=None, trainer=None) takes a LightningModule instance"
+    if isinstance(model, L.LightningDataModule) and isinstance(data, L.LightningModule):
+        raise TypeError(f"{takes} first and the data second: the two are swapped (audit(model, data))")
+    if isinstance(model, type):
+        raise TypeError(f"{takes}, not the class {model.__name__}: construct it first, {model.__name__}(...)")
+    if isinstance(model, torch.nn.Module) and not isinstance(model, L.LightningModule):
+        raise TypeError(
+            f"{takes}, not a plain {type(model).__name__} (torch.nn.Module): wrap it in a LightningModule "
+            "with training_step and configure_optimizers, as Lightning trains it"
+        )
+    if not isinstance(model, L.LightningModule):
+        raise TypeError(f"{takes}, not {_kind(model)}")
+    if isinstance(data, type):
+        raise TypeError(f"audit()'s data is a LightningDataModule instance or one batch, not the class {data.__name__}")
+    if isinstance(data, L.LightningModule):
+        raise TypeError("audit()'s data is a LightningDataModule or one batch, not a second LightningModule")
+    if trainer is not None and not isinstance(trainer, L.Trainer):
+        raise TypeError(f"audit()'s trainer is a lightning.Trainer or None, not {_kind(trainer)}")
+
+
+def _kind(value: Any) -> str:
+    """``value``'s kind, in words: ``None``, ``a str``, ``the class X``, ``a Y``."""
+    if value is None:
+        return "None"
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    return f"a {type(value).__name__}"
 
 
 def _run(
@@ -119,45 +151,44 @@ def _run(
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
-            twin = _copy(model)
+            try:
+                twin = _copy(model)
+            except Exception as err:  # the model holds what cannot be copied (a lock, an open file, ...)
+                why = f"the audit trains a copy of the model, and copy.deepcopy refused it ({_said(err)})"
+                return _not_run(verdict, stages, rank, world_size, why, report)
             tracker = HookTracker(progress)
             pass_folder = Path(folder) / f"rank{rank}"
-            runner = L.Trainer(
-                strategy=SimulatedGPUStrategy(rank, world_size),
-                callbacks=[_redirected(callback, pass_folder) for callback in copy.deepcopy(callbacks)],
-                logger=_logger(trainer, pass_folder, verdict.notes),
-                default_root_dir=pass_folder,
-                profiler=tracker,
-                max_epochs=EPOCHS,
-                limit_train_batches=BATCHES,
-                limit_val_batches=BATCHES,
-                limit_test_batches=BATCHES,
-                limit_predict_batches=BATCHES,
-                num_sanity_val_steps=1,
-                val_check_interval=1.0,
-                check_val_every_n_epoch=1,
-                log_every_n_steps=1,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                **settings,
-            )
+            try:
+                runner = _runner(rank, world_size, callbacks, trainer, pass_folder, tracker, settings, verdict)
+            except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
+                why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({_said(err)})"
+                return _not_run(verdict, stages, rank, world_size, why, report)
             _check_logged_values(twin, runner)
             for stage in stages:
                 outcome = Outcome(stage, rank, world_size)
                 if progress is not None:
                     progress.at_stage(stage, rank, world_size)
                 start = time.perf_counter()
+                steps = _steps(runner, stage)
                 try:
                     with process_group(rank, world_size), simulated.simulating(rank, is_user_code):
                         getattr(runner, stage)(twin, **_data_arguments(stage, data))
                 except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
                     raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
                 except Exception as err:
-                    explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=twin)
+                    try:
+                        explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=twin)
+                    except Exception as failure:  # the audit's own bug: the stage is not audited, never a pass
+                        explained = (
+                            f"{stage} stopped ({_said(err)}), and the audit could not explain it ({_said(failure)})"
+                        )
                     if isinstance(explained, DevicePlacementError):
                         outcome.error = explained
                     else:
                         outcome.gap = explained
+                else:
+                    if _steps(runner, stage) == steps:
+                        outcome.gap = _no_step(stage, model, data)
                 outcome.seconds = time.perf_counter() - start
                 verdict.outcomes.append(outcome)
                 report(outcome)
@@ -165,6 +196,75 @@ def _run(
                     return verdict
             verdict.hooks |= tracker.actions
     return verdict
+
+
+def _runner(
+    rank: int,
+    world_size: int,
+    callbacks: list[L.Callback],
+    trainer: L.Trainer | None,
+    folder: Path,
+    tracker: HookTracker,
+    settings: dict[str, Any],
+    verdict: Verdict,
+) -> L.Trainer:
+    """The Trainer of one pass: the given settings, on one simulated GPU, for the audit's short schedule."""
+    return L.Trainer(
+        strategy=SimulatedGPUStrategy(rank, world_size),
+        callbacks=[_redirected(callback, folder) for callback in copy.deepcopy(callbacks)],
+        logger=_logger(trainer, folder, verdict.notes),
+        default_root_dir=folder,
+        profiler=tracker,
+        max_epochs=EPOCHS,
+        limit_train_batches=BATCHES,
+        limit_val_batches=BATCHES,
+        limit_test_batches=BATCHES,
+        limit_predict_batches=BATCHES,
+        num_sanity_val_steps=1,
+        val_check_interval=1.0,
+        check_val_every_n_epoch=1,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **settings,
+    )
+
+
+def _said(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+
+
+def _not_run(
+    verdict: Verdict, stages: list[str], rank: int, world_size: int, why: str, report: Callable[[Outcome], None]
+) -> Verdict:
+    """``verdict`` with every stage of this pass not audited, for ``why``."""
+    for stage in stages:
+        outcome = Outcome(stage, rank, world_size, gap=why)
+        verdict.outcomes.append(outcome)
+        report(outcome)
+    return verdict
+
+
+def _steps(runner: L.Trainer, stage: str) -> int:
+    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit), all calls together."""
+    loop = {
+        "fit": runner.fit_loop.epoch_loop,
+        "validate": runner.validate_loop,
+        "test": runner.test_loop,
+        "predict": runner.predict_loop,
+    }[stage]
+    return loop.batch_progress.total.ready
+
+
+def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
+    """Why a stage that ran no step is not audited."""
+    loader = "train_dataloader" if stage == "fit" else LOADER_OF_STAGE[stage]
+    owner = type(data if isinstance(data, L.LightningDataModule) else model).__name__
+    return (
+        f"{stage} ran no {STEP_OF_STAGE[stage]}: {owner}.{loader}() yielded no batch (an empty split?), "
+        "so nothing of it ran on the simulated GPU"
+    )
 
 
 def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
@@ -311,7 +411,22 @@ def _copy(model: L.LightningModule) -> L.LightningModule:
                 memo[id(buffer)] = type(buffer)(
                     buffer.requires_grad, buffer.data.device, buffer.data.dtype, getattr(buffer, "persistent", True)
                 )
+        for tensor in _compressed_sparse((*module._buffers.values(), *vars(module).values())):
+            memo.setdefault(id(tensor), tensor.clone())  # PyTorch cannot deepcopy CSR, CSC, BSR or BSC: cloned
     return copy.deepcopy(model, memo)
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def _compressed_sparse(values: Any, depth: int = 3) -> Iterator[torch.Tensor]:
+    """The tensors of a compressed sparse layout in ``values``, and in the lists, tuples and dicts they hold."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.layout in _COMPRESSED:
+                yield value
+        elif depth > 0 and isinstance(value, list | tuple | dict):
+            yield from _compressed_sparse(value.values() if isinstance(value, dict) else value, depth - 1)
 
 
 @contextmanager
