@@ -16,6 +16,7 @@ project that has no ``KitCLI`` of its own.
 """
 
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -41,7 +42,7 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
-from .errors import RefusedArgumentError, invoked_as
+from .errors import DataUnavailableError, RefusedArgumentError, invoked_as
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
@@ -285,11 +286,21 @@ class KitCLI(LightningCLI):
                 # A value given to the model or the data that a DataLoader, an optimizer or the class itself refused.
                 refusal = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
                 if refusal is None:
-                    raise
+                    empty = _empty_split(err, subcommand)
+                    if empty is None:
+                        raise
+                    raise empty from err
                 raise refusal from err
 
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
+        if self.trainer.fit_loop.epoch_loop.batch_progress.total.ready == 0 and not self.trainer.interrupted:
+            # Lightning warns and returns where the training split is empty: that is no finished fit.
+            data = self.datamodule if self.datamodule is not None else self.model
+            raise DataUnavailableError(
+                f"fit trained on no batch: {type(data).__name__}.train_dataloader() yielded none "
+                "(an empty training split?): nothing was trained"
+            )
         best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
         # The best checkpoint's numbers, not the last epoch's, when there is a best.
         metrics = best.metrics if best is not None and best.epoch is not None else self.trainer.callback_metrics
@@ -308,6 +319,31 @@ class KitCLI(LightningCLI):
             # Without a monitored metric there is no best: the checkpoint named is the latest.
             report(f"{'best ' if getattr(judge, 'monitor', None) else 'latest '}checkpoint: {judge.best_model_path}")
             report(f"run folder: {log_dir}")
+
+
+def _empty_split(err: BaseException, stage: str) -> DataUnavailableError | None:
+    """One line for a shuffled DataLoader made over no samples (PyTorch's sampler refuses it as it is made), naming
+    the ``*_dataloader`` method that made it; None for any other error."""
+    chain, link = [], err
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    if not any(isinstance(link, ValueError) and "num_samples=0" in str(link) for link in chain):
+        return None
+    made = next(
+        (
+            frame
+            for link in chain
+            for frame in reversed(traceback.extract_tb(link.__traceback__))
+            if frame.name.endswith("_dataloader")
+        ),
+        None,
+    )
+    where = f"{made.name}() ({made.filename}:{made.lineno})" if made is not None else "a dataloader"
+    return DataUnavailableError(
+        f"{stage} stopped: {where} made a shuffled DataLoader over no samples (an empty split?): "
+        "nothing to train or evaluate on"
+    )
 
 
 def _no_model(args: list[str]) -> bool:
