@@ -37,6 +37,7 @@ Loading needs PyTorch alone::
 """
 
 import importlib.util
+import io
 import json
 import sys
 import warnings
@@ -54,6 +55,7 @@ from .example_inputs import Example, example_inputs, reason
 from .files import check_output_file
 from .installation import check_installation
 from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS
+from .stores import DISK_ERRORS
 from .trust import check_trusted, read_config, trust_modules
 
 __all__ = ["IMAGES", "TENSORS", "TOKENS", "Exported", "example_inputs", "export", "load_trained", "main"]
@@ -132,12 +134,24 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
         raise UserError(f"torch.export cannot export {example.named} ({reason(err)})") from err
     class_names = _class_names(model, datamodule, example.outputs) if classifier else []
     extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(example.described)}
+    # The archive is made in memory and written by Python: PyTorch's archive writer, given a file, ends the process
+    # (SIGABRT, in C++) where a write fails (a full disk, past ulimit -f), and Python's writes raise OSError instead.
+    archive = io.BytesIO()
+    torch.export.save(program, archive, extra_files=extra_files)
+    written = targets[0]
     try:
         with written_whole(output) as temporary:
-            torch.export.save(program, temporary, extra_files=extra_files)
+            temporary.write_bytes(archive.getbuffer())
+        del archive
+        if len(targets) > 1:
+            written = targets[1]
         no_onnx = _write_onnx(program, example, class_names, targets[1]) if len(targets) > 1 else None
-    except OSError as err:  # a full disk, a folder made read-only since the check
-        raise UserError(f"--output {err.filename or output} could not be written ({err.strerror or err})") from err
+    except OSError as err:  # a full disk, past the file size limit, a folder made read-only since the check
+        cause = DISK_ERRORS.get(err.errno, "")
+        raise UserError(
+            f"--output: {written} could not be written ({err.strerror or err}{': ' + cause if cause else ''}); "
+            "nothing was left in its place"
+        ) from err
     return Exported(targets if no_onnx is None else targets[:1], no_onnx)
 
 
