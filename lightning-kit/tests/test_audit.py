@@ -304,7 +304,7 @@ def test_a_test_session_that_trains_on_the_cpu_first_audits_afterwards(tmp_path,
     """A project's test session: CPU training (backward passes) in one test, audits in the next ones; with the
     library's pytest plugin, and without it (the simulated GPU then sets itself up at the first audit)."""
     (tmp_path / "test_session.py").write_text(SESSION)
-    off = ["-p", "no:lightning_kit"] if plugin == "off" else []
+    off = ["-p", "no:lightning_kit.pytest_plugin"] if plugin == "off" else []
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *off, "test_session.py"],
         cwd=tmp_path,

@@ -6,7 +6,7 @@ session whose first tests train on the CPU audits after them with the plugin and
 (tests/test_audit.py runs one of each); the plugin sets it up once, before the first test, so that
 no test pays for it, and a PyTorch that cannot host it is said in the test that audits. Installed
 with the library (the ``pytest11`` entry point), it runs in every pytest session of a project that
-has the library; ``-p no:lightning_kit`` turns it off.
+has the library; ``-p no:lightning_kit.pytest_plugin`` turns it off.
 
 It also holds the library installed against the one the project's ``pyproject.toml`` (at pytest's
 rootdir) names: a library installed without its own requirements stops the session in one line, and
