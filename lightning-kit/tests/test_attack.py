@@ -180,8 +180,39 @@ EVIL = "import pathlib\npathlib.Path('imported').write_text('ran')\nclass Data: 
 
 # --- the cases ----------------------------------------------------------------------------------------------------
 
+# The example's data with its training split filtered down to nothing.
+EMPTY_SPLIT = """
+from forecaster import SineWaves
+from torch.utils.data import DataLoader, Subset
+
+
+class NoTrainingShuffled(SineWaves):
+    def setup(self, stage):
+        super().setup(stage)
+        self.train_set = Subset(self.train_set, [])
+
+
+class NoTraining(NoTrainingShuffled):
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.hparams.batch_size)
+"""
+
 CASES = {
     # python -m lightning_kit (GenericCLI): the command line, its files and its checkpoints.
+    "fit-empty-training-split": Case(
+        "lightning_kit",
+        ["fit", "--model", "forecaster.Forecaster", "--data", "empty_split.NoTraining", "--max_epochs", "1"],
+        "fit trained on no batch: NoTraining.train_dataloader() yielded none",
+        1,
+        file("empty_split.py", EMPTY_SPLIT),
+    ),
+    "fit-empty-shuffled-split": Case(
+        "lightning_kit",
+        ["fit", "--model", "forecaster.Forecaster", "--data", "empty_split.NoTrainingShuffled", "--max_epochs", "1"],
+        "train_dataloader() (",
+        1,
+        file("empty_split.py", EMPTY_SPLIT),
+    ),
     "fit-model-not-there": Case("lightning_kit", ["fit", "--model", "nosuch.Module", "--data", "x.Y"], "--model", 2),
     "fit-no-classes": Case("lightning_kit", ["fit"], "--model and --data are needed", 2),
     "fit-data-as-model": Case(

@@ -554,3 +554,51 @@ def test_a_network_torch_export_cannot_export_is_one_line(tmp_path):
     message = str(refused.value)
     assert message.startswith("torch.export cannot export Branching (") and "\n" not in message, message
     assert not (tmp_path / "model.pt2").exists()
+
+
+# An export under a file size limit, in a process of its own: PyTorch's archive writer, had it the file, would end
+# that process (SIGABRT) rather than raise.
+EXPORT_UNDER_LIMIT = """
+import resource, sys, torch
+from pathlib import Path
+from torch import nn
+import lightning as L
+from lightning_kit.errors import UserError
+from lightning_kit.export import export
+
+class Wide(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(64, 64)
+        self.example_input_array = torch.randn(1, 64)
+
+    def forward(self, x):
+        return self.layer(x)
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    export(Wide(), None, Path(sys.argv[1]), overwrite=True, onnx="no")
+except UserError as err:
+    sys.exit(f"error: {err}")
+"""
+
+
+@pytest.mark.parametrize("limit", [1024, 12 * 1024], ids=["first-kilobyte", "part-way"])
+def test_an_export_past_the_file_size_limit_is_one_line_and_leaves_the_earlier_file(tmp_path, limit):
+    """Past ``ulimit -f`` the export ends in one line naming the file and the limit, exit 1, not SIGABRT; the
+    file an earlier export wrote is still there, whole, and no temporary file is left beside it."""
+    output = tmp_path / "model.pt2"
+    output.write_bytes(b"an earlier export")
+    run = subprocess.run(
+        [sys.executable, "-c", EXPORT_UNDER_LIMIT, str(output), str(limit)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=HANG_GUARD_S,
+    )
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert lines[-1].startswith(f"error: --output: {output} could not be written (File too large"), lines
+    assert "ulimit -f" in lines[-1] and "Traceback" not in run.stderr
+    assert output.read_bytes() == b"an earlier export"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.pt2"]
