@@ -48,3 +48,29 @@ def test_train_runs_on_the_simulated_gpu_with_the_accelerator_swapped(in_tmp_pat
     with pytest.raises(SystemExit) as exit_info:
         train([*fast_args, "--accelerator", "simgpu", "--devices", "2"])
     assert str(exit_info.value.code).startswith("error: --accelerator simgpu runs one process")
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "multi_tensor"),
+    [(torch.optim.Adam, "adam"), (torch.optim.AdamW, "adam"), (torch.optim.SGD, "sgd")],  # AdamW is Adam's
+)
+def test_optimizers_and_clipping_take_the_foreach_path_a_gpu_takes(monkeypatch, optimizer, multi_tensor):
+    """On a GPU, PyTorch steps an optimizer and clips gradients with one foreach kernel over every parameter;
+    on the simulated GPU too (its tensors are a subclass, which PyTorch's lists of foreach types leave out)."""
+    calls = []
+
+    def spy(module, name):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(name) or original(*args, **kwargs))
+
+    spy(torch, "_foreach_norm")
+    spy(sys.modules[f"torch.optim.{multi_tensor}"], f"_multi_tensor_{multi_tensor}")
+    with simulated.simulating(0):
+        net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).to(simulated.device(0))
+        net(torch.randn(4, 8, device=simulated.device(0))).sum().backward()
+        nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer(net.parameters(), lr=0.1).step()
+    assert calls == ["_foreach_norm", f"_multi_tensor_{multi_tensor}"]
+    # Plain tensors' lists again once the block ends.
+    modules = [sys.modules[name] for name in ("torch.optim.optimizer", "torch.utils._foreach_utils")]
+    assert all(simulated.SimulatedTensor not in module._foreach_supported_types for module in modules)

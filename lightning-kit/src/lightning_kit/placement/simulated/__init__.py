@@ -92,6 +92,9 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
   pass, so that the hooks it runs are checked) and ``torch.utils.hooks.BackwardHook.__init__`` (a
   module's backward hooks, each kept from raising into C++) are replaced, and
   ``torch.autograd.set_multithreading_enabled(False)`` is set (``code_checks.py``);
+- ``_foreach_supported_types`` of ``torch.optim.optimizer`` and ``torch.utils._foreach_utils``, lists
+  to which ``SimulatedTensor`` is added while ``simulating()`` is active, so that optimizers and
+  gradient clipping take the foreach path a GPU's tensors take (``code_checks.py``);
 - a ``_local_scalar_dense`` kernel for ``PrivateUse1``: ``torch.tensor([a, b])`` of the device's
   0-dim tensors reads them below the Python key (``backend.py``);
 - ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to`` and
@@ -118,7 +121,7 @@ from .devices import (
     device,
     set_device,
 )
-from .tensor import SimulatedTensor, to_cpu
+from .tensor import SimulatedTensor, count_operations, to_cpu
 
 __all__ = [
     "DEVICE_COUNT",
@@ -129,6 +132,7 @@ __all__ = [
     "SimulatedTensor",
     "SimulationUnavailableError",
     "as_cuda",
+    "count_operations",
     "current_device",
     "device",
     "enable",

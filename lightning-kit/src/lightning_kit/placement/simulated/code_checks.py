@@ -17,13 +17,15 @@ from typing import Any
 
 import torch
 import torch._dynamo
+import torch.optim.optimizer
+import torch.utils._foreach_utils
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import BackwardHook
 
 from . import lazy
 from .backend import enable
-from .containment import discard, in_backward, keep, pending, raise_kept
+from .containment import _kept, discard, in_backward, keep, raise_kept
 from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, as_cuda, current_device, own_indices, set_device
 from .lazy import is_lazy
 from .tensor import SimulatedTensor, to_cpu
@@ -76,15 +78,38 @@ class _CodeChecks(TorchFunctionMode):
     """What fails in a GPU run because of what the code says, not where its tensors are."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if pending():
+        if _kept:
             raise_kept()  # back in Python after a backward pass that kept one
+        # Every call of a torch function comes here: most ask for nothing these checks look at.
+        if (not kwargs or ("device" not in kwargs and "generator" not in kwargs)) and _ordinary(func):
+            return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(self, func, args, kwargs)
         if func in _PINNING:
             return _PINNING[func](*args, **kwargs)
         return _checked(func, args, kwargs)
+
+
+# {function: whether calls of it are checked by their device= and generator= arguments alone}
+_ORDINARY: dict[Any, bool] = {}
+
+
+def _ordinary(func) -> bool:
+    """Whether ``func`` is none of those this mode handles, nor checked by its name (``.to``, ``.cuda``)."""
+    try:
+        return _ORDINARY[func]
+    except KeyError:
+        ordinary = _ORDINARY[func] = not (
+            func in _HANDLERS or func in _PINNING or func in _TO_NUMPY or getattr(func, "__name__", None) in _NAMED
+        )
+        return ordinary
+    except TypeError:  # a function that cannot be hashed: checked as any other
+        return False
+
+
+_NAMED = ("cuda", "to")  # the names _check looks for
 
 
 def _checked(func, args, kwargs):
@@ -422,6 +447,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
             torch.autograd.set_multithreading_enabled(False),
             _CodeChecks(),
             own_indices(),
+            _foreach_paths(),
         ):
             try:
                 yield
@@ -439,6 +465,31 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
 
 
 _compile = torch.compile
+
+# PyTorch's lists of the tensor types whose operations may take its foreach (multi-tensor) kernels: optimizers
+# (torch.optim.optimizer) and gradient clipping (torch.utils._foreach_utils). A GPU's tensors are plain tensors
+# and take them by default, so a GPU runs Adam, SGD or clip_grad_norm_ as one operation over the list of
+# parameters: the simulated GPU's tensors take the same path (PyTorch counts the PrivateUse1 device among
+# those with foreach kernels, but no tensor subclass among the types).
+_FOREACH_TYPES = [
+    types
+    for module in ("torch.optim.optimizer", "torch.utils._foreach_utils")
+    if isinstance(types := getattr(sys.modules.get(module), "_foreach_supported_types", None), list)
+]
+
+
+@contextmanager
+def _foreach_paths() -> Iterator[None]:
+    """Inside the block, the simulated GPU's tensors take PyTorch's foreach paths, as a GPU's tensors do."""
+    added = [types for types in _FOREACH_TYPES if SimulatedTensor not in types]
+    for types in added:
+        types.append(SimulatedTensor)
+    try:
+        yield
+    finally:
+        for types in added:
+            if SimulatedTensor in types:
+                types.remove(SimulatedTensor)
 
 
 def _as_written(model: Any = None, **options: Any) -> Any:

@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_map
 from .containment import contained
 from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, cannot_run, current_device
 from .gpu_only import _on_the_cpu
-from .rules import _check_devices, _rule, check_host_arguments, cuda_paths
+from .rules import _check_devices, _host_arguments, _rule, check_host_arguments, cuda_paths
 
 
 class SimulatedTensor(torch.Tensor):
@@ -76,33 +76,110 @@ class SimulatedTensor(torch.Tensor):
     @classmethod
     @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func in _METADATA:  # a compressed sparse tensor's layout and strides: those of the tensor inside
+        _operations[0] += 1
+        try:
+            plan = _plan(func)
+        except Exception as err:
+            raise cannot_run(func, err) from err
+        if plan.metadata:  # a compressed sparse tensor's layout and strides: those of the tensor inside
             return func(args[0].elem, *args[1:])
         kwargs = kwargs or {}
         # What fails in the simulated GPU's own steps (its checks, its wrapping) is no error of the code run:
         # it is one the audit cannot run, NotSimulatedError. The operation's own errors (computed, or in the
         # operations CUDA runs it as) go on as they are.
         try:
-            check_host_arguments(func, args, kwargs)
-            path = cuda_paths().get(func)
+            if plan.host is not None:
+                check_host_arguments(func, args, kwargs)
             rule = None
-            if path is None and len({tensor.device for tensor in _tensors(args, kwargs)}) > 1:
-                rule = _rule(func)
+            if plan.path is None and _mixed(args, kwargs):
+                rule = plan.rule()
                 if rule != "composite" and rule != "implicit":
                     _check_devices(func, rule, args, kwargs)
         except SimulatedDeviceError:
             raise
         except Exception as err:
             raise cannot_run(func, err) from err
-        if path is not None:
-            return path(*args, **kwargs)
+        if plan.path is not None:
+            return plan.path(*args, **kwargs)
         if rule is not None:
             if rule == "composite":
                 # CUDA runs it as other operations: check those.
                 return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
             if rule == "implicit":
                 return func.decompose(*args, **kwargs)
-        return _run(func, args, kwargs)
+        return _run(func, args, kwargs, plan)
+
+
+# How many operations the simulated GPU has run in this process (``count_operations``).
+_operations = [0]
+
+
+class count_operations:  # noqa: N801 (a context manager, used as a function is)
+    """``with count_operations() as counted:`` ... ``counted.count``: the operations run on the device inside."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> "count_operations":
+        self._start = _operations[0]
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.count = _operations[0] - self._start
+
+
+class _Plan:
+    """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
+
+    __slots__ = ("_rule", "compute", "func", "host", "inplace_view", "metadata", "path", "position", "single", "view")
+    __slots__ += ("written",)
+
+    def __init__(self, func) -> None:
+        self.func = func
+        self.metadata = func in _METADATA
+        self.host = _host_arguments().get(func)
+        self.path = cuda_paths().get(func)
+        arguments, returns = func._schema.arguments, func._schema.returns
+        # The position of the ``device`` argument where it may be given by position (x.to(device, dtype)), or None.
+        self.position = next(
+            (n for n, argument in enumerate(arguments) if argument.name == "device" and not argument.kwarg_only), None
+        )
+        self.compute = None  # _on_the_cpu(func), found at the first run: the checks alone may be all that runs
+        self.view = any(result.alias_info is not None and not result.alias_info.is_write for result in returns)
+        self.inplace_view = torch.Tag.inplace_view in func.tags
+        self.written = _written_arguments(func)
+        self.single = len(returns) == 1
+        self._rule = None
+
+    def rule(self) -> str:
+        if self._rule is None:
+            self._rule = _rule(self.func)
+        return self._rule
+
+
+# By the operation's id, with the operation itself to tell a reused id: OpOverload hashes in Python, and
+# this lookup is made once for each operation run.
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(func) -> _Plan:
+    plan = _plans.get(id(func))
+    if plan is None or plan.func is not func:
+        plan = _plans[id(func)] = _Plan(func)
+    return plan
+
+
+def _mixed(args, kwargs) -> bool:
+    """Whether a tensor not on the simulated GPU is among the arguments (one of its tensors is: it was called)."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            if not isinstance(value, SimulatedTensor):
+                return True
+        elif type(value) in (list, tuple):
+            for item in value:
+                if isinstance(item, torch.Tensor) and not isinstance(item, SimulatedTensor):
+                    return True
+    return False
 
 
 # What the wrapper of a compressed sparse tensor asks __torch_dispatch__ about itself.
@@ -121,26 +198,32 @@ _METADATA = frozenset(
 )
 
 
-def _run(func, args, kwargs):
+def _run(func, args, kwargs, plan: _Plan | None = None):
     """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere).
 
     Raises ``NotSimulatedError`` where the simulated GPU cannot: its tensors cannot hold the results (a
     nested tensor's), or the CPU has no kernel for the operation on them (``NotImplementedError``).
     """
     try:
-        position = _device_position(func)
+        plan = plan or _plan(func)
+        position = plan.position
         given = position is not None and position < len(args) and args[position] is not None
         explicit = args[position] if given else kwargs.get("device")  # x.to(device, dtype) names it by position
-        explicit = None if explicit is None else torch.device(explicit)
-        simulated = explicit.type == DEVICE_TYPE if explicit is not None else _any_simulated(args, kwargs)
-        cpu_args = tuple(_unwrap(arg) for arg in args)
-        cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()}
+        if explicit is None:
+            simulated = _any_simulated(args, kwargs)
+        else:
+            explicit = torch.device(explicit)
+            simulated = explicit.type == DEVICE_TYPE
+        cpu_args = tuple([_unwrap(arg) for arg in args])
+        cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()} if kwargs else kwargs
         if explicit is not None and simulated:
             if given:
                 cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
             else:
                 cpu_kwargs["device"] = _CPU
-        compute = _on_the_cpu(func)
+        compute = plan.compute
+        if compute is None:
+            compute = plan.compute = _on_the_cpu(func)
     except Exception as err:
         raise cannot_run(func, err) from err
     try:
@@ -152,15 +235,15 @@ def _run(func, args, kwargs):
     if not simulated:
         return out
     try:
-        if _is_view(func) and torch.is_inference_mode_enabled():
+        if plan.view and torch.is_inference_mode_enabled():
             # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
             with torch.inference_mode(False):
                 wrapped = _wrap(out)
         else:
             wrapped = _wrap(out)
-        if torch.Tag.inplace_view in func.tags:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
+        if plan.inplace_view:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
             return return_and_correct_aliasing(func, args, kwargs, wrapped)
-        written = _written_arguments(func)
+        written = plan.written
         if written is None:
             return wrapped
         if not written:
@@ -168,7 +251,7 @@ def _run(func, args, kwargs):
         # An in-place or out= operation returns the very tensors it was given.
         arguments = func._schema.arguments
         given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
-        return given[0] if len(func._schema.returns) == 1 else tuple(given)
+        return given[0] if plan.single else tuple(given)
     except Exception as err:
         raise cannot_run(func, err) from err
 
@@ -184,28 +267,10 @@ def _unwrap(value):
 
 def _wrap(out):
     if isinstance(out, torch.Tensor):
-        return SimulatedTensor(out) if out.device.type == "cpu" else out
+        return SimulatedTensor(out) if out.is_cpu else out
     if type(out) in (list, tuple):
         return type(out)(_wrap(item) for item in out)
     return out
-
-
-@functools.cache
-def _device_position(func) -> int | None:
-    """The position of ``func``'s ``device`` argument where it may be given by position, or None."""
-    return next(
-        (
-            position
-            for position, argument in enumerate(func._schema.arguments)
-            if argument.name == "device" and not argument.kwarg_only
-        ),
-        None,
-    )
-
-
-@functools.cache
-def _is_view(func) -> bool:
-    return any(result.alias_info is not None and not result.alias_info.is_write for result in func._schema.returns)
 
 
 @functools.cache
@@ -226,18 +291,13 @@ def _written_arguments(func) -> tuple[int, ...] | None:
     return tuple(written)
 
 
-def _tensors(args, kwargs) -> list[torch.Tensor]:
-    found = []
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif type(value) in (list, tuple):
-            found.extend(item for item in value if isinstance(item, torch.Tensor))
-    return found
-
-
 def _any_simulated(args, kwargs) -> bool:
-    return any(isinstance(tensor, SimulatedTensor) for tensor in _tensors(args, kwargs))
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, SimulatedTensor):
+            return True
+        if type(value) in (list, tuple) and any(isinstance(item, SimulatedTensor) for item in value):
+            return True
+    return False
 
 
 def to_cpu(value: Any) -> Any:
