@@ -16,7 +16,6 @@ project that has no ``KitCLI`` of its own.
 """
 
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -65,6 +64,7 @@ from .parser import (
     check_given_against_data,
     check_run_arguments,
     constructor_failure,
+    empty_split,
     run_refusal,
 )
 from .parser import given_arguments as parser_given_arguments
@@ -286,7 +286,7 @@ class KitCLI(LightningCLI):
                 # A value given to the model or the data that a DataLoader, an optimizer or the class itself refused.
                 refusal = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
                 if refusal is None:
-                    empty = _empty_split(err, subcommand)
+                    empty = empty_split(err, subcommand)
                     if empty is None:
                         raise
                     raise empty from err
@@ -319,31 +319,6 @@ class KitCLI(LightningCLI):
             # Without a monitored metric there is no best: the checkpoint named is the latest.
             report(f"{'best ' if getattr(judge, 'monitor', None) else 'latest '}checkpoint: {judge.best_model_path}")
             report(f"run folder: {log_dir}")
-
-
-def _empty_split(err: BaseException, stage: str) -> DataUnavailableError | None:
-    """One line for a shuffled DataLoader made over no samples (PyTorch's sampler refuses it as it is made), naming
-    the ``*_dataloader`` method that made it; None for any other error."""
-    chain, link = [], err
-    while link is not None and link not in chain:
-        chain.append(link)
-        link = link.__cause__ or link.__context__
-    if not any(isinstance(link, ValueError) and "num_samples=0" in str(link) for link in chain):
-        return None
-    made = next(
-        (
-            frame
-            for link in chain
-            for frame in reversed(traceback.extract_tb(link.__traceback__))
-            if frame.name.endswith("_dataloader")
-        ),
-        None,
-    )
-    where = f"{made.name}() ({made.filename}:{made.lineno})" if made is not None else "a dataloader"
-    return DataUnavailableError(
-        f"{stage} stopped: {where} made a shuffled DataLoader over no samples (an empty split?): "
-        "nothing to train or evaluate on"
-    )
 
 
 def _no_model(args: list[str]) -> bool:

@@ -22,6 +22,18 @@ class RefusedArgumentError(ConfigError):
     a mistake on the command line, like the parser's own, so the command line exits with 2 after its one line."""
 
 
+def exception_chain(err: BaseException | None) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from (``__cause__``) or during (``__context__``), outermost first;
+    each once, however the chain loops back on itself."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
 def invoked_as(default: str) -> str:
     """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
     (a project's ``python -m my_project.placement``), else ``default``."""

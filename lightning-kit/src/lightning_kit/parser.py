@@ -14,6 +14,7 @@
 import inspect
 import re
 import sys
+import traceback
 from typing import Any, ClassVar
 
 from jsonargparse import DefaultHelpFormatter, Namespace
@@ -21,7 +22,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
 from .arguments import RUN, TRAINER, Arguments
-from .errors import ConfigError, RefusedArgumentError, UserError
+from .errors import ConfigError, DataUnavailableError, RefusedArgumentError, UserError, exception_chain
 from .messages import one_line
 
 
@@ -210,6 +211,28 @@ def run_refusal(err: BaseException, config, stage: str, model_class: type | None
         return None
     which = "it" if len(named) == 1 else "them"
     return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {which}: {_reason(root)}")
+
+
+def empty_split(err: BaseException, stage: str) -> DataUnavailableError | None:
+    """One line for a shuffled DataLoader made over no samples (PyTorch's sampler refuses it as it is made), naming
+    the ``*_dataloader`` method that made it; None for any other error."""
+    chain = exception_chain(err)
+    if not any(isinstance(link, ValueError) and "num_samples=0" in str(link) for link in chain):
+        return None
+    made = next(
+        (
+            frame
+            for link in chain
+            for frame in reversed(traceback.extract_tb(link.__traceback__))
+            if frame.name.endswith("_dataloader")
+        ),
+        None,
+    )
+    where = f"{made.name}() ({made.filename}:{made.lineno})" if made is not None else "a dataloader"
+    return DataUnavailableError(
+        f"{stage} stopped: {where} made a shuffled DataLoader over no samples (an empty split?): "
+        "nothing to train or evaluate on"
+    )
 
 
 def named_refusal(stage: str, reason: str, given: dict[str, Any]) -> RefusedArgumentError | None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, exception_chain
 from .files import kind_of, open_regular
 from .passwords import hidden, remember, scrubbed
 
@@ -208,9 +208,7 @@ _MEANINGS = (
 
 def _database_reason(err: BaseException) -> str | None:
     """The message of the database error (SQLAlchemy's, the driver's, Optuna's storage's) behind ``err``, if any."""
-    seen, current = set(), err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(err):
         module = type(current).__module__ or ""
         if isinstance(current, sqlite3.Error) or module.startswith(("sqlalchemy", "psycopg", "pymysql", "MySQLdb")):
             origin = getattr(current, "orig", None) or current
@@ -218,7 +216,6 @@ def _database_reason(err: BaseException) -> str | None:
             return lines[0] if lines else type(origin).__name__
         if type(current).__name__ == "StorageInternalError" and current.__cause__ is None:
             return str(current)
-        current = current.__cause__ or current.__context__
     return None
 
 

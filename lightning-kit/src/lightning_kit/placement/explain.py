@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from ..errors import exception_chain
 from ..guide import cite
 from . import batches, simulated
 from .simulated import DEVICE_TYPE, SimulatedDeviceError
@@ -97,7 +98,7 @@ def explain(
     hook: str | None = None,
 ) -> DevicePlacementError | str:
     """A ``DevicePlacementError`` for what a GPU would refuse in ``err``, or else why the run stopped there."""
-    chain = _with_what_torchscript_lost(_chain(err))
+    chain = _with_what_torchscript_lost(exception_chain(err))
     device_error = next((_as_device_error(link) for link in chain if _as_device_error(link) is not None), None)
     if device_error is not None:
         chain = chain[: next(i for i, link in enumerate(chain) if _as_device_error(link) is not None) + 1]
@@ -212,15 +213,6 @@ def _with_what_torchscript_lost(chain: list[BaseException]) -> list[BaseExceptio
     frames = [(path, int(line), name, None) for path, line, name in _TORCHSCRIPT_FRAME.findall(str(failed))]
     lost._audit_stack = traceback.StackSummary.from_list(frames)
     return [*chain, lost]
-
-
-def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and the exceptions it was raised from or during, outermost first."""
-    chain = []
-    while err is not None and err not in chain:
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    return chain
 
 
 _ACTIONS = {"run_training_epoch": "the training epoch", "save_checkpoint": "saving a checkpoint"}

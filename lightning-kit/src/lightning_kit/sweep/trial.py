@@ -19,7 +19,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
 from ..callbacks import DivergenceError, InterruptCheckpoint
 from ..cli import KitCLI, fit
-from ..errors import ConfigError
+from ..errors import ConfigError, exception_chain
 from ..messages import report
 from .queue import ERROR, RESUMED_FROM, RUN_FOLDER, resume_point, signals_held, stop_and_retry
 from .space import SearchSpace, flags
@@ -69,17 +69,14 @@ def stop_of_the_process(err: BaseException) -> tuple[str, str] | None:
     Ctrl-C (and a SIGTERM outside training) into ``SystemExit(1)`` raised while handling the ``KeyboardInterrupt``;
     ``torch.save`` on a full disk raises a ``RuntimeError`` while handling the ``OSError``.
     """
-    seen: set[int] = set()
     found = None
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, KeyboardInterrupt | SIGTERMException):
+    for link in exception_chain(err):
+        if isinstance(link, KeyboardInterrupt | SIGTERMException):
             return SIGNAL, "a signal"
-        if isinstance(err, OSError) and err.errno in _NO_ROOM and found is None:
-            found = DISK_FULL, f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
-        if isinstance(err, _STORE_ERRORS) and found is None:
-            found = STORE_LOST, " ".join(str(getattr(err, "orig", None) or err).split()[:30])
-        err = err.__cause__ or err.__context__
+        if isinstance(link, OSError) and link.errno in _NO_ROOM and found is None:
+            found = DISK_FULL, f"{link.strerror or link}" + (f": {link.filename}" if link.filename else "")
+        if isinstance(link, _STORE_ERRORS) and found is None:
+            found = STORE_LOST, " ".join(str(getattr(link, "orig", None) or link).split()[:30])
     return found
 
 

@@ -54,6 +54,8 @@ Its files, bottom to top (each imports only those above it in this list):
 - ``backend.py``: the ``simgpu`` device type, its device module (``torch.simgpu``) and
   kernels, and ``enable()``;
 - ``lazy.py``: uninitialised parameters and buffers moved to the device and materialised there;
+- ``hooks.py``: what the autograd engine calls back into (hooks, a custom ``autograd.Function``'s
+  backward), kept from raising into C++ and its gradients checked as CUDA's engine checks them;
 - ``code_checks.py``: ``simulating()`` and the checks on code it turns on;
 - ``fake_check.py``: beside the device, a second opinion for the tests: code run on
   FakeTensor's CUDA device, by PyTorch's own device propagation.
@@ -106,7 +108,7 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
 import sys
 import types
 
-from . import autocast, backend, code_checks, collectives, containment, devices, gpu_only, lazy, rules, tensor
+from . import autocast, backend, code_checks, collectives, containment, devices, gpu_only, hooks, lazy, rules, tensor
 from .backend import enable
 from .code_checks import SimulatedGenerator, simulating
 from .containment import last_raised
@@ -170,10 +172,13 @@ else:
         tensor,
         backend,
         lazy,
+        hooks,
         code_checks,
         sys.modules[__name__],
     ):
-        _original = sys.modules[_copy.__name__.replace(__name__, _first.__name__, 1)]
+        _original = sys.modules.get(_copy.__name__.replace(__name__, _first.__name__, 1))
+        if _original is None:
+            continue  # a file the first copy has not (an older library): nothing of its state to share
         vars(_copy).update(
             {
                 name: value

@@ -1,0 +1,125 @@
+"""While simulating: what the autograd engine calls back into, checked as CUDA's engine checks it.
+
+The hooks a user registers (on tensors, with ``register_hook``; on modules, full backward hooks) and the
+backward of a custom ``torch.autograd.Function`` run inside a backward pass, called from C++: what they
+raise is kept (``containment``) and raised when the pass returns, and a gradient they give on another
+device than the one it replaces is refused, as CUDA refuses it (PyTorch skips those checks for tensor
+subclasses, as the simulated GPU's tensors are).
+"""
+
+import functools
+import linecache
+import traceback
+
+import torch
+from torch.utils.hooks import BackwardHook
+
+from .containment import in_backward, keep
+from .devices import SimulatedDeviceError, as_cuda
+
+
+def _contained_hook(hook):
+    """``hook``, which the autograd engine calls from C++: what it raises is kept, and raised when the pass returns.
+
+    A gradient it returns on another device than the one it was given is refused, as CUDA refuses it
+    (python_hook.cpp, check_single_result), at the hook's line.
+    """
+
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        try:
+            result = hook(*args, **kwargs)
+            _check_hook_result(hook, args, result)
+        except BaseException as err:  # an exception left for the engine would end the process
+            if not in_backward():
+                raise
+            keep(err)
+            return None  # the gradient as it was
+        return result
+
+    return run
+
+
+def _check_hook_result(hook, args, result) -> None:
+    """Raise ``SimulatedDeviceError`` where a hook returns a gradient on another device than the one it replaces."""
+    given = args[0] if len(args) == 1 else args[1] if len(args) > 1 else None  # tensor hooks; modules' hooks
+    if isinstance(given, torch.Tensor):
+        given, result = (given,), (result,)
+    for was, got in zip(given or (), result or (), strict=False):
+        if isinstance(was, torch.Tensor) and isinstance(got, torch.Tensor) and was.device != got.device:
+            name = getattr(hook, "__name__", repr(hook))
+            err = SimulatedDeviceError(
+                f"hook '{name}' has changed the type of value (was {_type_name(was)} got {_type_name(got)})",
+                kind="mixed devices",
+                operation="a backward hook",
+                devices=(as_cuda(was.device), as_cuda(got.device)),
+            )
+            code = getattr(hook, "__code__", None)
+            if code is not None:  # the hook has returned: its line is where it is defined
+                where = (code.co_filename, code.co_firstlineno, name, None)
+                err._audit_stack = traceback.StackSummary.from_list([where])
+            raise err
+
+
+_APPLY = torch.autograd.Function.__dict__["apply"]
+
+
+@classmethod
+def _apply_checked(cls, *args, **kwargs):
+    """``Function.apply`` of a custom ``torch.autograd.Function``, whose backward's gradients are checked.
+
+    CUDA's autograd engine refuses a gradient on another device than the input it belongs to ("Function
+    XBackward returned an invalid gradient at index 0 - expected device cuda:0 but got cpu",
+    ``validate_outputs`` in engine.cpp), but skips the check for tensor subclasses, as the simulated
+    GPU's are: a hook on the function's node does it instead.
+    """
+    result = _APPLY.__get__(None, cls)(*args, **kwargs)
+    inputs = [arg.device for arg in args if isinstance(arg, torch.Tensor)]
+    outputs = result if isinstance(result, tuple | list) else (result,)
+    node = next((out.grad_fn for out in outputs if isinstance(out, torch.Tensor) and out.grad_fn is not None), None)
+    if inputs and isinstance(node, torch.autograd.function.BackwardCFunction):
+        check = functools.partial(_check_function_gradients, cls, node, inputs)
+        node.register_hook(_contained_hook(functools.update_wrapper(check, cls.backward)))
+    return result
+
+
+def _check_function_gradients(cls, node, devices, gradients, _outputs) -> None:
+    """Raise ``SimulatedDeviceError`` where ``cls.backward`` gave a gradient on another device than its input's."""
+    for index, (was, got) in enumerate(zip(devices, gradients, strict=False)):
+        if isinstance(got, torch.Tensor) and got.device != was and got.dim() > 0:  # 0-dim ones CUDA moves
+            err = SimulatedDeviceError(
+                f"Function {type(node).__name__} returned an invalid gradient at index {index} - "
+                f"expected device {as_cuda(was)} but got {as_cuda(got.device)}",
+                kind="mixed devices",
+                operation=f"{cls.__name__}.backward",
+                devices=(as_cuda(was), as_cuda(got.device)),
+            )
+            code = getattr(cls.backward, "__code__", None)
+            if code is not None:  # backward has returned: its line is where it is defined
+                where = (code.co_filename, _def_line(code), "backward", None)
+                err._audit_stack = traceback.StackSummary.from_list([where])
+            raise err
+
+
+def _def_line(code) -> int:
+    """The line of the ``def`` of ``code``'s function (``co_firstlineno`` is its first decorator's)."""
+    for lineno in range(code.co_firstlineno, code.co_firstlineno + 20):
+        if linecache.getline(code.co_filename, lineno).lstrip().startswith(("def ", "async def ")):
+            return lineno
+    return code.co_firstlineno
+
+
+def _type_name(tensor: torch.Tensor) -> str:
+    """ATen's name of ``tensor``'s type, as CUDA's message gives it: ``CUDAFloatType``, ``CPUFloatType``."""
+    scalar = torch.empty(0, dtype=tensor.dtype).type().rpartition(".")[2].removesuffix("Tensor")
+    return f"{'CPU' if tensor.device.type == 'cpu' else 'CUDA'}{scalar}Type"
+
+
+_BackwardHookInit = BackwardHook.__init__
+
+
+def _module_backward_hooks(self, module, user_hooks, user_pre_hooks) -> None:
+    """A module's backward hooks (``register_full_backward_hook``, ``..._pre_hook``), each contained."""
+    _BackwardHookInit(
+        self, module, [_contained_hook(hook) for hook in user_hooks], [_contained_hook(hook) for hook in user_pre_hooks]
+    )
