@@ -291,6 +291,64 @@ def test_a_torchscript_function_that_makes_its_tensors_on_the_inputs_device_pass
     assert audit(Scripted("on-device"), BATCH).exit_code == 0
 
 
+class HoldsScripted(Probe):
+    """A compiled function kept as an attribute (``self.act = torch.jit.script(f)``): no pickling, no deepcopy."""
+
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = torch.jit.script(function)
+        self.held = {"also": [self.function]}  # and inside a container
+
+    def forward(self, features):
+        return self.held["also"][0](self.function(self.net(features)))
+
+
+@pytest.mark.parametrize(
+    "function, marker",
+    [(add_positions, "# script: positions on the CPU"), (add_positions_on_device, None)],
+    ids=["cpu-positions", "on-device"],
+)
+def test_a_model_holding_a_compiled_function_is_audited(function, marker):
+    """The audit trains a copy of the model; a TorchScript function cannot be copied, and needs no copy."""
+    verdict = run_audit(HoldsScripted(function), BATCH)
+    assert not verdict.gaps, [outcome.gap for outcome in verdict.gaps]
+    if marker is None:
+        assert verdict.exit_code == 0
+    else:
+        assert verdict.errors and verdict.errors[0].lineno == line_of(marker), verdict.report()
+
+
+class Slow(Probe):
+    """Each training step takes a while: fit is a long stage, the other stages short ones."""
+
+    def training_step(self, batch, batch_idx):
+        threading.Event().wait(1.2)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "forked"])
+def test_a_long_stage_is_said_to_be_running_and_a_short_one_is_not(monkeypatch, isolate):
+    from lightning_kit.placement import isolation
+
+    monkeypatch.setattr(isolation, "LONG_STAGE_S", 2.0)
+    monkeypatch.setattr(isolation, "STILL_EVERY_S", 60.0)
+    said: list[str] = []
+    verdict = run_audit(Slow(), BATCH, isolate=isolate, say=said.append)
+    assert verdict.exit_code == 0, verdict.report()
+    # Each pass's fit (4 steps of 1.2 s; 2 as rank 1 of 2, which has half the data): said once, with the hook it
+    # was in. (The other stages take a fraction of that: on a busy machine, perhaps more; not asserted here.)
+    fits = [line for line in said if line.startswith("auditing fit ")]
+    assert len(fits) == 2, said
+    assert fits[0].startswith("auditing fit on simgpu:0, in ") and fits[0].endswith(" s so far"), said
+    assert fits[1].startswith("auditing fit on simgpu:1 (DDP rank 1 of 2), in "), said
+
+
+def test_a_short_audit_says_nothing_of_its_progress():
+    said: list[str] = []
+    assert run_audit(Probe(), BATCH, say=said.append).exit_code == 0
+    assert said == []
+
+
 # Sparse tensors: COO and the compressed layouts, as buffers, plain attributes and made in a step.
 
 

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import simulated
 from .explain import _hook, count_as_user_code, explain, is_user_code
-from .isolation import Progress, in_a_child
+from .isolation import Progress, announced, in_a_child
 from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import process_group
@@ -44,6 +44,20 @@ LOADER_OF_STAGE = {"validate": "val_dataloader", "test": "test_dataloader", "pre
 # One GPU, then the second process of two under DDP.
 PASSES = ((0, 1), (1, 2))
 EPOCHS, BATCHES = 2, 2
+# The Trainer settings of each pass's short schedule (the benchmark's plain run takes the same).
+SCHEDULE = {
+    "max_epochs": EPOCHS,
+    "limit_train_batches": BATCHES,
+    "limit_val_batches": BATCHES,
+    "limit_test_batches": BATCHES,
+    "limit_predict_batches": BATCHES,
+    "num_sanity_val_steps": 1,
+    "val_check_interval": 1.0,
+    "check_val_every_n_epoch": 1,
+    "log_every_n_steps": 1,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
 
 
 def audit(
@@ -80,23 +94,33 @@ def run_audit(
     trainer: L.Trainer | None = None,
     stop_at_bug: bool = False,
     isolate: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> Verdict:
     """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
 
     With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages;
-    with ``isolate``, it runs in a forked copy of this process (see ``audit``).
+    with ``isolate``, it runs in a forked copy of this process (see ``audit``). ``say`` is given a line
+    naming the stage and pass when a stage has run for a few seconds (``isolation.LONG_STAGE_S``), and
+    again every ``isolation.STILL_EVERY_S`` while it runs; nothing for shorter stages.
     """
     _check_arguments(model, data, trainer)
     simulated.enable()
     count_as_user_code(model, data)
+
+    def describe(action: str) -> str:
+        return _hook(action, model)
+
     if isolate:
         verdict = in_a_child(
-            lambda progress, report: _run(model, data, trainer, stop_at_bug, progress, report),
-            lambda action: _hook(action, model),
+            lambda progress, report: _run(model, data, trainer, stop_at_bug, progress, report), describe, say
         )
         if verdict is not None:
             return verdict
-    return _run(model, data, trainer, stop_at_bug)
+    if say is None:
+        return _run(model, data, trainer, stop_at_bug)
+    progress = Progress()
+    with announced(progress, say, describe):
+        return _run(model, data, trainer, stop_at_bug, progress)
 
 
 def _check_arguments(model: Any, data: Any, trainer: Any) -> None:
@@ -215,17 +239,7 @@ def _runner(
         logger=_logger(trainer, folder, verdict.notes),
         default_root_dir=folder,
         profiler=tracker,
-        max_epochs=EPOCHS,
-        limit_train_batches=BATCHES,
-        limit_val_batches=BATCHES,
-        limit_test_batches=BATCHES,
-        limit_predict_batches=BATCHES,
-        num_sanity_val_steps=1,
-        val_check_interval=1.0,
-        check_val_every_n_epoch=1,
-        log_every_n_steps=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **SCHEDULE,
         **settings,
     )
 
@@ -411,22 +425,24 @@ def _copy(model: L.LightningModule) -> L.LightningModule:
                 memo[id(buffer)] = type(buffer)(
                     buffer.requires_grad, buffer.data.device, buffer.data.dtype, getattr(buffer, "persistent", True)
                 )
-        for tensor in _compressed_sparse((*module._buffers.values(), *vars(module).values())):
-            memo.setdefault(id(tensor), tensor.clone())  # PyTorch cannot deepcopy CSR, CSC, BSR or BSC: cloned
+        for value in _held((*module._buffers.values(), *vars(module).values())):
+            if isinstance(value, torch.Tensor) and value.layout in _COMPRESSED:
+                memo.setdefault(id(value), value.clone())  # PyTorch cannot deepcopy CSR, CSC, BSR or BSC: cloned
+            elif isinstance(value, torch.jit.ScriptFunction):
+                memo.setdefault(id(value), value)  # compiled, which cannot be pickled: shared, as functions are
     return copy.deepcopy(model, memo)
 
 
 _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
 
-def _compressed_sparse(values: Any, depth: int = 3) -> Iterator[torch.Tensor]:
-    """The tensors of a compressed sparse layout in ``values``, and in the lists, tuples and dicts they hold."""
+def _held(values: Any, depth: int = 3) -> Iterator[Any]:
+    """``values``, and what the lists, tuples and dicts among them hold (``depth`` levels down)."""
     for value in values:
-        if isinstance(value, torch.Tensor):
-            if value.layout in _COMPRESSED:
-                yield value
-        elif depth > 0 and isinstance(value, list | tuple | dict):
-            yield from _compressed_sparse(value.values() if isinstance(value, dict) else value, depth - 1)
+        if depth > 0 and isinstance(value, list | tuple | dict):
+            yield from _held(value.values() if isinstance(value, dict) else value, depth - 1)
+        else:
+            yield value
 
 
 @contextmanager

@@ -43,7 +43,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     )
     try:
         # In a forked copy of this process: what ends a process there is a NOT AUDITED line here.
-        verdict = run_audit(model, datamodule, trainer=trainer, isolate=True)
+        verdict = run_audit(model, datamodule, trainer=trainer, isolate=True, say=lambda line: print(line, flush=True))
     except SimulationUnavailableError as err:
         sys.exit(_usage(f"error: {err}"))
     for line in verdict.report():

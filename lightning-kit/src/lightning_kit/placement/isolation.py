@@ -23,6 +23,8 @@ import pickle
 import signal
 import struct
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,17 +68,58 @@ class Progress:
         return stage, int(rank), int(world_size), action
 
 
+# A stage that has run this long is said to be running (``announced``), and again each STILL_EVERY_S after.
+LONG_STAGE_S = 5.0
+STILL_EVERY_S = 30.0
+
+
+@contextlib.contextmanager
+def announced(progress: Progress, say: Callable[[str], None] | None, describe: Callable[[str], str]) -> Iterator[None]:
+    """While the block runs, ``say`` where the audit is once a stage has run ``LONG_STAGE_S``: nothing for
+    shorter ones. Read from ``progress`` by a thread of this process (start it after any fork)."""
+    if say is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        current, since, due = None, 0.0, LONG_STAGE_S
+        while not stop.wait(0.25):
+            where = progress.read()
+            if where is None:
+                continue
+            now = time.monotonic()
+            if where[:3] != current:
+                current, since, due = where[:3], now, LONG_STAGE_S
+            elif now - since >= due:
+                stage, rank, world_size, action = where
+                at = f", in {describe(action)}" if action else ""
+                say(f"auditing {Outcome(stage, rank, world_size).where}{at}: {now - since:.0f} s so far")
+                due += STILL_EVERY_S
+
+    watcher = threading.Thread(target=watch, name="audit-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+
+
 def can_fork() -> bool:
     return hasattr(os, "fork") and sys.platform != "win32"
 
 
 def in_a_child(
-    run: Callable[[Progress, Callable[[Outcome], None]], Verdict], describe: Callable[[str], str]
+    run: Callable[[Progress, Callable[[Outcome], None]], Verdict],
+    describe: Callable[[str], str],
+    say: Callable[[str], None] | None = None,
 ) -> Verdict | None:
     """``run(progress, report)`` in a forked child; its verdict, or one that says how the child died.
 
     ``report`` sends one stage's outcome as it ends; ``describe`` names a Lightning action as a hook
-    (``explain``'s words). None where this process cannot audit in a fork (see above).
+    (``explain``'s words); ``say`` is told of a long stage (``announced``). None where this process
+    cannot audit in a fork (see above).
     """
     if not can_fork():
         return None
@@ -90,7 +133,7 @@ def in_a_child(
         _child(run, progress, writing)
     os.close(writing)
     try:
-        with os.fdopen(reading, "rb") as pipe:
+        with os.fdopen(reading, "rb") as pipe, announced(progress, say, describe):
             messages = list(_messages(pipe))
         _, status = os.waitpid(pid, 0)
     except BaseException:  # Ctrl-C while waiting: the child goes too
