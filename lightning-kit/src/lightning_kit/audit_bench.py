@@ -82,14 +82,17 @@ def measure(name: str, kind: str) -> dict:
 
 def _child(name: str, kind: str) -> dict:
     environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(
-        [sys.executable, "-m", "lightning_kit.audit_bench", "--child", name, kind],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=CHILD_TIMEOUT_S,
-        env=environment,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "lightning_kit.audit_bench", "--child", name, kind],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=CHILD_TIMEOUT_S,
+            env=environment,
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"the {kind} run of {name} was stopped after {CHILD_TIMEOUT_S // 60} minutes") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         said = (done.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")

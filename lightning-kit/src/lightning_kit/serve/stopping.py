@@ -34,8 +34,9 @@ import time
 # How long the HTTP servers may take to answer the requests in flight after SIGTERM, beyond --timeout (by then
 # LitServe has answered each one still waiting with its 504).
 GRACE_S = 30
-# After SIGTERM, how long a connection just taken has to send its request before it is closed unanswered.
-REQUEST_START_S = 0.5
+# After SIGTERM, how long a connection taken has to start its request (its headers read) before it is closed
+# unanswered: the server waits until every connection has started one, or this long.
+REQUEST_START_S = 5.0
 
 
 def say(line: str) -> None:
@@ -252,9 +253,9 @@ class Stopper:
 
             On SIGTERM, takes the connections already queued at the port (the kernel completed their
             handshake, so their clients are sending), stops the port for every process (connections
-            later are refused, not reset), gives each connection taken ``REQUEST_START_S`` to start its
-            request, then shuts down as uvicorn does: each request started is answered, and idle
-            connections are closed.
+            later are refused, not reset), waits until each connection taken has started its request (at
+            most ``REQUEST_START_S``), then shuts down as uvicorn does: each request started is answered,
+            and idle connections are closed.
             """
 
             def __init__(self, *args, **kwargs) -> None:
@@ -296,7 +297,13 @@ class Stopper:
                     with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
                         listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
                     listener.close()
-                await asyncio.sleep(REQUEST_START_S)
+                # uvicorn's shutdown closes a connection that has not started a request (its client may be sending
+                # one, a large upload on a busy machine: it would be reset): wait for each to start, bounded.
+                deadline = loop.time() + REQUEST_START_S
+                while loop.time() < deadline and any(
+                    getattr(connection, "cycle", True) is None for connection in self.server_state.connections
+                ):
+                    await asyncio.sleep(0.02)
                 await super().shutdown(sockets)
 
             def _protocol(self):
