@@ -38,9 +38,9 @@ from .isolation import Progress, announced, in_a_child
 from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import process_group
+from .stages import LOADER_OF_STAGE, check_arguments, no_step, not_run, steps
 from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
 
-LOADER_OF_STAGE = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
 # One GPU, then the second process of two under DDP.
 PASSES = ((0, 1), (1, 2))
 EPOCHS, BATCHES = 2, 2
@@ -103,7 +103,7 @@ def run_audit(
     naming the stage and pass when a stage has run for a few seconds (``isolation.LONG_STAGE_S``), and
     again every ``isolation.STILL_EVERY_S`` while it runs; nothing for shorter stages.
     """
-    _check_arguments(model, data, trainer)
+    check_arguments(model, data, trainer)
     simulated.enable()
     count_as_user_code(model, data)
 
@@ -121,37 +121,6 @@ def run_audit(
     progress = Progress()
     with announced(progress, say, describe):
         return _run(model, data, trainer, stop_at_bug, progress)
-
-
-def _check_arguments(model: Any, data: Any, trainer: Any) -> None:
-    """Raise ``TypeError``, in one line saying what the audit takes, for arguments of the wrong kind."""
-    takes = "audit(model, data=None, trainer=None) takes a LightningModule instance"
-    if isinstance(model, L.LightningDataModule) and isinstance(data, L.LightningModule):
-        raise TypeError(f"{takes} first and the data second: the two are swapped (audit(model, data))")
-    if isinstance(model, type):
-        raise TypeError(f"{takes}, not the class {model.__name__}: construct it first, {model.__name__}(...)")
-    if isinstance(model, torch.nn.Module) and not isinstance(model, L.LightningModule):
-        raise TypeError(
-            f"{takes}, not a plain {type(model).__name__} (torch.nn.Module): wrap it in a LightningModule "
-            "with training_step and configure_optimizers, as Lightning trains it"
-        )
-    if not isinstance(model, L.LightningModule):
-        raise TypeError(f"{takes}, not {_kind(model)}")
-    if isinstance(data, type):
-        raise TypeError(f"audit()'s data is a LightningDataModule instance or one batch, not the class {data.__name__}")
-    if isinstance(data, L.LightningModule):
-        raise TypeError("audit()'s data is a LightningDataModule or one batch, not a second LightningModule")
-    if trainer is not None and not isinstance(trainer, L.Trainer):
-        raise TypeError(f"audit()'s trainer is a lightning.Trainer or None, not {_kind(trainer)}")
-
-
-def _kind(value: Any) -> str:
-    """``value``'s kind, in words: ``None``, ``a str``, ``the class X``, ``a Y``."""
-    if value is None:
-        return "None"
-    if isinstance(value, type):
-        return f"the class {value.__name__}"
-    return f"a {type(value).__name__}"
 
 
 def _run(
@@ -179,21 +148,21 @@ def _run(
                 twin = _copy(model)
             except Exception as err:  # the model holds what cannot be copied (a lock, an open file, ...)
                 why = f"the audit trains a copy of the model, and copy.deepcopy refused it ({_said(err)})"
-                return _not_run(verdict, stages, rank, world_size, why, report)
+                return not_run(verdict, stages, rank, world_size, why, report)
             tracker = HookTracker(progress)
             pass_folder = Path(folder) / f"rank{rank}"
             try:
                 runner = _runner(rank, world_size, callbacks, trainer, pass_folder, tracker, settings, verdict)
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({_said(err)})"
-                return _not_run(verdict, stages, rank, world_size, why, report)
+                return not_run(verdict, stages, rank, world_size, why, report)
             _check_logged_values(twin, runner)
             for stage in stages:
                 outcome = Outcome(stage, rank, world_size)
                 if progress is not None:
                     progress.at_stage(stage, rank, world_size)
                 start = time.perf_counter()
-                steps = _steps(runner, stage)
+                started = steps(runner, stage)
                 try:
                     with process_group(rank, world_size), simulated.simulating(rank, is_user_code):
                         getattr(runner, stage)(twin, **_data_arguments(stage, data))
@@ -211,8 +180,8 @@ def _run(
                     else:
                         outcome.gap = explained
                 else:
-                    if _steps(runner, stage) == steps:
-                        outcome.gap = _no_step(stage, model, data)
+                    if steps(runner, stage) == started:
+                        outcome.gap = no_step(stage, model, data)
                 outcome.seconds = time.perf_counter() - start
                 verdict.outcomes.append(outcome)
                 report(outcome)
@@ -247,38 +216,6 @@ def _runner(
 def _said(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else '(no message)'}"
-
-
-def _not_run(
-    verdict: Verdict, stages: list[str], rank: int, world_size: int, why: str, report: Callable[[Outcome], None]
-) -> Verdict:
-    """``verdict`` with every stage of this pass not audited, for ``why``."""
-    for stage in stages:
-        outcome = Outcome(stage, rank, world_size, gap=why)
-        verdict.outcomes.append(outcome)
-        report(outcome)
-    return verdict
-
-
-def _steps(runner: L.Trainer, stage: str) -> int:
-    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit), all calls together."""
-    loop = {
-        "fit": runner.fit_loop.epoch_loop,
-        "validate": runner.validate_loop,
-        "test": runner.test_loop,
-        "predict": runner.predict_loop,
-    }[stage]
-    return loop.batch_progress.total.ready
-
-
-def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
-    """Why a stage that ran no step is not audited."""
-    loader = "train_dataloader" if stage == "fit" else LOADER_OF_STAGE[stage]
-    owner = type(data if isinstance(data, L.LightningDataModule) else model).__name__
-    return (
-        f"{stage} ran no {STEP_OF_STAGE[stage]}: {owner}.{loader}() yielded no batch (an empty split?), "
-        "so nothing of it ran on the simulated GPU"
-    )
 
 
 def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:

@@ -1,6 +1,5 @@
 """The tensor on the simulated GPU: an ordinary CPU tensor inside, checked by CUDA's rules at every operation."""
 
-import functools
 from typing import Any
 
 import torch
@@ -273,7 +272,6 @@ def _wrap(out):
     return out
 
 
-@functools.cache
 def _written_arguments(func) -> tuple[int, ...] | None:
     """The positions of the arguments an in-place or ``out=`` operation returns, or None for other operations."""
     arguments, written = func._schema.arguments, []
