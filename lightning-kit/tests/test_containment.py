@@ -227,8 +227,15 @@ def test_an_audit_whose_process_dies_is_not_audited_naming_the_signal_and_the_ho
     backward pass in a child forked after that); where it has, the audit runs in the process itself."""
     script = tmp_path / "aborts.py"
     script.write_text(ABORTS)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     run = subprocess.run(
-        [sys.executable, str(script)], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
+        [sys.executable, str(script)],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert run.stdout.splitlines()[-4:] == [
@@ -237,6 +244,8 @@ def test_an_audit_whose_process_dies_is_not_audited_naming_the_signal_and_the_ho
         "audit: the process died with SIGABRT in Aborts.training_step",
         "and this process goes on: 0",
     ], run.stdout
+    # The dead child's temporary run folders went with it: the parent removes the folder it gave the child.
+    assert not [path.name for path in temporary.iterdir() if path.name.startswith("placement-audit-")]
 
 
 ABORTING_PROJECT = """import os

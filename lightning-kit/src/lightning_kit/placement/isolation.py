@@ -23,6 +23,7 @@ import pickle
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -124,21 +125,25 @@ def in_a_child(
     if not can_fork():
         return None
     progress = Progress()
-    reading, writing = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child
-        os.close(reading)
-        _child(run, progress, writing)
-    os.close(writing)
-    try:
-        with os.fdopen(reading, "rb") as pipe, announced(progress, say, describe):
-            messages = list(_messages(pipe))
-        _, status = os.waitpid(pid, 0)
-    except BaseException:  # Ctrl-C while waiting: the child goes too
-        _end(pid)
-        raise
+    # The child's temporary files go in a folder the parent removes: a child that dies (killed, a crash in a
+    # kernel) cannot remove its own.
+    with tempfile.TemporaryDirectory(prefix="placement-audit-") as scratch:
+        reading, writing = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child
+            os.close(reading)
+            tempfile.tempdir = scratch
+            _child(run, progress, writing)
+        os.close(writing)
+        try:
+            with os.fdopen(reading, "rb") as pipe, announced(progress, say, describe):
+                messages = list(_messages(pipe))
+            _, status = os.waitpid(pid, 0)
+        except BaseException:  # Ctrl-C while waiting: the child goes too
+            _end(pid)
+            raise
     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _CANNOT_FORK:
         return None
     outcomes = [message for kind, message in messages if kind == "outcome"]
