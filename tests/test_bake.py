@@ -23,7 +23,7 @@ COMMON_FILES = {
     "train.py",
     "configs/sweeps/example.yaml",
     "configs/synthetic.yaml",
-    "configs/tensorboard.yaml",
+    "configs/mlflow.yaml",
     "scripts/slurm.sbatch",
     "scripts/sweep.sbatch",
     "src/{pkg}/__init__.py",

@@ -21,7 +21,9 @@ It measures:
       path against `Trainer(barebones=True)` and a hand-written loop. A Trainer's
       step is timed within an epoch, from its start to the next one's; the end of
       an epoch (a checkpoint, the epoch's metrics) is a cost per epoch, which (a)
-      counts and (e) does not.
+      counts and (e) does not;
+  (f) with the default logger, what its TensorBoard event files cost a step: (e)'s
+      project path against the same with ``--trainer.logger.init_args.tensorboard false``.
 
 This is measurement code: unlike the project, it moves tensors and synchronises
 the device itself, as a hand-written loop must. It runs with any configuration
@@ -39,6 +41,7 @@ folder reader (``lightning_kit.data``), which any data module of image files may
 
 import argparse
 import copy
+import functools
 import gc
 import itertools
 import math
@@ -63,6 +66,7 @@ from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
 from .errors import OneLineParser, UserError, invoked_as
 from .installation import check_installation
+from .loggers import CSVAndTensorBoardLogger
 from .messages import errors_as_messages
 from .zoo import ZOO
 
@@ -352,12 +356,15 @@ def training_benchmark(
             "--trainer.num_sanity_val_steps", "0",
         ]  # fmt: skip
 
-        def make():
-            model, datamodule, trainer = build_all(cli_class, [*train_args, *fixed], prog=prog)
+        def make(*more: str):
+            model, datamodule, trainer = build_all(cli_class, [*train_args, *fixed, *more], prog=prog)
             trainer.callbacks[:] = [c for c in trainer.callbacks if not isinstance(c, STOPPING_CALLBACKS)]
             return model, datamodule, trainer
 
         model, datamodule, trainer = make()
+        # (f): the default logger's TensorBoard files, against its CSV files alone.
+        boards = isinstance(trainer.logger, CSVAndTensorBoardLogger) and trainer.logger.tensorboard
+        csv_only = functools.partial(make, "--trainer.logger.init_args.tensorboard", "false")
         batch_size, num_classes = _measured_sizes(model, datamodule)
         initial_net = copy.deepcopy(model.net)
         near_zero = NearZeroNet(num_classes)
@@ -366,7 +373,7 @@ def training_benchmark(
         )
 
         times: dict[str, list[float]] = {
-            name: [] for name in ("project", "hand", "zero project", "zero bare", "zero hand")
+            name: [] for name in ("project", "hand", "zero project", "zero bare", "zero hand", "zero csv")
         }
         for _ in range(options.repeats):
             times["project"].append(lightning_path(make, warmup, steps, copy.deepcopy(initial_net))[0])
@@ -376,9 +383,11 @@ def training_benchmark(
             zero_bare = lightning_path(make, warmup, steps, copy.deepcopy(near_zero), barebones=True)[1]
             times["zero bare"].append(steps * zero_bare)
             times["zero hand"].append(hand_written_loop(make, warmup, steps, copy.deepcopy(near_zero)))
+            if boards:
+                times["zero csv"].append(steps * lightning_path(csv_only, warmup, steps, copy.deepcopy(near_zero))[1])
         pipeline = [data_pipeline(make, batches=steps) for _ in range(options.repeats)]
 
-    best = {name: min(values) for name, values in times.items()}
+    best = {name: min(values) for name, values in times.items() if values}
     rate = {name: steps * batch_size / seconds for name, seconds in best.items()}
     pipeline_rate = max(samples / seconds for seconds, samples in pipeline)
     per_step_ms = {name: 1000 * best[name] / steps for name in ("zero project", "zero bare", "zero hand")}
@@ -394,6 +403,12 @@ def training_benchmark(
           f"barebones {per_step_ms['zero bare']:.2f} ms, hand-written {per_step_ms['zero hand']:.2f} ms")  # fmt: skip
     print(f"    ratio project/barebones {per_step_ms['zero project'] / per_step_ms['zero bare']:>12.2f}")
     print(f"    median of paired runs   {paired:>12.2f}")
+    if boards:
+        board_ms = 1000 * (best["zero project"] - best["zero csv"]) / steps
+        paired_board = statistics.median(p / c for p, c in zip(times["zero project"], times["zero csv"], strict=True))
+        print(f"(f) per step, near-zero net: TensorBoard beside the CSV {per_step_ms['zero project']:.2f} ms, "
+              f"CSV alone {1000 * best['zero csv'] / steps:.2f} ms: {board_ms:+.3f} ms a step")  # fmt: skip
+        print(f"    median of paired runs   {paired_board:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -457,7 +457,11 @@ def _make_cli(
         run=run,
         seed_everything_default=cli_class.seed,
         trainer_defaults={
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
+            # metrics.csv for the runs table and plots, TensorBoard's event file beside it: `tensorboard --logdir runs`.
+            "logger": {
+                "class_path": "lightning_kit.loggers.CSVAndTensorBoardLogger",
+                "init_args": {"save_dir": "runs"},
+            },
             "callbacks": [
                 *best,
                 # The latest epoch, every epoch.

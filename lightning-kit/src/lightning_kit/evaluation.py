@@ -72,7 +72,7 @@ def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
     """
     class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
     outputs = []
-    if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger"):
+    if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger", "CSVAndTensorBoardLogger"):
         outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
         outputs += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
     if subcommand == "predict":

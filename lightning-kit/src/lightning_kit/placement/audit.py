@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.nn.parameter import UninitializedBuffer
 from torch.utils.data import DataLoader, Dataset
 
+from ..loggers import CSVAndTensorBoardLogger
 from . import simulated
 from .explain import _hook, count_as_user_code, explain, is_user_code
 from .isolation import Progress, announced, in_a_child
@@ -285,7 +286,7 @@ def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger
     kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
     if trainer is not None and kind is None:
         return None
-    if kind in (CSVLogger, TensorBoardLogger):
+    if kind in (CSVLogger, TensorBoardLogger, CSVAndTensorBoardLogger):
         return kind(folder)
     tensorboard = any(importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX"))
     stand_in = TensorBoardLogger if tensorboard else CSVLogger

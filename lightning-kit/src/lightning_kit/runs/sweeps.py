@@ -49,6 +49,8 @@ class Sweep:
     method: str = ""  # how the importances were computed
     notes: list[str] = field(default_factory=list)
     study: Any = None  # the optuna.Study, when it could be loaded
+    storage: Any = None  # its store, opened read-only (an optuna RDBStorage)
+    url: str | None = None  # the store's URL
     complete: int = 0  # how many trials are complete
     folds: int | None = None  # a cross-validation's number of folds; None for a search over settings
     fold_choices: list = field(default_factory=list)  # its folds, as data.fold names them
@@ -201,30 +203,15 @@ def plot_sweep(sweep: Sweep, history: Path, importances: Path) -> list[str]:
 
 def _load(sweep: Sweep, url: str, database: str | None) -> None:
     """Read the study from ``url`` (the SQLite file ``database``, opened read-only), every query time-bound."""
-    # Imported here: a second or more, and only a listing with a sweep in it needs it.
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a store it cannot read is a note, not Optuna's warnings
-    if database is not None:
-        connect = stores.sqlite_connector(
-            database, read_only=True, lock_wait_s=READ_LOCK_WAIT_S, statement_limit_s=READ_STATEMENT_LIMIT_S
-        )
-        engine_kwargs: dict[str, Any] = {"creator": connect}
-    elif url.startswith("postgres"):
-        limit = f"-c statement_timeout={READ_STATEMENT_LIMIT_S * 1000} -c default_transaction_read_only=on"
-        engine_kwargs = {"connect_args": {"connect_timeout": READ_LOCK_WAIT_S, "options": limit}}
-    else:
-        engine_kwargs = {}
     try:
-        # Read only: no tables made in a file that has none. Without Alembic's schema check (a second to import):
-        # a store Optuna cannot read fails below, in a note.
-        storage = optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, skip_compatibility_check=True, skip_table_creation=True
-        )
+        storage = open_read_only(url, database)
         sweep.study = optuna.load_study(study_name=sweep.study_name, storage=storage)
         trials = sweep.study.get_trials(deepcopy=False)
     except Exception as err:  # a store's failures are many (SQLAlchemy's, Optuna's, the driver's): each is a note
-        reason = _line(_origin(err))
+        sweep.study = None
+        reason = failure_reason(err)
         journal = Path(f"{database}-journal") if database is not None else None
         if "readonly" in reason.lower() and journal is not None and _size(journal):
             reason = (
@@ -237,6 +224,7 @@ def _load(sweep: Sweep, url: str, database: str | None) -> None:
             reason = stores.explained(reason)
         sweep.notes.append(f"study {sweep.study_name} cannot be read from {hidden(url)}: {reason}")
         return
+    sweep.storage, sweep.url = storage, url
     sweep.states = {trial.number: trial.state.name.lower() for trial in trials}
     complete = [trial for trial in trials if trial.state == optuna.trial.TrialState.COMPLETE]
     sweep.complete = len(complete)
@@ -253,6 +241,34 @@ def _load(sweep: Sweep, url: str, database: str | None) -> None:
         sweep.importances = optuna.importance.get_param_importances(sweep.study, evaluator=evaluator)
     except (ValueError, RuntimeError) as err:
         sweep.notes.append(f"importance not computed: {_line(err)}")
+
+
+def open_read_only(url: str, database: str | None):
+    """The Optuna store ``url`` (the SQLite file ``database``, if one), opened read-only, every query time-bound."""
+    # Imported here: a second or more, and only a listing with a sweep in it needs it.
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a store it cannot read is a note, not Optuna's warnings
+    if database is not None:
+        connect = stores.sqlite_connector(
+            database, read_only=True, lock_wait_s=READ_LOCK_WAIT_S, statement_limit_s=READ_STATEMENT_LIMIT_S
+        )
+        engine_kwargs: dict[str, Any] = {"creator": connect}
+    elif url.startswith("postgres"):
+        limit = f"-c statement_timeout={READ_STATEMENT_LIMIT_S * 1000} -c default_transaction_read_only=on"
+        engine_kwargs = {"connect_args": {"connect_timeout": READ_LOCK_WAIT_S, "options": limit}}
+    else:
+        engine_kwargs = {}
+    # Read only: no tables made in a file that has none. Without Alembic's schema check (a second to import):
+    # a store Optuna cannot read fails at its first query.
+    return optuna.storages.RDBStorage(
+        url, engine_kwargs=engine_kwargs, skip_compatibility_check=True, skip_table_creation=True
+    )
+
+
+def failure_reason(err: BaseException) -> str:
+    """The database's own words for ``err`` (Optuna and SQLAlchemy wrap them), in one line without a password."""
+    return _line(_origin(err))
 
 
 def _read_folds(sweep: Sweep, trials: list, complete: list) -> None:

@@ -33,7 +33,7 @@ from ..passwords import scrubbed, shown_command
 from ..placement.lightning import simulated_run
 from ..supervision import leave_process_group
 from .fingerprint import configuration, data_fingerprint
-from .queue import COUNTED, RUN_FOLDER, queue_retry, run_trials
+from .queue import COUNTED, CROSS_VALIDATION, RUN_FOLDER, queue_retry, run_trials, signals_held
 from .space import SearchSpace, argument_names, refusal
 from .store import default_url, open_storage, shown, write_study_file
 from .study import StudyDiffersError, open_study
@@ -285,7 +285,10 @@ def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
             return
         values = [trial.value for trial in complete]
         mean, spread = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-        report(f"{monitor} over {len(values)} folds: mean {mean:.4f}, standard deviation {spread:.4f}")
+        summary = f"{monitor} over {len(values)} folds: mean {mean:.4f}, standard deviation {spread:.4f}"
+        report(summary)
+        with signals_held():  # shown with the study in Optuna's dashboard too
+            study.set_user_attr(CROSS_VALIDATION, summary)
         return
     best = study.best_trial
     shown = ", ".join(f"{name}={value}" for name, value in best.params.items())

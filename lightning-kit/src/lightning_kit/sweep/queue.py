@@ -56,6 +56,8 @@ COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 OWNER, RETRY_OF, RUN_FOLDER, RESUMED_FROM = "owner", "retry_of", "run_folder", "resumed_from"
 # How a failed trial ended: by its own code (not run again), stopped (run again), or a second of one identity.
 ERROR, STOPPED, DUPLICATE_OF = "error", "stopped", "duplicate_of"
+# A cross-validation's mean and spread over its folds, a user attribute of the study (Optuna's dashboard shows it).
+CROSS_VALIDATION = "cross_validation"
 # A trial taken but not claimed by its process for this long was taken by one that stopped at once.
 UNCLAIMED_S = 3 * GRACE_PERIOD_S
 # How often a worker with nothing to start looks again.

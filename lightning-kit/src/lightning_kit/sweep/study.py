@@ -3,6 +3,7 @@
 import json
 import shlex
 import time
+import warnings
 from typing import Any
 
 import optuna
@@ -46,6 +47,10 @@ def open_study(
     else:
         for params in grid:
             study.enqueue_trial(params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # The metric by its name in Optuna's dashboard and plots, not "Objective 0".
+            study.set_metric_names([settings["monitor"]])
         study.set_user_attr(SETTINGS, settings)
         return study
     deadline = time.monotonic() + CREATION_WAIT_S

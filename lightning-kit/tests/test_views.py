@@ -1,0 +1,267 @@
+"""Runs and sweeps in the browser (``python -m lightning_kit.views``): TensorBoard, Optuna's dashboard and MLflow's UI,
+each started on 127.0.0.1 over a real run, a resumed run and a real two-trial study, and loaded in headless Chromium
+(Debian's ``chromium``; skipped with a reason where it is absent, installed by CI): the test reads what a person would
+see, and leaves a screenshot of each view in its folder. Then what each view refuses, in one line."""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import CONFIGS, HANG_GUARD_S, main
+from image_project.cli import ProjectCLI
+
+from lightning_kit.sweep.command import main as sweep_main
+from lightning_kit.views import main as views_main
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# MLflow's UI, from the environment of its own that the Makefile makes (requirements-mlflow.txt); else on PATH.
+MLFLOW_UI = os.environ.get("MLFLOW_UI") or shutil.which("mlflow")
+# How long a view may take to start listening, and a page to render: bounds on a hang, not on speed.
+START_S = 120
+PAGE_S = 120
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian's chromium package)")
+
+
+@pytest.fixture(scope="module")
+def project_runs(tmp_path_factory, fast_args) -> Path:
+    """A folder as a project's would be after: a run logged to MLflow too, that run resumed for a second epoch,
+    and a sweep of two trials (runs/sweeps/lr)."""
+    pytest.importorskip("mlflow", reason="the runs are logged with MLflow's client (mlflow-skinny, the test extra)")
+    folder = tmp_path_factory.mktemp("views")
+    mlflow = ["--config", str(CONFIGS / "mlflow.yaml")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        main([*fast_args, *mlflow, "--max_epochs", "1"])
+        main([*fast_args, *mlflow, "--max_epochs", "2", "--ckpt_path", "last"])
+        (folder / "lr.yaml").write_text("model.lr: [0.001, 0.002]\n")
+        sweep_main([*fast_args, "--space", "lr.yaml", "--sampler", "grid", "--max_epochs", "1"], cli_class=ProjectCLI)
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(folder: Path, *args: str, path: str | None = None):
+    """``python -m lightning_kit.views args --port P`` in ``folder``, until it listens; its port and its output's
+    file. Stopped by SIGTERM at the end (its process group killed if it outlives the guard)."""
+    port = _free_port()
+    log = folder / f"view-{args[0]}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if path is not None:
+        env["PATH"] = f"{path}{os.pathsep}{env.get('PATH', '')}"
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lightning_kit.views", *args, "--port", str(port)],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            assert server.poll() is None, log.read_text()
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert time.monotonic() < deadline, f"not listening after {START_S} s: {log.read_text()}"
+            time.sleep(0.2)
+        yield port, log
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(HANG_GUARD_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+
+
+def seen(url: str, screenshot: Path, height: int = 2400) -> str:
+    """The page at ``url`` as headless Chromium rendered it (its DOM, once its scripts have run), a screenshot of it
+    written to ``screenshot``. A tall window: the cards of a page below its first screen are drawn too."""
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={screenshot.parent / 'chromium-profile'}", f"--window-size=1400,{height}",
+        "--virtual-time-budget=20000",
+    ]  # fmt: skip
+    for mode in (f"--screenshot={screenshot}", "--dump-dom"):
+        page = subprocess.run(
+            [CHROMIUM, *flags, mode, url], capture_output=True, text=True, timeout=PAGE_S, stdin=subprocess.DEVNULL
+        )
+        assert page.returncode == 0, page.stderr[-2000:]
+    assert screenshot.stat().st_size > 0
+    return page.stdout
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_tensorboard_shows_every_runs_curves_by_default(project_runs, tmp_path):
+    """The default logger wrote TensorBoard's event files beside metrics.csv: the scalars of each run, the resumed
+    one and the sweep's trials among them, are in TensorBoard's page, by the names the runs table uses."""
+    with serving(project_runs, "tensorboard") as (port, log):
+        page = seen(f"http://127.0.0.1:{port}/#timeseries", tmp_path / "tensorboard.png")
+        # The validation group is folded on the first screen: what a person types into "Filter tags".
+        validation = seen(f"http://127.0.0.1:{port}/?tagFilter=val#timeseries", tmp_path / "tensorboard-val.png")
+    assert "train/loss" in page and "train/acc" in page
+    assert "val/loss" in validation and "val/acc" in validation
+    for run in ("lightning_logs/version_0", "lightning_logs/version_1", "sweeps/lr/trial_0000", "sweeps/lr/trial_0001"):
+        assert run in page, run
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_dashboard_shows_the_studys_trials_values_and_run_folders(project_runs, tmp_path):
+    """optuna-dashboard over the sweep's study.db: its two trials, the metric by name, their values and parameters,
+    and what the runs table knows of each trial (its run folder, the command that trains it again)."""
+    study = optuna.load_study(study_name="lr", storage=f"sqlite:///{project_runs / 'runs/sweeps/lr/study.db'}")
+    values = [f"{trial.value:.4f}"[:5] for trial in study.trials]
+    before = (project_runs / "runs/sweeps/lr/study.db").read_bytes()
+    with serving(project_runs, "dashboard", "runs/sweeps/lr") as (port, log):
+        study_page = seen(f"http://127.0.0.1:{port}/dashboard/studies/1", tmp_path / "dashboard-study.png")
+        trials_page = seen(f"http://127.0.0.1:{port}/dashboard/studies/1/trials", tmp_path / "dashboard-trials.png")
+    assert "val/acc" in study_page and "History" in study_page, study_page[-3000:]
+    assert "Trial 0" in trials_page and "Trial 1" in trials_page
+    for shown in ("run_folder", "runs/sweeps/lr/trial_0000", "command", "model.lr", *values):
+        assert shown in trials_page, shown
+    said = log.read_text()
+    assert said.splitlines()[:2] == [
+        f"Optuna's dashboard of study lr (2 trials) in sqlite:///{(project_runs / 'runs/sweeps/lr/study.db').resolve()}"
+        ", read-only:",
+        f"  http://127.0.0.1:{port}/dashboard/studies/1",
+    ], said
+    assert (project_runs / "runs/sweeps/lr/study.db").read_bytes() == before, "it only reads the study"
+
+
+@pytest.mark.slow
+@needs_chromium
+@pytest.mark.skipif(MLFLOW_UI is None, reason="needs MLflow's UI (make test's .venv-mlflow, or mlflow on PATH)")
+def test_mlflow_shows_the_run_logged_with_the_mlflow_config(project_runs, tmp_path):
+    """configs/mlflow.yaml logged both fits (the first and its resumption) to runs/mlflow.db, and MLflow's UI shows
+    them in its experiment, with their metrics."""
+    database = sqlite3.connect(f"file:{project_runs / 'runs/mlflow.db'}?mode=ro", uri=True)
+    with contextlib.closing(database):
+        experiment = database.execute("SELECT experiment_id FROM experiments WHERE name = 'lightning_logs'").fetchone()
+        runs = database.execute("SELECT run_uuid, name FROM runs ORDER BY start_time").fetchall()
+    assert experiment is not None and len(runs) == 2, runs
+    with serving(project_runs, "mlflow", path=str(Path(MLFLOW_UI).parent)) as (port, log):
+        pages = [
+            seen(f"http://127.0.0.1:{port}/#/experiments/{experiment[0]}/runs/{run}", tmp_path / f"mlflow-{index}.png")
+            for index, (run, _) in enumerate(runs)
+        ]
+    for page, (run, name) in zip(pages, runs, strict=True):
+        for shown in ("lightning_logs", name, run, "Finished", "val/acc", "val/loss", "train/loss", "lr"):
+            assert shown in page, (shown, page[-3000:])
+    assert "Traceback" not in log.read_text()
+
+
+# What each view refuses: (the arguments, after the folder's set-up; the line's start).
+def _no_logs(folder: Path) -> list[str]:
+    (folder / "runs/lightning_logs/version_0").mkdir(parents=True)
+    (folder / "runs/lightning_logs/version_0/metrics.csv").write_text("epoch,step\n")
+    return ["tensorboard", "runs"]
+
+
+def _a_file(folder: Path) -> list[str]:
+    (folder / "runs").write_text("not a folder")
+    return ["tensorboard", "runs"]
+
+
+def _no_study_file(folder: Path) -> list[str]:
+    (folder / "runs/sweeps/lr").mkdir(parents=True)
+    return ["dashboard", "runs/sweeps/lr"]
+
+
+def _other_study(folder: Path) -> list[str]:
+    optuna.create_study(study_name="other", storage=f"sqlite:///{folder / 'store.db'}")
+    return ["dashboard", "--storage", f"sqlite:///{folder / 'store.db'}", "--study", "lr"]
+
+
+def _empty_store(folder: Path) -> list[str]:
+    return ["dashboard", "--storage", f"sqlite:///{folder / 'none.db'}"]
+
+
+def _not_a_database(folder: Path) -> list[str]:
+    (folder / "store.db").write_bytes(b"\x00garbage" * 100)
+    return ["dashboard", "--storage", f"sqlite:///{folder / 'store.db'}"]
+
+
+def _unreachable(folder: Path) -> list[str]:
+    return ["dashboard", "--storage", f"postgresql+psycopg://user:hunter2secret@127.0.0.1:{_free_port()}/db"]
+
+
+def _no_mlflow_store(folder: Path) -> list[str]:
+    (folder / "runs").mkdir()
+    return ["mlflow"]
+
+
+def _mlflow_store_a_folder(folder: Path) -> list[str]:
+    (folder / "runs/mlflow.db").mkdir(parents=True)
+    return ["mlflow"]
+
+
+def _nothing(folder: Path) -> list[str]:
+    return ["dashboard"]
+
+
+REFUSED = {
+    "no folder": (lambda folder: ["tensorboard", "elsewhere"], "error: FOLDER elsewhere does not exist"),
+    "a file for the folder": (_a_file, "error: FOLDER runs is not a folder"),
+    "a run folder without logs": (_no_logs, "error: FOLDER runs holds no TensorBoard logs"),
+    "no sweep there": (_no_study_file, "error: FOLDER runs/sweeps/lr holds no study.json"),
+    "no folder nor store": (_nothing, "error: give a sweep's FOLDER"),
+    "a study that is not there": (_other_study, "error: --study lr is not in sqlite:///"),
+    "a store file that is not there": (_empty_store, "error: --storage sqlite:///"),
+    "a store that is no database": (_not_a_database, "error: --storage sqlite:///"),
+    "a store that cannot be reached": (_unreachable, "error: --storage postgresql+psycopg://user:***@127.0.0.1:"),
+    "no MLflow store": (_no_mlflow_store, "error: runs/mlflow.db does not exist"),
+    "an MLflow store that is a folder": (_mlflow_store_a_folder, "error: runs/mlflow.db is a folder"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_each_view_refuses_bad_input_in_one_line(case, in_tmp_path, capsys):
+    make, start = REFUSED[case]
+    args = make(in_tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        views_main(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 1, err
+    assert err.startswith(start) and err.count("\n") == 1, err
+    assert "hunter2secret" not in err and "Traceback" not in err
+
+
+def test_a_port_in_use_is_one_line(trained_once, monkeypatch, capsys):
+    monkeypatch.chdir(trained_once)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as stop:
+            views_main(["tensorboard", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err == f"error: --port {port} is in use on 127.0.0.1: give another --port\n"
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "http", "-1"])
+def test_a_port_out_of_range_is_one_line(port, capsys):
+    with pytest.raises(SystemExit) as stop:
+        views_main(["tensorboard", "--port", port])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and "expected a port number from 1 to 65535" in err[-1], err
