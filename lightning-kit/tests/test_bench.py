@@ -37,8 +37,8 @@ def write_the_data_of_every_config(folder: Path, task: str) -> None:
         np.savez(folder / "data" / "sequences.npz", tokens=tokens, labels=labels)
 
 
-def measured(out: str) -> None:
-    """Every measurement of the report is there, positive and finite."""
+def measured(out: str) -> bool:
+    """Every measurement of the report is there, positive and finite; whether it has TensorBoard's cost (f)."""
     rates = {
         label: float(value.replace(",", ""))
         for label, value in re.findall(r"^\((\w)\) .*?([\d,]+) samples/s", out, re.M)
@@ -47,10 +47,15 @@ def measured(out: str) -> None:
     assert all(rate > 0 for rate in rates.values()), out
     ratios = [float(value) for value in re.findall(r"ratio .*?([\d.]+)$", out, re.M)]
     assert len(ratios) == 3 and all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), out
-    per_step = [float(value) for value in re.findall(r"([\d.]+) ms", out)]
+    step_lines = re.findall(r"^\(e\) .*$", out, re.M)
+    per_step = [float(value) for line in step_lines for value in re.findall(r"([\d.]+) ms", line)]
     assert len(per_step) == 3 and all(value > 0 for value in per_step), out
+    # (f), with the default logger alone: TensorBoard's files against the CSV alone, both per step, and its difference.
+    boards = [re.findall(r"(-?[\d.]+) ms", line) for line in re.findall(r"^\(f\) .*$", out, re.M)]
+    assert all(len(values) == 3 and float(values[0]) > 0 and float(values[1]) > 0 for values in boards), out
     paired = [float(value) for value in re.findall(r"^ +median of paired runs +([\d.]+)$", out, re.M)]
-    assert len(paired) == 1 and math.isfinite(paired[0]) and paired[0] > 0, out
+    assert len(paired) == 1 + len(boards) and all(math.isfinite(value) and value > 0 for value in paired), out
+    return bool(boards)
 
 
 @pytest.mark.slow
@@ -58,7 +63,7 @@ def test_benchmark_reports_every_measurement(in_tmp_path, synthetic_config, caps
     BENCH["image"](
         ["--config", synthetic_config, "--accelerator", "cpu", "--steps", "4", "--warmup", "2", "--repeats", "1"]
     )
-    measured(capsys.readouterr().out)
+    assert measured(capsys.readouterr().out), "the default logger's TensorBoard files are measured (f)"
 
 
 @pytest.mark.slow

@@ -192,7 +192,11 @@ def test_cross_validation_runs_each_fold_once_and_reports_their_spread(in_tmp_pa
     assert all(trial.state == TrialState.COMPLETE for trial in trials)
     config = (in_tmp_path / trials[1].user_attrs["run_folder"] / "config.yaml").read_text()
     assert "folds: 2" in config and f"fold: {trials[1].params['data.fold']}" in config
-    assert "val/acc over 2 folds: mean " in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "val/acc over 2 folds: mean " in said
+    # The same line on the study, which Optuna's dashboard shows, and the metric by its name there.
+    recorded = study(in_tmp_path, "folds")
+    assert recorded.user_attrs["cross_validation"] in said and recorded.metric_names == ["val/acc"]
 
 
 @pytest.mark.parametrize(

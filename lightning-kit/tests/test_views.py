@@ -4,6 +4,7 @@ each started on 127.0.0.1 over a real run, a resumed run and a real two-trial st
 see, and leaves a screenshot of each view in its folder. Then what each view refuses, in one line."""
 
 import contextlib
+import csv
 import os
 import shutil
 import signal
@@ -38,10 +39,14 @@ def project_runs(tmp_path_factory, fast_args) -> Path:
     pytest.importorskip("mlflow", reason="the runs are logged with MLflow's client (mlflow-skinny, the test extra)")
     folder = tmp_path_factory.mktemp("views")
     mlflow = ["--config", str(CONFIGS / "mlflow.yaml")]
+    # train.py in processes of its own, as a person runs it: MLflow keeps one store per URI in a process, and its
+    # relative sqlite:///runs/mlflow.db would stay the first folder's in a process that trains in several.
+    for more in (["--max_epochs", "1"], ["--max_epochs", "2", "--ckpt_path", "last"]):
+        command = [sys.executable, str(CONFIGS.parent / "train.py"), *fast_args, *mlflow, *more]
+        run = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=HANG_GUARD_S)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        main([*fast_args, *mlflow, "--max_epochs", "1"])
-        main([*fast_args, *mlflow, "--max_epochs", "2", "--ckpt_path", "last"])
         (folder / "lr.yaml").write_text("model.lr: [0.001, 0.002]\n")
         sweep_main([*fast_args, "--space", "lr.yaml", "--sampler", "grid", "--max_epochs", "1"], cli_class=ProjectCLI)
     return folder
@@ -131,6 +136,7 @@ def test_the_dashboard_shows_the_studys_trials_values_and_run_folders(project_ru
     """optuna-dashboard over the sweep's study.db: its two trials, the metric by name, their values and parameters,
     and what the runs table knows of each trial (its run folder, the command that trains it again)."""
     study = optuna.load_study(study_name="lr", storage=f"sqlite:///{project_runs / 'runs/sweeps/lr/study.db'}")
+    assert study.metric_names == ["val/acc"]
     values = [f"{trial.value:.4f}"[:5] for trial in study.trials]
     before = (project_runs / "runs/sweeps/lr/study.db").read_bytes()
     with serving(project_runs, "dashboard", "runs/sweeps/lr") as (port, log):
@@ -169,6 +175,31 @@ def test_mlflow_shows_the_run_logged_with_the_mlflow_config(project_runs, tmp_pa
         for shown in ("lightning_logs", name, run, "Finished", "val/acc", "val/loss", "train/loss", "lr"):
             assert shown in page, (shown, page[-3000:])
     assert "Traceback" not in log.read_text()
+
+
+def test_the_default_logger_writes_tensorboards_events_of_the_csvs_metrics_in_the_run_folder(trained_once):
+    """One run folder, one version: TensorBoard's event file holds every metric of metrics.csv, at the same steps and
+    values, and no placeholder `hp_metric`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = trained_once / "runs/lightning_logs/version_0"
+    assert [path.name for path in (trained_once / "runs/lightning_logs").iterdir()] == ["version_0"]
+    events = EventAccumulator(str(run))
+    events.Reload()
+    with (run / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    logged = {(name, int(row["step"]), float(value)) for row in rows for name, value in row.items() if value}
+    logged = {(name, step, value) for name, step, value in logged if name != "step"}
+    tags = events.Tags()["scalars"]
+    assert sorted(tags) == sorted({name for name, _, _ in logged}) and "hp_metric" not in tags
+    seen_there = {(tag, event.step, event.value) for tag in tags for event in events.Scalars(tag)}
+    assert {(n, s, round(v, 5)) for n, s, v in seen_there} == {(n, s, round(v, 5)) for n, s, v in logged}
+
+
+def test_without_tensorboard_the_logger_writes_the_csv_files_alone(in_tmp_path, fast_args):
+    main([*fast_args, "--max_epochs", "1", "--trainer.logger.init_args.tensorboard", "false"])
+    run = in_tmp_path / "runs/lightning_logs/version_0"
+    assert (run / "metrics.csv").is_file() and not list(run.glob("events.out.tfevents.*"))
 
 
 # What each view refuses: (the arguments, after the folder's set-up; the line's start).

@@ -363,7 +363,8 @@ def training_benchmark(
 
         model, datamodule, trainer = make()
         # (f): the default logger's TensorBoard files, against its CSV files alone.
-        boards = isinstance(trainer.logger, CSVAndTensorBoardLogger) and trainer.logger.tensorboard
+        boards = len(trainer.loggers) == 1 and isinstance(trainer.logger, CSVAndTensorBoardLogger)
+        boards = boards and trainer.logger.tensorboard
         csv_only = functools.partial(make, "--trainer.logger.init_args.tensorboard", "false")
         batch_size, num_classes = _measured_sizes(model, datamodule)
         initial_net = copy.deepcopy(model.net)
