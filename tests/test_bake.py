@@ -108,10 +108,12 @@ def test_defaults_give_an_image_project_with_workflow_and_mit_license(bake):
     library = (TEMPLATE / "lightning-kit").as_uri()
     assert library_requirements(root) == [
         f"lightning-kit @ {library}",
+        f"lightning-kit[dashboard] @ {library}",
+        f"lightning-kit[mlflow] @ {library}",
         f"lightning-kit[onnx] @ {library}",
         f"lightning-kit[postgres] @ {library}",
         f"lightning-kit[serve] @ {library}",
-        f"lightning-kit[postgres,serve] @ {library}",
+        f"lightning-kit[dashboard,postgres,serve] @ {library}",
     ]
 
 
