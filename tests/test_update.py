@@ -264,9 +264,10 @@ def test_an_update_to_a_commit_that_changes_the_library_installs_it_there_and_th
     tmp_path, env, fresh_venv: FreshVenv
 ):
     """Baked from a git URL at commit A and edited, then updated to commit B: the README's one install command puts
-    B's library in place (no uninstall), and the project's tests pass on it. Then, in the same environment: a second
-    project at A installed beside it replaces the library, and the first says so in one line at start-up; with the
-    library uninstalled, or the project installed with --no-deps, it says how to install it in one line."""
+    B's library in place (no uninstall), and the project's quick tests pass on it (test_bake.py runs its slow ones).
+    Then, in the same environment: a second project at A installed beside it replaces the library, and the first
+    says so in one line at start-up; with the library uninstalled, or the project installed with --no-deps, it says
+    how to install it in one line."""
     template = tmp_path / "template"
     git("clone", "-q", fresh_venv.template, str(template), cwd=tmp_path, env=env)
     url = f"git+{template.as_uri()}"
@@ -308,7 +309,10 @@ def test_an_update_to_a_commit_that_changes_the_library_installs_it_there_and_th
     ), installed
     assert installed["version"].endswith(f"+g{second[:9]}"), installed
     print(f"the update installed lightning-kit {installed['version']} (was the bake's, at {first[:9]})")
-    tests = fresh_venv.run("python", "-m", "pytest", "-v", "-p", "no:cacheprovider", "--disable-warnings", cwd=project)
+    # Its quick tests, the template's new one among them: its slow ones (short trainings) run in test_bake.py already.
+    tests = fresh_venv.run(
+        "python", "-m", "pytest", "-v", "-m", "not slow", "-p", "no:cacheprovider", "--disable-warnings", cwd=project
+    )
     assert tests.returncode == 0, tests.stdout[-20000:] + tests.stderr[-2000:]
     assert re.search(r"\d+ passed", tests.stdout.splitlines()[-1]), tests.stdout[-2000:]
     assert "tests/test_release_notes.py::test_the_library_is_the_templates_second_commit PASSED" in tests.stdout
