@@ -61,7 +61,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def serving(folder: Path, *args: str, path: str | None = None):
     """``python -m lightning_kit.views args --port P`` in ``folder``, until it listens; its port and its output's
-    file. Stopped by SIGTERM at the end (its process group killed if it outlives the guard)."""
+    file. Stopped by SIGTERM at the end, which it ends with 0 (its process group killed if it outlives the guard)."""
     port = _free_port()
     log = folder / f"view-{args[0]}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -94,6 +94,7 @@ def serving(folder: Path, *args: str, path: str | None = None):
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
+    assert server.returncode == 0, f"SIGTERM did not stop it with 0: {log.read_text()[-3000:]}"
 
 
 def seen(url: str, screenshot: Path, height: int = 2400) -> str:
