@@ -248,6 +248,38 @@ def _mlflow_store_a_folder(folder: Path) -> list[str]:
     return ["mlflow"]
 
 
+def _mlflow_store_a_fifo(folder: Path) -> list[str]:
+    (folder / "runs").mkdir()
+    os.mkfifo(folder / "runs/mlflow.db")  # never opened: a reader would wait for ever
+    return ["mlflow"]
+
+
+def _mlflow_store_not_sqlite(folder: Path) -> list[str]:
+    (folder / "runs").mkdir()
+    (folder / "runs/mlflow.db").write_text("metrics,as,csv\n")
+    return ["mlflow"]
+
+
+def _broken_study_db(folder: Path) -> list[str]:
+    (folder / "runs/sweeps/lr").mkdir(parents=True)
+    (folder / "runs/sweeps/lr/study.json").write_text('{"study_name": "lr", "storage": "sqlite:///study.db"}')
+    (folder / "runs/sweeps/lr/study.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    return ["dashboard", "runs/sweeps/lr"]
+
+
+def _study_file_linked_outside(folder: Path) -> list[str]:
+    (folder / "runs/sweeps/lr").mkdir(parents=True)
+    (folder / "elsewhere.json").write_text('{"study_name": "lr"}')
+    (folder / "runs/sweeps/lr/study.json").symlink_to(folder / "elsewhere.json")
+    return ["dashboard", "runs/sweeps/lr"]
+
+
+def _unknown_host(folder: Path) -> list[str]:
+    (folder / "runs/v").mkdir(parents=True)
+    (folder / "runs/v/events.out.tfevents.1.host.1.0").write_bytes(b"")
+    return ["tensorboard", "--host", "no-such-host.invalid"]
+
+
 def _nothing(folder: Path) -> list[str]:
     return ["dashboard"]
 
@@ -264,6 +296,11 @@ REFUSED = {
     "a store that cannot be reached": (_unreachable, "error: --storage postgresql+psycopg://user:***@127.0.0.1:"),
     "no MLflow store": (_no_mlflow_store, "error: runs/mlflow.db does not exist"),
     "an MLflow store that is a folder": (_mlflow_store_a_folder, "error: runs/mlflow.db is a folder"),
+    "an MLflow store that is a FIFO": (_mlflow_store_a_fifo, "error: runs/mlflow.db is a FIFO"),
+    "an MLflow store that is no database": (_mlflow_store_not_sqlite, "error: runs/mlflow.db is not an SQLite"),
+    "a sweep's study.db that is broken": (_broken_study_db, "error: the sweep in runs/sweeps/lr cannot be shown"),
+    "a study.json linked outside": (_study_file_linked_outside, "error: the sweep in runs/sweeps/lr cannot be shown"),
+    "an unknown host": (_unknown_host, "error: --host no-such-host.invalid is no address of this machine"),
 }
 
 
