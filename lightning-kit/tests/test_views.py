@@ -18,9 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import CONFIGS, HANG_GUARD_S, main
-from image_project.cli import ProjectCLI
 
-from lightning_kit.sweep.command import main as sweep_main
 from lightning_kit.views import main as views_main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -32,23 +30,28 @@ PAGE_S = 120
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian's chromium package)")
 
 
-@pytest.fixture(scope="module")
-def project_runs(tmp_path_factory, fast_args) -> Path:
-    """A folder as a project's would be after: a run logged to MLflow too, that run resumed for a second epoch,
-    and a sweep of two trials (runs/sweeps/lr)."""
-    pytest.importorskip("mlflow", reason="the runs are logged with MLflow's client (mlflow-skinny, the test extra)")
-    folder = tmp_path_factory.mktemp("views")
-    mlflow = ["--config", str(CONFIGS / "mlflow.yaml")]
-    # train.py in processes of its own, as a person runs it: MLflow keeps one store per URI in a process, and its
-    # relative sqlite:///runs/mlflow.db would stay the first folder's in a process that trains in several.
-    for more in (["--max_epochs", "1"], ["--max_epochs", "2", "--ckpt_path", "last"]):
-        command = [sys.executable, str(CONFIGS.parent / "train.py"), *fast_args, *mlflow, *more]
-        run = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=HANG_GUARD_S)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        (folder / "lr.yaml").write_text("model.lr: [0.001, 0.002]\n")
-        sweep_main([*fast_args, "--space", "lr.yaml", "--sampler", "grid", "--max_epochs", "1"], cli_class=ProjectCLI)
+# A project's folder after a run logged to MLflow too, that run resumed for a second epoch, and a sweep of two
+# trials (runs/sweeps/lr): one process, in that folder, as a person runs train.py there. (MLflow keeps one store per
+# URI in a process: its relative sqlite:///runs/mlflow.db stays the first folder's in a process that trains in several.)
+TRAINED = """
+import sys
+from image_project.cli import ProjectCLI, main
+from lightning_kit.sweep.command import main as sweep_main
+
+fast, mlflow = sys.argv[1:-2], sys.argv[-2:]
+main([*fast, *mlflow, "--max_epochs", "1"])
+main([*fast, *mlflow, "--max_epochs", "2", "--ckpt_path", "last"])
+sweep_main([*fast, "--space", "lr.yaml", "--sampler", "grid", "--max_epochs", "1"], cli_class=ProjectCLI)
+"""
+
+
+def project_runs(folder: Path, fast_args: list[str]) -> Path:
+    (folder / "lr.yaml").write_text("model.lr: [0.001, 0.002]\n")
+    command = [sys.executable, "-c", TRAINED, *fast_args, "--config", str(CONFIGS / "mlflow.yaml")]
+    run = subprocess.run(
+        command, cwd=folder, capture_output=True, text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return folder
 
 
@@ -97,27 +100,39 @@ def serving(folder: Path, *args: str, path: str | None = None):
     assert server.returncode == 0, f"SIGTERM did not stop it with 0: {log.read_text()[-3000:]}"
 
 
-def seen(url: str, screenshot: Path, height: int = 2400) -> str:
+def seen(url: str, screenshot: Path) -> str:
     """The page at ``url`` as headless Chromium rendered it (its DOM, once its scripts have run), a screenshot of it
     written to ``screenshot``. A tall window: the cards of a page below its first screen are drawn too."""
     flags = [
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={screenshot.parent / 'chromium-profile'}", f"--window-size=1400,{height}",
-        "--virtual-time-budget=20000",
+        f"--user-data-dir={screenshot.parent / 'chromium-profile'}", "--window-size=1400,2400",
+        "--virtual-time-budget=15000", f"--screenshot={screenshot}", "--dump-dom",
     ]  # fmt: skip
-    for mode in (f"--screenshot={screenshot}", "--dump-dom"):
-        page = subprocess.run(
-            [CHROMIUM, *flags, mode, url], capture_output=True, text=True, timeout=PAGE_S, stdin=subprocess.DEVNULL
-        )
-        assert page.returncode == 0, page.stderr[-2000:]
+    page = subprocess.run(
+        [CHROMIUM, *flags, url], capture_output=True, text=True, timeout=PAGE_S, stdin=subprocess.DEVNULL
+    )
+    assert page.returncode == 0, page.stderr[-2000:]
     assert screenshot.stat().st_size > 0
     return page.stdout
 
 
 @pytest.mark.slow
 @needs_chromium
-def test_tensorboard_shows_every_runs_curves_by_default(project_runs, tmp_path):
+def test_each_view_shows_in_a_browser_the_runs_a_resumed_run_and_a_two_trial_sweep(tmp_path, fast_args):
+    """One project folder (``project_runs``), each view in turn over it, each loaded in Chromium: one test, so
+    that the runs are trained once."""
+    pytest.importorskip("mlflow", reason="the runs are logged with MLflow's client (mlflow-skinny, the test extra)")
+    (tmp_path / "project").mkdir()
+    folder = project_runs(tmp_path / "project", fast_args)
+    tensorboard_shows_every_runs_curves_by_default(folder, tmp_path)
+    the_dashboard_shows_the_studys_trials_values_and_run_folders(folder, tmp_path)
+    if MLFLOW_UI is None:
+        pytest.skip("MLflow's UI is not installed (make test's .venv-mlflow, or mlflow on PATH): its view is untested")
+    mlflow_shows_the_runs_logged_with_the_mlflow_config(folder, tmp_path)
+
+
+def tensorboard_shows_every_runs_curves_by_default(project_runs: Path, tmp_path: Path) -> None:
     """The default logger wrote TensorBoard's event files beside metrics.csv: the scalars of each run, the resumed
     one and the sweep's trials among them, are in TensorBoard's page, by the names the runs table uses."""
     with serving(project_runs, "tensorboard") as (port, log):
@@ -131,9 +146,7 @@ def test_tensorboard_shows_every_runs_curves_by_default(project_runs, tmp_path):
     assert "Traceback" not in log.read_text()
 
 
-@pytest.mark.slow
-@needs_chromium
-def test_the_dashboard_shows_the_studys_trials_values_and_run_folders(project_runs, tmp_path):
+def the_dashboard_shows_the_studys_trials_values_and_run_folders(project_runs: Path, tmp_path: Path) -> None:
     """optuna-dashboard over the sweep's study.db: its two trials, the metric by name, their values and parameters,
     and what the runs table knows of each trial (its run folder, the command that trains it again)."""
     study = optuna.load_study(study_name="lr", storage=f"sqlite:///{project_runs / 'runs/sweeps/lr/study.db'}")
@@ -156,10 +169,7 @@ def test_the_dashboard_shows_the_studys_trials_values_and_run_folders(project_ru
     assert (project_runs / "runs/sweeps/lr/study.db").read_bytes() == before, "it only reads the study"
 
 
-@pytest.mark.slow
-@needs_chromium
-@pytest.mark.skipif(MLFLOW_UI is None, reason="needs MLflow's UI (make test's .venv-mlflow, or mlflow on PATH)")
-def test_mlflow_shows_the_run_logged_with_the_mlflow_config(project_runs, tmp_path):
+def mlflow_shows_the_runs_logged_with_the_mlflow_config(project_runs: Path, tmp_path: Path) -> None:
     """configs/mlflow.yaml logged both fits (the first and its resumption) to runs/mlflow.db, and MLflow's UI shows
     them in its experiment, with their metrics."""
     database = sqlite3.connect(f"file:{project_runs / 'runs/mlflow.db'}?mode=ro", uri=True)

@@ -96,8 +96,11 @@ def _dashboard(options: argparse.Namespace) -> None:
         storage, name, where = sweep.storage, sweep.study_name, sweep.url
     else:
         storage, name, where = _study_in_store(options.storage, options.study)
-    study_id = storage.get_study_id_from_name(name)
-    trials = len(storage.get_all_trials(study_id, deepcopy=False))
+    try:
+        study_id = storage.get_study_id_from_name(name)
+        trials = len(storage.get_all_trials(study_id, deepcopy=False))
+    except Exception as err:  # the store lost since it was read, say
+        raise UserError(f"study {name} cannot be read from {hidden(where)}: {stores.explained(failure_reason(err))}")
     _check_port(options.host, options.port)
     import optuna_dashboard
 
