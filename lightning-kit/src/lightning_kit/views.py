@@ -100,7 +100,8 @@ def _dashboard(options: argparse.Namespace) -> None:
         study_id = storage.get_study_id_from_name(name)
         trials = len(storage.get_all_trials(study_id, deepcopy=False))
     except Exception as err:  # the store lost since it was read, say
-        raise UserError(f"study {name} cannot be read from {hidden(where)}: {stores.explained(failure_reason(err))}")
+        reason = stores.explained(failure_reason(err))
+        raise UserError(f"study {name} cannot be read from {hidden(where)}: {reason}") from None
     _check_port(options.host, options.port)
     import optuna_dashboard
 
