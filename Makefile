@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# MLflow's UI, for the browser test of `views mlflow` only (requirements-mlflow.txt says why it lives apart).
-MLFLOW_VENV := .venv-mlflow
+# MLflow's UI, for the browser test of `views mlflow` only, in an environment of its own inside .venv
+# (requirements-mlflow.txt says why it lives apart).
+MLFLOW_VENV := $(VENV)/mlflow-ui
 MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 LIBRARY := lightning-kit
 DEMO_DIR := build/demo
@@ -54,4 +55,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check hooks tests $(LIBRARY)
 
 clean:
-	rm -rf $(VENV) $(MLFLOW_VENV) build
+	rm -rf $(VENV) build

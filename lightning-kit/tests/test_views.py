@@ -128,7 +128,7 @@ def test_each_view_shows_in_a_browser_the_runs_a_resumed_run_and_a_two_trial_swe
     tensorboard_shows_every_runs_curves_by_default(folder, tmp_path)
     the_dashboard_shows_the_studys_trials_values_and_run_folders(folder, tmp_path)
     if MLFLOW_UI is None:
-        pytest.skip("MLflow's UI is not installed (make test's .venv-mlflow, or mlflow on PATH): its view is untested")
+        pytest.skip("no MLflow UI (make test's .venv/mlflow-ui, or mlflow on PATH): its view is untested")
     mlflow_shows_the_runs_logged_with_the_mlflow_config(folder, tmp_path)
 
 

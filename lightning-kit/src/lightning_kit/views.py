@@ -53,9 +53,9 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
     dashboard.add_argument("--study", metavar="NAME", help="the study in --storage (default: its only one)")
     mlflow = views.add_parser("mlflow", help="runs logged with MLflow (configs/mlflow.yaml) in MLflow's UI")
     mlflow.add_argument("folder", nargs="?", default="runs", metavar="FOLDER", help=f"holds {MLFLOW_STORE}")
-    for view in (board, dashboard, mlflow):
+    for name, view in (("tensorboard", board), ("dashboard", dashboard), ("mlflow", mlflow)):
         view.add_argument("--host", default="127.0.0.1", help="the address to serve on (default: 127.0.0.1)")
-        view.add_argument("--port", type=_port, default=PORTS[view.prog.rpartition(" ")[2]], help="the port")
+        view.add_argument("--port", type=_port, default=PORTS[name], help=f"the port (default: {PORTS[name]})")
     options = parser.parse_args(sys.argv[1:] if args is None else list(args))
     try:
         {"tensorboard": _tensorboard, "dashboard": _dashboard, "mlflow": _mlflow}[options.view](options)
