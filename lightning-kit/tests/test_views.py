@@ -102,28 +102,35 @@ def serving(folder: Path, *args: str, path: str | None = None):
     assert server.returncode == 0, f"SIGTERM did not stop it with 0: {log.read_text()[-3000:]}"
 
 
-def seen(url: str, screenshot: Path) -> str:
-    """The page at ``url`` as headless Chromium rendered it (its DOM, once its scripts have run), a screenshot of it
-    written to ``screenshot``. A tall window: the cards of a page below its first screen are drawn too."""
+def seen(url: str, screenshot: Path, budget_ms: int = 15000) -> str:
+    """The page at ``url`` as headless Chromium rendered it (its DOM, once its scripts have run for ``budget_ms`` of
+    Chromium's virtual time), a screenshot of it written to ``screenshot``. A tall window: the cards of a page below
+    its first screen are drawn too."""
     flags = [
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         f"--user-data-dir={screenshot.parent / 'chromium-profile'}", "--window-size=1400,2400",
-        "--virtual-time-budget=15000", f"--screenshot={screenshot}", "--dump-dom",
+        f"--virtual-time-budget={budget_ms}", f"--screenshot={screenshot}", "--dump-dom",
     ]  # fmt: skip
     page = subprocess.run(
-        [CHROMIUM, *flags, url], capture_output=True, text=True, timeout=PAGE_S, stdin=subprocess.DEVNULL
+        [CHROMIUM, *flags, url],
+        capture_output=True,
+        text=True,
+        timeout=PAGE_S + budget_ms // 1000,
+        stdin=subprocess.DEVNULL,
     )
     assert page.returncode == 0, page.stderr[-2000:]
     assert screenshot.stat().st_size > 0
     return page.stdout
 
 
-def seen_showing(url: str, screenshot: Path, wanted: tuple[str, ...], tries: int = 3) -> str:
-    """``seen``, loaded again (up to ``tries`` times) while the page lacks one of ``wanted``: a view on a busy machine
-    may still be reading its files when its first page is drawn (TensorBoard loads event files in the background)."""
-    for _ in range(tries):
-        page = seen(url, screenshot)
+def seen_showing(url: str, screenshot: Path, wanted: tuple[str, ...], tries: int = 4) -> str:
+    """``seen``, loaded again (up to ``tries`` times, each given twice the time of the one before) while the page lacks
+    one of ``wanted``: a view on a busy machine may still be reading its files when its first page is drawn
+    (TensorBoard loads event files in the background), or still be filling its cards when the time is up (a CI run
+    drew TensorBoard's two filtered cards empty, three times at 15 s)."""
+    for attempt in range(tries):
+        page = seen(url, screenshot, budget_ms=15000 * 2**attempt)
         missing = [text for text in wanted if text not in page]
         if not missing:
             return page
