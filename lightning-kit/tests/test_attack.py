@@ -228,6 +228,12 @@ CASES = {
     "fit-negative-epochs": Case("lightning_kit", ["fit", *CLASSES, "--max_epochs", "-7"], "--max_epochs must be"),
     "fit-seed-out-of-range": Case("lightning_kit", ["fit", *CLASSES, "--seed_everything", "-1"], "seed_everything"),
     "fit-tpu": Case("lightning_kit", ["fit", *CLASSES, "--accelerator", "tpu"], "tpu"),
+    "fit-accelerator-unknown": Case("lightning_kit", ["fit", *CLASSES, "--accelerator", "quantum"], "--accelerator"),
+    "fit-strategy-unknown": Case("lightning_kit", ["fit", *CLASSES, "--strategy", "magic"], "--strategy 'magic'"),
+    "fit-strategy-a-path": Case("lightning_kit", ["fit", *CLASSES, "--strategy", "../ddp"], "--strategy '../ddp'"),
+    "fit-profiler-unknown": Case(
+        "lightning_kit", ["fit", *CLASSES, "--trainer.profiler", "bogus"], "--trainer.profiler 'bogus'"
+    ),
     "fit-no-gpu-here": Case("lightning_kit", ["fit", *CLASSES, "--accelerator", "gpu"], "GPU"),
     "fit-precision-unknown": Case("lightning_kit", ["fit", *CLASSES, "--precision", "7"], "--trainer.precision", 2),
     "fit-config-missing": Case("lightning_kit", ["fit", "--config", "nowhere.yaml"], "nowhere.yaml", 2),
@@ -380,6 +386,13 @@ CASES = {
         1,
         folder("d"),
     ),
+    "sweep-storage-a-dangling-link": Case(
+        "sweep",
+        ["--space", SPACE, "--trials", "1", "--config", CONFIG, "--storage", "sqlite:///s.db"],
+        "a link to nothing",
+        1,
+        link("s.db", "victim-folder/new.db"),
+    ),
     "sweep-storage-not-sqlite": Case(
         "sweep",
         ["--space", SPACE, "--trials", "1", "--config", CONFIG, "--storage", "sqlite:///s.db"],
@@ -420,6 +433,7 @@ CASES = {
     "runs-folder-a-file": Case("runs", ["f"], "is not a folder", 1, file("f", "x")),
     "runs-folder-a-fifo": Case("runs", ["f"], "is not a folder", 1, fifo("f")),
     "runs-sort-unknown": Case("runs", ["--sort", "bogus"], "--sort bogus", 1, run=True),
+    "runs-storage-without-a-sweep": Case("runs", ["--storage", "sqlite:///x.db"], "--storage", 1, run=True),
     "runs-status-unknown": Case("runs", ["--status", "bogus"], "--status", 2, run=True),
     "runs-markdown-into-a-folder": Case("runs", ["--markdown", "out/"], "--markdown", 1, run=True),
     "runs-markdown-over-a-file": Case("runs", ["--markdown", "t.md"], "exists", 1, file("t.md", VICTIM_TEXT), run=True),
@@ -537,6 +551,7 @@ CASES = {
     "lint-a-link-to-a-fifo": Case("lint_placement", ["l.py"], "l.py", 1, both(fifo("f.py"), link("l.py", "f.py"))),
     "lint-a-device": Case("lint_placement", ["/dev/zero"], "/dev/zero"),
     "lint-binary": Case("lint_placement", ["b.py"], "b.py", 1, file("b.py", b"\0\x01\x02" * 100)),
+    "lint-a-folder-of-no-python": Case("lint_placement", ["d"], "nothing in it was checked", 0, folder("d")),
     "lint-too-large": Case("lint_placement", ["big.py"], "big.py", 1, file("big.py", "x = 1\n" * 2_000_000)),
 }
 

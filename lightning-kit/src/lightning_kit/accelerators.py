@@ -29,6 +29,14 @@ def check_accelerator(trainer) -> None:
 
     if accelerator == SIMULATED:
         _check_simulated(trainer)
+    if isinstance(accelerator, str):
+        from lightning.pytorch.accelerators import AcceleratorRegistry
+
+        known = ("auto", "gpu", *AcceleratorRegistry.available_accelerators())
+        if accelerator not in known:
+            raise ConfigError(
+                f"--accelerator {accelerator!r} is not an accelerator Lightning knows: accepted: {', '.join(known)}"
+            )
     # Software missing would stop the run with a traceback from deep in Lightning.
     needs = {"tpu": "torch_xla", "xla": "torch_xla", "hpu": "lightning_habana"}.get(accelerator)
     if needs and importlib.util.find_spec(needs) is None:
@@ -45,4 +53,28 @@ def _check_simulated(trainer) -> None:
         raise SimulatedGPUError(
             f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
             "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
+        )
+
+
+# The profilers a Trainer takes by name (Lightning's Trainer checks the same list).
+PROFILERS = ("simple", "advanced", "pytorch", "xla")
+
+
+def check_named_choices(trainer) -> None:
+    """The strategy and profiler given by name are ones Lightning has (one it lacks: a traceback from the Trainer)."""
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, str):
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        known = ("auto", *StrategyRegistry.available_strategies())
+        if strategy.lower() not in known:
+            raise ConfigError(
+                f"--strategy {strategy!r} is not a strategy Lightning knows: accepted: {', '.join(known)}, "
+                "or a Strategy's class path"
+            )
+    profiler = trainer.get("profiler")
+    if isinstance(profiler, str) and profiler.lower() not in PROFILERS:
+        raise ConfigError(
+            f"--trainer.profiler {profiler!r} is not a profiler Lightning knows: accepted: {', '.join(PROFILERS)}, "
+            "or a Profiler's class path"
         )

@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgre
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from .accelerators import check_accelerator
+from .accelerators import check_accelerator, check_named_choices
 from .arguments import Arguments
 from .callbacks import (
     BestCheckpoint,
@@ -222,6 +222,7 @@ class KitCLI(LightningCLI):
         if config.get("weights_only") is None and "weights_only" in config:
             config.weights_only = True  # checkpoints are read as data, never run as code
         check_accelerator(config.trainer)
+        check_named_choices(config.trainer)
         if config.trainer.accelerator == SIMULATED:
             simulated_run.start(self.subcommand or "fit")
         check_cpu_processes(config.trainer)

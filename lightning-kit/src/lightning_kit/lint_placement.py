@@ -360,8 +360,12 @@ def main(args: list[str] | None = None) -> int:
     """
     names = sys.argv[1:] if args is None else args
     paths = [Path(name) for name in names] if names else project_files(Path.cwd())
-    paths = [found for path in paths for found in (python_files(path) if path.is_dir() else [path])]
     errors: list[str] = []
+    found = {path: python_files(path) if path.is_dir() else [path] for path in paths}
+    for folder in (path for path, files in found.items() if not files):
+        # A folder of no Python files checks nothing: said, so that it does not read as a pass.
+        print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
+    paths = [file for files in found.values() for file in files]
     lines = check(paths, errors)
     for line in lines:
         print(line)

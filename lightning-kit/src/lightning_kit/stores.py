@@ -49,8 +49,9 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
     """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use, or would hang on.
 
     Refused: a path that is a folder, FIFO, device or socket (links followed, or with
-    ``no_link`` a link itself); a file that is not an SQLite database; for ``writing``, a
-    file or folder that cannot be written (a missing folder is made later, if it can be).
+    ``no_link`` a link itself); a link to nothing (SQLite would make the file it points to);
+    a file that is not an SQLite database; for ``writing``, a file or folder that cannot be
+    written (a missing folder is made later, if it can be).
     """
     path = Path(path)
     what = "to keep a study in"
@@ -58,6 +59,11 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
         raise ConfigError(
             f"{named} is a link (to {os.path.realpath(path)}): a study's file is not written through a link: "
             "move the link away, or give --storage sqlite:///<the file> to use that file"
+        )
+    if path.is_symlink() and not path.exists():  # SQLite would make a new file wherever it points
+        raise ConfigError(
+            f"{named} is a link to nothing ({os.readlink(path)}): no study's file is made through a link: "
+            "give the file itself (sqlite:///<file>.db), or remove the link"
         )
     try:
         mode = path.stat().st_mode

@@ -71,6 +71,11 @@ def _list(options: argparse.Namespace) -> None:
     for run in runs:
         read_run(run, root)
     link_resumed(runs)
+    if options.storage and not sweep_folders:  # a store given for nothing would be a silent no-op
+        raise UserError(
+            f"--storage names a sweep's database, and there is no sweep below {root} (runs/sweeps/<study>/) "
+            "to read it for: leave --storage out, or give the FOLDER that holds the sweep"
+        )
     sweeps = [read_sweep(folder, _name(folder, root), root, options.storage) for folder in sweep_folders]
     every_run = runs  # a cross-validation's summary is of all its folds, whichever --status is listed
     if options.status:
