@@ -109,3 +109,20 @@ def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
     [ratio] = re.findall(r"^ +ratio first/cached +([\d.]+)$", out, re.M)
     values = [float(first), float(rate.replace(",", "")), float(cached), float(ratio)]
     assert all(math.isfinite(value) and value > 0 for value in values), out
+
+
+@pytest.mark.parametrize(
+    "arguments, said",
+    [
+        (["--steps", "0"], "argument --steps: expected a positive number of timed steps, got '0'"),
+        (["--steps", "-3"], "argument --steps: expected a positive number of timed steps, got '-3'"),
+        (["--steps", "1.5"], "argument --steps: expected a positive number of timed steps, got '1.5'"),
+        (["--warmup", "-1"], "argument --warmup: expected a number of untimed steps, 0 or more, got '-1'"),
+        (["--image_folder", "0"], "argument --image_folder: expected a positive number of images, got '0'"),
+    ],
+)
+def test_a_wrong_count_of_steps_is_one_line_before_anything_is_built(capsys, arguments, said):
+    with pytest.raises(SystemExit) as stop:
+        bench.main([*arguments, "--config", "nowhere.yaml"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err

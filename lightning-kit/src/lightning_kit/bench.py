@@ -262,10 +262,18 @@ def image_folder_benchmark(count: int) -> None:
     print(f"    ratio first/cached                        {seconds[0] / seconds[1]:>9.1f}")
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of images, got {text!r}")
-    return int(text)
+def _whole_number(least: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` ``what``, else argparse's one-line error."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+_positive_int = _whole_number(1, "a positive number of images")
 
 
 def _measured_sizes(model: L.LightningModule, datamodule: L.LightningDataModule) -> tuple[int, int]:
@@ -302,8 +310,10 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser = OneLineParser(
         prog=prog, description=__doc__.split("\n\n")[0], epilog=f"Other arguments go to {cli_class.command}."
     )
-    parser.add_argument("--steps", type=int, default=100, help="timed training steps per run (default 100)")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps before them (default 10)")
+    steps = _whole_number(1, "a positive number of timed steps")
+    parser.add_argument("--steps", type=steps, default=100, help="timed training steps per run (default 100)")
+    warmup = _whole_number(0, "a number of untimed steps, 0 or more")
+    parser.add_argument("--warmup", type=warmup, default=10, help="untimed steps before them (default 10)")
     parser.add_argument(
         "--repeats", type=int, help="alternating runs of each contender (default 7; 3 with --audit, each a process)"
     )
