@@ -553,6 +553,53 @@ CASES = {
     "lint-binary": Case("lint_placement", ["b.py"], "b.py", 1, file("b.py", b"\0\x01\x02" * 100)),
     "lint-a-folder-of-no-python": Case("lint_placement", ["d"], "nothing in it was checked", 0, folder("d")),
     "lint-too-large": Case("lint_placement", ["big.py"], "big.py", 1, file("big.py", "x = 1\n" * 2_000_000)),
+    # A NUL character, which no path, URL or name holds (Python's API passes one; a config file's "\0" too): one
+    # line naming where it was given, never ValueError's traceback from the first open().
+    "nul-fit-config": Case("lightning_kit", ["fit", "--config", "c\0.yaml"], "--config holds a NUL"),
+    "nul-fit-ckpt": Case("lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path=a\0b"], "--ckpt_path holds a NUL"),
+    "nul-in-a-config-file": Case(
+        "lightning_kit",
+        ["fit", "--config", CONFIG, "--config", "c.yaml"],
+        "--ckpt_path holds a NUL",
+        1,
+        file("c.yaml", 'ckpt_path: "runs/\\0.ckpt"\n'),
+    ),
+    "nul-predictions-path": Case(
+        "lightning_kit",
+        ["predict", "--config", CONFIG, "--ckpt_path", CKPT, "--predictions.path", "p\0.csv"],
+        "--predictions.path holds a NUL",
+        run=True,
+    ),
+    "nul-audit-config": Case("placement", ["--config", "\0"], "--config holds a NUL", 2),
+    "nul-sweep-space": Case("sweep", ["--space", "s\0.yaml", "--trials", "1"], "--space holds a NUL", 2),
+    "nul-sweep-storage": Case("sweep", ["--space", SPACE, "--storage", "sqlite:///\0"], "--storage holds a NUL", 2),
+    "nul-runs-folder": Case("runs", ["runs\0"], "FOLDER holds a NUL", 2),
+    "nul-runs-csv": Case("runs", ["--csv", "t\0.csv"], "--csv holds a NUL", 2, run=True),
+    "nul-plots": Case("plots", [f"{RUN}\0"], "run_dir holds a NUL", 2, run=True),
+    "nul-export-output": Case("export", ["--ckpt_path", CKPT, "--output", "m\0.pt2"], "--output holds a NUL", 2),
+    "nul-serve-model": Case("serve", ["m\0.pt2"], "model holds a NUL", 2),
+    "nul-lint": Case("lint_placement", ["a\0.py"], "holds a NUL character"),
+    # An empty value is no path, URL or column: refused, not silently taken for the option's default.
+    "empty-sweep-storage": Case("sweep", ["--space", SPACE, "--trials", "1", "--storage", ""], "--storage is empty", 2),
+    "empty-runs-sort": Case("runs", ["--sort", ""], "--sort is empty", 2, run=True),
+    "empty-export-output": Case("export", ["--ckpt_path", CKPT, "--output", ""], "--output is empty", 2, run=True),
+    # A range's step must move it forward: 0 never ends (a ZeroDivisionError's traceback), a negative one never starts.
+    "sweep-space-step-0": space_case("model.hidden: {low: 4, high: 8, step: 0}\n", "step must be above 0"),
+    "sweep-space-step-negative": space_case("model.hidden: {low: 4, high: 8, step: -2}\n", "step must be above 0"),
+    "sweep-space-float-step-0": space_case("model.lr: {low: 0.1, high: 0.5, step: 0.0}\n", "step must be above 0"),
+    # What PyTorch's reader logs of a damaged archive (its traceback) is the one line's reason, not printed.
+    "serve-model-empty-zip": Case(
+        "serve", ["m.pt2"], "archive does not contain any files", 1, file("m.pt2", b"PK\x05\x06" + bytes(18))
+    ),
+    # The audit runs on its own devices: a strategy Lightning lacks is refused as fit refuses it, and the devices
+    # given are said not to be used, not silently replaced.
+    "audit-strategy-unknown": Case("placement", [*CLASSES, "--strategy", "magic"], "--strategy 'magic'", 2),
+    "audit-devices-given": Case(
+        "placement",
+        [*CLASSES, "--devices", "3", "--accelerator=cpu"],
+        "note: --trainer.devices 3, --trainer.accelerator cpu are not used",
+        0,
+    ),
 }
 
 

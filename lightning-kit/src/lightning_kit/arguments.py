@@ -121,6 +121,8 @@ def range_refusal(low, high, step=None) -> str | None:
             return f"{what}: {reason}"
     if not math.isfinite(float(high) - float(low)):
         return f"the range {low}..{high} is wider than a float holds"
+    if step is not None and not step > 0:  # by 0 the range never ends, and backwards it never starts
+        return f"step must be above 0, got step={step}"
     return None
 
 

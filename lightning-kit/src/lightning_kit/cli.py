@@ -62,6 +62,8 @@ from .parser import (
     HelpFormatter,
     KitArgumentParser,
     check_given_against_data,
+    check_no_nul,
+    check_parsed_text,
     check_run_arguments,
     constructor_failure,
     empty_split,
@@ -162,6 +164,7 @@ class KitCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Before any parsing: jsonargparse imports the classes it is given.
+        check_no_nul(args)
         check_command_line(args)
         check_files_given(args)  # too large, not text, or expanding without end: refused before being read
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
@@ -174,6 +177,7 @@ class KitCLI(LightningCLI):
         self._parse_with_class_defaults(parser, [*subcommand_given, *config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        check_parsed_text(config)
         ckpt_path = choose_checkpoint(subcommand, config, args)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None

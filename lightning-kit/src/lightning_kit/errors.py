@@ -1,6 +1,7 @@
 """Mistakes a user can fix: the command line shows each as one line, ``error: ...``, not a traceback."""
 
 import argparse
+import os
 import signal
 import sys
 
@@ -49,9 +50,34 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def nul_refusal(name: str, value: object) -> str | None:
+    """What is wrong with ``value`` given for ``name`` when it is text holding a NUL character, which no file name,
+    URL or name can hold (the system refuses it in a path, where it surfaced as ValueError's traceback); None
+    otherwise. A list's items are looked at one by one."""
+    values = value if isinstance(value, list | tuple) else [value]
+    if any(isinstance(one, str | os.PathLike) and "\0" in str(one) for one in values):
+        return f"{name} holds a NUL character (\\0), which no file name, URL or name can hold: give it without"
+    return None
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ``argparse`` parser whose every mistake is one line, ``error: <what> (options: <prog> --help)``, exit 2:
-    not the usage and the message."""
+    not the usage and the message.
+
+    A value holding a NUL character, and an empty value for an option whose default is not empty (an empty path,
+    URL or column is never meant: it was not silently taken for the default), are mistakes like any other.
+    """
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None) if action.dest is not argparse.SUPPRESS else None
+            name = "/".join(action.option_strings) or action.metavar or action.dest
+            if (refusal := nul_refusal(str(name), value)) is not None:
+                self.error(refusal)
+            if value == "" and action.option_strings and action.default != "":
+                self.error(f"{name} is empty: give a value, or leave the option out for its default")
+        return parsed, rest

@@ -359,8 +359,9 @@ def main(args: list[str] | None = None) -> int:
     A folder named stands for the Python files under it.
     """
     names = sys.argv[1:] if args is None else args
-    paths = [Path(name) for name in names] if names else project_files(Path.cwd())
-    errors: list[str] = []
+    errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
+    names = [name for name in names if "\0" not in name]
+    paths = [Path(name) for name in names] if names or errors else project_files(Path.cwd())
     found = {path: python_files(path) if path.is_dir() else [path] for path in paths}
     for folder in (path for path, files in found.items() if not files):
         # A folder of no Python files checks nothing: said, so that it does not read as a pass.

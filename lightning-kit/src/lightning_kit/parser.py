@@ -22,7 +22,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
 from .arguments import RUN, TRAINER, Arguments
-from .errors import ConfigError, DataUnavailableError, RefusedArgumentError, UserError, exception_chain
+from .errors import ConfigError, DataUnavailableError, RefusedArgumentError, UserError, exception_chain, nul_refusal
 from .messages import one_line
 
 
@@ -89,6 +89,23 @@ class KitArgumentParser(LightningArgumentParser):
             )
             self.exit(2, f"error: {needed} (options: {prog} --help)\n")
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
+
+
+def check_no_nul(args: list[str]) -> None:
+    """Refuse, before anything reads a file it names, an argument holding a NUL character: one line naming its flag
+    (a value from Python's ``main([...])``, which no shell can pass), not ValueError's traceback from ``open``."""
+    for position, arg in enumerate(args):
+        flag, equals, _ = arg.partition("=") if arg.startswith("-") else ("", "", "")
+        before = args[position - 1] if position and args[position - 1].startswith("-") else "an argument"
+        if (refusal := nul_refusal(flag if equals else before, arg)) is not None:
+            raise ConfigError(refusal)
+
+
+def check_parsed_text(config) -> None:
+    """Refuse a value holding a NUL character that a --config file gave (YAML's "\\0" escape), naming its key."""
+    for key, value in config.items():
+        if (refusal := nul_refusal(f"--{key}", value)) is not None:
+            raise ConfigError(refusal)
 
 
 def check_run_arguments(config) -> None:

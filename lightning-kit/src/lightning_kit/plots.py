@@ -29,7 +29,7 @@ from typing import IO
 import yaml
 
 from .config_files import read_config_file
-from .errors import OneLineParser, UserError
+from .errors import OneLineParser, UserError, invoked_as
 from .installation import check_installation
 from .metric_logs import STAGE_LABELS, MetricLog, parse_name, read_metric_log
 
@@ -281,7 +281,9 @@ def _save(figure, path: Path) -> Path:
 
 def main(args: list[str] | None = None) -> None:
     check_installation()
-    parser = OneLineParser(description="Redraw the plots of a run from its logs.")
+    parser = OneLineParser(
+        prog=invoked_as("python -m lightning_kit.plots"), description="Redraw the plots of a run from its logs."
+    )
     parser.add_argument("run_dir", help="a run's folder, e.g. runs/lightning_logs/version_0")
     options = parser.parse_args(args)
     folder, metrics = Path(options.run_dir), Path(options.run_dir) / METRICS_FILE

@@ -12,10 +12,12 @@ stage during which the audit's process died: the stages run in a forked copy of 
 import sys
 from typing import Any
 
-from ..cli import GenericCLI, KitCLI, build_cli, given_arguments
-from ..errors import RefusedArgumentError, invoked_as
+from ..accelerators import check_named_choices
+from ..cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
+from ..errors import ConfigError, RefusedArgumentError, invoked_as
 from ..installation import check_installation
 from ..parser import named_refusal
+from ..trust import flag_pairs
 from .audit import run_audit
 from .simulated import SimulationUnavailableError
 from .verdict import EXIT_PASSED, EXIT_USAGE
@@ -32,11 +34,20 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     settings_only += ["--trainer.num_nodes", "1"]
     try:
+        replaced = _device_flags_given(expand_shortcuts(args), settings_only)
+    except ConfigError as err:
+        sys.exit(_usage(f"error: {err}"))
+    try:
         cli = build_cli(cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}"))
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
     model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
     net = getattr(model, "net", None)
+    if replaced:  # said, so that an audit of other settings than these is not read as an audit of them
+        print(
+            f"note: {', '.join(replaced)} {'is' if len(replaced) == 1 else 'are'} not used: the audit runs on its "
+            "own devices, one simulated GPU and then rank 1 of a 2-GPU DDP run"
+        )
     print(
         f"Auditing {type(model).__name__}{f' ({type(net).__name__})' if net is not None else ''} with "
         f"{type(datamodule).__name__} on a simulated GPU, then as rank 1 of a 2-GPU DDP run ..."
@@ -56,6 +67,18 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         hooks = len(verdict.hooks)
         print(f"{stages} ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
     sys.exit(verdict.exit_code)
+
+
+def _device_flags_given(args: list[str], settings_only: list[str]) -> list[str]:
+    """The flags of ``settings_only`` (the Trainer's devices) that ``args`` gives, each once, as given; a strategy
+    named that Lightning lacks is refused as ``train.py`` refuses it, though the audit does not use it."""
+    given = {}
+    for flag, value in flag_pairs(args):
+        if flag in settings_only[::2]:
+            given[flag] = value
+    if "--trainer.strategy" in given:
+        check_named_choices({"strategy": given["--trainer.strategy"]})
+    return [f"{flag} {value}" for flag, value in given.items()]
 
 
 def _refused_value(verdict, given: dict) -> RefusedArgumentError | None:

@@ -24,6 +24,7 @@ in ``tensor_claims``.
 
 import io
 import json
+import logging
 import operator
 import os
 import sys
@@ -73,10 +74,13 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
     stored = _read_archive(path, export_command)
     extra = {CLASS_NAMES_FILE: "", INPUT_FILE: ""}
     try:
-        with _weights_only_loads():
+        with _weights_only_loads(), _deserializer_log() as logged:
             program = torch.export.load(stored, extra_files=extra)
     except Exception as err:  # a damaged archive makes the deserializer raise almost any type
-        raise ModelFileError(f"{path} cannot be loaded as an exported model ({_first_line(err)})") from err
+        # PyTorch logs what the archive reader refused (with its traceback) and raises "check the warnings above":
+        # what it logged is the reason, in the one line.
+        cause = next((record.exc_info[1] for record in logged if record.exc_info), err)
+        raise ModelFileError(f"{path} cannot be loaded as an exported model ({_first_line(cause)})") from err
     finally:
         stored.close()
     _check_operations(path, program)
@@ -103,6 +107,25 @@ def _read_archive(path: Path, export_command: str) -> io.BytesIO:
         raise ModelFileError(f"{path} is not an exported model: it is not a .pt2 archive ({err})") from err
     except OSError as err:
         raise ModelFileError(f"{path} cannot be read ({err.strerror or err})") from err
+
+
+@contextmanager
+def _deserializer_log() -> Iterator[list[logging.LogRecord]]:
+    """What ``torch.export.load`` logs while it reads an archive, kept (not printed: a traceback in the log of a
+    command that answers a damaged file in one line) for the caller to give the reason of a refusal."""
+    logger, records = logging.getLogger("torch.export"), []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    # PyTorch's logging gives its loggers handlers of their own: they are set aside too, not only the propagation.
+    handlers, propagated = logger.handlers[:], logger.propagate
+    logger.handlers[:], logger.propagate = [Keep()], False
+    try:
+        yield records
+    finally:
+        logger.handlers[:], logger.propagate = handlers, propagated
 
 
 @contextmanager
