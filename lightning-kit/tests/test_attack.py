@@ -591,6 +591,11 @@ CASES = {
     "serve-model-empty-zip": Case(
         "serve", ["m.pt2"], "archive does not contain any files", 1, file("m.pt2", b"PK\x05\x06" + bytes(18))
     ),
+    # A size past the machine's memory (the allocator's refusal, or MemoryError): one line, not a traceback.
+    "fit-data-past-memory": Case("lightning_kit", ["fit", *CLASSES, "--data.size", "100000000000000"], "out of memory"),
+    "fit-width-past-memory": Case(  # in the model's constructor: a value the class refused, naming its flag
+        "lightning_kit", ["fit", *CLASSES, "--model.hidden", "100000000"], "--model.hidden 100000000", 2
+    ),
     # The audit runs on its own devices: a strategy Lightning lacks is refused as fit refuses it, and the devices
     # given are said not to be used, not silently replaced.
     "audit-strategy-unknown": Case("placement", [*CLASSES, "--strategy", "magic"], "--strategy 'magic'", 2),

@@ -118,7 +118,9 @@ def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
         (["--steps", "-3"], "argument --steps: expected a positive number of timed steps, got '-3'"),
         (["--steps", "1.5"], "argument --steps: expected a positive number of timed steps, got '1.5'"),
         (["--warmup", "-1"], "argument --warmup: expected a number of untimed steps, 0 or more, got '-1'"),
-        (["--image_folder", "0"], "argument --image_folder: expected a positive number of images, got '0'"),
+        (["--image_folder", "0"], "argument --image_folder: expected a positive number of images, at most 1,000,000"),
+        # Written to disk before they are timed: a count past the bound filled the disk, and the queue the memory.
+        (["--image_folder", "100000000000"], "at most 1,000,000, got '100000000000'"),
     ],
 )
 def test_a_wrong_count_of_steps_is_one_line_before_anything_is_built(capsys, arguments, said):

@@ -262,18 +262,22 @@ def image_folder_benchmark(count: int) -> None:
     print(f"    ratio first/cached                        {seconds[0] / seconds[1]:>9.1f}")
 
 
-def _whole_number(least: int, what: str) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``least`` ``what``, else argparse's one-line error."""
+def _whole_number(least: int, what: str, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (and at most ``most``) ``what``, else argparse's
+    one-line error."""
 
     def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < least:
+        if not text.isdigit() or int(text) < least or (most is not None and int(text) > most):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return int(text)
 
     return parse
 
 
-_positive_int = _whole_number(1, "a positive number of images")
+# The images are written to a temporary folder first (about 20 kB each): a count without bound filled the disk,
+# and the writers' queue, the memory.
+MOST_IMAGES = 1_000_000
+_positive_int = _whole_number(1, f"a positive number of images, at most {MOST_IMAGES:,}", MOST_IMAGES)
 
 
 def _measured_sizes(model: L.LightningModule, datamodule: L.LightningDataModule) -> tuple[int, int]:

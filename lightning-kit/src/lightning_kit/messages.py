@@ -91,6 +91,23 @@ def disk_line(err: BaseException) -> str | None:
     return None
 
 
+def memory_line(err: BaseException) -> str | None:
+    """One line for memory the machine could not give (a size given too large: a data set's, a batch's, a
+    network's width), or None: Python's MemoryError, PyTorch's allocator refusing on the CPU, CUDA out of memory."""
+    text = " ".join(str(err).split())
+    cpu = isinstance(err, RuntimeError) and "can't allocate memory" in text
+    if not (isinstance(err, MemoryError) or cpu or type(err).__name__ == "OutOfMemoryError"):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text) or re.search(r"allocate ([\d.]+ \w?iB)", text)
+    amount = (
+        f" ({int(asked[1]):,} bytes asked)" if asked and asked[1].isdigit() else f" ({asked[1]} asked)" if asked else ""
+    )
+    return (
+        f"error: out of memory{amount}: a size given is too large for this machine (a data set's size, a batch size, "
+        "a network's width): give a smaller one"
+    )
+
+
 def _file_being_written(err: BaseException) -> str | None:
     """The name of the file a failed ``write`` was writing (a write's error names none): the file object open for
     writing in the innermost frame of ``err``'s traceback that holds one."""
@@ -142,6 +159,8 @@ def errors_as_messages() -> Iterator[None]:
             sys.exit(f"error: {store}")
         if (disk := disk_line(err)) is not None:
             sys.exit(scrubbed(disk))
+        if (memory := memory_line(err)) is not None:
+            sys.exit(memory)
         if isinstance(err, RuntimeError) and re.search(r"cannot be converted to type \w+ without overflow", str(err)):
             sys.exit(
                 f"error: a number given overflows the model's numbers ({' '.join(str(err).split())}): "
