@@ -591,6 +591,10 @@ CASES = {
     "serve-model-empty-zip": Case(
         "serve", ["m.pt2"], "archive does not contain any files", 1, file("m.pt2", b"PK\x05\x06" + bytes(18))
     ),
+    # A Trainer flag Lightning takes but does not use with the logger configured: refused, not silently run elsewhere.
+    "fit-root-dir-unused": Case(
+        "lightning_kit", ["fit", *CLASSES, "--trainer.default_root_dir", "elsewhere"], "give --trainer.logger.init_args"
+    ),
     # A size past the machine's memory (the allocator's refusal, or MemoryError): one line, not a traceback.
     "fit-data-past-memory": Case("lightning_kit", ["fit", *CLASSES, "--data.size", "100000000000000"], "out of memory"),
     "fit-width-past-memory": Case(  # in the model's constructor: a value the class refused, naming its flag

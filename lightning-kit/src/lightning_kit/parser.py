@@ -113,6 +113,23 @@ def check_run_arguments(config) -> None:
     TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
     if "seed_everything" in config:
         RUN.check({"seed_everything": config.seed_everything})
+    check_root_dir_used(config.trainer)
+
+
+def check_root_dir_used(trainer) -> None:
+    """Refuse ``--trainer.default_root_dir`` where Lightning does not use it: its first logger has a folder of its
+    own, under which the run's logs and checkpoints go (the default logger's is runs/). It ran, and wrote nowhere
+    near the folder asked for."""
+    root = trainer.get("default_root_dir")
+    loggers = trainer.get("logger")
+    first = loggers[0] if isinstance(loggers, list) and loggers else loggers
+    arguments = first.get("init_args") if isinstance(first, Namespace | dict) else None
+    save_dir = arguments.get("save_dir") if isinstance(arguments, Namespace | dict) else None
+    if root is not None and save_dir is not None:
+        raise ConfigError(
+            f"--trainer.default_root_dir {root} is not used: the run is written under its logger's folder, "
+            f"{save_dir}: give --trainer.logger.init_args.save_dir {root} instead"
+        )
 
 
 def check_given_against_data(config, datamodule, model: LightningModule, data_links: dict[str, str]) -> None:
