@@ -440,6 +440,7 @@ CASES = {
     "runs-markdown-through-a-link": Case(
         "runs", ["--markdown", "t.md", "--overwrite"], "lightning_logs", 0, link("t.md", "victim"), run=True
     ),
+    "runs-plot-not-png": Case("runs", ["--plot", "curves.txt"], "is not a .png file", run=True),
     "runs-plot-into-a-fifo": Case("runs", ["--plot", "p.png", "--overwrite"], "FIFO", 1, fifo("p.png"), run=True),
     "runs-config-yaml-bomb": Case("runs", [], "config.yaml unreadable", 0, yaml_bomb(f"{RUN}/config.yaml"), run=True),
     "runs-config-a-fifo": Case(

@@ -63,6 +63,8 @@ def _list(options: argparse.Namespace) -> None:
     if not root.is_dir():
         raise UserError(f"FOLDER {root} is not a folder: give the folder of your runs (by default runs/)")
     outputs = {name: getattr(options, name) for name in OUTPUTS if getattr(options, name) is not None}
+    if options.plot is not None and Path(options.plot).suffix.lower() != ".png":  # a PNG under another name misleads
+        raise UserError(f"--plot {options.plot} is not a .png file: give the path of the PNG to draw, e.g. curves.png")
     for name, path in outputs.items():
         check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
     if len({os.path.abspath(path) for path in outputs.values()}) < len(outputs):
