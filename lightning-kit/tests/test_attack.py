@@ -112,6 +112,15 @@ def link(name: str, target: str) -> Callable[[Path], None]:
     return plant
 
 
+def copy_run(name: str) -> Callable[[Path], None]:
+    """The short run again, as runs/lightning_logs/<name>."""
+    return lambda at: shutil.copytree(at / RUN, at / "runs" / "lightning_logs" / name)
+
+
+METRICS = str(RUN / "metrics.csv")
+ESCAPED_METRICS = "epoch,step,val/\x1b[2Jloss\n0,1,0.5\n"
+
+
 def folder(name: str) -> Callable[[Path], None]:
     return lambda at: (at / name).mkdir(parents=True, exist_ok=True)
 
@@ -441,6 +450,18 @@ CASES = {
         "runs", ["--markdown", "t.md", "--overwrite"], "lightning_logs", 0, link("t.md", "victim"), run=True
     ),
     "runs-plot-not-png": Case("runs", ["--plot", "curves.txt"], "is not a .png file", run=True),
+    # What a run's files and folders are named (a metric, a folder) reaches no terminal as control characters.
+    "runs-metric-named-with-escapes": Case("runs", [], "val/?[2Jloss", 0, file(METRICS, ESCAPED_METRICS), run=True),
+    "runs-csv-metric-named-with-escapes": Case(
+        "runs", ["--format", "csv"], "val/?[2Jloss", 0, file(METRICS, ESCAPED_METRICS), run=True
+    ),
+    "runs-markdown-metric-named-with-escapes": Case(
+        "runs", ["--format", "markdown"], "val/?[2Jloss", 0, file(METRICS, ESCAPED_METRICS), run=True
+    ),
+    "runs-folder-named-with-escapes": Case("runs", [], "v?[31mred", 0, copy_run("v\x1b[31mred"), run=True),
+    "plots-folder-named-with-a-newline": Case(
+        "plots", ["runs/lightning_logs/v\nred\x1b[0m"], "v?red?[0m/loss.png", 0, copy_run("v\nred\x1b[0m"), run=True
+    ),
     "runs-plot-into-a-fifo": Case("runs", ["--plot", "p.png", "--overwrite"], "FIFO", 1, fifo("p.png"), run=True),
     "runs-config-yaml-bomb": Case("runs", [], "config.yaml unreadable", 0, yaml_bomb(f"{RUN}/config.yaml"), run=True),
     "runs-config-a-fifo": Case(
@@ -688,6 +709,7 @@ def test_a_hostile_input_is_answered_in_one_line_and_nothing_outside_is_touched(
 
     lines = [line for line in output.splitlines() if line.strip()]
     assert "Traceback" not in output and SECRET not in output, output[-3000:]
+    assert "\x1b" not in output, f"a control sequence from the data reached the terminal: {output[-3000:]!r}"
     assert status == case.status, (status, output[-3000:])
     if case.status:
         errors = [line for line in lines if line.startswith("error:")]

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import signal
 import sys
 
@@ -48,6 +49,15 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+# Control characters (C0, DEL and C1): what a folder's name or a file's text could carry to a terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, without the control characters a folder's name or a file could carry to a terminal."""
+    return _CONTROL.sub("?", text)
 
 
 def nul_refusal(name: str, value: object) -> str | None:

@@ -29,7 +29,7 @@ from typing import IO
 import yaml
 
 from .config_files import read_config_file
-from .errors import OneLineParser, UserError, invoked_as
+from .errors import OneLineParser, UserError, invoked_as, printable
 from .installation import check_installation
 from .metric_logs import STAGE_LABELS, MetricLog, parse_name, read_metric_log
 
@@ -307,7 +307,7 @@ def main(args: list[str] | None = None) -> None:
             )
         parser.exit(1, f"error: {options.run_dir} holds neither {METRICS_FILE} nor {CONFUSION_FILE}\n")
     for path in paths:
-        print(path)
+        print(printable(str(path)))  # the run's folder is named by whoever made it: no control reaches the terminal
 
 
 if __name__ == "__main__":

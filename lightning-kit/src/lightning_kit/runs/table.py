@@ -3,17 +3,16 @@
 import csv
 import io
 import math
-import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from ..errors import printable
 from .folders import Run, best_epoch, best_file, latest_file
 
 # Before the hyperparameters, and after them. A sweep's trials add "trial" and "state" after "run".
 FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")
 _MISSING = object()
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class LastEpoch(int):
@@ -63,15 +62,19 @@ class Table:
         present.sort(key=lambda row: _sort_key(row[column]), reverse=descending)
         self.rows = present + missing
 
+    def headers(self) -> list[str]:
+        """The columns' names as shown: a metric's name comes from a file, and a terminal takes no control from it."""
+        return [printable(column) for column in self.columns]
+
     def text(self) -> str:
         """Aligned columns for a terminal."""
-        cells = [self.columns, *([self._shown(row, column) for column in self.columns] for row in self.rows)]
+        cells = [self.headers(), *([self._shown(row, column) for column in self.columns] for row in self.rows)]
         widths = [max(len(line[k]) for line in cells) for k in range(len(self.columns))]
         return "".join("  ".join(map(str.ljust, line, widths)).rstrip() + "\n" for line in cells)
 
     def markdown(self) -> str:
         """A GitHub Markdown table."""
-        lines = [self.columns, ["---"] * len(self.columns)]
+        lines = [[header.replace("|", "\\|") for header in self.headers()], ["---"] * len(self.columns)]
         lines += [[self._shown(row, column).replace("|", "\\|") for column in self.columns] for row in self.rows]
         return "".join("| " + " | ".join(line) + " |\n" for line in lines)
 
@@ -82,7 +85,7 @@ class Table:
         """CSV with full values: times in ISO 8601, durations in seconds, numbers unrounded."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(self.columns)
+        writer.writerow(self.headers())
         for row in self.rows:
             writer.writerow([_raw(row.get(column)) for column in self.columns])
         return out.getvalue()
@@ -148,11 +151,6 @@ def _shown(value: Any, column: str, metric: bool = False) -> str:
     if isinstance(value, float):
         return f"{value:.4f}" if metric else f"{value:g}"
     return printable(str(value))
-
-
-def printable(text: str) -> str:
-    """``text`` on one line, without the control characters a folder's name or a file could carry to a terminal."""
-    return _CONTROL.sub("?", text)
 
 
 def duration_text(seconds: float) -> str:
