@@ -98,10 +98,8 @@ def memory_line(err: BaseException) -> str | None:
     cpu = isinstance(err, RuntimeError) and "can't allocate memory" in text
     if not (isinstance(err, MemoryError) or cpu or type(err).__name__ == "OutOfMemoryError"):
         return None
-    asked = re.search(r"allocate (\d+) bytes", text) or re.search(r"allocate ([\d.]+ \w?iB)", text)
-    amount = (
-        f" ({int(asked[1]):,} bytes asked)" if asked and asked[1].isdigit() else f" ({asked[1]} asked)" if asked else ""
-    )
+    asked = re.search(r"allocate (\d+) bytes", text)  # PyTorch's CPU allocator; CUDA's says "x GiB"
+    amount = f" ({int(asked[1]):,} bytes asked)" if asked else ""
     return (
         f"error: out of memory{amount}: a size given is too large for this machine (a data set's size, a batch size, "
         "a network's width): give a smaller one"
