@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -470,6 +471,44 @@ def test_sigterm_answers_every_request_it_took_and_refuses_the_rest(model_path, 
     lines = log.splitlines()
     assert any(line.startswith("ready: serving model.pt2 at http://127.0.0.1:") for line in lines), lines
     assert lines.index(next(line for line in lines if line.startswith("ready"))) > 1  # after what it was doing
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the filter is Linux's socket filter")
+def test_a_port_stopping_completes_the_handshakes_it_answered_and_refuses_the_rest():
+    """What the server does to its port on SIGTERM: connections whose handshake completed stay queued to be taken;
+    a new one's SYN is not answered, and once the port is shut that client is refused (on its SYN sent again), never
+    reset, whatever moment of the shutdown it came in."""
+    from lightning_kit.serve.stopping import drop_new_handshakes
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        taken = socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S)
+        drop_new_handshakes(listener)
+        outcomes = []
+
+        def connect() -> None:
+            late = socket.socket()
+            late.settimeout(HANG_GUARD_S)
+            try:
+                late.connect(("127.0.0.1", port))
+                outcomes.append("connected")
+            except OSError as err:
+                outcomes.append(type(err).__name__)
+            finally:
+                late.close()
+
+        client = threading.Thread(target=connect)
+        client.start()
+        time.sleep(0.2)  # its SYN has come and gone unanswered: not queued
+        listener.setblocking(False)
+        connection, _ = listener.accept()
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        connection.close()
+        taken.close()
+        listener.shutdown(socket.SHUT_RDWR)
+    client.join(HANG_GUARD_S)
+    assert outcomes == ["ConnectionRefusedError"]
 
 
 @pytest.mark.slow

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import socket
+import struct
+import sys
 import threading
 import time
 
@@ -37,6 +40,8 @@ GRACE_S = 30
 # After SIGTERM, how long a connection taken has to start its request (its headers read) before it is closed
 # unanswered: the server waits until every connection has started one, or this long.
 REQUEST_START_S = 5.0
+# After SIGTERM, how long a handshake the port answered just before it stopped answering new ones has to complete.
+HANDSHAKE_S = 0.05
 
 
 def say(line: str) -> None:
@@ -251,11 +256,11 @@ class Stopper:
             Created in the server's main thread, before LitServe forks the process that runs it: once
             SIGTERM has come, it is not created (StopRequestedError), and LitServe stops its model processes.
 
-            On SIGTERM, takes the connections already queued at the port (the kernel completed their
-            handshake, so their clients are sending), stops the port for every process (connections
-            later are refused, not reset), waits until each connection taken has started its request (at
-            most ``REQUEST_START_S``), then shuts down as uvicorn does: each request started is answered,
-            and idle connections are closed.
+            On SIGTERM, stops answering new connections at the port (``drop_new_handshakes``), takes the
+            connections already queued there (the kernel completed their handshake, so their clients are
+            sending), stops the port for every process (connections later are refused, not reset), waits
+            until each connection taken has started its request (at most ``REQUEST_START_S``), then shuts
+            down as uvicorn does: each request started is answered, and idle connections are closed.
             """
 
             def __init__(self, *args, **kwargs) -> None:
@@ -287,12 +292,18 @@ class Stopper:
                     server.close()  # asyncio stops accepting (and closes its own copy of the port)
                 loop = asyncio.get_running_loop()
                 for listener in listeners:
+                    drop_new_handshakes(listener)
                     listener.setblocking(False)
                     while True:
                         try:
                             connection, _ = listener.accept()
                         except (BlockingIOError, InterruptedError, OSError):
-                            break
+                            # A handshake answered before the filter completes within a round trip: look again.
+                            await asyncio.sleep(HANDSHAKE_S)
+                            try:
+                                connection, _ = listener.accept()
+                            except (BlockingIOError, InterruptedError, OSError):
+                                break
                         await loop.connect_accepted_socket(self._protocol, connection)
                     with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
                         listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
@@ -312,6 +323,34 @@ class Stopper:
                 )
 
         return DrainingServer
+
+
+# Classic BPF, run by the kernel on each TCP segment that reaches the port (from the TCP header on): a segment with
+# SYN set (a new connection's first) is dropped, any other kept. struct sock_filter is (code, jt, jf, k).
+_DROP_SYN = (
+    (0x30, 0, 0, 13),  # BPF_LD | BPF_B | BPF_ABS: the flags byte
+    (0x45, 0, 1, 0x02),  # BPF_JMP | BPF_JSET | BPF_K: SYN set? on to the next, else skip it
+    (0x06, 0, 0, 0),  # BPF_RET | BPF_K: drop
+    (0x06, 0, 0, 0xFFFFFFFF),  # BPF_RET | BPF_K: keep the whole segment
+)
+SO_ATTACH_FILTER = 26  # Linux's; Python's socket module does not name it
+
+
+def drop_new_handshakes(listener: socket.socket) -> None:
+    """From now on the port answers no new connection's SYN (its client sends it again a second later, and by then
+    the port is shut: refused), while handshakes already answered complete into the accept queue.
+
+    Shutting a listening port resets each connection queued at it: without this filter, a connection whose
+    handshake completed between the last ``accept`` and the shutdown (a moment, longer on a busy machine) would
+    be reset rather than answered or refused. Where the kernel takes no such filter (not Linux), that moment stays.
+    """
+    if sys.platform != "linux":
+        return
+    program = b"".join(struct.pack("HBBI", *instruction) for instruction in _DROP_SYN)
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = struct.pack("HL", len(_DROP_SYN), ctypes.addressof(code))  # struct sock_fprog {len; filter*}
+    with contextlib.suppress(OSError):
+        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
 def end_children() -> None:
