@@ -184,6 +184,13 @@ class FreshVenv:
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
         return done.stdout
 
+    def library_as_built(self) -> None:
+        """Put back the library the build installed where a test since installed another: pip keeps an installed
+        library that a project's requirement names by another URL (from a path, say), and says it is satisfied."""
+        project = Path(self.project)
+        if self.distribution("lightning-kit", project)["direct_url"] != self.installed["lightning-kit"]["direct_url"]:
+            self.pip("install", "--no-deps", "--force-reinstall", library_requirements(project)[0], cwd=project)
+
     def distribution(self, name: str, cwd: Path) -> dict:
         """Where this environment's ``name`` came from (its direct_url.json, or None) and its files' folder."""
         probe = (

@@ -57,7 +57,9 @@ def test_a_project_baked_from_a_git_url_installs_the_library_from_that_repositor
     print(f"fresh environment (CPU PyTorch {fresh_venv.cpu_torch}, then `pip install -e .[dev]`): "
           f"{fresh_venv.install_seconds} s")  # fmt: skip
 
-    # The same command again changes nothing, and the project's commands run on what it installed: the audit.
+    # The same command again changes nothing, and the project's commands run on what it installed: the audit. (On
+    # the library the build installed: the session's other tests install theirs, and run in any order.)
+    fresh_venv.library_as_built()
     fresh_venv.pip("install", "-e", ".[dev]", cwd=project)
     assert fresh_venv.distribution(LIBRARY, project)["direct_url"] == library["direct_url"]
     audit = fresh_venv.run(
