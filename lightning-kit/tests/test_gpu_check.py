@@ -36,15 +36,25 @@ LIBRARY = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_without_cuda_the_check_stops_with_one_line(in_tmp_path, capsys):
-    """No CUDA GPU: one line saying so, exit status 2, and no summary written."""
+    """No CUDA GPU: one line saying so, exit status 2, and no summary written; a mistake in what was given is named
+    first (the command is right once the machine has a GPU)."""
+    summary_file = in_tmp_path / "gpu-check.md"
     with pytest.raises(SystemExit) as stop:
-        main([])
-    out = capsys.readouterr()
+        main(["--project", str(IMAGE_PROJECT), "--out", str(summary_file)])
     assert stop.value.code == 2
-    assert out.out.strip().splitlines() == [
+    assert capsys.readouterr().out.strip().splitlines() == [
         "error: no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one"
     ]
-    assert not (in_tmp_path / "gpu-check.md").exists()
+    assert not summary_file.exists()
+    for given, said in (
+        ([], "synthetic.yaml is not there: run the check in the project's folder"),
+        (["--project", str(IMAGE_PROJECT), "--config", "run.yaml"], "--config run.yaml is not a file"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(given)
+        assert stop.value.code == 2
+        line = capsys.readouterr().out.strip()
+        assert line.startswith("error: ") and said in line and "\n" not in line, line
 
 
 def test_the_summary_holds_each_step_the_agreement_table_and_what_failed():

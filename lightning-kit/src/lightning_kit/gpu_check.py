@@ -284,9 +284,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--out", type=Path, default=Path("gpu-check.md"), help="the summary (default gpu-check.md)")
     parser.add_argument("--overwrite", action="store_true", help="replace the summary if it exists")
     options = parser.parse_args(args)
-    if not torch.cuda.is_available():
-        print("error: no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one")
-        sys.exit(2)
+    # What was given is checked first: a command prepared on a machine without a GPU is right once it gets one.
     if options.out.exists() and not options.overwrite:
         print(f"error: {options.out} exists: give another --out, or --overwrite to replace it")
         sys.exit(2)
@@ -294,6 +292,9 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         project = find_project(options.project, options.package, options.config, cli_class)
     except UserError as err:
         print(f"error: {err}")
+        sys.exit(2)
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one")
         sys.exit(2)
     device = f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
