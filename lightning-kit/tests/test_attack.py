@@ -605,6 +605,15 @@ CASES = {
     "empty-sweep-storage": Case("sweep", ["--space", SPACE, "--trials", "1", "--storage", ""], "--storage is empty", 2),
     "empty-runs-sort": Case("runs", ["--sort", ""], "--sort is empty", 2, run=True),
     "empty-export-output": Case("export", ["--ckpt_path", CKPT, "--output", ""], "--output is empty", 2, run=True),
+    # An empty --ckpt_path (an unset shell variable) is no checkpoint: refused, not a fresh fit or a traceback.
+    "empty-fit-ckpt-path": Case("lightning_kit", ["fit", *CLASSES, "--ckpt_path", ""], "--ckpt_path is empty"),
+    "empty-predict-ckpt-path": Case("lightning_kit", ["predict", *CLASSES, "--ckpt_path= "], "--ckpt_path is empty"),
+    "empty-ckpt-path-in-config": Case(
+        "lightning_kit",
+        ["validate", *CLASSES, "--config", "c.yaml"],
+        "--ckpt_path is empty",
+        setup=file("c.yaml", 'ckpt_path: ""\n'),
+    ),
     # A range's step must move it forward: 0 never ends (a ZeroDivisionError's traceback), a negative one never starts.
     "sweep-space-step-0": space_case("model.hidden: {low: 4, high: 8, step: 0}\n", "step must be above 0"),
     "sweep-space-step-negative": space_case("model.hidden: {low: 4, high: 8, step: -2}\n", "step must be above 0"),

@@ -29,6 +29,8 @@ def choose_checkpoint(subcommand: str, config, args: list[str]) -> str | None:
     given = _given_ckpt_path(args)
     if given is not None:
         config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
+    if isinstance(config.get("ckpt_path"), str) and not config.ckpt_path.strip():  # an unset shell variable, say
+        raise ConfigError("--ckpt_path is empty: give a .ckpt file, last for the newest run's, or null for none")
     if subcommand in EVALUATIONS:
         _check_evaluated_weights(subcommand, config)
     if config.get("ckpt_path") == "last":
@@ -127,7 +129,7 @@ def _given_ckpt_path(args: list[str]) -> str | None:
     given = [value for flag, value in flag_pairs(args) if flag == "--ckpt_path"]
     if not given:
         return None
-    return None if given[-1].strip().lower() in ("", "null", "none", "~") else given[-1]
+    return None if given[-1].strip().lower() in ("null", "none", "~") else given[-1]
 
 
 def _check_evaluated_weights(subcommand: str, config) -> None:
