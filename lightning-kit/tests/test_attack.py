@@ -608,6 +608,12 @@ CASES = {
     # An empty --ckpt_path (an unset shell variable) is no checkpoint: refused, not a fresh fit or a traceback.
     "empty-fit-ckpt-path": Case("lightning_kit", ["fit", *CLASSES, "--ckpt_path", ""], "--ckpt_path is empty"),
     "empty-predict-ckpt-path": Case("lightning_kit", ["predict", *CLASSES, "--ckpt_path= "], "--ckpt_path is empty"),
+    "empty-predictions-path": Case(
+        "lightning_kit",
+        ["predict", "--ckpt_path", CKPT, "--predictions.path", ""],
+        "--predictions.path is empty",
+        run=True,
+    ),
     "empty-ckpt-path-in-config": Case(
         "lightning_kit",
         ["validate", *CLASSES, "--config", "c.yaml"],

@@ -70,6 +70,13 @@ def test_an_output_that_cannot_be_written_whole_is_one_line_naming_the_flag(tmp_
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("given", ["", " "])
+def test_an_empty_output_path_is_one_line_not_the_working_folder(given):
+    """An empty path (an unset shell variable) is no file: refused as such, not as the folder "." it would become."""
+    with pytest.raises(ConfigError, match=r"^--out is empty: give the path of a file to write$"):
+        check_output_file(given, overwrite=True, **FLAGS)
+
+
 def test_overwrite_replaces_a_file_or_a_link_but_never_a_folder_or_a_fifo(tmp_path, make_fifo):
     """With overwrite, a file or a link may be replaced; a folder, a FIFO or a device is still refused."""
     (tmp_path / "file").write_text("x")

@@ -75,6 +75,8 @@ def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite
     """
     text = os.fspath(path)
     path = Path(text)
+    if not text.strip():
+        raise ConfigError(f"{flag} is empty: give the path of a file to write")
     if text.endswith(("/", os.sep)) or (path.is_dir() and not path.is_symlink()):
         raise ConfigError(f"{flag} {text} names a folder: give the path of a file to write (in it, if you like)")
     if path.is_symlink() or path.exists():
