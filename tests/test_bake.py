@@ -262,3 +262,24 @@ def test_quotes_backslashes_and_non_ascii_stay_data(bake):
     assert AWKWARD["author_name"] in (root / "LICENSE").read_text(encoding="utf-8")
     compiled = run(sys.executable, "-m", "compileall", "-q", "src", "tests", "train.py", cwd=root)
     assert compiled.returncode == 0, compiled.stdout
+
+
+@pytest.mark.parametrize("task", ["image", "sequence"])
+def test_train_py_before_the_project_is_installed_says_how_to_install_it(bake, task):
+    """`python train.py` in a fresh bake, skipping the README's install step: one line with the command, not a
+    ModuleNotFoundError traceback. (A slug no environment here has installed: make demo installs vision_project.)"""
+    root = bake(task=task, project_name="Not Installed Yet")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "train.py", "--help"],
+        cwd=root,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 1
+    said = 'error: not_installed_yet is not installed: run pip install -e ".[dev]" in this folder first'
+    assert done.stderr == said + "\n"
+    assert done.stdout == ""
