@@ -73,6 +73,8 @@ def test_unreadable_files_stop_the_load_naming_them_and_the_way_out(with_bad_fil
         load_images(with_bad_files, size=8, workers=2)
     message = str(caught.value)
     assert message.startswith(f"2 of 3 images cannot be read: {garbage}, {truncated} ({garbage}: ")
+    # Pillow's own words for bytes it cannot place name an in-memory object ("<_io.BytesIO object at 0x...>").
+    assert f"({garbage}: no image format that Pillow reads)" in message, message
     assert "--data.skip_unreadable true" in message and "\n" not in message
 
 

@@ -173,6 +173,8 @@ def _reason(err: Exception) -> str:
     """The decoder's own words for a failure, on one line."""
     if isinstance(err, NotAFileError):
         return f"it is {err.kind}, not a file"
+    if isinstance(err, UnidentifiedImageError):  # its message names an in-memory file object, which says nothing here
+        return "no image format that Pillow reads"
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
 
@@ -195,8 +197,6 @@ def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
         raise
     except Image.DecompressionBombError as err:  # over twice Pillow's own limit: refused by Image.open
         raise ImageTooLargeError(_reason(err)) from err
-    except UnidentifiedImageError as err:  # its message names an in-memory file object, which says nothing here
-        raise UnreadableImageError("no image format that Pillow reads") from err
     except Exception as err:  # corrupt files make decoders raise almost any type
         raise UnreadableImageError(_reason(err)) from err
 
