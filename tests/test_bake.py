@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from conftest import HANG_GUARD_S, TEMPLATE, library_requirements
+from conftest import HANG_GUARD_S, TEMPLATE, library_requirements, run
 
 COMMON_FILES = {
     ".cookiecutter.json",
@@ -91,12 +91,6 @@ def expected_files(task: str, github_actions: str, license: str, pkg: str) -> se
     if license != "none":
         files.add("LICENSE")
     return {name.format(pkg=pkg) for name in files}
-
-
-def run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
 
 
 def test_defaults_give_an_image_project_with_workflow_and_mit_license(bake):
@@ -270,15 +264,7 @@ def test_train_py_before_the_project_is_installed_says_how_to_install_it(bake, t
     ModuleNotFoundError traceback. (A slug no environment here has installed: make demo installs vision_project.)"""
     root = bake(task=task, project_name="Not Installed Yet")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    done = subprocess.run(
-        [sys.executable, "train.py", "--help"],
-        cwd=root,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run(sys.executable, "train.py", "--help", cwd=root, env=env)
     assert done.returncode == 1
     said = 'error: not_installed_yet is not installed: run pip install -e ".[dev]" in this folder first'
     assert done.stderr == said + "\n"

@@ -295,15 +295,13 @@ class Stopper:
                     drop_new_handshakes(listener)
                     listener.setblocking(False)
                     while True:
-                        try:
-                            connection, _ = listener.accept()
-                        except (BlockingIOError, InterruptedError, OSError):
-                            # A handshake answered before the filter completes within a round trip: look again.
+                        connection = _queued(listener)
+                        if connection is None:
+                            # A handshake answered before the filter completes within a round trip: look once more.
                             await asyncio.sleep(HANDSHAKE_S)
-                            try:
-                                connection, _ = listener.accept()
-                            except (BlockingIOError, InterruptedError, OSError):
-                                break
+                            connection = _queued(listener)
+                        if connection is None:
+                            break
                         await loop.connect_accepted_socket(self._protocol, connection)
                     with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
                         listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
@@ -351,6 +349,14 @@ def drop_new_handshakes(listener: socket.socket) -> None:
     fprog = struct.pack("HL", len(_DROP_SYN), ctypes.addressof(code))  # struct sock_fprog {len; filter*}
     with contextlib.suppress(OSError):
         listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def _queued(listener: socket.socket) -> socket.socket | None:
+    """The next connection queued at the (non-blocking) ``listener``; None when none is, or the port is shut."""
+    try:
+        return listener.accept()[0]
+    except (BlockingIOError, InterruptedError, OSError):
+        return None
 
 
 def end_children() -> None:
