@@ -417,6 +417,8 @@ def test_the_audit_module_names_each_private_api_it_uses():
     for api in (
         "_setup_privateuseone_for_python_backend",
         "_make_wrapper_subclass",
+        "_InferenceMode",
+        "DisableTorchFunction",
         "native_functions.yaml",
         "_op_dk",
         "OpOverload.decompose",

@@ -13,7 +13,9 @@ How it works:
 - A tensor on it is a ``SimulatedTensor``, a wrapper that holds an ordinary CPU tensor
   with the values. Every operation on one reaches ``__torch_dispatch__``, which checks
   the devices of all its tensors by CUDA's rules, runs the operation on the CPU tensors
-  inside, and wraps the results.
+  inside, and wraps the results. An operation given the device's tensors alone (nearly
+  every one) has nothing to check: it is computed and wrapped in one pass, with what it
+  needs read from its schema once (``tensor._Plan``).
 - CUDA's rules come from PyTorch's own operator declarations
   (``native_functions.yaml``, shipped with torch): most operations require all tensors
   on one device; element-wise ones ("TensorIterator") also accept 0-dim CPU tensors;
@@ -67,8 +69,11 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
 - ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (new in
   torch 2.10: older versions stop with ``SimulationUnavailableError``) (``backend.py``);
 - ``torch.Tensor._make_wrapper_subclass``, and
-  ``torch.utils._python_dispatch.return_and_correct_aliasing`` for in-place view operations
-  (``tensor.py``);
+  ``torch.utils._python_dispatch.return_and_correct_aliasing`` for in-place view operations,
+  and ``torch._C._InferenceMode``, to make a view's wrapper outside inference mode (``tensor.py``);
+- ``torch._C.DisableTorchFunction``: the simulated GPU's own code, where C++ calls into it,
+  runs without the checks on code, which a backward pass runs with for the user's hooks
+  (``containment.py``);
 - ``torch.library.Library.impl`` and ``.fallback`` for the ``PrivateUse1`` key (``backend.py``);
 - ``OpOverload._op_dk``, to run an operation's ``CompositeExplicitAutograd`` kernel
   (``tensor.py``), and ``torch._C._dispatch_has_computed_kernel_for_dispatch_key`` with

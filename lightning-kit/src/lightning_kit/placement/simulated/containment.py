@@ -116,6 +116,13 @@ class _Stop:
 STOP = _Stop()
 
 
+# The simulated GPU's own code, run where C++ calls in, with no torch function handling: the checks on code
+# (``code_checks._CodeChecks``, a TorchFunctionMode) are for the user's code, and in a backward pass, which runs
+# with them on so that the user's hooks are checked, they would otherwise see every size, stride and
+# operation of the simulated GPU's own work (several Python calls an operation, twice its cost).
+_OWN_CODE = torch._C.DisableTorchFunction
+
+
 def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """An entry point that C++ calls: in a backward pass, an exception is kept and ``benign(*args)`` returned.
 
@@ -130,12 +137,14 @@ def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..
                 if _kept:
                     raise_kept()  # back in Python after a backward pass that kept one
                 try:
-                    return function(*args, **kwargs)
+                    with _OWN_CODE():
+                        return function(*args, **kwargs)
                 except BaseException as err:
                     _raised[0] = err  # where C++ keeps only its message, or none (see last_raised)
                     raise
             try:
-                return function(*args, **kwargs)
+                with _OWN_CODE():
+                    return function(*args, **kwargs)
             except BaseException as err:  # nothing may leave for C++ here: it is raised later
                 with contextlib.suppress(BaseException):  # keeping it must not raise either
                     keep(err)

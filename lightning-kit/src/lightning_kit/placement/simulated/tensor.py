@@ -26,34 +26,7 @@ class SimulatedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> "SimulatedTensor":
-        try:
-            wrapper = torch.Tensor._make_wrapper_subclass(
-                cls,
-                elem.size(),
-                strides=elem.stride(),
-                storage_offset=elem.storage_offset(),
-                dtype=elem.dtype,
-                layout=elem.layout,
-                device=_state.physical,
-                requires_grad=False,
-            )
-        except RuntimeError:
-            if elem.layout == torch.strided:
-                raise
-            # The compressed sparse layouts (CSR, CSC, BSR, BSC) have no strides, nor one storage, and a
-            # wrapper cannot take their layout: it takes the size alone, and asks __torch_dispatch__ for its
-            # layout and strides, which answers with ``elem``'s (see _METADATA).
-            wrapper = torch.Tensor._make_wrapper_subclass(
-                cls,
-                elem.size(),
-                dtype=elem.dtype,
-                device=_state.physical,
-                dispatch_layout=True,
-                dispatch_sizes_strides_policy="strides",
-                requires_grad=False,
-            )
-        wrapper.elem = elem
-        return wrapper
+        return _wrapped(elem, cls)
 
     @property
     def device(self) -> torch.device:
@@ -76,10 +49,18 @@ class SimulatedTensor(torch.Tensor):
     @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         _operations[0] += 1
-        try:
-            plan = _plan(func)
-        except Exception as err:
-            raise cannot_run(func, err) from err
+        plan = _plans.get(id(func))
+        if plan is None or plan.func is not func:
+            try:
+                plan = _plan(func)
+            except Exception as err:
+                raise cannot_run(func, err) from err
+        if plan.direct is not None:
+            # Nearly every operation: the device's tensors alone, computed on the CPU and wrapped in one pass.
+            # Anything else among them (a CPU tensor, a device named) takes the checks below.
+            done = _direct(plan, args, kwargs)
+            if done is not _CHECK:
+                return done
         if plan.metadata:  # a compressed sparse tensor's layout and strides: those of the tensor inside
             return func(args[0].elem, *args[1:])
         kwargs = kwargs or {}
@@ -109,6 +90,105 @@ class SimulatedTensor(torch.Tensor):
         return _run(func, args, kwargs, plan)
 
 
+# Inference mode left for the block, as ``torch.inference_mode(False)`` leaves it (that class's own steps, in Python,
+# cost more than the view they would be taken for).
+_NOT_INFERENCE = torch._C._InferenceMode
+
+# What _direct returns where the operation needs the checks of __torch_dispatch__.
+_CHECK = object()
+
+
+def _direct(plan: "_Plan", args, kwargs):
+    """The operation computed on the CPU tensors inside ``args`` and ``kwargs``, its results wrapped, as ``_run``
+    computes it; ``_CHECK`` where a tensor among them is not on the device, or none is (``_run`` after the checks)."""
+    cpu_args, simulated = [], False
+    for value in args:
+        kind = type(value)
+        if kind is SimulatedTensor:
+            value, simulated = value.elem, True
+        elif kind is list or kind is tuple:
+            items = []
+            for item in value:
+                if type(item) is SimulatedTensor:
+                    item, simulated = item.elem, True
+                elif isinstance(item, torch.Tensor):
+                    return _CHECK
+                items.append(item)
+            value = kind(items)
+        elif isinstance(value, torch.Tensor):
+            return _CHECK  # a CPU tensor, or a tensor of a subclass of the device's
+        cpu_args.append(value)
+    if kwargs:
+        cpu_kwargs = {}
+        for name, value in kwargs.items():
+            if type(value) is SimulatedTensor:
+                value, simulated = value.elem, True
+            elif isinstance(value, torch.Tensor | list | tuple):
+                return _CHECK
+            cpu_kwargs[name] = value
+    else:
+        cpu_kwargs = {}
+    if not simulated:
+        return _CHECK
+    out = _computed(plan, plan.direct, cpu_args, cpu_kwargs)
+    try:
+        return _results(plan, out)
+    except Exception as err:
+        raise cannot_run(plan.func, err) from err
+
+
+def _computed(plan: "_Plan", compute, cpu_args, cpu_kwargs):
+    """``compute`` of the CPU tensors; ``NotSimulatedError`` where the CPU has no kernel for them."""
+    try:
+        return compute(*cpu_args, **cpu_kwargs)
+    except NotImplementedError as err:  # no CPU kernel for these tensors' layout or dtype: a GPU may have one
+        if plan.func.namespace != "aten":
+            raise  # a library's own kernel, which refuses them itself
+        raise cannot_run(plan.func, err) from err
+
+
+def _results(plan: "_Plan", out):
+    """The results computed on the CPU, on the simulated GPU."""
+    if plan.view and torch.is_inference_mode_enabled():
+        # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
+        with _NOT_INFERENCE(False):
+            return _wrap(out)
+    return _wrap(out)
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor) -> SimulatedTensor:
+    """``elem`` on the simulated GPU: ``SimulatedTensor(elem)``, made the way every operation's results are."""
+    try:
+        wrapper = _make_wrapper(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=_state.physical,
+        )
+    except RuntimeError:
+        if elem.layout == torch.strided:
+            raise
+        # The compressed sparse layouts (CSR, CSC, BSR, BSC) have no strides, nor one storage, and a
+        # wrapper cannot take their layout: it takes the size alone, and asks __torch_dispatch__ for its
+        # layout and strides, which answers with ``elem``'s (see _METADATA).
+        wrapper = _make_wrapper(
+            cls,
+            elem.size(),
+            dtype=elem.dtype,
+            device=_state.physical,
+            dispatch_layout=True,
+            dispatch_sizes_strides_policy="strides",
+        )
+    wrapper.elem = elem
+    return wrapper
+
+
 # How many operations the simulated GPU has run in this process (``count_operations``).
 _operations = [0]
 
@@ -130,8 +210,8 @@ class count_operations:  # noqa: N801 (a context manager, used as a function is)
 class _Plan:
     """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
 
-    __slots__ = ("_rule", "compute", "func", "host", "inplace_view", "metadata", "path", "position", "single", "view")
-    __slots__ += ("written",)
+    __slots__ = ("_rule", "compute", "direct", "func", "host", "inplace_view", "metadata", "path", "position")
+    __slots__ += ("single", "view", "written")
 
     def __init__(self, func) -> None:
         self.func = func
@@ -149,6 +229,22 @@ class _Plan:
         self.written = _written_arguments(func)
         self.single = len(returns) == 1
         self._rule = None
+        # The computation of an operation that needs nothing but its tensors unwrapped and its results wrapped:
+        # no device named, no host arguments, no path of CUDA's own, no tensor given back (in place, out=), no
+        # metadata of a compressed tensor. None for the others, and until its first run (see _run).
+        self.direct = None
+
+    def simple(self) -> bool:
+        """Whether the operation needs nothing but its tensors unwrapped and its results wrapped (see direct)."""
+        return (
+            not self.metadata
+            and self.host is None
+            and self.path is None
+            and self.position is None
+            and not self.inplace_view
+            and self.written is None
+            and not any(argument.name == "device" for argument in self.func._schema.arguments)
+        )
 
     def rule(self) -> str:
         if self._rule is None:
@@ -223,23 +319,15 @@ def _run(func, args, kwargs, plan: _Plan | None = None):
         compute = plan.compute
         if compute is None:
             compute = plan.compute = _on_the_cpu(func)
+            if plan.simple():
+                plan.direct = compute
     except Exception as err:
         raise cannot_run(func, err) from err
-    try:
-        out = compute(*cpu_args, **cpu_kwargs)
-    except NotImplementedError as err:  # no CPU kernel for these tensors' layout or dtype: a GPU may have one
-        if func.namespace != "aten":
-            raise  # a library's own kernel, which refuses them itself
-        raise cannot_run(func, err) from err
+    out = _computed(plan, compute, cpu_args, cpu_kwargs)
     if not simulated:
         return out
     try:
-        if plan.view and torch.is_inference_mode_enabled():
-            # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
-            with torch.inference_mode(False):
-                wrapped = _wrap(out)
-        else:
-            wrapped = _wrap(out)
+        wrapped = _results(plan, out)
         if plan.inplace_view:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
             return return_and_correct_aliasing(func, args, kwargs, wrapped)
         written = plan.written
@@ -266,7 +354,7 @@ def _unwrap(value):
 
 def _wrap(out):
     if isinstance(out, torch.Tensor):
-        return SimulatedTensor(out) if out.is_cpu else out
+        return _wrapped(out) if out.is_cpu else out
     if type(out) in (list, tuple):
         return type(out)(_wrap(item) for item in out)
     return out
