@@ -28,6 +28,9 @@ OPERATIONS = {
     "a list of tensors": lambda a, b: torch.cat([a, a], dim=0),
     "keyword arguments": lambda a, b: a.sum(dim=0, dtype=torch.float64),
     "in place": lambda a, b: a.clone().add_(1).mul_(a),
+    "out=": lambda a, b: torch.mul(a, 2, out=torch.empty_like(a)),
+    "like, on the input's device": lambda a, b: torch.zeros_like(a) + torch.full_like(a, 2.0, dtype=torch.float64),
+    "like, on a device named": lambda a, b: torch.ones_like(a, device=a.device) * a,
     "with a cpu scalar": lambda a, b: a * torch.tensor(3.0),
 }
 
@@ -95,3 +98,15 @@ def test_a_backward_pass_runs_the_checks_on_code_for_the_users_hooks_alone(monke
         calls.clear()
         loss.backward()
     assert torch.Tensor.mul in calls
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_a_tensor_moved_to_its_own_device_is_itself_as_on_a_gpu(index):
+    simulated.enable()
+    with simulated.simulating(index):
+        here = simulated.device(index)
+        tensor = torch.ones(3).to(here)
+        assert tensor.to(here) is tensor and tensor.to(device=str(here)) is tensor and tensor.to("simgpu") is tensor
+        converted = tensor.to(here, torch.float64)  # another dtype: a copy, on the same device
+        assert converted is not tensor and converted.dtype == torch.float64 and converted.device == here
+        assert tensor.to(here, copy=True) is not tensor

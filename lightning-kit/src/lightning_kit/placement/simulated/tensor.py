@@ -123,7 +123,7 @@ def _direct(plan: "_Plan", args, kwargs):
         for name, value in kwargs.items():
             if type(value) is SimulatedTensor:
                 value, simulated = value.elem, True
-            elif isinstance(value, torch.Tensor | list | tuple):
+            elif isinstance(value, torch.Tensor | list | tuple) or (name == "device" and value is not None):
                 return _CHECK
             cpu_kwargs[name] = value
     else:
@@ -132,7 +132,7 @@ def _direct(plan: "_Plan", args, kwargs):
         return _CHECK
     out = _computed(plan, plan.direct, cpu_args, cpu_kwargs)
     try:
-        return _results(plan, out)
+        return _results(plan, out) if plan.written is None else _given_back(plan, args, kwargs)
     except Exception as err:
         raise cannot_run(plan.func, err) from err
 
@@ -229,9 +229,10 @@ class _Plan:
         self.written = _written_arguments(func)
         self.single = len(returns) == 1
         self._rule = None
-        # The computation of an operation that needs nothing but its tensors unwrapped and its results wrapped:
-        # no device named, no host arguments, no path of CUDA's own, no tensor given back (in place, out=), no
-        # metadata of a compressed tensor. None for the others, and until its first run (see _run).
+        # The computation of an operation that needs nothing but its tensors unwrapped and its results wrapped (or,
+        # in place and out=, the tensors it was given back): no device by position, no host arguments, no path of
+        # CUDA's own, no view in place, no metadata of a compressed tensor. None for the others, and until its
+        # first run (see _run). A call that names a device takes the checks (see _direct).
         self.direct = None
 
     def simple(self) -> bool:
@@ -242,8 +243,6 @@ class _Plan:
             and self.path is None
             and self.position is None
             and not self.inplace_view
-            and self.written is None
-            and not any(argument.name == "device" for argument in self.func._schema.arguments)
         )
 
     def rule(self) -> str:
@@ -330,17 +329,18 @@ def _run(func, args, kwargs, plan: _Plan | None = None):
         wrapped = _results(plan, out)
         if plan.inplace_view:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
             return return_and_correct_aliasing(func, args, kwargs, wrapped)
-        written = plan.written
-        if written is None:
-            return wrapped
-        if not written:
-            return None  # an in-place operation that returns nothing (GradScaler's unscaling)
-        # An in-place or out= operation returns the very tensors it was given.
-        arguments = func._schema.arguments
-        given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in written]
-        return given[0] if plan.single else tuple(given)
+        return wrapped if plan.written is None else _given_back(plan, args, kwargs)
     except Exception as err:
         raise cannot_run(func, err) from err
+
+
+def _given_back(plan: _Plan, args, kwargs):
+    """What an in-place or ``out=`` operation returns: the very tensors it was given (or nothing)."""
+    if not plan.written:
+        return None  # an in-place operation that returns nothing (GradScaler's unscaling)
+    arguments = plan.func._schema.arguments
+    given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in plan.written]
+    return given[0] if plan.single else tuple(given)
 
 
 # Operations take and return tensors, numbers, and lists or tuples of them: flat and fast to walk.
