@@ -102,11 +102,14 @@ def test_a_backward_pass_runs_the_checks_on_code_for_the_users_hooks_alone(monke
 
 @pytest.mark.parametrize("index", [0, 1])
 def test_a_tensor_moved_to_its_own_device_is_itself_as_on_a_gpu(index):
+    # As the second process, PyTorch sees the current device as index 0: a call that names it by its index is mapped.
     simulated.enable()
     with simulated.simulating(index):
         here = simulated.device(index)
         tensor = torch.ones(3).to(here)
         assert tensor.to(here) is tensor and tensor.to(device=str(here)) is tensor and tensor.to("simgpu") is tensor
+        assert torch.as_tensor(tensor, device=here) is tensor
+        assert torch.zeros(2, device=here).device == here and torch.zeros(2, device=here).tolist() == [0.0, 0.0]
         converted = tensor.to(here, torch.float64)  # another dtype: a copy, on the same device
         assert converted is not tensor and converted.dtype == torch.float64 and converted.device == here
         assert tensor.to(here, copy=True) is not tensor

@@ -110,9 +110,8 @@ def _ordinary(func) -> bool:
 _NAMED = ("cuda", "to")  # the names _check looks for
 
 
-def _checked(func, args, kwargs, adjust=None):
-    """``func(*args, **kwargs)``, where the code asks for nothing a GPU run refuses (the arguments passed through
-    ``adjust``, once checked, where it is given)."""
+def _checked(func, args, kwargs):
+    """``func(*args, **kwargs)``, where the code asks for nothing a GPU run refuses."""
     try:
         _check(func, args, kwargs)
     except SimulatedDeviceError as err:
@@ -121,8 +120,8 @@ def _checked(func, args, kwargs, adjust=None):
         # In a hook the autograd engine runs: kept, and raised when the backward pass returns.
         keep(err)
         func, args, kwargs = _as_on_the_gpu(func, args, kwargs)
-    if adjust is not None:
-        args, kwargs = adjust(args, kwargs)
+    if _state.index != 0:
+        args, kwargs = _as_physical(args, kwargs)
     return func(*args, **kwargs)
 
 
@@ -232,22 +231,20 @@ def _register_hook(mode, func, args, kwargs):
 
 
 def _moves(mode, func, args, kwargs):
-    """``.to()`` and ``.cpu()``: an uninitialised parameter or buffer moves in place (see ``lazy``), and a tensor
-    of the device moved to its own device is itself, as on a GPU."""
+    """``.to()`` and ``.cpu()``: an uninitialised parameter or buffer moves in place (see ``lazy``)."""
     if is_lazy(args[0]):
         _check(func, args, kwargs)
         done = lazy.moved(args[0], args[1:] if func is torch.Tensor.to else ("cpu",), kwargs)
         if done is not None:
             return done
-    if func is torch.Tensor.to and _state.index != 0 and isinstance(args[0], SimulatedTensor):
-        return _checked(func, args, kwargs, _as_physical)
     return _checked(func, args, kwargs)
 
 
 def _as_physical(args, kwargs):
-    """``.to()``'s arguments with the current device, where they name it, as the device PyTorch sees every simulated
-    tensor on (``simgpu:0``, ``_state.physical``). As the second process (``simgpu:1``), a move of a tensor to its own
-    device would otherwise be a move to another one to PyTorch, and a copy: on a GPU it is the tensor itself."""
+    """The arguments of a call that names a device, the current device as the one PyTorch sees every simulated tensor
+    on (``simgpu:0``, ``_state.physical``). As the second process (``simgpu:1``), ``t.to(device)`` or
+    ``torch.as_tensor(t, device=device)`` of a tensor already there would otherwise be a move to another device to
+    PyTorch, and a copy: on a GPU it is the tensor itself."""
 
     def physical(value):
         if isinstance(value, str | torch.device):

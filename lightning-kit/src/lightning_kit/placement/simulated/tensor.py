@@ -49,13 +49,11 @@ class SimulatedTensor(torch.Tensor):
     @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         _operations[0] += 1
-        plan = _plans.get(id(func))
-        if plan is None or plan.func is not func:
-            try:
-                plan = _plan(func)
-            except Exception as err:
-                raise cannot_run(func, err) from err
-        if plan.direct is not None:
+        try:
+            plan = _plan(func)
+        except Exception as err:
+            raise cannot_run(func, err) from err
+        if plan.simple and plan.compute is not None:
             # Nearly every operation: the device's tensors alone, computed on the CPU and wrapped in one pass.
             # Anything else among them (a CPU tensor, a device named) takes the checks below.
             done = _direct(plan, args, kwargs)
@@ -130,7 +128,7 @@ def _direct(plan: "_Plan", args, kwargs):
         cpu_kwargs = {}
     if not simulated:
         return _CHECK
-    out = _computed(plan, plan.direct, cpu_args, cpu_kwargs)
+    out = _computed(plan, plan.compute, cpu_args, cpu_kwargs)
     try:
         return _results(plan, out) if plan.written is None else _given_back(plan, args, kwargs)
     except Exception as err:
@@ -210,7 +208,7 @@ class count_operations:  # noqa: N801 (a context manager, used as a function is)
 class _Plan:
     """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
 
-    __slots__ = ("_rule", "compute", "direct", "func", "host", "inplace_view", "metadata", "path", "position")
+    __slots__ = ("_rule", "compute", "func", "host", "inplace_view", "metadata", "path", "position", "simple")
     __slots__ += ("single", "view", "written")
 
     def __init__(self, func) -> None:
@@ -229,21 +227,11 @@ class _Plan:
         self.written = _written_arguments(func)
         self.single = len(returns) == 1
         self._rule = None
-        # The computation of an operation that needs nothing but its tensors unwrapped and its results wrapped (or,
-        # in place and out=, the tensors it was given back): no device by position, no host arguments, no path of
-        # CUDA's own, no view in place, no metadata of a compressed tensor. None for the others, and until its
-        # first run (see _run). A call that names a device takes the checks (see _direct).
-        self.direct = None
-
-    def simple(self) -> bool:
-        """Whether the operation needs nothing but its tensors unwrapped and its results wrapped (see direct)."""
-        return (
-            not self.metadata
-            and self.host is None
-            and self.path is None
-            and self.position is None
-            and not self.inplace_view
-        )
+        # Whether the operation needs nothing but its tensors unwrapped and its results wrapped (or, in place and
+        # out=, the tensors it was given back): no device by position, no host arguments, no path of CUDA's own, no
+        # view in place, no metadata of a compressed tensor. Such an operation takes _direct once its computation
+        # is known (its first run, in _run); a call that names a device takes the checks even so.
+        self.simple = not (self.metadata or self.host or self.path or self.inplace_view) and self.position is None
 
     def rule(self) -> str:
         if self._rule is None:
@@ -318,8 +306,6 @@ def _run(func, args, kwargs, plan: _Plan | None = None):
         compute = plan.compute
         if compute is None:
             compute = plan.compute = _on_the_cpu(func)
-            if plan.simple():
-                plan.direct = compute
     except Exception as err:
         raise cannot_run(func, err) from err
     out = _computed(plan, compute, cpu_args, cpu_kwargs)
