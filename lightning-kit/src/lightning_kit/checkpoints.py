@@ -154,6 +154,23 @@ def _size(count: float) -> str:
     return f"{count:.1f} GB"
 
 
+# The lines of PyTorch's refusal of an unsafe file (``weights_only=True``) that say nothing about the file: the first
+# advises loading it with ``weights_only=False``, which would run the code a tampered file holds.
+_PYTORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
+
+
+def load_refusal(err: BaseException) -> str:
+    """What is wrong with the file, from ``torch.load``'s exception: the line of PyTorch's refusal that names what the
+    file holds ("Unsupported operand 132", "unsupported GLOBAL posix.system"), never its advice to load it unsafely."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(_PYTORCH_BOILERPLATE)]
+    if said:
+        return said[0]
+    if lines and lines[0].startswith(_PYTORCH_BOILERPLATE[0]):
+        return "it holds something other than tensors and plain data"
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
 @dataclass(frozen=True)
 class Trained:
     """What a checkpoint says about the model it holds: its weights' shapes by name, and its class names."""
@@ -175,9 +192,8 @@ def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        reason = str(err).strip().splitlines()[0]
         raise CheckpointError(
-            f"checkpoint {path} cannot be read (truncated, or not a safe PyTorch file): {reason}"
+            f"checkpoint {path} cannot be read (truncated, or not a safe PyTorch file): {load_refusal(err)}"
         ) from err
     if (
         not isinstance(checkpoint, dict)
