@@ -289,6 +289,20 @@ CASES = {
         "lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "b.ckpt"], "b.ckpt", 1, zip_bomb("b.ckpt")
     ),
     "fit-ckpt-last-without-runs": Case("lightning_kit", ["fit", "--config", CONFIG, "--ckpt_path", "last"], "runs"),
+    "fit-root-dir-a-file": Case(
+        "lightning_kit",
+        ["fit", "--config", CONFIG, "--trainer.logger", "false", "--trainer.default_root_dir", "out"],
+        "--trainer.default_root_dir",
+        1,
+        file("out", "x"),
+    ),
+    "fit-root-dir-a-dangling-link": Case(
+        "lightning_kit",
+        ["fit", "--config", CONFIG, "--trainer.logger", "false", "--trainer.default_root_dir", "out/run"],
+        "is a link to",
+        1,
+        link("out", "nowhere"),
+    ),
     "validate-without-a-checkpoint": Case("lightning_kit", ["validate", "--config", CONFIG], "--ckpt_path"),
     "validate-checkpoint-of-no-run": Case(
         "lightning_kit", ["validate", "--ckpt_path", "c.ckpt"], "--model and", 2, file("c.ckpt", "x")
@@ -575,6 +589,9 @@ CASES = {
     "lint-binary": Case("lint_placement", ["b.py"], "b.py", 1, file("b.py", b"\0\x01\x02" * 100)),
     "lint-a-folder-of-no-python": Case("lint_placement", ["d"], "nothing in it was checked", 0, folder("d")),
     "lint-too-large": Case("lint_placement", ["big.py"], "big.py", 1, file("big.py", "x = 1\n" * 2_000_000)),
+    "lint-nested-past-the-parser": Case(
+        "lint_placement", ["deep.py"], "nests deeper", 1, file("deep.py", "x = " + "+".join(["1"] * 100_000) + "\n")
+    ),
     # A NUL character, which no path, URL or name holds (Python's API passes one; a config file's "\0" too): one
     # line naming where it was given, never ValueError's traceback from the first open().
     "nul-fit-config": Case("lightning_kit", ["fit", "--config", "c\0.yaml"], "--config holds a NUL"),

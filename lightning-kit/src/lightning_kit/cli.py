@@ -231,7 +231,7 @@ class KitCLI(LightningCLI):
             simulated_run.start(self.subcommand or "fit")
         check_cpu_processes(config.trainer)
         if self.subcommand:
-            check_new_log_dir(config.trainer.logger)
+            check_new_log_dir(config.trainer)
         if self.subcommand == "predict":
             # Before the data is read and the model run: a path that cannot be written would waste that work.
             CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)

@@ -193,9 +193,12 @@ def _warn_about_changes(trained: dict, args: list[str]) -> None:
             report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
 
 
-def check_new_log_dir(logger) -> None:
+def check_new_log_dir(trainer) -> None:
     """The folder of a run's logs can be made, and a run never writes into an earlier run's folder: Lightning's
-    CSV logger would delete its metrics."""
+    CSV logger would delete its metrics. ``trainer``: the Trainer's parsed arguments."""
+    root, logger = trainer.get("default_root_dir"), trainer.get("logger")
+    if root is not None:  # used: parser.check_root_dir_used refuses it where the logger has a folder of its own
+        check_folder_path(root, "the run's folder", "--trainer.default_root_dir")
     init_args = getattr(logger, "init_args", None) or {}
     if init_args:
         check_folder_path(_runs_root(logger), "the runs folder", "--trainer.logger.init_args.save_dir")

@@ -340,6 +340,12 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
         except SyntaxError as error:
             lines.append(f"{path}:{error.lineno}: not valid Python ({error.msg}) — fix the syntax first")
             continue
+        except (RecursionError, MemoryError):  # `x = 1+1+...+1` a hundred thousand times: Python cannot compile it
+            why = "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
+            if errors is None:
+                raise UnreadableError(f"{path} {why}") from None
+            errors.append(f"error: {path} {why}")
+            continue
         lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
     return lines
 
