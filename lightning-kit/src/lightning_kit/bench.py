@@ -64,7 +64,7 @@ from . import audit_bench
 from .cli import GenericCLI, KitCLI, build_all
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
-from .errors import OneLineParser, UserError, invoked_as
+from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
 from .loggers import CSVAndTensorBoardLogger
 from .messages import errors_as_messages
@@ -306,6 +306,7 @@ def _synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+@command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Benchmark the training that ``cli_class`` (the project's ``KitCLI``; by default ``GenericCLI``, which takes
     ``--model`` and ``--data``) builds from ``args``, or the image folder reader; ``prog`` names the command."""

@@ -41,7 +41,7 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
-from .errors import DataUnavailableError, RefusedArgumentError, invoked_as
+from .errors import DataUnavailableError, RefusedArgumentError, command, invoked_as
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
@@ -387,6 +387,7 @@ def expand_shortcuts(args: list[str]) -> list[str]:
     return expanded
 
 
+@command
 def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) -> None:
     """Run ``cli_class``'s command line on ``args`` (default: ``sys.argv[1:]``); without a subcommand, ``fit``.
 

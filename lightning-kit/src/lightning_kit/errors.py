@@ -1,10 +1,15 @@
 """Mistakes a user can fix: the command line shows each as one line, ``error: ...``, not a traceback."""
 
 import argparse
+import contextlib
+import errno
+import functools
 import os
 import re
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 
 class UserError(Exception):
@@ -91,3 +96,85 @@ class OneLineParser(argparse.ArgumentParser):
             if value == "" and action.option_strings and action.default != "":
                 self.error(f"{name} is empty: give a value, or leave the option out for its default")
         return parsed, rest
+
+
+class OutputError(Exception):
+    """The command's standard output cannot take what it writes: a full disk, a file-size limit, a closed pipe."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(err.strerror or str(err))
+        self.errno = err.errno
+
+
+class _GuardedOutput:
+    """A command's standard output, whose failure to write is an ``OutputError``, not an ``OSError`` raised from
+    wherever the command printed (or, buffered, from the interpreter's exit). Everything else is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise OutputError(err) from None
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise OutputError(err) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard(stream: Any) -> None:
+    """What is left in ``stream``'s buffer goes nowhere: the interpreter's flush at exit must not fail on it again."""
+    # Not a file of this process (pytest's capture): nothing will be flushed at exit.
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+Main = TypeVar("Main", bound=Callable[..., Any])
+
+
+def command(main: Main) -> Main:
+    """A command's ``main``: what it prints reaches any standard output, or ends in one line.
+
+    Text the output's encoding cannot hold (``PYTHONIOENCODING=ascii``, a C locale, a run folder named in another
+    script) is written escaped (``\\xe9``), not a UnicodeEncodeError; a closed standard output is an empty one. An
+    output that cannot be written (a full disk, past ``ulimit -f``) ends in ``error: ...`` on standard error, exit 1;
+    one whose reader has gone (``| head``) ends the command quietly, exit 1, as a closed pipe does.
+    """
+
+    @functools.wraps(main)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if isinstance(sys.stdout, _GuardedOutput):  # a command run by another: guarded there
+            return main(*args, **kwargs)
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is None:  # started with the stream closed (`>&-`)
+                setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115  (the process's own)
+            elif hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
+        original = sys.stdout
+        sys.stdout = _GuardedOutput(original)
+        try:
+            result = main(*args, **kwargs)
+            sys.stdout.flush()  # what is still buffered fails here, not at the interpreter's exit
+            return result
+        except OutputError as err:
+            _discard(original)
+            if err.errno == errno.EPIPE:
+                raise SystemExit(1) from None
+            raise SystemExit(f"error: the standard output cannot be written: {err}") from None
+        finally:
+            if isinstance(sys.stdout, _GuardedOutput):
+                sys.stdout = original
+
+    return guarded  # type: ignore[return-value]

@@ -50,7 +50,7 @@ from torch import nn
 
 from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint, written_whole
 from .cli import GenericCLI, KitCLI, build, expand_shortcuts
-from .errors import ConfigError, OneLineParser, UserError, invoked_as
+from .errors import ConfigError, OneLineParser, UserError, command, invoked_as
 from .example_inputs import Example, example_inputs, reason
 from .files import check_output_file
 from .installation import check_installation
@@ -224,6 +224,7 @@ def _has_onnx() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript"))
 
 
+@command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Export the checkpoint that ``args`` name, its model and data built by ``cli_class`` (the project's
     ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the command in

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from .cli import GenericCLI, KitCLI
-from .errors import OneLineParser, UserError, invoked_as
+from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
 
 # The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
@@ -271,6 +271,7 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
+@command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Run the check on the project ``args`` name (by default the one in this folder); ``cli_class``: the
     project's command line, whose package's commands are run; ``prog`` names the command in messages."""

@@ -13,6 +13,8 @@ import re
 import sys
 from importlib import resources
 
+from .errors import command
+
 FILE = "device-placement.md"
 COMMAND = "python -m lightning_kit.guide"
 _RULE = re.compile(r"^## (\d+)\. ", re.MULTILINE)
@@ -47,6 +49,7 @@ def cite(rules_cited: str) -> str:
     return f"{COMMAND} {shown}".rstrip()
 
 
+@command
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=COMMAND, description="Print lightning-kit's device placement guide.")
     parser.add_argument("rule", nargs="?", help="a rule's number, or a range such as 2-9 (default: the whole guide)")

@@ -38,6 +38,7 @@ where lightning_kit's dependencies are not installed.
 """
 
 import ast
+import contextlib
 import io
 import os
 import re
@@ -374,11 +375,33 @@ def main(args: list[str] | None = None) -> int:
         print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
     paths = [file for files in found.values() for file in files]
     lines = check(paths, errors)
-    for line in lines:
-        print(line)
+    if not _printed(lines):
+        return 1
     for line in errors:
         print(line, file=sys.stderr)
     return 1 if lines or errors else 0
+
+
+def _printed(lines: list[str]) -> bool:
+    """Print ``lines``; False, after a line on standard error, where standard output cannot take them (a full disk,
+    past ``ulimit -f``) or its reader has gone (``| head``). Text its encoding cannot hold is written escaped.
+
+    (``errors.command`` does this for the library's other commands; this script imports nothing of the library.)
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except OSError as err:
+        with contextlib.suppress(OSError):  # what is still buffered must not fail again at the interpreter's exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not isinstance(err, BrokenPipeError):
+            print(f"error: the standard output cannot be written: {err.strerror or err}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import IO
 import yaml
 
 from .config_files import read_config_file
-from .errors import OneLineParser, UserError, invoked_as, printable
+from .errors import OneLineParser, UserError, command, invoked_as, printable
 from .installation import check_installation
 from .metric_logs import STAGE_LABELS, MetricLog, parse_name, read_metric_log
 
@@ -274,11 +274,14 @@ def _save(figure, path: Path) -> Path:
         figure.tight_layout()
         with written_into_place(Path(path)) as file:
             figure.savefig(file, format="png", dpi=100)
+    except OSError as err:  # a full disk, past `ulimit -f`: nothing is left beside it (written_into_place)
+        raise UserError(f"{path} cannot be written ({err.strerror or err}): give a folder with room") from err
     finally:
         _pyplot().close(figure)
     return path
 
 
+@command
 def main(args: list[str] | None = None) -> None:
     check_installation()
     parser = OneLineParser(

@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from . import stores
-from .errors import OneLineParser, UserError, invoked_as
+from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
 from .passwords import hidden, unescaped_at
 from .runs.folders import STUDY_FILE
@@ -37,6 +37,7 @@ MLFLOW_STORE = "mlflow.db"
 MAX_ENTRIES_SEARCHED = 200_000
 
 
+@command
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
     """Serve the view ``args`` name (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
     check_installation()

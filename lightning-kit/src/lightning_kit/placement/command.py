@@ -14,7 +14,7 @@ from typing import Any
 
 from ..accelerators import check_named_choices
 from ..cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
-from ..errors import ConfigError, RefusedArgumentError, invoked_as
+from ..errors import ConfigError, RefusedArgumentError, command, invoked_as
 from ..installation import check_installation
 from ..parser import named_refusal
 from ..trust import flag_pairs
@@ -23,6 +23,7 @@ from .simulated import SimulationUnavailableError
 from .verdict import EXIT_PASSED, EXIT_USAGE
 
 
+@command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Audit the model, data and Trainer settings that ``cli_class`` builds from the same arguments; ``prog``
     names the command in messages."""

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import OneLineParser, UserError, invoked_as
+from ..errors import OneLineParser, UserError, command, invoked_as
 from ..files import check_output_file
 from ..installation import check_installation
 from ..run_record import ENDINGS, RUNNING
@@ -24,6 +24,7 @@ STATUSES = (RUNNING, *ENDINGS, UNKNOWN, UNREADABLE)
 OUTPUTS = ("csv", "markdown", "plot")
 
 
+@command
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
     """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
     check_installation()
@@ -50,10 +51,6 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
         _list(options)
     except UserError as err:
         parser.exit(1, f"error: {err}\n")
-    except BrokenPipeError:
-        # The reader stopped early (| head): the rest is not wanted, and Python must not complain when it exits.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
 
 
 def _list(options: argparse.Namespace) -> None:

@@ -41,7 +41,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..accelerators import check_accelerator
-from ..errors import ConfigError, OneLineParser, UserError, invoked_as, signal_name
+from ..errors import ConfigError, OneLineParser, UserError, command, invoked_as, signal_name
 from ..installation import check_installation
 from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS, TOKENS
 from ..passwords import scrubbed
@@ -137,6 +137,7 @@ def _bounded(kind, low, high=None, low_open=False):
     return convert
 
 
+@command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, prog: str | None = None) -> None:
     """Serve the model file ``args`` name, or the checkpoint of ``--ckpt_path`` exported by ``cli_class`` (the
     project's ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the

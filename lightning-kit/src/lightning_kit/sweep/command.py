@@ -26,7 +26,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all
-from ..errors import ConfigError, OneLineParser, invoked_as
+from ..errors import ConfigError, OneLineParser, command, invoked_as
 from ..installation import check_installation
 from ..messages import errors_as_messages, report
 from ..passwords import scrubbed, shown_command
@@ -48,6 +48,7 @@ MAX_NEW_STUDIES = 100
 MAX_TRIALS = 1_000_000
 
 
+@command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Run the sweep that ``args`` describe over ``cli_class``'s fit; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
