@@ -67,6 +67,19 @@ def test_an_output_that_cannot_be_written_is_one_line(monkeypatch, code, on):
     assert sys.stdout is refusing, "the command's own standard output is given back"
 
 
+def test_what_a_command_that_stops_left_buffered_is_flushed_before_it_exits(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", _Refusing(errno.ENOSPC, "flush"))
+
+    @errors.command
+    def main() -> None:
+        print("a table")
+        sys.exit(3)
+
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == f"{FULL}No space left on device"
+
+
 def test_a_reader_that_has_gone_ends_the_command_quietly(monkeypatch):
     monkeypatch.setattr(sys, "stdout", _Refusing(errno.EPIPE, "write"))
 

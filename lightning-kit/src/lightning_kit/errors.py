@@ -165,9 +165,10 @@ def command(main: Main) -> Main:
         original = sys.stdout
         sys.stdout = _GuardedOutput(original)
         try:
-            result = main(*args, **kwargs)
-            sys.stdout.flush()  # what is still buffered fails here, not at the interpreter's exit
-            return result
+            try:
+                return main(*args, **kwargs)
+            finally:  # what is still buffered fails here, whatever main ended with, not at the interpreter's exit
+                sys.stdout.flush()
         except OutputError as err:
             _discard(original)
             if err.errno == errno.EPIPE:
