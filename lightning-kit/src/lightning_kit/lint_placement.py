@@ -330,25 +330,28 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
         if is_exempt(path):
             continue
         try:
-            source = read_source(path)
+            findings = _placements_in(read_source(path))
         except UnreadableError as why:
             if errors is None:
                 raise UnreadableError(f"{path} {why}") from None
             errors.append(f"error: {path} {why}")
             continue
-        try:
-            findings = manual_placements(source)
         except SyntaxError as error:
             lines.append(f"{path}:{error.lineno}: not valid Python ({error.msg}) — fix the syntax first")
             continue
-        except (RecursionError, MemoryError):  # `x = 1+1+...+1` a hundred thousand times: Python cannot compile it
-            why = "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
-            if errors is None:
-                raise UnreadableError(f"{path} {why}") from None
-            errors.append(f"error: {path} {why}")
-            continue
         lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
     return lines
+
+
+def _placements_in(source: str) -> list[Finding]:
+    """``manual_placements``; a source nested past Python's parser (``x = 1+1+...+1`` a hundred thousand times,
+    which Python cannot compile either) is ``UnreadableError``, not the parser's RecursionError."""
+    try:
+        return manual_placements(source)
+    except (RecursionError, MemoryError):
+        raise UnreadableError(
+            "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
+        ) from None
 
 
 def python_files(folder: Path) -> list[Path]:
