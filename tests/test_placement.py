@@ -139,14 +139,14 @@ TASK_BUGS = {
         "models/cnn.py",
         [(NORMALISE, 'x = (images.float().to("cuda:0") - self.mean) / self.std')],
         'to("cuda:0")',
-        "hard-coded device",
+        "another GPU",
     ),
-    ".cuda() in the network": (
+    "a CPU tensor in the network's branch for CUDA": (
         "sequence",
         "models/attention.py",
-        [(POSITIONS, "self.position_embedding(self.positions[:T].cuda())")],
-        ".cuda()",
-        "hard-coded device",
+        [(POSITIONS, "self.position_embedding(torch.arange(T) if tokens.is_cuda else self.positions[:T])")],
+        "torch.arange(T) if tokens.is_cuda",
+        "mixed devices",
     ),
     "GPU 0 assumed by the network": (
         "sequence",

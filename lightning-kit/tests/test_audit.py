@@ -3,7 +3,7 @@
 Code that runs on a GPU passes the audit as a plain pass: values, autograd, optimizers,
 hooks, callbacks and the Trainer's settings run for real. A stage the data has nothing for
 is skipped with a note; one that fails for another reason is a gap, never a pass. The audit
-trains copies and leaves the model and the process's global state as it found them.
+trains the model itself and leaves it, and the process's global state, as it found them.
 """
 
 import copy
@@ -19,10 +19,11 @@ from conftest import HANG_GUARD_S, build_all
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, StochasticWeightAveraging
 from test_simulated_gpu import BATCH, Probe
 from torch import nn
+from torch.nn.parameter import UninitializedParameter
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.placement import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, simulated
+from lightning_kit.placement import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, run_audit, simulated
 
 
 def test_shipped_model_and_data_pass_the_audit(in_tmp_path, synthetic_config):
@@ -246,6 +247,52 @@ def test_a_stage_the_data_defines_but_cannot_run_is_not_audited():
     assert verdict.exit_code == EXIT_INCOMPLETE and not verdict.skipped
     assert [outcome.stage for outcome in verdict.gaps] == ["test", "test"]
     assert "FileNotFoundError: no test/ folder" in verdict.gaps[0].gap
+
+
+HOOK_RAN_ON: list[str] = []  # the device of each gradient the hook below was given
+
+
+class BuiltOnItsParameters(Probe):
+    """What a user builds on the model itself: a hook and an attribute on a parameter, a layer made in setup."""
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__(nn.Sequential(nn.Linear(8, 8), nn.LazyLinear(3)))
+        self.wrong = wrong
+        self.first = self.net[0].weight
+        self.first.no_decay = True
+        self.first.register_hook(lambda grad: HOOK_RAN_ON.append(grad.device.type) or grad)
+        self.counter = torch.zeros(1)
+
+    def setup(self, stage):
+        self.extra = nn.Linear(3, 3)
+
+    def training_step(self, batch, batch_idx):
+        self.counter += 1
+        loss = super().training_step(batch, batch_idx)
+        return loss + (torch.ones(1) if self.wrong and batch_idx == 1 else 0)  # fails on the second batch
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_audit_gives_back_the_very_model_it_trained(wrong):
+    """The same parameter objects with their values, attributes and hooks; no module or attribute added; a lazy
+    layer uninitialised again; a plain tensor changed in place put back: after a pass and after a bug alike."""
+    model = BuiltOnItsParameters(wrong)
+    parameters = dict(model.named_parameters())
+    before = {name: value.detach().clone() for name, value in parameters.items() if "net.1" not in name}
+    attributes = set(vars(model))
+    HOOK_RAN_ON.clear()
+    verdict = run_audit(model, BATCH)
+    assert bool(verdict.errors) == wrong and "cuda" in HOOK_RAN_ON, "the hook on the parameter ran on the GPU"
+    assert dict(model.named_parameters()) == parameters and model.first is model.net[0].weight
+    assert all(
+        torch.equal(before[name], parameters[name]) and type(parameters[name]) is nn.Parameter for name in before
+    )
+    assert model.first.no_decay and set(vars(model)) == attributes and "log" not in vars(model)
+    assert isinstance(model.net[1], nn.LazyLinear) and isinstance(model.net[1].weight, UninitializedParameter)
+    assert not hasattr(model, "extra") and model._trainer is None and torch.equal(model.counter, torch.zeros(1))
+    HOOK_RAN_ON.clear()
+    F.cross_entropy(model(BATCH[0]), BATCH[1]).backward()
+    assert HOOK_RAN_ON == ["cpu"] and model.first.grad is not None, "the hook is still there, on the CPU"
 
 
 def test_audit_leaves_the_model_and_global_state_as_it_found_them():

@@ -79,7 +79,9 @@ def test_generators_are_made_on_the_device_they_draw_for():
     assert error.kind == "generator"
 
 
-# Rule 11: no device written into the code.
+# Rule 11: no device written into the code. The simulated GPU is CUDA to the code: "cuda" and .cuda() are the
+# process's own GPU, which runs on a GPU (and is noted, since --accelerator cpu breaks on a machine with one);
+# "cuda:0" is another process's GPU in every DDP process but the first.
 
 
 class WritesCuda0(Probe):
@@ -108,12 +110,28 @@ class PicksDeviceZero(Probe):
         return F.cross_entropy(self(features + torch.zeros(8, device=device)), labels)  # assumes GPU 0
 
 
-def test_no_device_is_written_into_the_code():
-    error = assert_rule(WritesCuda0(), TakesTheModuleDevice(), "# a device written into the code", __file__)
-    assert error.kind == "hard-coded device"
+def test_gpu_0_written_into_the_code_is_another_processs_gpu_under_ddp():
+    """Right in the first process, where cuda:0 is its GPU; the first operation meeting rank 1's tensors fails."""
     with pytest.raises(DevicePlacementError) as caught:
-        audit(CallsCuda(), BATCH)
-    assert caught.value.lineno == line_of("# .cuda()", __file__)
+        audit(WritesCuda0(), BATCH)
+    error = caught.value
+    assert (error.lineno, error.rank, error.kind) == (
+        line_of("# a device written into the code", __file__),
+        1,
+        "another GPU",
+    )
+    assert "cuda:1 and cuda:0" in str(error)
+    audit(TakesTheModuleDevice(), BATCH)
+
+
+def test_the_gpu_named_by_the_code_runs_on_a_gpu_and_is_noted():
+    """.cuda() is the process's own GPU in every process: no failure, but a note naming the line and rule 11."""
+    verdict = audit(CallsCuda(), BATCH)
+    assert not verdict.errors and not verdict.gaps
+    (note,) = [note for note in verdict.notes if "names the GPU itself" in note]
+    assert f"test_code_checks.py:{line_of('# .cuda()', __file__)} names the GPU itself (.cuda())" in note
+    assert "--accelerator cpu" in note and "rule 11" in note
+    assert not [note for note in audit(TakesTheModuleDevice(), BATCH).notes if "names the GPU" in note]
 
 
 def test_ddp_rank_1_catches_code_that_assumes_gpu_0():

@@ -78,7 +78,7 @@ class NumpyInAHook(Case):
 
 class CudaInAHook(Case):
     def inside(self, logits):
-        logits.register_hook(lambda grad: grad + torch.zeros(3, device="cuda"))  # cuda in a hook
+        logits.register_hook(lambda grad: grad + torch.zeros(3, device="cuda:1"))  # another GPU in a hook
 
 
 class RaisingHook(Case):
@@ -141,7 +141,7 @@ def test_no_way_into_the_simulated_gpu_from_cpp_ends_the_process(tmp_path):
         f"ModuleHook: mixed devices at line {line('# module hook')}",
         f"AccumulatedHook: mixed devices at line {line('# accumulated')}",
         f"NumpyInAHook: numpy at line {line('# numpy in a hook')}",
-        f"CudaInAHook: hard-coded device at line {line('# cuda in a hook')}",
+        f"CudaInAHook: another GPU at line {line('# another GPU in a hook')}",
         "RaisingHook: not audited: RaisingHook.training_step (backward) stopped at "
         f"cases.py:{line('# a hook that raises')}: KeyError: 'refused'",
         "simulating: invalid gradient at index 0 - expected device cuda:0 but got cpu",

@@ -80,13 +80,13 @@ def test_an_uninitialised_parameter_moves_in_place_and_materialises_on_the_simul
         optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
         layer.to(simulated.device(1))
         assert layer.weight is weight and isinstance(weight, UninitializedParameter)
-        assert weight.device == simulated.device(1)
+        assert weight.device == simulated.cuda_device(1)  # as the user's code is told it
         out = layer(torch.ones(2, 5, device=simulated.device(1)))
         assert layer.weight is weight and not isinstance(weight, UninitializedParameter)
-        assert isinstance(weight, nn.Parameter) and weight.device == simulated.device(1) and weight.shape == (3, 5)
+        assert isinstance(weight, nn.Parameter) and weight.device == simulated.cuda_device(1) and weight.shape == (3, 5)
         F.mse_loss(out, torch.zeros_like(out)).backward()
         optimizer.step()
-        assert weight.grad.device == simulated.device(1)
+        assert weight.grad.device == simulated.cuda_device(1)
         moved_back = nn.LazyLinear(3).to(simulated.device(1)).cpu()
         assert isinstance(moved_back.weight, UninitializedParameter) and moved_back.weight.device.type == "cpu"
         assert moved_back(torch.ones(2, 4)).device.type == "cpu"

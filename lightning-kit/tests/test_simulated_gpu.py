@@ -403,12 +403,12 @@ def test_tensors_built_from_gpu_scalars_are_made_on_the_host():
     assert error.kind == "mixed devices"
     with simulated.simulating(0):
         scalars = [torch.tensor(1.5, device=simulated.device(0)), torch.tensor(2.5, device=simulated.device(0))]
-        builds = {"cpu": (torch.tensor, torch.as_tensor, torch.Tensor), "simgpu": (scalars[0].new_tensor,)}
+        builds = {"cpu": (torch.tensor, torch.as_tensor, torch.Tensor), "cuda": (scalars[0].new_tensor,)}
         for expected, ways in builds.items():
             for build in ways:
                 built = build(scalars)
                 assert (built.device.type, built.tolist()) == (expected, [1.5, 2.5]), build
-        assert torch.tensor(scalars, device=simulated.device(0)).device == simulated.device(0)
+        assert torch.tensor(scalars, device=simulated.device(0)).device == simulated.cuda_device(0)
 
 
 def test_the_audit_module_names_each_private_api_it_uses():

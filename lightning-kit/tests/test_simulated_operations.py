@@ -109,7 +109,8 @@ def test_a_tensor_moved_to_its_own_device_is_itself_as_on_a_gpu(index):
         tensor = torch.ones(3).to(here)
         assert tensor.to(here) is tensor and tensor.to(device=str(here)) is tensor and tensor.to("simgpu") is tensor
         assert torch.as_tensor(tensor, device=here) is tensor
-        assert torch.zeros(2, device=here).device == here and torch.zeros(2, device=here).tolist() == [0.0, 0.0]
+        told = simulated.cuda_device(index)  # what this code, the user's, is told the device is
+        assert torch.zeros(2, device=here).device == told and torch.zeros(2, device=here).tolist() == [0.0, 0.0]
         converted = tensor.to(here, torch.float64)  # another dtype: a copy, on the same device
-        assert converted is not tensor and converted.dtype == torch.float64 and converted.device == here
+        assert converted is not tensor and converted.dtype == torch.float64 and converted.device == told
         assert tensor.to(here, copy=True) is not tensor

@@ -8,7 +8,10 @@ does it all again as the second process of a two-GPU DDP run, on a second simula
 GPU, where code that assumes GPU 0, and values logged with ``sync_dist=True`` that
 are not on the GPU, fail as they would under DDP. Whatever would stop a GPU run
 stops the audit at the same operation, reported with the hook, your file and line,
-what CUDA would say, and the fix.
+the line that made the tensor on the wrong device, what CUDA would say, and the fix.
+It trains the model itself, as Lightning does, and gives it back as it found it
+(``restore.py``); to the model's code the simulated GPU is CUDA, so the branch written
+for the GPU is the one audited (``simulated/cuda_api.py``).
 
 From the command line, with the same arguments as a project's ``train.py`` (its own command,
 ``placement.py``, runs ``command.main`` with its ``ProjectCLI``), or of any Lightning project by
@@ -40,10 +43,11 @@ uses the command line:
   ``AuditIncompleteError``) and the exit statuses;
 - ``batches.py``: what Lightning's move of a batch left on the CPU (a tensor in a class it cannot move),
   where it sits in the batch, why, and the fix;
-- ``explain.py``: the explanation of a failure: the hook, your file and line, the attribute
-  on the wrong device, and the fix from the guide;
+- ``explain.py``: the explanation of a failure: the hook, your file and line, the line that
+  made the tensor on the wrong device (or the attribute holding it), and the fix from the guide;
 - ``lightning.py``: the simulated GPU in Lightning: the ``simgpu`` accelerator, the strategy
   for one GPU or a DDP rank, the hook tracker, the run of ``--accelerator simgpu``;
+- ``restore.py``: the model given back as it was found, after each pass trained it;
 - ``isolation.py``: the audit in a forked copy of the process, where its death is a verdict
   (``NOT AUDITED ...: the process died with SIGABRT in <hook>``), which the command uses;
 - ``audit.py``: the runner, ``audit()`` and ``run_audit()``;

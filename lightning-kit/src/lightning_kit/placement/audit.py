@@ -29,14 +29,15 @@ from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, M
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch.nn.parameter import UninitializedBuffer
 from torch.utils.data import DataLoader, Dataset
 
+from ..guide import cite
 from ..loggers import CSVAndTensorBoardLogger
 from . import simulated
-from .explain import _hook, count_as_user_code, explain, is_user_code
+from .explain import _hook, _shown, count_as_user_code, explain
 from .isolation import Progress, announced, in_a_child
-from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision
+from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision, simulating
+from .restore import as_found
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import process_group
 from .stages import LOADER_OF_STAGE, check_arguments, no_step, not_run, steps
@@ -67,7 +68,8 @@ def audit(
     """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
-        model: The LightningModule, as constructed. It is left as it was: the audit trains copies.
+        model: The LightningModule, as constructed. The audit trains it, as Lightning would (never a copy),
+            and gives it back as it was (``restore.py``).
         data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for
             every stage), or None when ``model`` defines its own dataloaders.
         trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping
@@ -143,13 +145,9 @@ def _run(
             stages.append(stage)
         else:
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
+    simulated.forget_named_cuda()
     with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
-            try:
-                twin = _copy(model)
-            except Exception as err:  # the model holds what cannot be copied (a lock, an open file, ...)
-                why = f"the audit trains a copy of the model, and copy.deepcopy refused it ({_said(err)})"
-                return not_run(verdict, stages, rank, world_size, why, report)
             tracker = HookTracker(progress)
             pass_folder = Path(folder) / f"rank{rank}"
             try:
@@ -157,39 +155,64 @@ def _run(
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({_said(err)})"
                 return not_run(verdict, stages, rank, world_size, why, report)
-            _check_logged_values(twin, runner)
-            for stage in stages:
-                outcome = Outcome(stage, rank, world_size)
-                if progress is not None:
-                    progress.at_stage(stage, rank, world_size)
-                start = time.perf_counter()
-                started = steps(runner, stage)
-                try:
-                    with process_group(rank, world_size), simulated.simulating(rank, is_user_code):
-                        getattr(runner, stage)(twin, **_data_arguments(stage, data))
-                except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
-                    raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
-                except Exception as err:
-                    try:
-                        explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=twin)
-                    except Exception as failure:  # the audit's own bug: the stage is not audited, never a pass
-                        explained = (
-                            f"{stage} stopped ({_said(err)}), and the audit could not explain it ({_said(failure)})"
-                        )
-                    if isinstance(explained, DevicePlacementError):
-                        outcome.error = explained
-                    else:
-                        outcome.gap = explained
-                else:
-                    if steps(runner, stage) == started:
-                        outcome.gap = no_step(stage, model, data)
-                outcome.seconds = time.perf_counter() - start
-                verdict.outcomes.append(outcome)
-                report(outcome)
-                if outcome.error is not None and stop_at_bug:
-                    return verdict
+            with as_found(model):
+                _check_logged_values(model, runner)
+                for stage in stages:
+                    outcome = _stage(runner, stage, model, data, rank, world_size, progress)
+                    verdict.outcomes.append(outcome)
+                    report(outcome)
+                    if outcome.error is not None and stop_at_bug:
+                        verdict.notes += _named_cuda_notes()
+                        return verdict
             verdict.hooks |= tracker.actions
+    verdict.notes += _named_cuda_notes()
     return verdict
+
+
+def _stage(
+    runner: L.Trainer,
+    stage: str,
+    model: L.LightningModule,
+    data: Any,
+    rank: int,
+    world_size: int,
+    progress: Progress | None,
+) -> Outcome:
+    """One stage of one pass, run on the simulated GPU: passed, a bug, or why it was not (wholly) audited."""
+    outcome = Outcome(stage, rank, world_size)
+    if progress is not None:
+        progress.at_stage(stage, rank, world_size)
+    start = time.perf_counter()
+    started = steps(runner, stage)
+    try:
+        with process_group(rank, world_size), simulating(rank):
+            getattr(runner, stage)(model, **_data_arguments(stage, data))
+    except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
+        raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
+    except Exception as err:
+        try:
+            explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=model)
+        except Exception as failure:  # the audit's own bug: the stage is not audited, never a pass
+            explained = f"{stage} stopped ({_said(err)}), and the audit could not explain it ({_said(failure)})"
+        if isinstance(explained, DevicePlacementError):
+            outcome.error = explained
+        else:
+            outcome.gap = explained
+    else:
+        if steps(runner, stage) == started:
+            outcome.gap = no_step(stage, model, data)
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+
+
+def _named_cuda_notes() -> list[str]:
+    """A note for each line of the user's code that named CUDA itself: right on a GPU, not everywhere."""
+    return [
+        f"{_shown(filename)}:{lineno} names the GPU itself ({how}): that runs on a GPU, but fails with "
+        "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
+        f"self.device), rule 11 of the placement guide: {cite('rule 11')}"
+        for filename, lineno, how in simulated.named_cuda()
+    ]
 
 
 def _runner(
@@ -352,35 +375,6 @@ class _Repeated(Dataset):
 
 def _as_is(batch: Any) -> Any:
     return batch
-
-
-def _copy(model: L.LightningModule) -> L.LightningModule:
-    """A copy to train, without the Trainer the model may be attached to."""
-    memo = {id(model._trainer): None} if model._trainer is not None else {}
-    for module in model.modules():  # PyTorch copies no uninitialised buffer (nn.LazyBatchNorm1d's): made anew
-        for buffer in module._buffers.values():
-            if isinstance(buffer, UninitializedBuffer) and id(buffer) not in memo:
-                memo[id(buffer)] = type(buffer)(
-                    buffer.requires_grad, buffer.data.device, buffer.data.dtype, getattr(buffer, "persistent", True)
-                )
-        for value in _held((*module._buffers.values(), *vars(module).values())):
-            if isinstance(value, torch.Tensor) and value.layout in _COMPRESSED:
-                memo.setdefault(id(value), value.clone())  # PyTorch cannot deepcopy CSR, CSC, BSR or BSC: cloned
-            elif isinstance(value, torch.jit.ScriptFunction):
-                memo.setdefault(id(value), value)  # compiled, which cannot be pickled: shared, as functions are
-    return copy.deepcopy(model, memo)
-
-
-_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-
-
-def _held(values: Any, depth: int = 3) -> Iterator[Any]:
-    """``values``, and what the lists, tuples and dicts among them hold (``depth`` levels down)."""
-    for value in values:
-        if depth > 0 and isinstance(value, list | tuple | dict):
-            yield from _held(value.values() if isinstance(value, dict) else value, depth - 1)
-        else:
-            yield value
 
 
 @contextmanager

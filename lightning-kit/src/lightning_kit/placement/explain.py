@@ -8,6 +8,8 @@ holds the tensor on the wrong device (or the place in the batch where Lightning'
 saying why the run stopped there.
 """
 
+import ast
+import linecache
 import os
 import re
 import sys
@@ -18,6 +20,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.utils._pytree import tree_flatten
 
 from ..errors import exception_chain
 from ..guide import cite
@@ -65,11 +68,6 @@ FIXES = {
     "host tensor": (
         "PyTorch reads these lengths or sizes on the CPU, even on a GPU: pass a CPU tensor (lengths.cpu()) or a list",
         "rule 13",
-    ),
-    "hard-coded device": (
-        "take the device from the data or the module (x.device, self.device): a device written into the code "
-        "breaks --accelerator cpu, and under DDP every process but the first would use another's GPU",
-        "rule 11",
     ),
     "numpy": (
         "log tensors with self.log, which reads them when it needs to; where NumPy is really needed, "
@@ -119,16 +117,19 @@ def explain(
     ]
     if frame and frame.line:
         lines.append(f"    {frame.line}")
-    if kind == "hard-coded device":
-        lines.append(f"Found: {device_error}")
-    else:
-        lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")
+    lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")
+    if device_error.culprit is None and kind == "mixed devices":
+        device_error.culprit = _cpu_operand(chain)
     unmoved = batches.left_on_cpu(device_error.culprit) if kind == "mixed devices" else None
+    made = None
     if unmoved is not None:  # the batch's own tensor, which Lightning could not move: that is the cause
         kind = "unmoved batch"
         lines.append(unmoved.cause())
     else:
         culprit = _culprit(device_error, model)
+        made = _made_at(device_error.culprit, chain) if kind == "mixed devices" else None
+        if made is not None:
+            lines += _made_lines(made, frame)
         if culprit:
             lines.append(culprit)
         if kind == "mixed devices":
@@ -136,7 +137,8 @@ def explain(
     fix, rule = FIXES[kind]
     if unmoved is not None:
         fix = unmoved.fix()
-    lines.append(f"Fix: {fix}. See {rule} of the placement guide: {cite(rule)}.")
+    at_line = f" at {_shown(made[0])}:{made[1]}" if made is not None and frame and made != _place(frame) else ""
+    lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
         kind=kind,
@@ -146,7 +148,126 @@ def explain(
         operation=device_error.operation,
         filename=frame.filename if frame else "",
         lineno=frame.lineno if frame else 0,
+        made_filename=made[0] if made else "",
+        made_lineno=made[1] if made else 0,
     )
+
+
+def _place(frame: traceback.FrameSummary) -> tuple[str, int]:
+    return frame.filename, frame.lineno or 0
+
+
+def _cpu_operand(chain: list[BaseException]) -> torch.Tensor | None:
+    """The CPU tensor among the operands of the call that PyTorch's own device check refused (``_audit_operands``,
+    kept by the simulated GPU's checks on code): one the user's code was seen making first."""
+    for link in chain:
+        operands = getattr(link, "_audit_operands", None)
+        if operands is None:
+            continue
+        found = [
+            leaf
+            for leaf in tree_flatten(operands)[0]
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.dim() > 0
+        ]
+        if found:
+            return next((tensor for tensor in found if simulated.made_at(tensor) is not None), found[0])
+    return None
+
+
+def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[str, int] | None:
+    """Where the user's code made the CPU ``tensor``, as ``(filename, lineno)``.
+
+    The call that made it (or the tensor it views) without a device, where the simulated GPU saw it
+    (``simulated.made_at``); else, in the functions of the user's that the error passed, outermost first, a
+    variable that holds its memory: where that was made, or assigned last; else the one CPU tensor the failing
+    function made, which it may have been computed from. Work done only once a run has failed.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        return None
+    made = simulated.made_at(tensor)
+    if made is not None:
+        return made
+    frames = [
+        frame
+        for link in reversed(chain)
+        for frame, _ in traceback.walk_tb(link.__traceback__)
+        if is_user_code(frame.f_code.co_filename)
+    ]
+    for frame in frames:  # outermost first: where it was made, before it was handed on
+        code = frame.f_code
+        passed = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        for name, value in frame.f_locals.items():
+            if not _same_memory(value, tensor):
+                continue
+            made = simulated.made_at(value)
+            if made is None and name not in passed:
+                line = _assigned(code, name, frame.f_lineno)
+                made = (code.co_filename, line) if line is not None else None
+            if made is not None:
+                return made
+    if frames:
+        failing = frames[-1].f_locals.values()
+        seen = {simulated.made_at(value) for value in failing if _cpu(value) and simulated.made_at(value)}
+        if len(seen) == 1:
+            return seen.pop()
+    return None
+
+
+def _cpu(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0
+
+
+def _same_memory(value: Any, tensor: torch.Tensor) -> bool:
+    """Whether ``value`` is ``tensor``, or a dense CPU tensor whose values are in the same memory."""
+    if value is tensor:
+        return True
+    return (
+        _cpu(value)
+        and value.layout == torch.strided
+        and tensor.layout == torch.strided
+        and value.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+    )
+
+
+def _assigned(code: Any, name: str, before: int) -> int | None:
+    """The line of the last assignment of ``name`` in ``code``'s function at or before line ``before``."""
+    function = _function_node(code.co_filename, code.co_name, code.co_firstlineno)
+    if function is None:
+        return None
+    lines = [
+        node.lineno
+        for node in ast.walk(function)
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) and node.lineno <= before
+    ]
+    return max(lines, default=None)
+
+
+def _function_node(filename: str, name: str, first: int) -> ast.AST | None:
+    """The ``def`` of the function ``name`` whose code starts at line ``first`` of ``filename`` (its decorators')."""
+    source = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return next(
+        (
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name == name
+            and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == first
+        ),
+        None,
+    )
+
+
+def _made_lines(made: tuple[str, int], frame: traceback.FrameSummary | None) -> list[str]:
+    """The lines of the report that say where the CPU tensor was made."""
+    filename, lineno = made
+    if frame is not None and (frame.filename, frame.lineno) == made:
+        return ["The tensor on cpu is made on that line."]
+    line = linecache.getline(filename, lineno).strip()
+    return [f"The tensor on cpu was made at {_shown(filename)}:{lineno}:", *([f"    {line}"] if line else [])]
 
 
 def _shown(filename: str) -> str:
@@ -335,8 +456,9 @@ def _culprit(err: SimulatedDeviceError, model: L.LightningModule | None) -> str 
         return None
     found = _find_attribute(model, tensor)
     if found is None:
-        shape = tuple(tensor.shape)
-        return f"The tensor on {err.devices[-1]} is the argument `{err.argument}`, {shape} {tensor.dtype}."
+        shape, device = tuple(tensor.shape), simulated.as_cuda(tensor.device)
+        argument = f"the argument `{err.argument}`" if err.argument else "one of the operation's arguments"
+        return f"The tensor on {device} is {argument}, {shape} {tensor.dtype}."
     path, holder = found
     if holder == "attribute":
         return f"It is `{path}`, a plain tensor attribute, which Lightning does not move: register it as a buffer."

@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.profilers import Profiler
@@ -107,7 +108,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
     @property
     def root_device(self) -> torch.device:
-        return simulated.device(self._rank)
+        return simulated.told(simulated.device(self._rank))  # cuda:N to the user's code, as a GPU run's
 
     @property
     def global_rank(self) -> int:
@@ -148,6 +149,8 @@ class SimulatedGPUStrategy(ParallelStrategy):
             rank_zero_only.rank, self._process_rank = self._process_rank, None
 
     def model_to_device(self) -> None:
+        # As on a GPU: each parameter keeps its object, its attributes and its hooks (see simulated/in_place.py).
+        simulated.move_parameters(self.model, self.root_device)
         self.model.to(self.root_device)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
@@ -236,6 +239,28 @@ class HookTracker(Profiler):
             raise
 
 
+def _module_device(module: _DeviceDtypeModuleMixin) -> torch.device:
+    """``LightningModule.device`` while simulating: ``cuda:N`` to the user's code, ``simgpu:N`` to Lightning's."""
+    device = module._device
+    if device.type == "cuda":  # moved by the user's code to a CUDA device, which is the simulated GPU
+        device = simulated.device(simulated.current_device().index if device.index is None else device.index)
+    return simulated.told(device)
+
+
+_LIGHTNING_DEVICE = vars(_DeviceDtypeModuleMixin)["device"]
+
+
+@contextmanager
+def simulating(rank: int = 0) -> Iterator[None]:
+    """``simulated.simulating`` for a Lightning run: the user's code is told CUDA's answers, ``self.device`` too."""
+    with simulated.simulating(rank, is_user_code):
+        _DeviceDtypeModuleMixin.device = property(_module_device)
+        try:
+            yield
+        finally:
+            _DeviceDtypeModuleMixin.device = _LIGHTNING_DEVICE
+
+
 class SimulatedRun:
     """A run on the simulated GPU (--accelerator simgpu): from when the configuration asks for it to main()'s end."""
 
@@ -244,7 +269,7 @@ class SimulatedRun:
         self.stage: str | None = None  # the subcommand running on the simulated GPU, if any
 
     def start(self, stage: str) -> None:
-        self._stack.enter_context(simulated.simulating(0, is_user_code))
+        self._stack.enter_context(simulating(0))
         self.stage = stage
 
     def __enter__(self) -> "SimulatedRun":
@@ -265,7 +290,7 @@ def run_on_simulated_gpu(function: Callable[..., Any], *args: Any, **kwargs: Any
     Raises ``DevicePlacementError`` where a GPU would fail.
     """
     batches.forget()  # no batch of a run is in flight in this call
-    with simulated.simulating(0, is_user_code):
+    with simulating(0):
         args, kwargs = move_data_to_device((args, kwargs), simulated.device(0))
         try:
             return function(*args, **kwargs)

@@ -19,7 +19,7 @@ class DevicePlacementError(RuntimeError):
     Attributes:
         kind: ``"mixed devices"``, ``"unmoved batch"`` (a tensor of the batch that Lightning could not move to
             the GPU, for the type of what holds it), ``"another GPU"`` (another DDP process's), ``"generator"``,
-            ``"hard-coded device"``, ``"numpy"``, ``"sync_dist"``, ``"collective"`` (a collective of
+            ``"numpy"``, ``"sync_dist"``, ``"collective"`` (a collective of
             ``torch.distributed`` on a tensor off the process's GPU), ``"autocast"`` (an operation CUDA's
             autocast refuses) or ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast).
         stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
@@ -29,10 +29,24 @@ class DevicePlacementError(RuntimeError):
         operation: The operation that refused, e.g. ``"aten.add.Tensor"``.
         filename: The file of the line in your code where it happened.
         lineno: That line's number.
+        made_filename: For a tensor on the wrong device, the file of the line of your code that made it there
+            (where the fix belongs), if it is known; else ``""``.
+        made_lineno: That line's number, or 0.
     """
 
     def __init__(
-        self, message: str, *, kind: str, stage: str, rank: int, hook: str, operation: str, filename: str, lineno: int
+        self,
+        message: str,
+        *,
+        kind: str,
+        stage: str,
+        rank: int,
+        hook: str,
+        operation: str,
+        filename: str,
+        lineno: int,
+        made_filename: str = "",
+        made_lineno: int = 0,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -43,6 +57,8 @@ class DevicePlacementError(RuntimeError):
         self.operation = operation
         self.filename = filename
         self.lineno = lineno
+        self.made_filename = made_filename
+        self.made_lineno = made_lineno
 
     def __reduce__(self):
         # Its arguments are keywords: pickled (from a forked audit's process) by its message and attributes.

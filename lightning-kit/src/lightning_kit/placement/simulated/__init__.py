@@ -30,9 +30,13 @@ How it works:
   or ``simgpu:1``. Code of the user's that asks for another index stops there. Every
   index code can observe is that device's (``.device``, ``get_device()``, PyTorch's
   grouping of tensors by device, ``torch.accelerator``'s current device).
-- Inside ``simulating()``: ``torch.Generator(device="simgpu")`` works, a CUDA device
-  written into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``)
-  stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor, a host
+- Inside ``simulating()`` the simulated GPU is CUDA to the user's code (``cuda_api.py``):
+  ``torch.cuda``'s questions, a tensor's ``.is_cuda`` and ``.device`` get CUDA's answers, and a
+  CUDA device the code names (``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``, ``.cuda()``,
+  ``torch.autocast("cuda")``) is the simulated GPU of that index; PyTorch's and other libraries'
+  code is told the simulated device's own answers. ``torch.Generator(device=...)`` of the device
+  works; another process's GPU stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a
+  device tensor, a host
   gradient given to ``backward()`` or ``torch.autograd.grad`` for a device tensor (the autograd
   engine's check of root gradients, which PyTorch skips for tensor subclasses), and a backward
   hook's gradient returned on another device. Uninitialised parameters and buffers (lazy
@@ -45,12 +49,17 @@ How it works:
 
 Its files, bottom to top (each imports only those above it in this list):
 
-- ``devices.py``: the device type, which index is current, and the errors;
+- ``devices.py``: the device type, which index is current, whose code is the user's, and the errors;
+- ``memory.py``: the bytes its tensors hold, counted as CUDA's caching allocator counts them;
+- ``in_place.py``: parameters moved to the device in place, as on a GPU (the same objects, their
+  hooks and attributes), and those moves undone;
 - ``containment.py``: exceptions in a backward pass kept from C++ and raised in Python;
 - ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
 - ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
 - ``autocast.py``: autocast on the device, with CUDA's casting policy, read from
   ``ATen/autocast_mode.h``;
+- ``cuda_api.py``: ``torch.cuda``'s answers to the user's code, and ``"cuda"`` as autocast's and
+  the gradient scaler's device type;
 - ``collectives.py``: a process group for a simulated DDP rank, with NCCL's device rule;
 - ``tensor.py``: ``SimulatedTensor`` and its ``__torch_dispatch__``;
 - ``backend.py``: the ``simgpu`` device type, its device module (``torch.simgpu``) and
@@ -104,8 +113,16 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
   gradient clipping take the foreach path a GPU's tensors take (``code_checks.py``);
 - a ``_local_scalar_dense`` kernel for ``PrivateUse1``: ``torch.tensor([a, b])`` of the device's
   0-dim tensors reads them below the Python key (``backend.py``);
-- ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to`` and
-  ``torch.utils.swap_tensors`` (``lazy.py``);
+- ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to`` (``lazy.py``);
+- ``torch.utils.swap_tensors``, and ``torch._C._swap_tensor_impl`` where it refuses a tensor held
+  elsewhere; a tensor's ``_backward_hooks`` and ``_post_accumulate_grad_hooks`` set again, which
+  registers them on its new contents (``in_place.py``);
+- a storage's Python object, kept by PyTorch while the storage lives, weakly referenced to tell when
+  it is freed (``memory.py``);
+- while ``simulating()`` is active, the public functions of ``torch.cuda`` (and its ``nvtx``
+  functions, ``torch.backends.cuda.is_built``), ``torch.is_autocast_enabled`` and its kin,
+  ``torch.get_autocast_gpu_dtype``, ``torch.amp.autocast_mode.is_autocast_available``, and the
+  ``__init__`` of ``torch.amp.autocast`` and ``torch.amp.GradScaler`` are replaced (``cuda_api.py``);
 - ``torch._subclasses.fake_tensor.FakeTensorMode`` and its exceptions (``fake_check.py``, used by
   the tests only; tested with torch 2.14.1).
 """
@@ -113,9 +130,24 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
 import sys
 import types
 
-from . import autocast, backend, code_checks, collectives, containment, devices, gpu_only, hooks, lazy, rules, tensor
+from . import (
+    autocast,
+    backend,
+    code_checks,
+    collectives,
+    containment,
+    cuda_api,
+    devices,
+    gpu_only,
+    hooks,
+    in_place,
+    lazy,
+    memory,
+    rules,
+    tensor,
+)
 from .backend import enable
-from .code_checks import SimulatedGenerator, simulating
+from .code_checks import SimulatedGenerator, forget_named_cuda, made_at, named_cuda, simulating
 from .containment import last_raised
 from .devices import (
     DEVICE_COUNT,
@@ -124,10 +156,13 @@ from .devices import (
     SimulatedDeviceError,
     SimulationUnavailableError,
     as_cuda,
+    cuda_device,
     current_device,
     device,
     set_device,
+    told,
 )
+from .in_place import move_parameters, swaps_undone
 from .tensor import SimulatedTensor, count_operations, to_cpu
 
 __all__ = [
@@ -140,13 +175,21 @@ __all__ = [
     "SimulationUnavailableError",
     "as_cuda",
     "count_operations",
+    "cuda_device",
     "current_device",
     "device",
     "enable",
+    "forget_named_cuda",
     "last_raised",
+    "made_at",
+    "memory",
+    "move_parameters",
+    "named_cuda",
     "set_device",
     "simulating",
+    "swaps_undone",
     "to_cpu",
+    "told",
 ]
 
 # PyTorch has one spare device type, so a process has one simulated GPU. A second copy of
@@ -170,9 +213,12 @@ else:
     for _copy in (
         devices,
         containment,
+        memory,
+        in_place,
         rules,
         gpu_only,
         autocast,
+        cuda_api,
         collectives,
         tensor,
         backend,

@@ -11,7 +11,7 @@ import torch
 
 from . import autocast
 from .containment import contained
-from .devices import DEVICE_COUNT, DEVICE_TYPE, SimulationUnavailableError, _state, set_device
+from .devices import _SIMULATED, DEVICE_COUNT, DEVICE_TYPE, SimulationUnavailableError, _state, set_device
 from .rules import _declared_rules, composite_kernels
 from .tensor import SimulatedTensor, _run
 
@@ -110,7 +110,8 @@ def enable() -> None:
         raise SimulationUnavailableError(f"PyTorch's spare device type is already taken by {taken!r} in this process")
     if taken == "privateuseone":
         _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_Backend())
-    _state.physical = torch.device(DEVICE_TYPE, 0)
+    _SIMULATED[:] = [torch.device(DEVICE_TYPE, index) for index in range(DEVICE_COUNT)]
+    _state.physical = _SIMULATED[0]
     _declared_rules()
     library = torch.library.Library("aten", "IMPL")
     fallback = torch.library.Library("_", "IMPL")

@@ -1,8 +1,11 @@
 """While simulating: what fails in a GPU run because of what the code says, not where its tensors are.
 
-Inside ``simulating()``: ``torch.Generator(device="simgpu")`` works, a CUDA device written
-into code (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, ``.cuda()``) stops with
-``SimulatedDeviceError``, and so does ``.numpy()`` of a device tensor.
+Inside ``simulating()``: the simulated GPU is CUDA to the user's code (``cuda_api``); a CUDA device the code
+names (``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``, ``.cuda()``, a bare index) is the simulated GPU
+of that index, the process's own where none is given, and another process's GPU stops with
+``SimulatedDeviceError``; so does ``.numpy()`` of a device tensor. ``torch.Generator(device="cuda")``
+makes a generator of the simulated GPU. Each line of the user's code that names CUDA itself is kept
+(``named_cuda``): it runs on a GPU, but not with ``--accelerator cpu`` on a machine that has one.
 """
 
 import os
@@ -20,10 +23,22 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import BackwardHook
 
-from . import lazy
+from . import cuda_api, lazy
 from .backend import enable
 from .containment import _kept, discard, in_backward, keep, raise_kept
-from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, as_cuda, current_device, own_indices, set_device
+from .devices import (
+    _CPU,
+    _CUDA,
+    DEVICE_TYPE,
+    SimulatedDeviceError,
+    _state,
+    as_cuda,
+    current_device,
+    is_users,
+    own_indices,
+    set_device,
+    told,
+)
 from .hooks import _APPLY, _apply_checked, _BackwardHookInit, _contained_hook, _module_backward_hooks
 from .lazy import is_lazy
 from .tensor import SimulatedTensor, to_cpu
@@ -41,15 +56,15 @@ class SimulatedGenerator(_RealGenerator):
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        return told(self._device)
 
 
 class _GeneratorType(type(_RealGenerator)):
     """``torch.Generator`` while simulating: ``device="simgpu"`` gives a ``SimulatedGenerator``."""
 
     def __call__(cls, device: Any = "cpu") -> torch.Generator:
-        _check_device(device, "torch.Generator")
-        if torch.device(device).type == DEVICE_TYPE:
+        placed = _placed_device(device, "torch.Generator")
+        if torch.device(placed).type == DEVICE_TYPE:
             return SimulatedGenerator(current_device())
         return _RealGenerator(device)
 
@@ -78,16 +93,25 @@ class _CodeChecks(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _kept:
             raise_kept()  # back in Python after a backward pass that kept one
-        # Every call of a torch function comes here: most ask for nothing these checks look at.
-        if (not kwargs or ("device" not in kwargs and "generator" not in kwargs)) and _ordinary(func):
-            return func(*args, **(kwargs or {}))
-        kwargs = kwargs or {}
-        handler = _HANDLERS.get(func)
-        if handler is not None:
-            return handler(self, func, args, kwargs)
-        if func in _PINNING:
-            return _PINNING[func](*args, **kwargs)
-        return _checked(func, args, kwargs)
+        try:
+            # Every call of a torch function comes here: most ask for nothing these checks look at.
+            if (not kwargs or ("device" not in kwargs and "generator" not in kwargs)) and _ordinary(func):
+                return func(*args, **(kwargs or {}))
+            kwargs = kwargs or {}
+            handler = _HANDLERS.get(func)
+            if handler is not None:
+                return handler(self, func, args, kwargs)
+            if func in _PINNING:
+                return _PINNING[func](*args, **kwargs)
+            result = _checked(func, args, kwargs)
+            if func in _MAKERS:
+                made_here(result)
+            return result
+        except RuntimeError as err:
+            # PyTorch's own checks of devices name no tensor: the call's operands are kept for the explanation.
+            if not hasattr(err, "_audit_operands"):
+                err._audit_operands = (args, kwargs)
+            raise
 
 
 # {function: whether calls of it are checked by their device= and generator= arguments alone}
@@ -100,7 +124,11 @@ def _ordinary(func) -> bool:
         return _ORDINARY[func]
     except KeyError:
         ordinary = _ORDINARY[func] = not (
-            func in _HANDLERS or func in _PINNING or func in _TO_NUMPY or getattr(func, "__name__", None) in _NAMED
+            func in _HANDLERS
+            or func in _PINNING
+            or func in _TO_NUMPY
+            or func in _MAKERS
+            or getattr(func, "__name__", None) in _NAMED
         )
         return ordinary
     except TypeError:  # a function that cannot be hashed: checked as any other
@@ -111,22 +139,21 @@ _NAMED = ("cuda", "to")  # the names _check looks for
 
 
 def _checked(func, args, kwargs):
-    """``func(*args, **kwargs)``, where the code asks for nothing a GPU run refuses."""
+    """``func(*args, **kwargs)`` where the code asks for nothing a GPU run refuses, with the devices it names placed."""
     try:
-        _check(func, args, kwargs)
+        func, args, kwargs = _placed(func, args, kwargs)
     except SimulatedDeviceError as err:
         if not in_backward():
             raise
         # In a hook the autograd engine runs: kept, and raised when the backward pass returns.
         keep(err)
         func, args, kwargs = _as_on_the_gpu(func, args, kwargs)
-    if _state.index != 0:
-        args, kwargs = _as_physical(args, kwargs)
     return func(*args, **kwargs)
 
 
-def _check(func, args, kwargs) -> None:
-    """Raise ``SimulatedDeviceError`` where the code asks for what a GPU run refuses."""
+def _placed(func, args, kwargs):
+    """The call, with each device it names as PyTorch takes the simulated GPU's (``_placed_device``); raise
+    ``SimulatedDeviceError`` where the code asks for what a GPU run refuses."""
     if func in _TO_NUMPY and isinstance(args[0], SimulatedTensor):
         raise SimulatedDeviceError(
             f"can't convert {as_cuda(args[0].device)} device type tensor to numpy. "
@@ -136,15 +163,18 @@ def _check(func, args, kwargs) -> None:
             devices=(as_cuda(args[0].device),),
         )
     name = getattr(func, "__name__", str(func))
+    if name == "cuda":  # Tensor.cuda(device=None, non_blocking=False, memory_format=...): a move to that GPU
+        index = args[1] if len(args) > 1 else kwargs.get("device")
+        device = torch.device("cuda", index) if isinstance(index, int) else torch.device(index or "cuda")
+        rest = {key: value for key, value in kwargs.items() if key != "device"}
+        return torch.Tensor.to, (args[0], _placed_device(device, "Tensor.cuda", ".cuda()")), rest
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": _placed_device(kwargs["device"], name)}
+    if name == "to":
+        args = (args[0], *(_placed_device(arg, "Tensor.to") for arg in args[1:]))
     if kwargs.get("generator") is not None:
         _check_generator(name, args, kwargs)
-    if name == "cuda":
-        _check_device(torch.device("cuda", args[1] if len(args) > 1 else None), "Tensor.cuda")
-    if "device" in kwargs:
-        _check_device(kwargs["device"], name)
-    if name == "to":
-        for arg in args[1:]:
-            _check_device(arg, "Tensor.to")
+    return func, args, kwargs
 
 
 def _as_on_the_gpu(func, args, kwargs):
@@ -231,32 +261,53 @@ def _register_hook(mode, func, args, kwargs):
 
 
 def _moves(mode, func, args, kwargs):
-    """``.to()`` and ``.cpu()``: an uninitialised parameter or buffer moves in place (see ``lazy``)."""
+    """``.to()`` and ``.cpu()``: an uninitialised parameter or buffer moves in place (see ``lazy``); a device tensor
+    moved to the CPU is one the code made there."""
     if is_lazy(args[0]):
-        _check(func, args, kwargs)
-        done = lazy.moved(args[0], args[1:] if func is torch.Tensor.to else ("cpu",), kwargs)
+        _, placed_args, placed_kwargs = _placed(func, args, kwargs)
+        done = lazy.moved(args[0], placed_args[1:] if func is torch.Tensor.to else ("cpu",), placed_kwargs)
         if done is not None:
             return done
-    return _checked(func, args, kwargs)
+    moved = _checked(func, args, kwargs)
+    if moved is not args[0] and isinstance(args[0], SimulatedTensor):
+        made_here(moved)
+    return moved
 
 
-def _as_physical(args, kwargs):
-    """The arguments of a call that names a device, the current device as the one PyTorch sees every simulated tensor
-    on (``simgpu:0``, ``_state.physical``). As the second process (``simgpu:1``), ``t.to(device)`` or
-    ``torch.as_tensor(t, device=device)`` of a tensor already there would otherwise be a move to another device to
-    PyTorch, and a copy: on a GPU it is the tensor itself."""
+# The functions that make a tensor from no tensor of the device's (a CPU tensor where no device is given), and
+# Tensor's new_* and *_like: where the code makes the CPU tensor that a GPU then refuses.
+_MAKERS = frozenset(
+    function
+    for namespace, names in (
+        (
+            torch,
+            "zeros ones empty full arange range linspace logspace eye rand randn randint randperm normal tensor "
+            "as_tensor asarray from_numpy frombuffer scalar_tensor tril_indices triu_indices zeros_like ones_like "
+            "empty_like full_like rand_like randn_like randint_like hann_window hamming_window blackman_window "
+            "bartlett_window kaiser_window",
+        ),
+        (torch.Tensor, "new_zeros new_ones new_empty new_full new_tensor"),
+    )
+    for name in names.split()
+    if (function := getattr(namespace, name, None)) is not None
+)
 
-    def physical(value):
-        if isinstance(value, str | torch.device):
-            try:
-                device = torch.device(value)
-            except RuntimeError:
-                return value
-            if device.type == DEVICE_TYPE and device.index == _state.index:
-                return _state.physical
-        return value
 
-    return tuple(physical(arg) for arg in args), {name: physical(value) for name, value in kwargs.items()}
+def made_here(tensor: Any) -> None:
+    """Mark a CPU ``tensor`` the user's code has just made with that code's line (``made_at`` reads it)."""
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and "_audit_made_at" not in vars(tensor):
+        frame = _users_frame()
+        if frame is not None:
+            tensor._audit_made_at = (frame.f_code.co_filename, frame.f_lineno)
+
+
+def made_at(tensor: torch.Tensor) -> tuple[str, int] | None:
+    """Where the user's code made ``tensor`` (or the tensor it views), as ``(filename, lineno)``, if it was seen."""
+    for candidate in (tensor, tensor._base):
+        found = vars(candidate).get("_audit_made_at") if isinstance(candidate, torch.Tensor) else None
+        if found is not None:
+            return found
+    return None
 
 
 _HANDLERS = {
@@ -290,60 +341,97 @@ def _check_generator(operation: str, args, kwargs) -> None:
         )
 
 
-def _check_device(device: Any, operation: str) -> None:
-    """Stop at a CUDA device written into the code, or at your code's choice of another process's GPU."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        device = torch.device("cuda", device)  # what PyTorch makes of a bare index
-    elif isinstance(device, str):
+def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
+    """``value``, a device argument, as PyTorch takes it: the process's own GPU, named as CUDA (``"cuda"``,
+    ``torch.device("cuda", 1)``, a bare index) or as the simulated one, is ``simgpu:0``, where PyTorch sees every
+    simulated tensor (``_state.physical``); anything else as it is.
+
+    Raises ``SimulatedDeviceError`` where the user's code asks for another process's GPU. A CUDA device the user's
+    code names itself, not one it was told (``x.device``), is kept for ``named_cuda``, as ``named`` says it (or
+    ``device='cuda'``).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        device = torch.device("cuda", value)  # what PyTorch makes of a bare index
+    elif isinstance(value, str):
         try:
-            device = torch.device(device)
+            device = torch.device(value)
         except RuntimeError:
-            return
-    if not isinstance(device, torch.device):
-        return
-    if device.type == "cuda":
+            return value
+    elif isinstance(value, torch.device):
+        device = value
+    else:
+        return value
+    if device.type not in ("cuda", DEVICE_TYPE):
+        return value
+    index = _state.index if device.index is None else device.index
+    if index != _state.index and (device.type == "cuda" or _asked_by_user_code()):
         raise SimulatedDeviceError(
-            f"{operation} was given the device {str(device)!r}, written into the code",
-            kind="hard-coded device",
-            operation=operation,
-            devices=(str(device),),
-        )
-    if device.type == DEVICE_TYPE and device.index not in (None, _state.index) and _asked_by_user_code():
-        raise SimulatedDeviceError(
-            f"{operation} was asked for {as_cuda(device)} in the process whose GPU is {as_cuda(current_device())}",
+            f"{operation} was asked for cuda:{index} in the process whose GPU is {as_cuda(current_device())}: on a "
+            f"GPU the tensor is made there, and the first operation that meets this process's tensors fails "
+            f"(Expected all tensors to be on the same device, but found at least two devices, "
+            f"{as_cuda(current_device())} and cuda:{index}!)",
             kind="another GPU",
             operation=operation,
-            devices=(as_cuda(current_device()), as_cuda(device)),
+            devices=(as_cuda(current_device()), f"cuda:{index}"),
         )
+    if device.type == "cuda" and value is not _CUDA[index]:
+        _name_cuda(named or f"device={value!r}")
+    return _state.physical if index == _state.index else value
+
+
+_named: dict[tuple[str, int], str] = {}  # each line of the user's code that names CUDA itself, and how
+
+
+def _name_cuda(how: str) -> None:
+    frame = _users_frame()
+    if frame is not None:
+        _named.setdefault((frame.f_code.co_filename, frame.f_lineno), how)
+
+
+def named_cuda() -> list[tuple[str, int, str]]:
+    """The lines of the user's code that named CUDA itself while simulating, and how, since ``forget_named_cuda``."""
+    return [(filename, lineno, how) for (filename, lineno), how in _named.items()]
+
+
+def forget_named_cuda() -> None:
+    _named.clear()
 
 
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _SIMULATED = os.path.dirname(__file__) + os.sep  # the simulated GPU's own files, as their code names them
 
 
-def _asked_by_user_code() -> bool:
-    """Whether the innermost caller outside PyTorch (and the simulated GPU) is the user's code, not a library's."""
+def _users_frame():
+    """The innermost caller outside PyTorch and the simulated GPU, if it is the user's code (not a library's)."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith((_TORCH, _SIMULATED)):
         frame = frame.f_back
-    return frame is not None and _state.is_user_code(frame.f_code.co_filename)
+    return frame if frame is not None and is_users(frame.f_code.co_filename) else None
+
+
+def _asked_by_user_code() -> bool:
+    """Whether the innermost caller outside PyTorch (and the simulated GPU) is the user's code, not a library's."""
+    return _users_frame() is not None
 
 
 @contextmanager
 def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None) -> Iterator[None]:
-    """Inside the block: ``simgpu:<index>`` is the current device, with the checks on code described above.
+    """Inside the block: ``simgpu:<index>`` is the current device, CUDA to the user's code, with the checks on code
+    described above.
 
     Args:
         index: The device, 0, or 1 to play the second process of a DDP run.
-        is_user_code: Tells the project's files from libraries': a device index chosen in
-            library code (PyTorch's own grouping of tensors by device, say) is taken as
-            the current device; one chosen in the user's code stops the run.
+        is_user_code: Tells the project's files from libraries' (by default: a file outside the libraries
+            installed). The user's code is told CUDA's answers, and a device index it chooses that is not
+            its process's stops the run; library code is told the simulated device's own, and an index it
+            chooses (PyTorch's own grouping of tensors by device, say) is taken as the current device.
     """
     enable()
-    previous = _state.index, _state.is_user_code
+    previous = _state.index, _state.is_user_code, _state.answering, _state.user_files
     set_device(index)
     if is_user_code is not None:
         _state.is_user_code = is_user_code
+    _state.user_files = {}
     torch.Generator, torch.compile = _Generator, _as_written
     BackwardHook.__init__ = _module_backward_hooks
     torch.autograd.Function.apply = _apply_checked
@@ -360,7 +448,9 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
             _CodeChecks(),
             own_indices(),
             _foreach_paths(),
+            cuda_api.replaced(),
         ):
+            _state.answering = True
             try:
                 yield
             except BaseException:
@@ -373,7 +463,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
         torch.autograd.Function.apply = _APPLY
         if _ENGINE_RUN is not None:
             torch.autograd._engine_run_backward = _ENGINE_RUN
-        _state.index, _state.is_user_code = previous
+        _state.index, _state.is_user_code, _state.answering, _state.user_files = previous
 
 
 _compile = torch.compile

@@ -1,7 +1,11 @@
 """The simulated devices: their names, which one is current, and the errors of the simulation."""
 
+import os
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -9,6 +13,10 @@ import torch
 DEVICE_TYPE = "simgpu"
 DEVICE_COUNT = 2  # a single device, or two DDP processes on one node
 _CPU = torch.device("cpu")
+# The devices as the user's code is told them (``SimulatedTensor.device``, a LightningModule's ``device``): the
+# very objects, so that one handed back (``device=x.device``) is told from a CUDA device the code names itself.
+_CUDA = tuple(torch.device("cuda", index) for index in range(DEVICE_COUNT))
+_SIMULATED: list[torch.device] = []  # simgpu:0, simgpu:1: made once the device type is registered (backend.enable)
 
 
 class SimulationUnavailableError(RuntimeError):
@@ -46,7 +54,7 @@ class SimulatedDeviceError(RuntimeError):
     """What a CUDA GPU would refuse.
 
     Attributes:
-        kind: ``"mixed devices"``, ``"generator"``, ``"hard-coded device"``, ``"numpy"``,
+        kind: ``"mixed devices"``, ``"another GPU"``, ``"generator"``, ``"numpy"``,
             ``"sync_dist"`` (a collective operation on a tensor off the process's GPU) or ``"host tensor"``
             (a GPU tensor for an argument CUDA reads on the host, such as lengths).
         operation: The operation that refused, e.g. ``"aten.clamp.Tensor"`` or ``"Tensor.numpy"``.
@@ -77,13 +85,62 @@ def as_cuda(device: torch.device | str) -> str:
     return str(device).replace(DEVICE_TYPE, "cuda")
 
 
+# Code that is never the user's: PyTorch's, the simulated GPU's own and that of the package it is part of (the audit,
+# which runs it as Lightning runs a GPU), and by default whatever is installed among the libraries.
+_NEVER_USERS = tuple(
+    {
+        os.path.join(form, "")  # as code names its file, and resolved
+        for folder in (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+        for form in (os.path.abspath(folder), str(Path(folder).resolve()))
+    }
+)
+_INSTALLED = tuple(
+    str(Path(path).resolve()) + os.sep
+    for path in {
+        *sysconfig.get_paths().values(),
+        *(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))),
+    }
+    if path
+)
+
+
+def _not_installed(filename: str) -> bool:
+    """The default test of the user's code: a file outside the libraries installed (and not ``<string>``)."""
+    return not filename.startswith("<") and not str(Path(filename).resolve()).startswith(_INSTALLED)
+
+
 class _State:
     index = 0  # the current device, as torch.cuda.current_device() is for CUDA
     physical: torch.device  # where PyTorch itself sees every simulated tensor: simgpu:0
-    is_user_code: Callable[[str], bool] = staticmethod(lambda filename: True)
+    is_user_code: Callable[[str], bool] = staticmethod(_not_installed)
+    answering = False  # inside simulating(): the user's code is told CUDA's answers
+    user_files: dict[str, bool]  # is_user_code of each file asked, while it stays the same
 
 
 _state = _State()
+_state.user_files = {}
+
+
+def is_users(filename: str) -> bool:
+    """Whether the code of ``filename`` is the user's: never PyTorch's or the audit's, else as ``is_user_code`` says."""
+    try:
+        return _state.user_files[filename]
+    except KeyError:
+        users = not filename.startswith(_NEVER_USERS) and bool(_state.is_user_code(filename))
+        _state.user_files[filename] = users
+        return users
+
+
+def asked_by_user(depth: int = 1) -> bool:
+    """Whether the function ``depth`` frames up (1: the caller's caller) is the user's code, while simulating."""
+    return _state.answering and is_users(sys._getframe(depth + 1).f_code.co_filename)
+
+
+def told(device: torch.device, depth: int = 1) -> torch.device:
+    """``device`` as the code ``depth`` frames up is told it: a simulated GPU is CUDA's to the user's code."""
+    if device.type == DEVICE_TYPE and _state.answering and is_users(sys._getframe(depth + 1).f_code.co_filename):
+        return _CUDA[_state.index if device.index is None else device.index]
+    return device
 
 
 def device(index: int = 0) -> torch.device:
@@ -92,7 +149,12 @@ def device(index: int = 0) -> torch.device:
 
 
 def current_device() -> torch.device:
-    return torch.device(DEVICE_TYPE, _state.index)
+    return _SIMULATED[_state.index]
+
+
+def cuda_device(index: int | None = None) -> torch.device:
+    """``cuda:<index>`` (the current device's where None), as the user's code is told the simulated GPU."""
+    return _CUDA[_state.index if index is None else index]
 
 
 def set_device(device: int | torch.device) -> None:

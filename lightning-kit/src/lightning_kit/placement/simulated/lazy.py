@@ -8,8 +8,8 @@ correct model could not run. So while simulating, moving one to the simulated GP
 ``module.to`` does to each) keeps it uninitialised, in place, marked as on the current simulated
 device (``.device`` says so); its ``materialize`` makes the values there, a ``SimulatedTensor``
 (or where ``device=`` says), and gives the parameter that tensor's contents in place
-(``torch.utils.swap_tensors``), so that the module and an optimizer made before keep the same
-object. Moving it back to the CPU takes the mark off.
+(``in_place.swap``), so that the module and an optimizer made before keep the same object. Moving
+it back to the CPU takes the mark off.
 """
 
 import functools
@@ -17,7 +17,8 @@ import functools
 import torch
 from torch.nn.parameter import Parameter, UninitializedTensorMixin
 
-from .devices import DEVICE_TYPE, _state, current_device
+from .devices import DEVICE_TYPE, _state, current_device, told
+from .in_place import swap
 
 
 class _OnSimulatedGPU:
@@ -25,7 +26,7 @@ class _OnSimulatedGPU:
 
     @property
     def device(self) -> torch.device:
-        return current_device()
+        return told(current_device())
 
     def get_device(self) -> int:
         return _state.index
@@ -42,7 +43,7 @@ class _OnSimulatedGPU:
             for name in ("persistent", "_is_buffer"):
                 if name in vars(self):
                     setattr(made, name, vars(self)[name])
-        torch.utils.swap_tensors(self, made)
+        swap(self, made)
 
 
 @functools.cache

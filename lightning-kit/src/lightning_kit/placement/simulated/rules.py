@@ -48,6 +48,47 @@ def _check_devices(func, rule: str, args, kwargs) -> None:
                 )
 
 
+# Convolutions check their input's type against their weight's and bias's before anything else, on CUDA as on the
+# CPU (Convolution.cpp, check_input_same_type_as_parameters): a CPU weight is that error, whatever the kernel.
+CONVOLUTIONS = {"convolution", "_convolution", "convolution_overrideable", "conv_tbc"}
+
+
+def mixed_operands(func, args, kwargs) -> SimulatedDeviceError | None:
+    """The error CUDA gives an operation of the device's tensors that was given a CPU tensor too (one with values
+    of its own: 0-dim ones are numbers to most operations), or None where there is none.
+
+    For an operation the simulated GPU has no kernel of its own for (it runs it as CUDA composes it): whatever
+    part of it would fail for want of a kernel, CUDA refuses the mix first.
+    """
+    named = list(_named_tensors(func, args, kwargs))
+    device = next((tensor.device for _, tensor, _ in named if tensor.device.type != "cpu"), None)
+    odd = next(((name, tensor) for name, tensor, _ in named if tensor.device.type == "cpu" and tensor.dim() > 0), None)
+    if device is None or odd is None:
+        return None
+    name, tensor = odd
+    if func._schema.name.split("::")[-1] in CONVOLUTIONS and name in ("input", "weight", "bias"):
+        given = next((tensor for argument, tensor, _ in named if argument == "input"), None)
+        if given is not None:
+            other = tensor if name != "input" else next(t for a, t, _ in named if a == "weight")
+            what = name if name != "input" else "weight"
+            return SimulatedDeviceError(
+                f"Input type ({_legacy_type(given)}) and {what} type ({_legacy_type(other)}) should be the same or "
+                "input should be a MKLDNN tensor and weight is a dense tensor",
+                kind="mixed devices",
+                operation=str(func),
+                devices=(as_cuda(device), "cpu"),
+                argument=name,
+                culprit=tensor,
+            )
+    return _mixed(func, device, tensor.device, name, odd)
+
+
+def _legacy_type(tensor: torch.Tensor) -> str:
+    """The tensor's type as CUDA's messages write it: ``torch.cuda.FloatTensor``, ``torch.FloatTensor``."""
+    name = torch.empty(0, dtype=tensor.dtype).type()
+    return name if tensor.device.type == "cpu" else name.replace("torch.", "torch.cuda.", 1)
+
+
 def _mixed(func, first: torch.device, second: torch.device, argument: str | None, odd) -> SimulatedDeviceError:
     where = f" (when checking argument for argument {argument} in method wrapper_CUDA_{_kernel(func)})"
     odd_name, odd_tensor = odd

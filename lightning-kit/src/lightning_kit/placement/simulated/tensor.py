@@ -1,15 +1,36 @@
 """The tensor on the simulated GPU: an ordinary CPU tensor inside, checked by CUDA's rules at every operation."""
 
+import sys
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
+from . import memory
 from .containment import contained
-from .devices import _CPU, DEVICE_TYPE, SimulatedDeviceError, _state, cannot_run, current_device
+from .devices import (
+    _CPU,
+    _CUDA,
+    _SIMULATED,
+    DEVICE_TYPE,
+    NotSimulatedError,
+    SimulatedDeviceError,
+    _state,
+    cannot_run,
+    is_users,
+    told,
+)
 from .gpu_only import _on_the_cpu
-from .rules import _check_devices, _host_arguments, _rule, check_host_arguments, cuda_paths
+from .rules import (
+    CONVOLUTIONS,
+    _check_devices,
+    _host_arguments,
+    _rule,
+    check_host_arguments,
+    cuda_paths,
+    mixed_operands,
+)
 
 
 class SimulatedTensor(torch.Tensor):
@@ -17,7 +38,10 @@ class SimulatedTensor(torch.Tensor):
 
     A process has one GPU, so every simulated tensor is on the current device: ``simgpu:0``,
     or ``simgpu:1`` while playing the second process of a DDP run. (Inside PyTorch they are
-    all on index 0: its autograd engine serves Python devices one index only.)
+    all on index 0: its autograd engine serves Python devices one index only.) While simulating,
+    the user's code is told CUDA's answers: ``.device`` is ``cuda:0`` (or ``cuda:1``), ``.is_cuda``
+    is True, ``.type()`` is ``torch.cuda.FloatTensor``; PyTorch, Lightning and other libraries are
+    told the simulated device's own.
     """
 
     elem: torch.Tensor
@@ -30,13 +54,24 @@ class SimulatedTensor(torch.Tensor):
 
     @property
     def device(self) -> torch.device:
-        return current_device()
+        if _state.answering and is_users(sys._getframe(1).f_code.co_filename):
+            return _CUDA[_state.index]
+        return _SIMULATED[_state.index]
+
+    @property
+    def is_cuda(self) -> bool:
+        return _state.answering and is_users(sys._getframe(1).f_code.co_filename)
 
     def get_device(self) -> int:
         return _state.index
 
+    def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None and not kwargs and _state.answering and is_users(sys._getframe(1).f_code.co_filename):
+            return "torch.cuda." + self.elem.type().rpartition(".")[2]  # torch.cuda.FloatTensor, ...
+        return super().type(dtype, non_blocking, **kwargs)
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return repr(self.elem)[:-1] + f", device='{self.device}')"
+        return repr(self.elem)[:-1] + f", device='{told(_SIMULATED[_state.index])}')"
 
     def tolist(self) -> Any:
         """The values as Python numbers, as ``tolist()`` of a CUDA tensor gives them."""
@@ -79,12 +114,22 @@ class SimulatedTensor(torch.Tensor):
             raise cannot_run(func, err) from err
         if plan.path is not None:
             return plan.path(*args, **kwargs)
-        if rule is not None:
-            if rule == "composite":
-                # CUDA runs it as other operations: check those.
-                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
-            if rule == "implicit":
+        if rule is not None and plan.convolution:  # CUDA checks a convolution's operands' types before anything
+            refused = mixed_operands(func, args, kwargs)
+            if refused is not None:
+                raise refused
+        if rule == "composite" or rule == "implicit":
+            # CUDA runs it as other operations: check those. A CPU operand that none of them refuses before one
+            # the simulated GPU has no kernel for is refused as CUDA refuses the mix (a CPU weight of a convolution).
+            try:
+                if rule == "composite":
+                    return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
                 return func.decompose(*args, **kwargs)
+            except (NotImplementedError, NotSimulatedError) as err:
+                refused = mixed_operands(func, args, kwargs)
+                if refused is None:
+                    raise
+                raise refused from err
         return _run(func, args, kwargs, plan)
 
 
@@ -184,6 +229,7 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor) -> SimulatedTensor
             dispatch_sizes_strides_policy="strides",
         )
     wrapper.elem = elem
+    memory.track(elem)
     return wrapper
 
 
@@ -208,7 +254,8 @@ class count_operations:  # noqa: N801 (a context manager, used as a function is)
 class _Plan:
     """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
 
-    __slots__ = ("_rule", "compute", "func", "host", "inplace_view", "metadata", "path", "position", "simple")
+    __slots__ = ("_rule", "compute", "convolution", "func", "host", "inplace_view", "metadata", "path", "position")
+    __slots__ += ("simple",)
     __slots__ += ("single", "view", "written")
 
     def __init__(self, func) -> None:
@@ -226,6 +273,7 @@ class _Plan:
         self.inplace_view = torch.Tag.inplace_view in func.tags
         self.written = _written_arguments(func)
         self.single = len(returns) == 1
+        self.convolution = func._schema.name.split("::")[-1] in CONVOLUTIONS
         self._rule = None
         # Whether the operation needs nothing but its tensors unwrapped and its results wrapped (or, in place and
         # out=, the tensors it was given back): no device by position, no host arguments, no path of CUDA's own, no

@@ -1,0 +1,84 @@
+"""The model the audit trains is the user's own object, given back as it was found.
+
+Lightning trains the module it is given, never a copy: the audit does the same, so that everything the
+user built is audited as it is (hooks on parameters and modules, parametrizations, pruning masks, plain
+attributes, what ``copy.deepcopy`` cannot copy). ``as_found(model)`` notes, before a pass, what training
+changes, and puts it back after it, whatever stopped the pass:
+
+- every parameter, moved in place to the simulated GPU (``simulated.move_parameters``), is again the same
+  object with its CPU values, gradient and hooks (``simulated.swaps_undone``), and of its class (a lazy
+  module's uninitialised parameters are marked as on the device by theirs);
+- every submodule has its class again (a lazy module becomes another class once materialised) and the
+  attributes it had (Lightning's trainer, the device, a replaced ``log``, new layers, buffers and parameters
+  taken away), with the dicts, lists and sets they held refilled as they were, in place (the hooks of a
+  module, the lists a step appends to);
+- a plain CPU tensor attribute that the run changed in place has its values back.
+
+Python objects held deeper than that (an object of the user's holding a list) keep what the run did to them.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from . import simulated
+
+_CONTAINERS = (dict, list, set)
+
+
+@contextmanager
+def as_found(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block, ``model`` may be trained on the simulated GPU; at its end it is as it was before."""
+    modules = list(model.modules())
+    classes = [type(module) for module in modules]
+    attributes = [dict(vars(module)) for module in modules]
+    held = [value for found in attributes for value in found.values()]
+    containers = {id(value): (value, _shallow(value)) for value in held if isinstance(value, _CONTAINERS)}
+    tensors = {id(value): (value, value.detach().clone()) for value in held if _plain_cpu(value)}
+    # A lazy module's uninitialised parameters are marked as on the device by their class (simulated/lazy.py).
+    kinds = [
+        (tensor, type(tensor))
+        for module in modules
+        for tensor in (*module._parameters.values(), *module._buffers.values())
+        if tensor is not None
+    ]
+    try:
+        with simulated.swaps_undone():
+            yield
+    finally:
+        for tensor, kind in kinds:
+            if type(tensor) is not kind:
+                tensor.__class__ = kind
+        for module, cls, found in zip(modules, classes, attributes, strict=True):
+            if type(module) is not cls:
+                module.__class__ = cls
+            vars(module).clear()
+            vars(module).update(found)
+        for container, contents in containers.values():
+            container.clear()
+            if isinstance(container, list):
+                container.extend(contents)
+            else:
+                container.update(contents)
+        with torch.no_grad():
+            for tensor, values in tensors.values():
+                if (tensor.shape, tensor.dtype) == (values.shape, values.dtype) and not torch.equal(tensor, values):
+                    tensor.copy_(values)
+
+
+def _shallow(container: Any) -> Any:
+    """What a dict, list or set holds, to refill it with."""
+    return dict(container) if isinstance(container, dict) else list(container)
+
+
+def _plain_cpu(value: Any) -> bool:
+    """A CPU tensor with values of its own to put back: dense, a leaf, not a parameter (those are swapped back)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.device.type == "cpu"
+        and value.layout == torch.strided
+        and value.is_leaf
+        and not isinstance(value, torch.nn.Parameter | torch.nn.parameter.UninitializedTensorMixin)
+    )

@@ -1,0 +1,447 @@
+"""While simulating, the simulated GPU is CUDA to the user's code: the branch written for the GPU is the one run.
+
+Code that asks where it runs is told what a CUDA machine with two GPUs would tell it:
+``torch.cuda.is_available()`` is True, ``device_count()`` is 2, ``current_device()`` is the process's
+GPU, and a tensor on the simulated GPU says ``.is_cuda`` and ``.device`` ``cuda:0`` (``tensor.py``).
+Names, capability, properties, memory (``memory.py``), random states, streams, events, ``synchronize``
+and ``empty_cache`` have CUDA's answers for the simulated GPU (an NVIDIA A100, ``GPU``). A CUDA device
+the code names, ``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``, ``.cuda()``, is the simulated GPU
+of that index (``code_checks``); ``torch.autocast("cuda")`` and ``torch.amp.GradScaler("cuda")`` are the
+simulated GPU's.
+
+Only the user's code is told these answers (``devices.is_users``); PyTorch, Lightning and the other
+libraries go on asking the simulated device itself, which is what they run it by. A function of
+``torch.cuda`` the simulated GPU has no answer for (CUDA graphs, peer access, NCCL, ...) stops with
+``NotSimulatedError`` when the user's code calls it: the branch that calls it is not audited, never
+passed. Its module attributes are replaced while simulating (``replaced()``): code that imported one
+by name before (``from torch.cuda import is_available``) keeps PyTorch's.
+"""
+
+import contextlib
+import functools
+import time
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.backends.cuda
+
+from . import memory
+from .devices import (
+    DEVICE_COUNT,
+    DEVICE_TYPE,
+    NotSimulatedError,
+    SimulatedDeviceError,
+    _state,
+    asked_by_user,
+    cuda_device,
+)
+
+
+class GPU:
+    """The GPU the simulated one answers for: what ``torch.cuda.get_device_properties`` says of an A100."""
+
+    name = "NVIDIA A100-SXM4-80GB"
+    major, minor = 8, 0
+    total_memory = 85_100_068_864
+    multi_processor_count = 108
+    L2_cache_size = 40 * 1024 * 1024
+    is_integrated = is_multi_gpu_board = 0
+    arch_list = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+
+
+class _DeviceProperties:
+    """``torch.cuda.get_device_properties(i)``: the simulated GPU's, as CUDA's ``_CudaDeviceProperties``."""
+
+    def __init__(self) -> None:
+        for name in ("name", "major", "minor", "total_memory", "multi_processor_count", "L2_cache_size"):
+            setattr(self, name, getattr(GPU, name))
+        self.is_integrated = self.is_multi_gpu_board = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, multi_processor_count={self.multi_processor_count})"
+        )
+
+
+def _index(device: Any = None, operation: str = "torch.cuda") -> int:
+    """The index of the GPU ``device`` names (None, -1: the current one), as ``torch.cuda._get_device_index``."""
+    if device is None:
+        return _state.index
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type not in ("cuda", DEVICE_TYPE):
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        index = _state.index if device.index is None else device.index
+    else:
+        index = int(device)
+    if index < 0:
+        return _state.index
+    if index >= DEVICE_COUNT:
+        raise AssertionError("Invalid device id")  # what torch.cuda says of an index past its GPUs
+    return index
+
+
+def own(device: Any, operation: str) -> None:
+    """Refuse, as ``SimulatedDeviceError``, code of a DDP process that makes another process's GPU its own."""
+    index = _index(device, operation)
+    if index != _state.index:
+        raise SimulatedDeviceError(
+            f"{operation} was asked for cuda:{index} in the process whose GPU is cuda:{_state.index}: every tensor "
+            f"this process makes on the current device from then on is on another process's GPU",
+            kind="another GPU",
+            operation=operation,
+            devices=(f"cuda:{_state.index}", f"cuda:{index}"),
+        )
+
+
+class _DeviceContext:
+    """``torch.cuda.device(d)``, ``device_of(t)``: the block runs on GPU ``d``, which must be the process's own."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def __enter__(self) -> None:
+        if self.device is not None:
+            own(self.device, "torch.cuda.device")
+
+    def __exit__(self, *exc_info: Any) -> None:
+        pass
+
+
+class _Stream:
+    """A CUDA stream of the simulated GPU: its work runs at once, so there is never anything to wait for."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = cuda_device(_index(device))
+        self.priority = priority
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> "_Event":
+        event = event if event is not None else _Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream) and other.device == self.device
+
+    def __hash__(self) -> int:
+        return hash(self.device)
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device={self.device} (simulated)>"
+
+
+class _Event:
+    """A CUDA event of the simulated GPU: recorded at once, its times taken by the host's clock."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._at: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: "_Event") -> float:
+        """Milliseconds from this event to ``end_event``, both recorded, as CUDA's."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._at is None or end_event._at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._at - self._at) * 1000.0
+
+
+def _memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    mib = 1024 * 1024
+    return (
+        f"Simulated GPU {_index(device)} ({GPU.name}), its tensors' memory as CUDA's caching allocator counts it:\n"
+        f"  allocated: {memory.allocated() / mib:.1f} MiB now, {memory.peak() / mib:.1f} MiB at most\n"
+        f"  reserved (an estimate): {memory.reserved() / mib:.0f} MiB"
+    )
+
+
+def _of_any_gpu(answer: Callable[[], Any]) -> Callable[..., Any]:
+    """A question about GPU ``device`` (the current one if None): ``answer()``, alike for every GPU of the machine."""
+
+    def answered(device: Any = None) -> Any:
+        _index(device)  # an index past the machine's GPUs is refused, as CUDA refuses it
+        return answer()
+
+    return answered
+
+
+def _on_own(value: Callable[[], Any]) -> Callable[..., Any]:
+    """A memory query: ``value()`` of the process's GPU, 0 of another (this process's tensors are all on its own)."""
+
+    def answer(device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return value() if _index(device) == _state.index else 0
+
+    return answer
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """What the simulated GPU does for this: nothing (its work runs at once; it caches no memory)."""
+
+
+def _rng_state(device: Any = "cuda") -> torch.Tensor:
+    return torch.get_rng_state()  # random numbers on the simulated GPU come from the CPU's generator
+
+
+def _set_rng_state(state: torch.Tensor, device: Any = "cuda") -> None:
+    torch.set_rng_state(state)
+
+
+# torch.cuda's functions and the answers its user's code gets about the simulated GPU.
+ANSWERS: dict[str, Callable[..., Any]] = {
+    "is_available": lambda: True,
+    "is_initialized": lambda: True,
+    "init": _nothing,
+    "device_count": lambda: DEVICE_COUNT,
+    "current_device": lambda: _state.index,
+    "set_device": lambda device: own(device, "torch.cuda.set_device"),
+    "device": _DeviceContext,
+    "device_of": lambda tensor: _DeviceContext(tensor.get_device() if tensor.get_device() >= 0 else None),
+    "get_device_name": _of_any_gpu(lambda: GPU.name),
+    "get_device_capability": _of_any_gpu(lambda: (GPU.major, GPU.minor)),
+    "get_device_properties": _of_any_gpu(_DeviceProperties),
+    "get_arch_list": lambda: list(GPU.arch_list),
+    "is_bf16_supported": lambda including_emulation=True: True,
+    "is_tf32_supported": lambda: True,
+    "can_device_access_peer": lambda device, peer_device: _index(device) >= 0 and _index(peer_device) >= 0,
+    "synchronize": _of_any_gpu(lambda: None),
+    "empty_cache": _nothing,
+    "ipc_collect": _nothing,
+    "memory_allocated": _on_own(memory.allocated),
+    "max_memory_allocated": _on_own(memory.peak),
+    "memory_reserved": _on_own(lambda: memory.reserved(memory.allocated())),
+    "max_memory_reserved": _on_own(memory.reserved),
+    "memory_cached": _on_own(lambda: memory.reserved(memory.allocated())),
+    "max_memory_cached": _on_own(memory.reserved),
+    "reset_peak_memory_stats": lambda device=None: memory.reset_peak(),
+    "reset_max_memory_allocated": lambda device=None: memory.reset_peak(),
+    "reset_max_memory_cached": lambda device=None: memory.reset_peak(),
+    "reset_accumulated_memory_stats": _nothing,
+    "mem_get_info": lambda device=None: (GPU.total_memory - _on_own(memory.reserved)(device), GPU.total_memory),
+    "memory_stats": lambda device=None: memory.stats() if _index(device) == _state.index else {},
+    "memory_summary": _memory_summary,
+    "manual_seed": _nothing,
+    "manual_seed_all": _nothing,
+    "seed": _nothing,
+    "seed_all": _nothing,
+    "initial_seed": lambda: torch.initial_seed(),
+    "get_rng_state": _rng_state,
+    "set_rng_state": _set_rng_state,
+    "get_rng_state_all": lambda: [torch.get_rng_state() for _ in range(DEVICE_COUNT)],
+    "set_rng_state_all": lambda states: torch.set_rng_state(list(states)[_state.index]),
+    "Stream": _Stream,
+    "Event": _Event,
+    "current_stream": lambda device=None: _Stream(device),
+    "default_stream": lambda device=None: _Stream(device),
+    "stream": lambda stream=None: contextlib.nullcontext(),
+    "StreamContext": lambda stream=None: contextlib.nullcontext(),
+    "set_stream": _nothing,
+    "is_current_stream_capturing": lambda: False,
+    "get_sync_debug_mode": lambda: 0,
+    "set_sync_debug_mode": _nothing,
+}
+# torch.accelerator's functions: the current accelerator is CUDA's, with the same answers as torch.cuda's.
+ACCELERATOR: dict[str, Callable[..., Any]] = {
+    "is_available": lambda check_available=False: True,
+    "current_accelerator": lambda check_available=False: torch.device("cuda"),
+    "device_count": ANSWERS["device_count"],
+    "current_device_index": ANSWERS["current_device"],
+    "current_device_idx": ANSWERS["current_device"],
+    "set_device_index": lambda device: own(device, "torch.accelerator.set_device_index"),
+    "set_device_idx": lambda device: own(device, "torch.accelerator.set_device_index"),
+    "device_index": _DeviceContext,
+    "synchronize": ANSWERS["synchronize"],
+    "empty_cache": _nothing,
+    "empty_host_cache": _nothing,
+    "current_stream": ANSWERS["current_stream"],
+    "set_stream": _nothing,
+    "memory_allocated": ANSWERS["memory_allocated"],
+    "max_memory_allocated": ANSWERS["max_memory_allocated"],
+    "memory_reserved": ANSWERS["memory_reserved"],
+    "max_memory_reserved": ANSWERS["max_memory_reserved"],
+    "memory_stats": ANSWERS["memory_stats"],
+    "reset_peak_memory_stats": ANSWERS["reset_peak_memory_stats"],
+    "reset_accumulated_memory_stats": _nothing,
+    "get_memory_info": ANSWERS["mem_get_info"],
+}
+# NVIDIA's profiler's markers, which mark nothing here (no profiler runs).
+NVTX = {
+    **dict.fromkeys(("range_push", "range_pop", "range_start", "range_end", "mark"), _nothing),
+    "range": lambda *args, **kwargs: contextlib.nullcontext(),
+}
+# Questions about the installation the user's code asks to choose a GPU path: CUDA's answers.
+BACKENDS = {(torch.backends.cuda, "is_built"): lambda: True}
+
+
+def _refused(name: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotSimulatedError(
+            name, "the simulated GPU has no CUDA answer for it, so the code that calls it is not audited"
+        )
+
+    return refuse
+
+
+def _told(original: Any, answer: Callable[..., Any]) -> Any:
+    """``answer`` where the user's code calls, ``original`` where PyTorch or a library does."""
+    if isinstance(original, type):
+        return _ToldClass(original, answer)
+
+    @functools.wraps(original)
+    def told(*args: Any, **kwargs: Any) -> Any:
+        if asked_by_user():
+            return answer(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    return told
+
+
+class _ToldClassType(type):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if asked_by_user():
+            return cls._answer(*args, **kwargs)
+        return cls._original(*args, **kwargs)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        answer = cls._answer
+        return isinstance(instance, cls._original) or (isinstance(answer, type) and isinstance(instance, answer))
+
+
+def _ToldClass(original: type, answer: Callable[..., Any]) -> type:  # noqa: N802 (makes a class)
+    """A stand-in for ``torch.cuda``'s class ``original``: ``answer(...)`` for the user's code, else the class's own."""
+    return _ToldClassType(original.__name__, (), {"_original": original, "_answer": staticmethod(answer)})
+
+
+def _simulated_type(device_type: Any) -> Any:
+    """``"cuda"`` (the device type autocast and GradScaler take) as the simulated GPU's; anything else as it is."""
+    return DEVICE_TYPE if device_type == "cuda" else device_type
+
+
+def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name: str = "device_type") -> Any:
+    """``function`` with its device type (argument ``position``, or ``name``) taken as the simulated GPU's where it
+    names CUDA."""
+
+    @functools.wraps(function)
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > position:
+            args = (*args[:position], _simulated_type(args[position]), *args[position + 1 :])
+        elif name in kwargs:
+            kwargs[name] = _simulated_type(kwargs[name])
+        return function(*args, **kwargs)
+
+    return mapped
+
+
+def _of_the_gpu_by_default(function: Callable[..., Any]) -> Any:
+    """``torch.is_autocast_enabled`` and the like: a device type first, or none, meaning CUDA's (their older form),
+    both taken as the simulated GPU's."""
+
+    @functools.wraps(function)
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], str):
+            args = (_simulated_type(args[0]), *args[1:])
+        elif "device_type" in kwargs:
+            kwargs["device_type"] = _simulated_type(kwargs["device_type"])
+        else:
+            args = (DEVICE_TYPE, *args)
+        return function(*args, **kwargs)
+
+    return mapped
+
+
+# Autocast's and the gradient scaler's device types, for every caller: nothing runs on CUDA while simulating, so
+# what code asks or sets of CUDA's autocast is the simulated GPU's.
+_AUTOCAST_FUNCTIONS = ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled", "set_autocast_dtype")
+
+
+def _autocast_replacements() -> list[tuple[Any, str, Any]]:
+    replacements: list[tuple[Any, str, Any]] = []
+    for name in _AUTOCAST_FUNCTIONS:
+        if hasattr(torch, name):
+            function = getattr(torch, name)
+            replacements.append((torch, name, _of_the_gpu_by_default(function)))
+    autocast, scaler = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler
+    replacements.append((autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1, "device_type")))
+    replacements.append((scaler, "__init__", _with_default_device(scaler.__init__)))
+    if hasattr(torch, "get_autocast_gpu_dtype"):
+        replacements.append((torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)))
+    is_available = torch.amp.autocast_mode.is_autocast_available
+    replacements.append((torch.amp.autocast_mode, "is_autocast_available", _of_the_simulated_gpu(is_available)))
+    return replacements
+
+
+def _with_default_device(init: Callable[..., Any]) -> Callable[..., Any]:
+    """``GradScaler.__init__``, whose device (``"cuda"`` unless given) is taken as the simulated GPU's."""
+    mapped = _of_the_simulated_gpu(init, 1, "device")
+
+    @functools.wraps(init)
+    def scaler_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not args and "device" not in kwargs:
+            kwargs["device"] = DEVICE_TYPE
+        mapped(self, *args, **kwargs)
+
+    return scaler_init
+
+
+def _public_functions(module: types.ModuleType) -> Iterator[str]:
+    for name in getattr(module, "__all__", ()):
+        value = getattr(module, name, None)
+        if isinstance(value, types.FunctionType | types.BuiltinFunctionType) and not name.startswith("_"):
+            yield name
+
+
+def _answered(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -> list[tuple[Any, str, Any]]:
+    """``(module, name, answer)`` for every public function of ``module`` (refused where ``answers`` has none), and
+    for the classes ``answers`` has."""
+    functions = set(_public_functions(module))
+    refused = [(module, name, answers.get(name) or _refused(f"{module.__name__}.{name}")) for name in sorted(functions)]
+    classes = [(module, name, answers[name]) for name in sorted(answers.keys() - functions) if hasattr(module, name)]
+    return refused + classes
+
+
+@contextlib.contextmanager
+def replaced() -> Iterator[None]:
+    """Inside the block, ``torch.cuda`` and ``torch.accelerator`` answer the user's code for the simulated GPU."""
+    replacements = _answered(torch.cuda, ANSWERS)
+    if hasattr(torch, "accelerator"):
+        replacements += _answered(torch.accelerator, ACCELERATOR)
+    nvtx = getattr(torch.cuda, "nvtx", None)
+    replacements += [(nvtx, name, answer) for name, answer in NVTX.items() if nvtx is not None and hasattr(nvtx, name)]
+    replacements += [(module, name, answer) for (module, name), answer in BACKENDS.items() if hasattr(module, name)]
+    told = [(module, name, _told(getattr(module, name), answer)) for module, name, answer in replacements]
+    everyone = _autocast_replacements()
+    originals = [(module, name, vars(module)[name]) for module, name, _ in (*told, *everyone)]
+    try:
+        for module, name, replacement in (*told, *everyone):
+            setattr(module, name, replacement)
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)

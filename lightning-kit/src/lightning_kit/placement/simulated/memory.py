@@ -1,0 +1,102 @@
+"""The simulated GPU's memory, counted as CUDA's caching allocator counts it.
+
+Every tensor on the simulated GPU keeps its values in a CPU storage (a view shares its base's). The count
+follows those storages from the moment one is made to the moment the last tensor using it is freed (PyTorch
+keeps one Python object for a storage while it lives, so a weak reference to it is told when it is freed),
+each rounded up to a multiple of 512 bytes, as ``torch.cuda.memory_allocated`` counts the blocks CUDA's
+allocator hands out: the tensors alive at once, the optimizer's state, autograd's saved tensors, temporaries.
+``peak`` is the most it held since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated``.
+
+What CUDA reserves beyond its blocks (segments of 2 MiB and more, which its allocator caches) is an estimate:
+the peak rounded up to whole 2 MiB segments.
+"""
+
+import weakref
+
+import torch
+
+BLOCK = 512  # CUDA's caching allocator rounds every block up to this
+SEGMENT = 2 * 1024 * 1024  # the smallest segment it reserves from the driver
+
+
+class _Count:
+    current = 0
+    peak = 0
+    allocations = 0
+    frees = 0
+
+
+_count = _Count()
+
+
+class _Held(weakref.ref):
+    """A weak reference to a storage of the simulated GPU, with the bytes it takes."""
+
+    __slots__ = ("key", "size")
+
+
+_live: dict[int, _Held] = {}  # by the storage's id, while it lives
+
+
+def _freed(held: _Held) -> None:
+    if _live.pop(held.key, None) is not None:
+        _count.current -= held.size
+        _count.frees += 1
+
+
+def track(elem: torch.Tensor) -> None:
+    """Count the storage of ``elem``, the values of a tensor on the simulated GPU, until it is freed."""
+    if elem.layout != torch.strided:
+        return  # sparse and compressed layouts: no one storage (rare on a GPU; left out of the count)
+    storage = elem.untyped_storage()
+    key = id(storage)
+    if key in _live:
+        return  # a view of a tensor counted already, or the same tensor wrapped again
+    size = storage.nbytes()
+    if size == 0:
+        return  # CUDA allocates nothing for an empty tensor
+    held = _Held(storage, _freed)
+    held.key, held.size = key, -(-size // BLOCK) * BLOCK
+    _live[key] = held
+    _count.current += held.size
+    _count.allocations += 1
+    if _count.current > _count.peak:
+        _count.peak = _count.current
+
+
+def allocated() -> int:
+    """The bytes the simulated GPU's tensors hold now, as ``torch.cuda.memory_allocated()``."""
+    return _count.current
+
+
+def peak() -> int:
+    """The most bytes held at once since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated()``."""
+    return _count.peak
+
+
+def reset_peak() -> None:
+    """Start the peak again from what is held now, as ``torch.cuda.reset_peak_memory_stats()``."""
+    _count.peak = _count.current
+
+
+def reserved(held: int | None = None) -> int:
+    """An estimate of what CUDA's allocator would have reserved to hand out ``held`` bytes (the peak if None)."""
+    held = _count.peak if held is None else held
+    return -(-held // SEGMENT) * SEGMENT
+
+
+def stats() -> dict[str, int]:
+    """The counts of ``torch.cuda.memory_stats()`` that the simulated GPU keeps."""
+    return {
+        "allocated_bytes.all.current": _count.current,
+        "allocated_bytes.all.peak": _count.peak,
+        "allocation.all.allocated": _count.allocations,
+        "allocation.all.current": len(_live),
+        "allocation.all.freed": _count.frees,
+        "active_bytes.all.current": _count.current,
+        "active_bytes.all.peak": _count.peak,
+        "reserved_bytes.all.current": reserved(),
+        "reserved_bytes.all.peak": reserved(),
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
+    }
