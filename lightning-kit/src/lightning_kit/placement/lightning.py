@@ -149,9 +149,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
             rank_zero_only.rank, self._process_rank = self._process_rank, None
 
     def model_to_device(self) -> None:
-        # As on a GPU: each parameter keeps its object, its attributes and its hooks (see simulated/in_place.py).
-        simulated.move_parameters(self.model, self.root_device)
-        self.model.to(self.root_device)
+        self.model.to(self.root_device)  # each parameter keeps its object, attributes and hooks (simulated/in_place.py)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         """Lightning's move of ``batch`` (or the user's ``transfer_batch_to_device``), keeping what it left on CPU."""

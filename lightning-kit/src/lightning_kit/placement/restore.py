@@ -5,8 +5,8 @@ user built is audited as it is (hooks on parameters and modules, parametrization
 attributes, what ``copy.deepcopy`` cannot copy). ``as_found(model)`` notes, before a pass, what training
 changes, and puts it back after it, whatever stopped the pass:
 
-- every parameter, moved in place to the simulated GPU (``simulated.move_parameters``), is again the same
-  object with its CPU values, gradient and hooks (``simulated.swaps_undone``), and of its class (a lazy
+- every parameter, moved in place to and from the simulated GPU (``simulated/in_place.py``), is again the
+  same object with its CPU values, gradient and hooks (``simulated.swaps_undone``), and of its class (a lazy
   module's uninitialised parameters are marked as on the device by theirs);
 - every submodule has its class again (a lazy module becomes another class once materialised) and the
   attributes it had (Lightning's trainer, the device, a replaced ``log``, new layers, buffers and parameters
@@ -37,13 +37,16 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
     held = [value for found in attributes for value in found.values()]
     containers = {id(value): (value, _shallow(value)) for value in held if isinstance(value, _CONTAINERS)}
     tensors = {id(value): (value, value.detach().clone()) for value in held if _plain_cpu(value)}
-    # A lazy module's uninitialised parameters are marked as on the device by their class (simulated/lazy.py).
-    kinds = [
-        (tensor, type(tensor))
+    held_tensors = [
+        tensor
         for module in modules
         for tensor in (*module._parameters.values(), *module._buffers.values())
         if tensor is not None
     ]
+    # A lazy module's uninitialised parameters are marked as on the device by their class (simulated/lazy.py); a
+    # move clears a parameter's gradient before it swaps it.
+    kinds = [(tensor, type(tensor)) for tensor in held_tensors]
+    grads = [(tensor, tensor.grad) for tensor in held_tensors if tensor.grad is not None]
     try:
         with simulated.swaps_undone():
             yield
@@ -51,6 +54,8 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
         for tensor, kind in kinds:
             if type(tensor) is not kind:
                 tensor.__class__ = kind
+        for tensor, grad in grads:
+            tensor.grad = grad
         for module, cls, found in zip(modules, classes, attributes, strict=True):
             if type(module) is not cls:
                 module.__class__ = cls

@@ -51,8 +51,8 @@ Its files, bottom to top (each imports only those above it in this list):
 
 - ``devices.py``: the device type, which index is current, whose code is the user's, and the errors;
 - ``memory.py``: the bytes its tensors hold, counted as CUDA's caching allocator counts them;
-- ``in_place.py``: parameters moved to the device in place, as on a GPU (the same objects, their
-  hooks and attributes), and those moves undone;
+- ``in_place.py``: parameters moved to and from the device in place, as on a GPU (the same objects,
+  their hooks and attributes), and those moves undone;
 - ``containment.py``: exceptions in a backward pass kept from C++ and raised in Python;
 - ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
 - ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
@@ -116,7 +116,9 @@ package and nowhere else in the library (tested with torch 2.10 and 2.14):
 - ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to`` (``lazy.py``);
 - ``torch.utils.swap_tensors``, and ``torch._C._swap_tensor_impl`` where it refuses a tensor held
   elsewhere; a tensor's ``_backward_hooks`` and ``_post_accumulate_grad_hooks`` set again, which
-  registers them on its new contents (``in_place.py``);
+  registers them on its new contents; while ``simulating()`` is active, ``torch.nn.Module._apply``
+  and ``torch.utils.swap_tensors`` are replaced, and ``torch.__future__``'s swap of module
+  parameters is set while a module moves (``in_place.py``);
 - a storage's Python object, kept by PyTorch while the storage lives, weakly referenced to tell when
   it is freed (``memory.py``);
 - while ``simulating()`` is active, the public functions of ``torch.cuda`` (and its ``nvtx``
@@ -162,7 +164,7 @@ from .devices import (
     set_device,
     told,
 )
-from .in_place import move_parameters, swaps_undone
+from .in_place import swaps_undone
 from .tensor import SimulatedTensor, count_operations, to_cpu
 
 __all__ = [
@@ -183,7 +185,6 @@ __all__ = [
     "last_raised",
     "made_at",
     "memory",
-    "move_parameters",
     "named_cuda",
     "set_device",
     "simulating",

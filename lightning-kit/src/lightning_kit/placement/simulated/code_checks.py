@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import BackwardHook
 
-from . import cuda_api, lazy
+from . import cuda_api, in_place, lazy
 from .backend import enable
 from .containment import _kept, discard, in_backward, keep, raise_kept
 from .devices import (
@@ -449,6 +449,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
             own_indices(),
             _foreach_paths(),
             cuda_api.replaced(),
+            in_place.moves_in_place(),
         ):
             _state.answering = True
             try:

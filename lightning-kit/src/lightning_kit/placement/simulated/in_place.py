@@ -1,37 +1,42 @@
-"""Parameters moved to the simulated GPU in place, as ``module.to("cuda")`` moves them to a GPU.
+"""Parameters moved to and from the simulated GPU in place, as ``module.to(...)`` moves them on a GPU.
 
 On a GPU, moving a module gives each parameter its new values in place (``param.data = ...``): the
 same Python object, with its attributes and the hooks registered on it (``register_hook``,
-``register_post_accumulate_grad_hook``), which then run on the GPU's gradients. A tensor of the
-simulated GPU is another Python type, which PyTorch would give a new Parameter object instead, without
-those hooks. So ``move_parameters`` swaps each parameter's contents with its moved values
-(``torch.utils.swap_tensors``), keeps its attributes, and registers its hooks again on the moved values;
-the object stays the one the user's code and hooks hold.
+``register_post_accumulate_grad_hook``), which then run on the GPU's gradients. That holds for every
+move: Lightning's of the model to the GPU before a stage and back to the CPU after it, and a user's own.
+A tensor of the simulated GPU is another Python type, to which PyTorch would give a new Parameter object
+instead, without those hooks. So while simulating (``moves_in_place``), a module's move swaps each
+parameter's contents with its moved values (``torch.utils.swap_tensors``, PyTorch's own way for tensor
+subclasses), keeps its attributes, and registers its hooks again on the moved values: the object stays
+the one the user's code, hooks and optimizers hold. A module of uninitialised parameters (a lazy one)
+moves its own way (``lazy.py``).
 
-Every swap made inside ``swaps_undone()`` (these moves, and a lazy parameter's materialisation) is undone
-at the block's end, in reverse order: each parameter is again the object it was, with its values, its
-gradient and its hooks as they were on the CPU (the audit trains the model itself and gives it back
-unchanged).
+Inside ``swaps_undone()``, every tensor swapped is given back, at the block's end, the contents it had
+before its first swap: each parameter is again the object it was, with its values and hooks on the CPU
+(the audit trains the model itself and gives it back unchanged).
 
 Private PyTorch API: ``torch._C._swap_tensor_impl``, where ``swap_tensors`` refuses a tensor referenced
 elsewhere (a weak reference, an autograd graph that still holds it): the swap is made the same way
-without that check, since the audit gives those references up with the pass they belong to.
+without that check, since the audit gives those references up with the pass they belong to;
+``torch.__future__.set_swap_module_params_on_conversion``, set while a module moves.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch.nn.parameter import Parameter, UninitializedTensorMixin
+from torch.nn.parameter import UninitializedTensorMixin
 
-_ledgers: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # the swaps of each swaps_undone() block, innermost last
+_ledgers: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []  # each swaps_undone() block's, innermost last
 _OWN = ("elem", "_is_param")  # what a simulated tensor's own __dict__ holds, not the user's
+_SWAP = torch.utils.swap_tensors
+_APPLY = torch.nn.Module._apply
 
 
 def _swap(first: torch.Tensor, second: torch.Tensor) -> None:
     """Swap the two tensors' types, attributes and contents, keeping each Python object where it is held."""
     try:
-        torch.utils.swap_tensors(first, second)
+        _SWAP(first, second)
     except RuntimeError:  # referenced elsewhere: the same swap, without PyTorch's check of references
         first.__class__, second.__class__ = second.__class__, first.__class__
         first.__dict__, second.__dict__ = second.__dict__, first.__dict__
@@ -51,26 +56,41 @@ def swap(first: torch.Tensor, second: torch.Tensor) -> None:
     if after is not None:
         first._post_accumulate_grad_hooks = after
     if _ledgers:
-        _ledgers[-1].append((first, second))
+        _ledgers[-1].setdefault(id(first), (first, second))  # what it had before its first swap, in second
 
 
-def move_parameters(module: torch.nn.Module, device: torch.device) -> None:
-    """Give every parameter of ``module`` (not yet on ``device``) its values on ``device``, in place."""
-    for child in module.modules():
-        for param in child._parameters.values():
-            if param is None or isinstance(param, UninitializedTensorMixin) or param.device == device:
-                continue  # uninitialised parameters move their own way (lazy.py); shared ones once
-            swap(param, Parameter(param.detach().to(device), requires_grad=param.requires_grad))
+def _apply_in_place(module: torch.nn.Module, fn, recurse: bool = True):
+    """``Module._apply`` (what ``.to``, ``.cpu``, ``.cuda``, ``.half`` run), swapping each parameter's contents."""
+    if recurse:
+        for child in module.children():
+            child._apply(fn)
+    lazy = any(isinstance(param, UninitializedTensorMixin) for param in module._parameters.values())
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(not lazy)
+    try:
+        return _APPLY(module, fn, recurse=False)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+
+
+@contextmanager
+def moves_in_place() -> Iterator[None]:
+    """Inside the block, a module's move keeps its parameters' objects, attributes and hooks (see above)."""
+    torch.nn.Module._apply, torch.utils.swap_tensors = _apply_in_place, swap
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply, torch.utils.swap_tensors = _APPLY, _SWAP
 
 
 @contextmanager
 def swaps_undone() -> Iterator[None]:
-    """Undo, at the block's end, every swap made inside it (``swap``), the last first."""
-    ledger: list[tuple[torch.Tensor, torch.Tensor]] = []
+    """At the block's end, give each tensor swapped inside it (``swap``) the contents it had before."""
+    ledger: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     _ledgers.append(ledger)
     try:
         yield
     finally:
         _ledgers.remove(ledger)
-        for first, second in reversed(ledger):
+        for first, second in reversed(ledger.values()):
             _swap(first, second)

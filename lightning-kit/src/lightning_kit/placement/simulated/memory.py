@@ -46,17 +46,18 @@ def _freed(held: _Held) -> None:
 
 def track(elem: torch.Tensor) -> None:
     """Count the storage of ``elem``, the values of a tensor on the simulated GPU, until it is freed."""
-    if elem.layout != torch.strided:
-        return  # sparse and compressed layouts: no one storage (rare on a GPU; left out of the count)
-    storage = elem.untyped_storage()
+    try:
+        storage = elem.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return  # the compressed sparse layouts: no one storage (rare on a GPU; left out of the count)
     key = id(storage)
     if key in _live:
         return  # a view of a tensor counted already, or the same tensor wrapped again
-    size = storage.nbytes()
+    size = (storage.nbytes() + BLOCK - 1) & -BLOCK
     if size == 0:
         return  # CUDA allocates nothing for an empty tensor
     held = _Held(storage, _freed)
-    held.key, held.size = key, -(-size // BLOCK) * BLOCK
+    held.key, held.size = key, size
     _live[key] = held
     _count.current += held.size
     _count.allocations += 1

@@ -191,19 +191,22 @@ def _computed(plan: "_Plan", compute, cpu_args, cpu_kwargs):
 
 
 def _results(plan: "_Plan", out):
-    """The results computed on the CPU, on the simulated GPU."""
-    if plan.view and torch.is_inference_mode_enabled():
-        # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
-        with _NOT_INFERENCE(False):
-            return _wrap(out)
+    """The results computed on the CPU, on the simulated GPU (in memory of their own, counted, unless views)."""
+    if plan.view:
+        if torch.is_inference_mode_enabled():
+            # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
+            with _NOT_INFERENCE(False):
+                return _wrap(out, False)
+        return _wrap(out, False)
     return _wrap(out)
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor) -> SimulatedTensor:
-    """``elem`` on the simulated GPU: ``SimulatedTensor(elem)``, made the way every operation's results are."""
+def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = True) -> SimulatedTensor:
+    """``elem`` on the simulated GPU: ``SimulatedTensor(elem)``, made the way every operation's results are; its
+    memory counted (``memory.track``) unless it is a view's, counted with its base."""
     try:
         wrapper = _make_wrapper(
             cls,
@@ -229,7 +232,8 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor) -> SimulatedTensor
             dispatch_sizes_strides_policy="strides",
         )
     wrapper.elem = elem
-    memory.track(elem)
+    if counted:
+        memory.track(elem)
     return wrapper
 
 
@@ -386,11 +390,11 @@ def _unwrap(value):
     return value
 
 
-def _wrap(out):
+def _wrap(out, counted: bool = True):
     if isinstance(out, torch.Tensor):
-        return _wrapped(out) if out.is_cpu else out
+        return _wrapped(out, SimulatedTensor, counted) if out.is_cpu else out
     if type(out) in (list, tuple):
-        return type(out)(_wrap(item) for item in out)
+        return type(out)(_wrap(item, counted) for item in out)
     return out
 
 
