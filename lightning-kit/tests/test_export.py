@@ -3,6 +3,7 @@ and for any other network: a model of tensors, its inputs found from the model's
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -392,8 +393,8 @@ def test_a_dict_batch_is_taken_by_forwards_parameter_names(tmp_path):
 
 
 @pytest.mark.parametrize("outputs", [None, 3], ids=["one-value", "three-values"])
-def test_a_tuple_batch_gives_its_first_items_to_the_models_net(tmp_path, outputs):
-    """(x, y) batches of a tabular model with a ``net``: the net alone is exported, on x (forward's one required
+def test_a_tuple_batch_gives_its_first_items_to_the_models_forward(tmp_path, outputs):
+    """(x, y) batches of a tabular model with a ``net``: the model's forward is exported, on x (its one required
     parameter), taken by position; it answers (B,) or (B, K) as it does, from the predict loader first."""
     model = Tabular(outputs)
     export_model(model, Table(), tmp_path / "model.pt2", onnx="no")
@@ -401,8 +402,116 @@ def test_a_tuple_batch_gives_its_first_items_to_the_models_net(tmp_path, outputs
     assert described["passed"] == "positional"
     assert described["inputs"] == [{"name": "features", "dtype": "float32", "shape": [5]}]
     features = torch.randn(7, 5)
-    answered_alike(exported, model.net, features)
+    answered_alike(exported, model, features)
     assert exported(features).shape == ((7, outputs) if outputs else (7,))
+
+
+class Rescaled(Tabular):
+    """A forward that does more than its net: the file answers what forward answers, not what the net does."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features) * 1000 + 7
+
+
+class Spectra(L.LightningModule):
+    """An audio model: clips of 2 channels and any length, a convolution over time, then the mean over time; and
+    a float64 gain, and int64 ids of a speaker: forward(audio, gain, speaker) answers (logits, embedding)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 3, padding=1)
+        self.speakers = nn.Embedding(5, 4)
+
+    def forward(self, audio: torch.Tensor, gain: torch.Tensor, speaker: torch.Tensor):
+        features = self.conv(audio * gain[:, None, None].float()).mean(-1)  # (B, 4), whatever the length
+        embedding = self.speakers(speaker)
+        return features + embedding, {
+            "embedding": embedding,
+            "length": audio.new_full((audio.shape[0],), audio.shape[-1]),
+        }
+
+
+class PaddedClips(L.LightningDataModule):
+    """Batches of clips padded to 50 samples, as a collate function pads them."""
+
+    def predict_dataloader(self):
+        generator = torch.Generator().manual_seed(0)
+        items = [
+            (torch.randn(2, 50, generator=generator), torch.tensor(0.5, dtype=torch.float64), torch.tensor(index % 5))
+            for index in range(6)
+        ]
+        return torch.utils.data.DataLoader(items, batch_size=3)
+
+
+def test_the_file_answers_what_forward_answers_not_what_its_net_does(tmp_path):
+    model = Rescaled(3)
+    export_model(model, Table(), tmp_path / "model.pt2", onnx="no")
+    exported, _, _ = exported_file(tmp_path / "model.pt2")
+    features = torch.randn(4, 5)
+    answered_alike(exported, model, features)
+    assert not torch.allclose(exported(features), model.net(features))
+
+
+def test_forwards_inputs_of_any_dtype_and_lengths_that_vary_are_taken_as_forward_takes_them(tmp_path):
+    """Three inputs (float32 clips, float64 gains, int64 ids) of a padded batch: the clips' length is free, as the
+    network lets it be, the channels fixed; the file takes clips of other lengths and answers forward's tuple."""
+    model = Spectra()
+    export_model(model, PaddedClips(), tmp_path / "model.pt2", onnx="no")
+    exported, described, _ = exported_file(tmp_path / "model.pt2")
+    assert described["inputs"][0] == {
+        "name": "audio",
+        "dtype": "float32",
+        "shape": [2, None],
+        "ranges": [None, [2, None]],
+    }
+    assert [entry["dtype"] for entry in described["inputs"]] == ["float32", "float64", "int64"]
+    for length in (17, 80):
+        inputs = (torch.randn(3, 2, length), torch.rand(3, dtype=torch.float64), torch.tensor([0, 4, 2]))
+        answered_alike(exported, model, *inputs)
+
+
+class ScalesByChance(Tabular):
+    """A forward that scales by a Python random number: torch.export freezes the number it drew while tracing."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features) * random.uniform(0.5, 2.0)
+
+
+class SpecialisedLength(Spectra):
+    """A forward that takes its example's length another way (a Python branch on it): the file, that length alone."""
+
+    def forward(self, audio, gain, speaker):
+        logits, extra = super().forward(audio, gain, speaker)
+        return (logits * 2 if audio.shape[-1] == 8 else logits), extra
+
+
+def test_a_file_that_answers_otherwise_than_forward_is_refused_and_not_written(tmp_path):
+    random.seed(0)
+    with pytest.raises(UserError) as refused:
+        export_model(ScalesByChance(), Table(), tmp_path / "model.pt2", onnx="no")
+    message = str(refused.value)
+    assert message.startswith(
+        "the exported file of ScalesByChance answers the first batch of Table.predict_dataloader()"
+    )
+    assert "otherwise than its forward (output differs by up to" in message and message.endswith("nothing was written")
+    assert not (tmp_path / "model.pt2").exists()
+
+
+def test_a_file_that_cannot_take_the_datas_batch_is_refused_and_not_written(tmp_path):
+    model = SpecialisedLength()
+    model.example_input_array = (torch.randn(2, 2, 8), torch.ones(2, dtype=torch.float64), torch.tensor([0, 1]))
+    with pytest.raises(UserError) as refused:
+        export_model(model, PaddedClips(), tmp_path / "model.pt2", onnx="no")
+    message = str(refused.value)
+    assert message.startswith("the exported file of SpecialisedLength cannot take the first batch of PaddedClips")
+    assert (
+        message.endswith("which its forward takes (" + message.split("which its forward takes (")[1])
+        and "\n" not in message
+    )
+    assert not (tmp_path / "model.pt2").exists()
 
 
 def test_an_example_input_array_comes_first_and_one_row_is_enough(tmp_path):
@@ -520,8 +629,8 @@ TAKES = (
         (
             Tabular(3),
             SimpleNamespace(image_size=8),
-            "Tabular (its net Features) cannot take uint8 images of 8x8 (the data module's image_size): its forward "
-            "raised RuntimeError: ...",
+            "Tabular cannot take uint8 images of 8x8 (the data module's image_size): its forward raised "
+            "RuntimeError: ...",
         ),
     ],
     ids=["no-loader", "no-parameter-of-forward", "a-batch-forward-fails-on", "no-row-per-example", "wrong-sizes"],

@@ -71,7 +71,7 @@ def model_path(tmp_path_factory) -> Path:
     """A model of 32x32 images and 10 classes, exported as the export command writes it."""
     path = tmp_path_factory.mktemp("faults") / "model.pt2"
     datamodule = SimpleNamespace(image_size=SIDE, class_names=[f"c{index}" for index in range(CLASSES)])
-    export(SimpleNamespace(net=Images()), datamodule, path, onnx="no")
+    export(Images(), datamodule, path, onnx="no")
     return path
 
 
@@ -79,7 +79,7 @@ def model_path(tmp_path_factory) -> Path:
 def tokens_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("faults-tokens") / "model.pt2"
     datamodule = SimpleNamespace(seq_len=12, vocab_size=16, class_names=["x", "y", "z"])
-    export(SimpleNamespace(net=Tokens()), datamodule, path, onnx="no")
+    export(Tokens(), datamodule, path, onnx="no")
     return path
 
 

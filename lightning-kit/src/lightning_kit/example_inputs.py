@@ -1,15 +1,16 @@
-"""What a network takes, found for its export: an example of its inputs, checked by calling it, and what the
-exported file records of them (``model_format.INPUT_FILE``).
+"""What a model's forward takes, found for its export: an example of its inputs, checked by calling forward, and
+what the exported file records of them (``model_format.INPUT_FILE``).
 
-The network is the model's ``net`` where that is an ``nn.Module``, else the model itself. Its
-inputs are the first of these that applies:
+The export holds the model's own ``forward`` (a ``LightningModule``'s, or any ``nn.Module``'s): what it
+takes and what it answers are forward's, whatever network it holds inside. Its inputs are the first of
+these that applies:
 
 1. the model's ``example_input_array``, Lightning's own convention: a tensor (``forward(x)``), a
    tuple of positional arguments (``forward(*inputs)``) or a dict of keyword arguments
    (``forward(**inputs)``). A model of ``TENSORS``.
 2. the data module's ``image_size`` (``IMAGES``: uint8 ``(B, 3, S, S)``), or its ``seq_len`` and
    ``vocab_size`` (``TOKENS``: int64 ``(B, T)``, from 2 to ``seq_len`` tokens). A classifier: the
-   export answers the softmax of its logits, by class name.
+   export answers the softmax of forward's logits, by class name.
 3. one batch of the data module: the first of ``predict_dataloader``, else of the test, validation or
    training one, whichever it has (``setup`` is called for that stage), made what forward takes: a
    dict by forward's parameters' names (passed by keyword), a tuple or list by its first elements, as
@@ -17,15 +18,17 @@ inputs are the first of these that applies:
    argument. A model of ``TENSORS``.
 
 A model of ``TENSORS`` takes each input with a batch dimension first, which varies (one
-``torch.export.Dim`` shared by all), its other dimensions fixed as in the example; and answers
-forward's outputs as they are: a tensor, a tuple, a list or a dict of tensors (nested or not), each
-with a row per example. The example is cut or repeated to ``EXAMPLE_ROWS`` rows, so that torch.export
-does not make the batch dimension a constant (as it does sizes of 0 and 1).
+``torch.export.Dim`` shared by all); each of its other dimensions varies too wherever forward lets it
+(``Dim.AUTO``: a clip's length, a sequence's), and is the example's where forward needs that size. It
+answers forward's outputs as they are: a tensor, a tuple, a list or a dict of tensors (nested or not),
+each with a row per example. The example is cut or repeated to ``EXAMPLE_ROWS`` rows, so that
+torch.export does not make the batch dimension a constant (as it does sizes of 0 and 1).
+``real_batch`` gives a batch of the data as forward takes it, on which the export checks its file.
 """
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import lightning as L
@@ -53,8 +56,8 @@ REASON_CHARS = 300
 
 @dataclass(frozen=True)
 class Example:
-    """What to export and on what: ``network(*args, **kwargs)``, which answered ``outputs``, and which dimensions of
-    the inputs vary (``dynamic_shapes``, as ``torch.export.export`` takes it)."""
+    """What to export and on what: ``network(*args, **kwargs)`` (the model's forward), which answered ``outputs``,
+    and which dimensions of the inputs may vary (``dynamic_shapes``, as ``torch.export.export`` takes it)."""
 
     network: nn.Module
     args: tuple[torch.Tensor, ...]
@@ -62,29 +65,23 @@ class Example:
     dynamic_shapes: tuple | dict
     described: dict  # what the file records of its inputs (INPUT_FILE)
     outputs: Any  # what the network answered for the example
-    named: str  # the model, as messages name it: "Forecaster", or "Classifier (its net ReferenceCNN)"
+    named: str  # the model, as messages name it: "Forecaster"
     input_names: list[str] = field(default_factory=list)  # of the flat inputs, in order
+    batch: tuple | None = None  # the batch of the data the example was cut from: (args, kwargs, whence), or None
 
     @property
     def kind(self) -> str:
         return self.described["kind"]
 
 
-def network_of(model: nn.Module) -> nn.Module:
-    """What an exported file holds: the model's ``net`` where that is an ``nn.Module``, else the model."""
-    net = getattr(model, "net", None)
-    return net if isinstance(net, nn.Module) else model
-
-
 def example_inputs(model: nn.Module, datamodule: Any) -> Example:
-    """An example of what ``model``'s network takes, checked by calling it: from the model's
+    """An example of what ``model``'s forward takes, checked by calling it: from the model's
     ``example_input_array``, else the data module's sizes, else one of its batches (this module's docstring).
 
     Raises ``ConfigError`` in one line, naming the model and ``example_input_array``, where none of them gives
-    inputs the network runs on.
+    inputs its forward runs on.
     """
-    net = network_of(model)
-    named = type(model).__name__ if net is model else f"{type(model).__name__} (its net {type(net).__name__})"
+    net, named = model, type(model).__name__
     given = getattr(model, "example_input_array", None)
     if given is not None:
         source = f"the example_input_array of {type(model).__name__}"
@@ -108,11 +105,12 @@ def example_inputs(model: nn.Module, datamodule: Any) -> Example:
         return classified
     batch, why = _first_batch(datamodule)
     if batch is not None:
-        args, kwargs, why = _call_of(batch, net, why)
+        args, kwargs, where = _call_of(batch, net, why)
+        why = where
         if args is not None:
-            example, why = _tensors(net, named, args, kwargs, why)
+            example, why = _tensors(net, named, args, kwargs, where)
             if example is not None:
-                return example
+                return replace(example, batch=(args, kwargs, where))
     raise ConfigError(
         f"the export cannot tell what {named} takes ({why}): set example_input_array on {type(model).__name__} to "
         "what its forward takes (a tensor, a tuple or a dict of tensors), or give the data module image_size, or "
@@ -190,7 +188,6 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
     wrong = _wrong_output(outputs)
     if wrong:
         return None, f"for {source}, {named}'s forward answers {wrong}"
-    batch = torch.export.Dim("batch")
     names = _positional_names(net, len(args)) + list(kwargs)
     described = {
         "kind": TENSORS,
@@ -200,8 +197,30 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
             for name, dtype, value in zip(names, dtypes, [*args, *kwargs.values()], strict=True)
         ],
     }
-    dims = {name: {0: batch} for name in kwargs} if kwargs else tuple({0: batch} for _ in args)
-    return Example(net, args, kwargs, dims, described, outputs, named, names), ""
+    return Example(net, args, kwargs, free_axes(args, kwargs), described, outputs, named, names), ""
+
+
+def free_axes(args: tuple, kwargs: dict, others: Any = torch.export.Dim.AUTO) -> tuple | dict:
+    """``dynamic_shapes`` for ``torch.export``: a batch dimension shared by every input, and each other axis
+    ``others`` (``Dim.AUTO``: free wherever forward lets it vary; ``None``: the example's size)."""
+    batch = torch.export.Dim("batch")
+
+    def axes(value: torch.Tensor) -> dict:
+        return {axis: batch if axis == 0 else others for axis in range(value.dim()) if axis == 0 or others is not None}
+
+    return {name: axes(value) for name, value in kwargs.items()} if kwargs else tuple(axes(value) for value in args)
+
+
+def real_batch(model: nn.Module, datamodule: Any) -> tuple[tuple, dict, str] | None:
+    """A batch of the data as the model's forward takes it, unchanged (``args``, ``kwargs``, whence it came); None
+    where the data module gives none that forward takes."""
+    batch, where = _first_batch(datamodule)
+    if batch is None:
+        return None
+    args, kwargs, where = _call_of(batch, model, where)
+    if args is None or not all(isinstance(value, torch.Tensor) for value in [*args, *kwargs.values()]):
+        return None
+    return args, kwargs, where
 
 
 def _rows(value: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@
 
 writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and
 ``model.onnx`` when the ``onnx`` and ``onnxscript`` packages are installed (where torch.onnx
-cannot export the network, a line says why, and the ``.pt2`` is written all the same). The
-file holds the model's ``net`` where it has one, else the model. What it takes is the first
-of these (``example_inputs`` finds it, and calls the network on it before the export):
+cannot export the program, a line says why, and the ``.pt2`` is written all the same). The
+file holds the model's own ``forward``: what it takes and answers are forward's. What it takes
+is found by ``example_inputs`` (which calls forward on it before the export):
 
 - the model's ``example_input_array`` (a tensor, a tuple of positional or a dict of keyword
   arguments of forward): a model of **tensors**;
@@ -19,14 +19,20 @@ of these (``example_inputs`` finds it, and calls the network on it before the ex
   made what forward takes: a dict by forward's parameters' names, a tuple ``(x, y)`` by its
   first elements (``x``), a tensor as the one argument: a model of **tensors**.
 
-A model of images or tokens answers class probabilities ``(B, classes)`` (the softmax of the
-network's logits), its class names in the file. A model of tensors takes each of forward's
-inputs, by position or by keyword as the example passed them, of the example's dtype and
-shape but for the batch dimension, which varies; and answers forward's outputs as they are
-(a tensor, a tuple or a dict of tensors, a row per example), with no softmax and no class
-names. What the inputs are travels in the file (``input.json``: their kind, names, dtypes
-and sizes), which is what a server (``python -m lightning_kit.serve``) decodes requests by.
-Loading needs PyTorch alone::
+A model of images or tokens answers class probabilities ``(B, classes)`` (the softmax of
+forward's logits), its class names in the file. A model of tensors takes each of forward's
+inputs, by position or by keyword as the example passed them, of the example's dtype, with a
+batch dimension that varies and every other dimension free wherever forward lets it vary (a
+clip's length, a sequence's) and the example's size where forward needs it; and answers
+forward's outputs as they are (a tensor, a tuple or a dict of tensors, a row per example), with
+no softmax and no class names. What the inputs are travels in the file (``input.json``: their
+kind, names, dtypes, sizes and the ranges of those that vary), which is what a server
+(``python -m lightning_kit.serve``) decodes requests by.
+
+Before a file is written, the program it holds is loaded back from its bytes and run on a batch
+of the data (the example where there is no data) beside the model's forward: a file that answers
+otherwise than forward, or cannot take what forward takes, is refused in one line, and nothing is
+written. Loading needs PyTorch alone::
 
     import json, torch
     extra = {"class_names.json": "", "input.json": ""}
@@ -51,10 +57,10 @@ from torch import nn
 from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint, written_whole
 from .cli import GenericCLI, KitCLI, build, expand_shortcuts
 from .errors import ConfigError, OneLineParser, UserError, command, invoked_as
-from .example_inputs import Example, example_inputs, reason
+from .example_inputs import Example, example_inputs, free_axes, real_batch, reason
 from .files import check_output_file
 from .installation import check_installation
-from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS
+from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size
 from .stores import DISK_ERRORS
 from .trust import check_trusted, read_config, trust_modules
 
@@ -113,9 +119,10 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
 def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> Exported:
     """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written.
 
-    The network is the model's ``net`` where it has one, else the model itself; what it takes is found by
-    ``example_inputs``. A network that torch.export cannot export is ``UserError``, in one line naming the model;
-    one that torch.onnx cannot export has its ``.pt2`` written all the same, and ``Exported.no_onnx`` says why.
+    The file holds the model's forward; what it takes is found by ``example_inputs``. A model that torch.export
+    cannot export, or whose program answers a batch of the data otherwise than its forward, is ``UserError``, in
+    one line naming the model, and nothing is written; one that torch.onnx cannot export has its ``.pt2`` written
+    all the same, and ``Exported.no_onnx`` says why.
     Each file is written beside its name and renamed into place: a link at that name is replaced, not written
     through.
     """
@@ -124,20 +131,16 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     example = example_inputs(model, datamodule)
     classifier = example.kind in (IMAGES, TOKENS)
-    network = Probabilities(example.network).eval() if classifier else example.network
-    try:
-        with warnings.catch_warnings():
-            # PyTorch warns of nn.GRU's and nn.LSTM's own list of weights in every export of one: none of the user's.
-            warnings.filterwarnings("ignore", message=RNN_WEIGHTS_WARNING, category=UserWarning)
-            program = torch.export.export(network, example.args, example.kwargs, dynamic_shapes=example.dynamic_shapes)
-    except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
-        raise UserError(f"torch.export cannot export {example.named} ({reason(err)})") from err
+    network = Probabilities(example.network).eval() if classifier else example.network.eval()
+    program = _exported(network, example)
+    described = example.described if classifier else _described(program, example)
     class_names = _class_names(model, datamodule, example.outputs) if classifier else []
-    extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(example.described)}
+    extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(described)}
     # The archive is made in memory and written by Python: PyTorch's archive writer, given a file, ends the process
     # (SIGABRT, in C++) where a write fails (a full disk, past ulimit -f), and Python's writes raise OSError instead.
     archive = io.BytesIO()
     torch.export.save(program, archive, extra_files=extra_files)
+    _check_against_forward(archive, network, example, datamodule)
     written = targets[0]
     try:
         with written_whole(output) as temporary:
@@ -155,6 +158,108 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     return Exported(targets if no_onnx is None else targets[:1], no_onnx)
 
 
+def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProgram:
+    """``network`` exported on the example: every axis free where forward lets it vary, else (where torch.export
+    cannot keep one free) with the batch dimension alone free; ``UserError`` with torch.export's reason."""
+    attempts = [example.dynamic_shapes]
+    if example.kind == TENSORS:
+        attempts.append(free_axes(example.args, example.kwargs, others=None))
+    first = None
+    for dynamic_shapes in attempts:
+        try:
+            with warnings.catch_warnings():
+                # PyTorch warns of nn.GRU's and nn.LSTM's own list of weights in every export of one: not the user's.
+                warnings.filterwarnings("ignore", message=RNN_WEIGHTS_WARNING, category=UserWarning)
+                return torch.export.export(network, example.args, example.kwargs, dynamic_shapes=dynamic_shapes)
+        except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
+            first = first or err
+    raise UserError(f"torch.export cannot export {example.named} ({reason(first)})") from first
+
+
+def _described(program: torch.export.ExportedProgram, example: Example) -> dict:
+    """What the file of a model of tensors records of its inputs: each one's dtype and the sizes of one example, as
+    the program takes them (``None`` where a size varies, with the range the program takes)."""
+    placeholders = {node.name: node.meta.get("val") for node in program.graph.nodes if node.op == "placeholder"}
+    inputs = []
+    for entry, name in zip(example.described["inputs"], program.graph_signature.user_inputs, strict=True):
+        sizes = placeholders[name].shape[1:]
+        shape = tuple(constant_size(size) for size in sizes)
+        ranges = tuple(
+            None if known is not None else _range(program, size) for known, size in zip(shape, sizes, strict=True)
+        )
+        inputs.append(TensorInput(entry["name"], entry["dtype"], shape, ranges).described())
+    return {**example.described, "inputs": inputs}
+
+
+def _range(program: torch.export.ExportedProgram, size: torch.SymInt) -> tuple[int, int | None]:
+    """The sizes the program takes for an axis that varies: its symbol's range (the most None where unbounded)."""
+    bounds = program.range_constraints.get(size.node.expr)
+    if bounds is None:
+        return 0, None
+    most = None if bool(bounds.upper > sys.maxsize) else int(bounds.upper)  # sympy's infinity, or a number
+    return int(bounds.lower), most
+
+
+def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Example, datamodule) -> None:
+    """Refuse, as ``UserError``, a file whose program answers a batch of the data (the example where there is no
+    data) otherwise than the model's forward, or cannot take it: the file loaded back from ``archive``'s bytes."""
+    batch = example.batch or real_batch(example.network, datamodule)
+    args, kwargs, where = batch if batch is not None else (example.args, example.kwargs, "the example")
+    loaded = torch.export.load(io.BytesIO(archive.getvalue())).module()
+    with torch.no_grad():
+        expected = network(*args, **kwargs)
+        try:
+            answered = loaded(*args, **kwargs)
+        except Exception as err:  # a guard of the program: the data holds what the export made a constant
+            raise UserError(
+                f"the exported file of {example.named} cannot take {where}, which its forward takes "
+                f"({reason(err)}): nothing was written"
+            ) from err
+    differs = _difference(expected, answered)
+    if differs:
+        raise UserError(
+            f"the exported file of {example.named} answers {where} otherwise than its forward ({differs}): nothing "
+            "was written"
+        )
+
+
+# How close the exported program's floating-point outputs must be to forward's, by dtype: what a program traced
+# from the same operations computes, in another order at most.
+_CLOSE = {torch.float16: (1e-2, 1e-3), torch.bfloat16: (5e-2, 1e-2)}
+_CLOSE_DEFAULT = (1e-4, 1e-5)
+
+
+def _difference(expected, answered, where: str = "output") -> str:
+    """How ``answered`` differs from ``expected`` (nested tensors, tuples, lists, dicts); empty where it does not."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(answered, torch.Tensor):
+            return f"{where} is a {type(answered).__name__}, not a tensor"
+        if (answered.shape, answered.dtype) != (expected.shape, expected.dtype):
+            return (
+                f"{where} is {tuple(answered.shape)} {str(answered.dtype).removeprefix('torch.')}, not "
+                f"{tuple(expected.shape)} {str(expected.dtype).removeprefix('torch.')}"
+            )
+        if expected.is_floating_point() or expected.is_complex():
+            rtol, atol = _CLOSE.get(expected.dtype, _CLOSE_DEFAULT)
+            if not torch.allclose(answered, expected, rtol=rtol, atol=atol, equal_nan=True):
+                gap = (answered - expected).abs().nan_to_num().max().item()
+                return f"{where} differs by up to {gap:.4g}"
+        elif not torch.equal(answered, expected):
+            return f"{where} holds other values"
+        return ""
+    if isinstance(expected, dict):
+        if not isinstance(answered, dict) or list(answered) != list(expected):
+            return f"{where} is not a dict of {', '.join(map(str, expected))}"
+        items = [(f"{where}[{key!r}]", expected[key], answered[key]) for key in expected]
+    elif isinstance(expected, tuple | list):
+        if not isinstance(answered, tuple | list) or len(answered) != len(expected):
+            return f"{where} is not a {type(expected).__name__} of {len(expected)}"
+        items = [(f"{where}[{index}]", value, answered[index]) for index, value in enumerate(expected)]
+    else:
+        return "" if expected == answered else f"{where} is {answered!r}, not {expected!r}"
+    return next((said for said in (_difference(e, a, w) for w, e, a in items) if said), "")
+
+
 def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_names: list[str], path: Path):
     """Write ``program`` as ONNX to ``path``, its inputs named by forward's parameters; None, or why it could not
     be converted."""
@@ -167,7 +272,6 @@ def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_n
             warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
             onnx_program = torch.onnx.export(
                 program,
-                dynamic_shapes=example.dynamic_shapes,
                 input_names=example.input_names,
                 output_names=None if classifier else outputs,
                 dynamo=True,

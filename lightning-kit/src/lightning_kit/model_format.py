@@ -6,9 +6,10 @@ kept here, in the standard library alone, so that serving a model file imports n
 ``INPUT_FILE`` is JSON. For ``IMAGES`` and ``TOKENS``: ``{"kind", "dtype", "shape", "varies"}`` and
 ``image_size``, or ``seq_len`` and ``vocab_size``; the program answers class probabilities, named by
 ``CLASS_NAMES_FILE``. For ``TENSORS``: ``{"kind": "tensors", "passed": "positional" | "keyword",
-"inputs": [{"name", "dtype", "shape"}, ...]}``, each shape that of one example (the batch dimension,
-which varies, left out); the program answers the network's outputs as they are (a tensor, a tuple or
-a dict of tensors, each of a row per example), and ``CLASS_NAMES_FILE`` is an empty list.
+"inputs": [{"name", "dtype", "shape", "ranges"}, ...]}``, each shape that of one example (the batch
+dimension, which varies, left out), ``null`` for a size that varies too, whose fewest and most (``null``:
+any) ``ranges`` gives; the program answers forward's outputs as they are (a tensor, a tuple or a dict of
+tensors, each of a row per example), and ``CLASS_NAMES_FILE`` is an empty list.
 """
 
 from dataclasses import dataclass
@@ -30,19 +31,51 @@ DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat
 EXPORT_COMMAND = "python -m lightning_kit.export"
 
 
+def constant_size(size: object) -> int | None:
+    """An exported program's size of an axis (``int`` or ``torch.SymInt``) as a number, where it is one (a symbol
+    torch.export found to stand for one too); None where it varies."""
+    if isinstance(size, int):
+        return size
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    return int(expr) if getattr(expr, "is_number", False) else None
+
+
 @dataclass(frozen=True)
 class TensorInput:
-    """One input of a model of tensors: its name (forward's parameter), dtype, and the shape of one example."""
+    """One input of a model of tensors: its name (forward's parameter), dtype, and the shape of one example, where
+    an axis whose size varies (a clip's length) is None, with the sizes the program takes in ``ranges``."""
 
     name: str
     dtype: str  # one of DTYPES
-    shape: tuple[int, ...]  # without the batch dimension
+    shape: tuple[int | None, ...]  # without the batch dimension; None where the size varies
+    ranges: tuple[tuple[int, int | None] | None, ...] = ()  # per axis: (fewest, most or None: any) where it varies
+
+    def range_of(self, axis: int) -> tuple[int, int | None]:
+        """The sizes axis ``axis`` (of one example) takes: one, where it is fixed."""
+        size = self.shape[axis]
+        if size is not None:
+            return size, size
+        given = self.ranges[axis] if axis < len(self.ranges) else None
+        return given if given is not None else (0, None)
 
     def described(self) -> dict:
         """The input as ``INPUT_FILE`` records it."""
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        described = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if None in self.shape:
+            described["ranges"] = [
+                list(self.range_of(axis)) if size is None else None for axis, size in enumerate(self.shape)
+            ]
+        return described
 
     def __str__(self) -> str:
-        """``history (float32, 24x2)``; ``weight (float32, one number)`` for an input of one number per example."""
-        sizes = "x".join(map(str, self.shape)) if self.shape else "one number"
+        """``history (float32, 24x2)``; ``audio (float32, (2 to 4096)x80)`` where the first size varies; ``weight
+        (float32, one number)`` for an input of one number per example."""
+        sizes = "x".join(map(self.size_said, range(len(self.shape)))) if self.shape else "one number"
         return f"{self.name} ({self.dtype}, {sizes})"
+
+    def size_said(self, axis: int) -> str:
+        """``24``; ``(2 to 4096)`` or ``(2 or more)`` for a size that varies."""
+        fewest, most = self.range_of(axis)
+        if fewest == most:
+            return str(fewest)
+        return f"({fewest} to {most})" if most is not None else f"({fewest} or more)"

@@ -112,8 +112,8 @@ class Classifier(_Model):
 class Tensors(_Model):
     """Answers each example with the model's outputs for it, as they are: ``{"outputs": ...}`` (``tensors``).
 
-    Concurrent requests are batched by LitServe as for ``Classifier``; every example of a model of
-    tensors has the same shapes, so a batch is run at once.
+    Concurrent requests are batched by LitServe as for ``Classifier``; examples of different shapes (clips
+    of different lengths, where a size varies) are run in one batch per shape.
     """
 
     def encode_response(self, output: tuple[object, int]) -> JSONResponse:
@@ -122,5 +122,13 @@ class Tensors(_Model):
 
     def _predict(self, inputs: list[dict[str, np.ndarray]]) -> list[tuple[object, int]]:
         """Each example's outputs, and the size of the batch it was run in."""
-        args, kwargs = tensors.arguments(inputs, self.model_info, self.device)
-        return [(answer, len(inputs)) for answer in tensors.answers(self.model(*args, **kwargs), len(inputs))]
+        by_shape = defaultdict(list)
+        for index, example in enumerate(inputs):
+            by_shape[tuple(array.shape for array in example.values())].append(index)
+        outputs: list[tuple[object, int]] = [(None, 0)] * len(inputs)
+        for indices in by_shape.values():
+            args, kwargs = tensors.arguments([inputs[index] for index in indices], self.model_info, self.device)
+            answers = tensors.answers(self.model(*args, **kwargs), len(indices))
+            for index, answer in zip(indices, answers, strict=True):
+                outputs[index] = (answer, len(indices))
+        return outputs

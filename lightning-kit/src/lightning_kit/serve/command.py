@@ -224,10 +224,10 @@ def check_limits(known: argparse.Namespace, model: ModelInfo) -> None:
             f"{model.path} takes {model.image_size}x{model.image_size} images, more pixels than --max_pixels "
             f"{known.max_pixels:,}: give a larger --max_pixels, or a model of smaller images"
         )
-    numbers = sum(math.prod(spec.shape) for spec in model.inputs)
+    numbers = sum(math.prod(spec.range_of(axis)[0] for axis in range(len(spec.shape))) for spec in model.inputs)
     if model.kind == TENSORS and 2 * numbers - 1 > known.max_body_bytes:
         raise ConfigError(
-            f"{model.path} takes {numbers:,} numbers per example, at least {2 * numbers - 1:,} bytes of JSON, more "
+            f"{model.path} takes at least {numbers:,} numbers per example, {2 * numbers - 1:,} bytes of JSON, more "
             f"than --max_body_bytes {known.max_body_bytes:,}: give a larger --max_body_bytes"
         )
 

@@ -39,7 +39,16 @@ import torch
 from torch.export import ExportedProgram
 
 from ..files import NotAFileError, open_regular
-from ..model_format import CLASS_NAMES_FILE, EXPORT_COMMAND, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput
+from ..model_format import (
+    CLASS_NAMES_FILE,
+    EXPORT_COMMAND,
+    IMAGES,
+    INPUT_FILE,
+    TENSORS,
+    TOKENS,
+    TensorInput,
+    constant_size,
+)
 from .archive import ModelFileError, stored_copy
 from .tensor_claims import check_tensor_claims
 
@@ -216,17 +225,19 @@ def _check_claims(path: Path, program: ExportedProgram, info: ModelInfo, dtype: 
             f"{path}: {said} {dtype} inputs of shape {tuple(shape)}, but its program takes {program_dtype} inputs "
             f"of {len(inputs.shape)} dimensions: refused"
         )
-    if isinstance(inputs.shape[0], int):
+    if constant_size(inputs.shape[0]) is not None:
         raise ModelFileError(
             f"{path}: its program takes batches of {inputs.shape[0]} inputs only (exported without a batch dimension "
             "that varies), and the server batches requests: refused"
         )
-    fixed = [(axis, int(size)) for axis, size in enumerate(inputs.shape) if isinstance(size, int)]
+    fixed = [(axis, constant_size(size)) for axis, size in enumerate(inputs.shape) if constant_size(size) is not None]
     wrong = [(axis, size) for axis, size in fixed if axis > 0 and shape[axis] != size]
     if info.kind == IMAGES:
         side = claimed.get("image_size", info.image_size)
         if wrong or side != info.image_size or len(fixed) < 3:
-            program_shape = tuple(size if isinstance(size, int) else "any" for size in inputs.shape[1:])
+            program_shape = tuple(
+                constant_size(size) if constant_size(size) is not None else "any" for size in inputs.shape[1:]
+            )
             raise ModelFileError(
                 f"{path}: {said} {side}x{side} images (shape {tuple(shape)}), but its program takes inputs of shape "
                 f"(batch, {', '.join(map(str, program_shape))}): refused"

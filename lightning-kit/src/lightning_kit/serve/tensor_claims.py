@@ -1,12 +1,13 @@
 """What the file of a model of tensors claims of its inputs and outputs, checked against its program's own signature.
 
-Its ``INPUT_FILE`` names each input, with a dtype and the shape of one example, and says whether
-they are passed by position or by keyword (``model_format``). The program must take exactly
-those, each with a batch dimension first that varies (one shared by all, from 1 example up), and
-answer what a server can answer request by request: a tensor, a tuple, a list or a dict (of names)
-of tensors, each with that batch dimension first. Anything else is refused in one line, before a
-server is started. An integer input the program indexes an embedding with takes ids below its
-rows: the server refuses others (400) before they reach the model.
+Its ``INPUT_FILE`` names each input, with a dtype and the shape of one example (``None`` where a size
+varies), and says whether they are passed by position or by keyword (``model_format``). The program
+must take exactly those, each with a batch dimension first that varies (one shared by all, from 1
+example up), and answer what a server can answer request by request: a tensor, a tuple, a list or a
+dict (of names) of tensors, each with that batch dimension first. Anything else is refused in one
+line, before a server is started. The sizes an axis that varies takes are the program's own (its
+range constraints), whatever the file claims; an integer input the program indexes an embedding with
+takes ids below its rows: the server refuses others (400) before they reach the model.
 
 Tested with PyTorch 2.14: ``torch.utils._pytree.tree_unflatten`` (private) of the program's
 ``call_spec``, which says how the program takes its inputs and how its outputs nest.
@@ -21,7 +22,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 from torch.utils import _pytree as pytree
 
-from ..model_format import CLASS_NAMES_FILE, DTYPES, INPUT_FILE, KEYWORD, POSITIONAL, TensorInput
+from ..model_format import CLASS_NAMES_FILE, DTYPES, INPUT_FILE, KEYWORD, POSITIONAL, TensorInput, constant_size
 from .archive import ModelFileError
 
 # How a message says the inputs are passed.
@@ -56,7 +57,7 @@ def check_tensor_claims(
             f"{path}: its {CLASS_NAMES_FILE} names {len(class_names)} classes, but a model of tensors answers its "
             "outputs as they are: refused"
         )
-    batch, taken = _check_inputs(path, program, inputs, passed)
+    batch, taken, inputs = _check_inputs(path, program, inputs, passed)
     rows = tuple(
         _embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
         for spec, name in zip(inputs, taken, strict=True)
@@ -73,9 +74,9 @@ def _tensor_input(path: Path, entry: object) -> TensorInput:
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input without a name")
     if dtype not in DTYPES:
         raise ModelFileError(f"{path}: its {INPUT_FILE} says {name} is {dtype!r}, not one of {', '.join(DTYPES)}")
-    if not isinstance(shape, list) or not all(type(size) is int and size >= 0 for size in shape):
+    if not isinstance(shape, list) or not all(size is None or (type(size) is int and size >= 0) for size in shape):
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records no shape of whole sizes for {name}")
-    return TensorInput(name, dtype, tuple(shape))
+    return TensorInput(name, dtype, tuple(shape))  # the ranges of the sizes that vary: the program's (_check_inputs)
 
 
 def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInput, ...], passed: str):
@@ -97,19 +98,19 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
     if not fits or not all(isinstance(name, str) for name in taken):
         raise ModelFileError(f"{path}: {claimed}, but its program takes {_takes(args, kwargs)}: refused")
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
-    batch = None
+    batch, ranged = None, []
     for spec, name in zip(inputs, taken, strict=True):
         value = placeholders[name].meta.get("val") if name in placeholders else None
         if not isinstance(value, torch.Tensor):
             raise ModelFileError(f"{path}: its program does not record the shape of its input {name}: refused")
         dtype, sizes = str(value.dtype).removeprefix("torch."), list(value.shape)
         # Each size after the batch's a number: a symbol compared with one would be a guard, not an answer.
-        fixed = [size if isinstance(size, int) else None for size in sizes[1:]]
+        fixed = [constant_size(size) for size in sizes[1:]]
         if dtype != spec.dtype or not sizes or fixed != list(spec.shape):
             raise ModelFileError(
                 f"{path}: {claimed}, but its program takes {spec.name} of {dtype}, shape {_shown(sizes)}: refused"
             )
-        if isinstance(sizes[0], int):
+        if constant_size(sizes[0]) is not None:
             raise ModelFileError(
                 f"{path}: its program takes batches of {sizes[0]} examples only (exported without a batch dimension "
                 "that varies), and the server batches requests: refused"
@@ -117,6 +118,9 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
         if batch is not None and sizes[0].node.expr != batch:
             raise ModelFileError(f"{path}: its program's inputs do not share one batch dimension: refused")
         batch = sizes[0].node.expr
+        ranged.append(
+            TensorInput(spec.name, spec.dtype, spec.shape, tuple(_range(program, size) for size in sizes[1:]))
+        )
     bounds = program.range_constraints.get(batch)
     # Not `upper.is_finite`: sympy says it of PyTorch's integer infinity too (torch.utils._sympy.numbers).
     if bounds is not None and (bool(bounds.lower > 1) or not bool(bounds.upper > sys.maxsize)):
@@ -124,7 +128,18 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
             f"{path}: its program takes batches of {bounds.lower} to {bounds.upper} examples, and the server batches "
             "any number from 1: refused"
         )
-    return batch, taken
+    return batch, taken, tuple(ranged)
+
+
+def _range(program: ExportedProgram, size) -> tuple[int, int | None] | None:
+    """The sizes the program takes along an axis: None where it is fixed, else its symbol's range (``(0, None)``
+    where the program records none: the program checks what it takes itself)."""
+    if constant_size(size) is not None:
+        return None
+    bounds = program.range_constraints.get(size.node.expr)
+    if bounds is None:
+        return 0, None
+    return int(bounds.lower), None if bool(bounds.upper > sys.maxsize) else int(bounds.upper)
 
 
 def _embedding_rows(program: ExportedProgram, name: str) -> int | None:
@@ -176,9 +191,10 @@ def _wrong_outputs(outputs, batch) -> str:
 
 
 def _answers(outputs) -> str:
-    """``a tensor (4,)``; ``a dict of mean (4,), scale ()``; ``a tuple of (4,), (2, 3)``: per example."""
+    """``a tensor (4,)``; ``a dict of mean (4,), scale ()``; ``a tuple of (4,), (any, 3)``: per example."""
     if isinstance(outputs, torch.Tensor):
-        return f"a tensor {tuple(outputs.shape[1:])}"
+        sizes = [str(constant_size(size)) if constant_size(size) is not None else "any" for size in outputs.shape[1:]]
+        return f"a tensor ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
     if isinstance(outputs, dict):
         return "a dict of " + ", ".join(
             f"{key} {_answers(value).removeprefix('a tensor ')}" for key, value in outputs.items()
@@ -198,5 +214,8 @@ def _takes(args, kwargs) -> str:
 
 def _shown(sizes: list) -> str:
     """A program's shape, its sizes that vary shown as ``batch`` (the first) or ``any``."""
-    shown = [str(size) if isinstance(size, int) else "batch" if axis == 0 else "any" for axis, size in enumerate(sizes)]
+    shown = [
+        str(constant_size(size)) if constant_size(size) is not None else "batch" if axis == 0 else "any"
+        for axis, size in enumerate(sizes)
+    ]
     return f"({', '.join(shown)}{',' if len(shown) == 1 else ''})"

@@ -52,10 +52,11 @@ def accepted(model: ModelInfo) -> str:
 
 
 def expected(spec: TensorInput) -> str:
-    """What one example of ``spec`` is: ``24x2 nested lists of float32``, ``one int64 number``, ``true or false``."""
+    """What one example of ``spec`` is: ``24x2 nested lists of float32``, ``(2 to 4096)x80 nested lists of
+    float32`` (a size that varies), ``one int64 number``, ``true or false``."""
     if not spec.shape:
         return "true or false" if spec.dtype == "bool" else f"one {spec.dtype} number"
-    return f"{'x'.join(map(str, spec.shape))} nested lists of {spec.dtype}"
+    return f"{str(spec).partition(', ')[2].removesuffix(')')} nested lists of {spec.dtype}"
 
 
 def decode(body: bytes, model: ModelInfo) -> dict[str, np.ndarray]:
@@ -87,23 +88,29 @@ def _not_a_number(constant: str) -> float:
 def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
     """One example of ``spec``: ``value`` walked level by level (never deeper than its shape), then its numbers (ids
     below ``rows``, where it indexes an embedding of so many)."""
-    items = [value]
-    for depth, size in enumerate(spec.shape):
+    items, shape = [value], []
+    for depth in range(len(spec.shape)):
+        fewest, most = spec.range_of(depth)
+        size = len(items[0]) if type(items[0]) is list else None  # where it varies, the first list's length
+        if size is not None and (size < fewest or (most is not None and size > most)):
+            size = None
         flat = []
         for item in items:
-            if type(item) is not list or len(item) != size:
+            if type(item) is not list or size is None or len(item) != size:
                 found = f"a list of {len(item)}" if type(item) is list else f"a {_json_type(item)}"
                 where = f"at depth {depth}" if depth else "as a whole"
-                raise RequestError(
-                    400, f"{spec.name} must be {expected(spec)}: {where} it holds {found}, not {size} items"
+                wanted = (
+                    "items of one length" if size is not None and fewest != most else f"{spec.size_said(depth)} items"
                 )
+                raise RequestError(400, f"{spec.name} must be {expected(spec)}: {where} it holds {found}, not {wanted}")
             flat.extend(item)
         items = flat
+        shape.append(size)
     numbers = _numbers(items, spec)
     if rows is not None and numbers.size and not (numbers.min() >= 0 and numbers.max() < rows):
         outside = next(item for item in items if not 0 <= item < rows)
         raise RequestError(400, f"{spec.name} holds {outside}: the model's embedding of it takes ids in [0, {rows})")
-    return numbers.astype(NUMPY_DTYPES[spec.dtype]).reshape(spec.shape)
+    return numbers.astype(NUMPY_DTYPES[spec.dtype]).reshape(shape)
 
 
 def _numbers(items: list, spec: TensorInput) -> np.ndarray:
