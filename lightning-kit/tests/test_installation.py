@@ -5,6 +5,8 @@ Each comparison is made against what the environment says of the library (``inst
 the test, and against a pyproject.toml the test writes: the same code reads the real ones at every start-up.
 """
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -159,6 +161,107 @@ def test_a_folder_installed_as_a_copy_that_has_moved_on_since_is_told(tmp_path):
     assert installation.difference(copied, named) is None
 
 
+def a_template_checkout(tmp_path: Path) -> tuple[Path, Path]:
+    """A repository whose HEAD names refs/heads/main, with the library's folder in it, and a project naming that
+    folder: the repository's .git and the project's file."""
+    git = tmp_path / "template" / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n", encoding="utf-8")
+    (tmp_path / "template" / "lightning-kit").mkdir()
+    folder = (tmp_path / "template" / "lightning-kit").as_uri()
+    return git, write_project(tmp_path / "proj", f"lightning-kit @ {folder}")
+
+
+@pytest.mark.parametrize(
+    "planted",
+    ["a FIFO as HEAD", "HEAD a link to /dev/zero", "a ref outside the repository", "a HEAD of megabytes",
+     "a ref that is a FIFO", "a gitdir pointing at a FIFO", "a ref that is not a commit"],
+)  # fmt: skip
+def test_the_start_up_check_reads_a_repositorys_files_as_data_and_never_waits(tmp_path, planted):
+    """What is planted where a repository's files are (a FIFO, a device, a ref outside it, a huge file) tells no
+    commit, at once: it never blocks a command's start, nor takes its memory, nor shows another file as a commit.
+    In a process of its own: a blocked read would hang only that one (the hang guard)."""
+    git, named = a_template_checkout(tmp_path)
+    (tmp_path / "outside").write_text(f"{COMMIT_B}\n", encoding="utf-8")
+    if planted == "a FIFO as HEAD":
+        (git / "HEAD").unlink()
+        os.mkfifo(git / "HEAD")
+    elif planted == "HEAD a link to /dev/zero":
+        (git / "HEAD").unlink()
+        (git / "HEAD").symlink_to("/dev/zero")
+    elif planted == "a ref outside the repository":
+        (git / "HEAD").write_text("ref: ../../outside\n", encoding="utf-8")
+    elif planted == "a HEAD of megabytes":
+        (git / "HEAD").write_text(COMMIT_B + " " * (8 << 20), encoding="utf-8")
+    elif planted == "a ref that is a FIFO":
+        os.mkfifo(git / "refs" / "heads" / "main")
+    elif planted == "a gitdir pointing at a FIFO":
+        shutil.rmtree(git)
+        os.mkfifo(tmp_path / "fifo")
+        git.write_text(f"gitdir: {tmp_path / 'fifo'}\n", encoding="utf-8")
+    else:
+        (git / "refs" / "heads" / "main").write_text("../../outside\n", encoding="utf-8")
+    script = (
+        "import sys; from pathlib import Path; from lightning_kit import installation, project;"
+        "named = project.read_project(Path(sys.argv[1]));"
+        "copied = installation.Installed('0.1.1.dev3+g1a2b3c4d5', named.url);"
+        "print(installation.difference(copied, named))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(named)], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, "None"), run.stderr[-2000:]
+
+
+def test_a_requirement_is_read_in_one_pass_however_it_is_padded(tmp_path):
+    """A pyproject.toml whose requirement a pattern would backtrack on for minutes is read at once (the hang guard
+    is the test's only clock), and read right."""
+    script = (
+        "import sys; from pathlib import Path; from lightning_kit import project;"
+        "print(repr(project.read_project(Path(sys.argv[1])).specifier))"
+    )
+    path = write_project(tmp_path, "lightning-kit" + " " * 600 + ">=0.1" + " " * 600)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert run.stdout.strip() == "'>=0.1'", run.stderr[-2000:]
+    assert project.library_requirement("lightning-kit" + " " * 600 + "@" + " " * 600) is None  # no URL after @
+
+
+def test_a_requirement_whose_marker_does_not_hold_here_is_not_the_projects(tmp_path):
+    """Of two requirements of the library, the one whose environment marker holds in this Python is the one named."""
+    other = f"{at_commit(COMMIT_A)} ; python_version < '3.0'"
+    here = f"{at_commit(COMMIT_B)} ; python_version >= '3.0'"
+    text = f'[project]\nname = "p"\ndependencies = ["{other}", "{here}"]\n'
+    (tmp_path / "pyproject.toml").write_text(text, encoding="utf-8")
+    assert project.read_project(tmp_path / "pyproject.toml").requirement == here
+
+
+def test_a_copy_installed_at_another_tag_is_told(tmp_path):
+    named = project.read_project(write_project(tmp_path, f"lightning-kit @ {REPOSITORY}@v0.3.0"))
+    at_tag = Installed("0.2.0", REPOSITORY.removeprefix("git+"), COMMIT_A, requested="v0.2.0")
+    assert installation.difference(at_tag, named) == "it was installed at v0.2.0, not v0.3.0"
+    assert (
+        installation.difference(
+            Installed("0.3.0", REPOSITORY.removeprefix("git+"), COMMIT_B, requested="v0.3.0"), named
+        )
+        is None
+    )
+
+
+def test_a_token_in_the_requirements_url_is_never_printed(tmp_path, monkeypatch):
+    token = "ghp_0123456789abcdefSECRET"
+    requirement = (
+        f"lightning-kit @ git+https://me:{token}@github.com/org/template@{COMMIT_B}#subdirectory=lightning-kit"
+    )
+    write_project(tmp_path, requirement)
+    monkeypatch.setattr(
+        installation, "installed", lambda: Installed("0.1", "https://github.com/org/template", COMMIT_A)
+    )
+    line = installation.problem(tmp_path)
+    assert line is not None and token not in line and "git+https://***@github.com/org/template@" in line, line
+
+
 def test_a_difference_is_one_line_saying_what_is_installed_what_is_named_and_the_command(tmp_path, monkeypatch):
     path = write_project(tmp_path, at_commit(COMMIT_B, "[serve]"))
     library = Installed("0.1.1.dev3+g1a2b3c4d5", REPOSITORY.removeprefix("git+"), COMMIT_A)
@@ -243,6 +346,19 @@ def test_the_pytest_plugin_warns_of_a_library_that_is_not_the_one_named(pytester
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*lightning-kit 0.1 (from *) is installed, but *pyproject.toml names *installs that*"])
+
+
+def test_the_pytest_plugins_warning_made_an_error_stops_the_session_in_one_line(pytester, monkeypatch):
+    """pytest -W error (or filterwarnings = ["error"]): the session stops with the one line, not INTERNALERROR."""
+    write_project(pytester.path, at_commit(COMMIT_B))
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    monkeypatch.setattr(installation, "installed", lambda: Installed("0.1", REPOSITORY.removeprefix("git+"), COMMIT_A))
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-W", "error")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(
+        ["*lightning-kit 0.1 (from *) is installed, but *this session's filters make an error*"]
+    )
 
 
 def test_a_baked_project_without_its_library_says_how_to_install_it_in_one_line(tmp_path):

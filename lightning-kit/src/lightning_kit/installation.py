@@ -24,14 +24,24 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .project import DISTRIBUTION, ProjectFile, find_project
+from .files import NotAFileError, open_regular
+from .passwords import scrubbed
+from .project import DISTRIBUTION, ProjectFile, find_project, marker_applies
 
 # Set once a process has said what it found of a project (its pyproject.toml's path), for it and the processes it starts
 # (DDP ranks, sweeps' trials, servers).
 CHECKED = "LIGHTNING_KIT_INSTALLATION_CHECKED"
 # The processes of a distributed run that are not its first: they stay quiet.
 _RANKS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
-_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,64}$")  # SHA-1's 40 hex digits, SHA-256's 64, or a prefix of either
+# What a git file the start-up check reads may hold: HEAD, a ref, "gitdir: <path>" are one short line; packed-refs a
+# line per ref. A larger file, or one that is not a plain file, is not git's: nothing is told of it.
+_SMALL, _PACKED = 4096, 1 << 20
+# A branch or tag HEAD names: "refs/heads/<name>", with none of the parts git refuses ("..", a leading "/" or "-").
+_REF = re.compile(r"refs/(?:[A-Za-z0-9_][A-Za-z0-9_.+-]*/)*[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+# The user information of a URL in a requirement (git+https://<token>@host/..., https://me:<token>@host/...): a
+# token pip is given, which no message shows. Tried only after each "://".
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s@:]*(?::[^\s@]*)?@")
 # The commit in a version setuptools-scm derived from git: 0.1.1.dev5+g1a2b3c4d5 (and .d20261202 when dirty).
 _VERSION_COMMIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
 
@@ -44,6 +54,7 @@ class Installed:
     url: str | None = None  # the URL pip installed from: a git repository, or a file:// folder
     commit: str | None = None  # the commit pip checked out, for a git URL
     editable: bool = False
+    requested: str | None = None  # the revision the requirement named when pip installed it (a tag, a branch)
 
     @property
     def version_commit(self) -> str | None:
@@ -71,7 +82,8 @@ def installed() -> Installed | None:
     folder = direct.get("dir_info") if isinstance(direct.get("dir_info"), dict) else {}
     url = direct.get("url") if isinstance(direct.get("url"), str) else None
     commit = vcs.get("commit_id") if isinstance(vcs.get("commit_id"), str) else None
-    return Installed(distribution.version, url, commit, bool(folder.get("editable")))
+    requested = vcs.get("requested_revision") if isinstance(vcs.get("requested_revision"), str) else None
+    return Installed(distribution.version, url, commit, bool(folder.get("editable")), requested)
 
 
 def missing_requirements() -> list[str]:
@@ -82,11 +94,11 @@ def missing_requirements() -> list[str]:
         return []
     missing = []
     for text in required:
-        if "extra ==" in text.replace("extra==", "extra =="):
-            continue
-        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", text)
         marker = text.partition(";")[2]
-        if name is None or (marker and not _marker_applies(marker)):
+        if "extra" in marker:
+            continue  # an extra's
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", text)
+        if name is None or not _library_marker_applies(marker):
             continue
         try:
             importlib.metadata.distribution(name[1])
@@ -95,11 +107,14 @@ def missing_requirements() -> list[str]:
     return missing
 
 
-def _marker_applies(marker: str) -> bool:
-    """Whether an environment marker of the library's requirements applies here (the few it uses: Python's version)."""
+def _library_marker_applies(marker: str) -> bool:
+    """Whether a marker of the library's own requirements applies here: ``packaging``'s reading, where it is
+    installed; else the one kind the library writes, Python's version."""
+    if not marker.strip():
+        return True
     found = re.fullmatch(r"\s*python_version\s*(<|<=|>=|>)\s*['\"](\d+)\.(\d+)['\"]\s*", marker)
     if found is None:
-        return True
+        return marker_applies(marker)
     here, there = sys.version_info[:2], (int(found[2]), int(found[3]))
     return {"<": here < there, "<=": here <= there, ">=": here >= there, ">": here > there}[found[1]]
 
@@ -121,8 +136,13 @@ def _url_difference(library: Installed, named_url: str) -> str | None:
         base, revision = _git_parts(rest)
         installed_commit = library.commit or library.version_commit
         if revision is None or not _COMMIT.fullmatch(revision):
-            # A branch or tag: which commit it is now cannot be told without git; the repository can.
-            return None if library.url and _same_url(library.url, base) else "it was installed from elsewhere"
+            # A tag or branch: installed from that repository, at the revision named when pip installed it (which
+            # commit a branch is at now cannot be told without git).
+            if library.url is None or not _same_url(library.url, base):
+                return "it was installed from elsewhere"
+            if revision is not None and library.requested is not None and library.requested != revision:
+                return f"it was installed at {library.requested}, not {revision}"
+            return None
         if installed_commit is None:
             return "it is not from a commit of the template's repository"
         if not (installed_commit.startswith(revision) or revision.startswith(installed_commit)):
@@ -174,26 +194,45 @@ def _file_path(url: str) -> Path:
 
 
 def _head_commit(folder: Path) -> str | None:
-    """The commit checked out in the git repository ``folder`` lies in, read from its files (no git run); None if
-    it cannot be told."""
+    """The commit checked out in the git repository ``folder`` lies in, read from its files as data (no git run);
+    None where it cannot be told.
+
+    Each file is read only where it is a plain file, and only so far (``_small``): a FIFO, a device or a file of
+    megabytes in its place tells nothing, and never blocks. HEAD's ``ref:`` is followed only to a ref inside the
+    repository (``refs/...``), and what is read is a commit only where it is one (hex digits).
+    """
     for candidate in [folder, *folder.parents][:8]:
         git = candidate / ".git"
-        try:
-            if git.is_file():  # a worktree or submodule: "gitdir: <path>"
-                git = (candidate / git.read_text(encoding="utf-8").partition("gitdir:")[2].strip()).resolve()
-            if not git.is_dir():
-                continue
-            head = (git / "HEAD").read_text(encoding="utf-8").strip()
-            if not head.startswith("ref: "):
-                return head if _COMMIT.fullmatch(head) else None
-            ref = head.removeprefix("ref: ")
-            if (git / ref).is_file():
-                return (git / ref).read_text(encoding="utf-8").strip()
-            packed = (git / "packed-refs").read_text(encoding="utf-8") if (git / "packed-refs").is_file() else ""
-            return next((line.split()[0] for line in packed.splitlines() if line.endswith(f" {ref}")), None)
-        except (OSError, UnicodeDecodeError):
+        if git.is_file():  # a worktree or submodule: "gitdir: <path>"
+            pointer = _small(git, _SMALL) or ""
+            if not pointer.startswith("gitdir:"):
+                return None
+            git = candidate / pointer.removeprefix("gitdir:").strip()
+        if not git.is_dir():
+            continue
+        head = (_small(git / "HEAD", _SMALL) or "").strip()
+        if not head.startswith("ref:"):
+            return head if _COMMIT.fullmatch(head) else None
+        ref = head.removeprefix("ref:").strip()
+        if not _REF.fullmatch(ref):
             return None
+        named = (_small(git / ref, _SMALL) or "").strip()
+        if _COMMIT.fullmatch(named):
+            return named
+        packed = _small(git / "packed-refs", _PACKED) or ""
+        found = next((line.split()[0] for line in packed.splitlines() if line.endswith(f" {ref}")), None)
+        return found if found is not None and _COMMIT.fullmatch(found) else None
     return None
+
+
+def _small(path: Path, most: int) -> str | None:
+    """The text of ``path`` where it is a plain file of at most ``most`` bytes; None where it is not."""
+    try:
+        with open_regular(path) as file:
+            data = file.read(most + 1)
+        return data.decode("utf-8") if len(data) <= most else None
+    except (NotAFileError, OSError, UnicodeDecodeError):
+        return None
 
 
 def install_command(project: ProjectFile) -> str:
@@ -212,10 +251,15 @@ def _problem_of(project: ProjectFile | None) -> str | None:
     why = difference(library, project) if project is not None and library is not None else None
     if why is None:
         return None
-    return (
+    return without_credentials(
         f"{library.described()} is installed, but {project.path} names {project.requirement} ({why}): "
         f"{install_command(project)} installs that one"
     )
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the user information of every URL in it (a token, a password) shown as ``***``."""
+    return scrubbed(_CREDENTIALS.sub("***@", text))
 
 
 def check_installation(module: str | None = None) -> None:
@@ -232,8 +276,10 @@ def check_installation(module: str | None = None) -> None:
     if missing:
         how = install_command(project) if project is not None else "pip install lightning-kit"
         sys.exit(
-            f"error: lightning-kit is installed without what it needs ({', '.join(missing)}; installed with "
-            f"--no-deps?): {how}"
+            without_credentials(
+                f"error: lightning-kit is installed without what it needs ({', '.join(missing)}; installed with "
+                f"--no-deps?): {how}"
+            )
         )
     checked = str(project.path) if project is not None else ""
     if os.environ.get(CHECKED) == checked or any(os.environ.get(name, "0") not in ("", "0") for name in _RANKS):

@@ -31,11 +31,9 @@ DISTRIBUTION = "lightning-kit"
 MAX_BYTES = 1 << 20
 # How far up from a folder a project's file is looked for (a package in src/<name>/ finds it two folders up).
 MAX_LEVELS = 32
-# A requirement of the library, as PEP 508 writes one: name, extras, then a URL or a version specifier.
-_REQUIREMENT = re.compile(
-    r"^\s*lightning[-_.]kit(?![\w.-])\s*(?:\[[^\]]*\])?\s*(?:@\s*(?P<url>[^\s;]+)|(?P<specifier>[^;@]*))\s*(?:;.*)?$",
-    re.IGNORECASE,
-)
+# The library's name at the start of a requirement, as PEP 508 and PEP 503 spell it (the rest is parsed by hand, in
+# one pass: a pattern of the whole requirement backtracked for minutes on a line of blanks).
+_NAME = re.compile(r"lightning[-_.]kit(?![\w.-])", re.IGNORECASE)
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _SETTINGS = {"packages", "monitor", "mode"}
 
@@ -52,14 +50,14 @@ class ProjectFile:
     @property
     def url(self) -> str | None:
         """The URL the requirement names the library by (``git+https://...@<commit>``, ``file:///...``), if any."""
-        found = _REQUIREMENT.match(self.requirement or "")
-        return found["url"] if found else None
+        found = library_requirement(self.requirement or "")
+        return found[0] if found else None
 
     @property
     def specifier(self) -> str | None:
         """The version specifier the requirement names (``>=0.1,<0.2``), if it names one rather than a URL."""
-        found = _REQUIREMENT.match(self.requirement or "")
-        return found["specifier"].strip() or None if found and found["specifier"] is not None else None
+        found = library_requirement(self.requirement or "")
+        return found[1] if found else None
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -134,14 +132,52 @@ def read_project(path: Path) -> ProjectFile:
     return ProjectFile(path, name, _library_requirement(project), _settings(path, tool.get(TABLE)))
 
 
+def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:
+    """A requirement of the library, as PEP 508 writes one (name, extras, then a URL or a version specifier, then
+    an environment marker), as ``(url, specifier, marker)``; None where ``text`` requires another package or is
+    no requirement. Read in one pass over the text."""
+    requirement, _, marker = text.partition(";")
+    head = requirement.strip()
+    named = _NAME.match(head)
+    if named is None:
+        return None
+    rest = head[named.end() :].lstrip()
+    if rest.startswith("["):
+        closed = rest.find("]")
+        if closed < 0:
+            return None
+        rest = rest[closed + 1 :].lstrip()
+    if rest.startswith("@"):
+        url = rest[1:].strip()
+        return (url, None, marker.strip()) if url and not any(part.isspace() for part in url) else None
+    return None, rest or None, marker.strip()
+
+
+def marker_applies(marker: str) -> bool:
+    """Whether a requirement's environment marker (``python_version < "3.11"``) holds here: by ``packaging``'s
+    reading of it where that is installed; a marker that cannot be read (or without ``packaging``) is taken to."""
+    if not marker:
+        return True
+    try:
+        from packaging.markers import InvalidMarker, Marker
+    except ModuleNotFoundError:
+        return True
+    try:
+        return Marker(marker).evaluate()
+    except (InvalidMarker, ValueError, TypeError):
+        return True
+
+
 def _library_requirement(project: dict) -> str | None:
-    """The project's first requirement of the library: in its dependencies, else in an extra."""
+    """The project's first requirement of the library whose marker holds here: in its dependencies, else in an
+    extra."""
     groups = [project.get("dependencies")]
     extras = project.get("optional-dependencies")
     groups += list(extras.values()) if isinstance(extras, dict) else []
     for group in groups:
         for text in group if isinstance(group, list) else ():
-            if isinstance(text, str) and _REQUIREMENT.match(text):
+            found = library_requirement(text) if isinstance(text, str) else None
+            if found is not None and marker_applies(found[2]):
                 return text.strip()
     return None
 

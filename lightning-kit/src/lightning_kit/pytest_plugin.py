@@ -10,7 +10,8 @@ has the library; ``-p no:lightning_kit.pytest_plugin`` turns it off.
 
 It also holds the library installed against the one the project's ``pyproject.toml`` (at pytest's
 rootdir) names: a library installed without its own requirements stops the session in one line, and
-one that is not the library named is a warning of the session, saying the command that installs it.
+one that is not the library named is a warning of the session, saying the command that installs it (where the
+session makes warnings errors, `-W error`, it stops the session in that one line).
 """
 
 import contextlib
@@ -34,7 +35,10 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     found = installation.problem(config.rootpath)
     if found is not None:
-        config.issue_config_time_warning(LibraryMismatchWarning(found), stacklevel=2)
+        try:
+            config.issue_config_time_warning(LibraryMismatchWarning(found), stacklevel=2)
+        except LibraryMismatchWarning as err:  # -W error (or filterwarnings = error): the session stops, in one line
+            raise pytest.UsageError(f"{found} (a warning, which this session's filters make an error)") from err
     from .placement import simulated  # PyTorch: imported once the library is known to have it
 
     with contextlib.suppress(simulated.SimulationUnavailableError):  # audit() says why, in the test that calls it
