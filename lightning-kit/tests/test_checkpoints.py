@@ -10,16 +10,21 @@ import zipfile
 from pathlib import Path
 from unittest import mock
 
+import lightning as L
 import pytest
 import torch
 from conftest import HANG_GUARD_S, PROJECT, RUNS, checkpoint
 from image_project.cli import main
+from test_simulated_gpu import BATCH, Probe
+from torch.utils.data import DataLoader
 
 from lightning_kit.checkpoints import (
     INFLATION_LIMIT,
     TEMPORARY_PREFIX,
     AtomicCheckpointIO,
     CheckpointError,
+    RunClasses,
+    check_architecture,
     latest_checkpoint,
     read_checkpoint,
 )
@@ -117,6 +122,44 @@ def test_last_passes_over_checkpoints_that_hold_no_training(in_tmp_path, capsys)
     out = capsys.readouterr().out
     assert f"passing over {truncated}: it cannot be read" in out
     assert f"passing over {untrained}: it was saved before any training step" in out
+
+
+def test_last_is_the_run_lightning_numbered_last_whatever_the_clock_said(in_tmp_path):
+    """A clock set back between runs gives the newer run's checkpoint the older time: the run's number decides."""
+    older, newer = checkpoint(2), checkpoint(10)
+    for path in (older, newer):
+        path.parent.mkdir(parents=True)
+        torch.save({"global_step": 3}, path)
+    os.utime(older, ns=(0, 2_000_000_000 * 1_000_000_000))
+    os.utime(newer, ns=(0, 1_000_000_000 * 1_000_000_000))  # saved "earlier": the clock was set back since
+    assert latest_checkpoint(RUNS) == newer
+
+
+def test_a_checkpoint_names_the_model_class_and_another_class_is_refused_its_weights(tmp_path):
+    """Every checkpoint of a run names its model's class (RunClasses); a model of another class built for it (a
+    run's config.yaml edited since) is refused in one line, though its weights have the same shapes."""
+    model = Probe()
+    trainer = L.Trainer(
+        max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[RunClasses()], default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, DataLoader([BATCH] * 2, batch_size=None))
+    path = tmp_path / "model.ckpt"
+    trainer.save_checkpoint(path)
+    trained = read_checkpoint(path)
+    assert trained.model_class == "test_simulated_gpu.Probe"
+    check_architecture(path, trained, Probe())
+    with pytest.raises(CheckpointError) as refused:
+        check_architecture(path, trained, LookalikeProbe())
+    assert str(refused.value) == (
+        f"{path} holds the weights of a test_simulated_gpu.Probe, but the model built is a "
+        "test_checkpoints.LookalikeProbe (a run's config.yaml edited since, or --model naming another class): build "
+        "the test_simulated_gpu.Probe it was trained as"
+    )
+
+
+class LookalikeProbe(Probe):
+    """Another class with the same weights."""
 
 
 def test_a_checkpoint_that_would_inflate_far_beyond_its_size_is_refused_unread(in_tmp_path, capsys):

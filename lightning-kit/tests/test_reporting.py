@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import RUNS, build, checkpoint, epoch_metrics, exit_message, main
 
+from lightning_kit.errors import UserError
 from lightning_kit.plots import CONFUSION_CORNER, EPOCH_AXIS, read_confusion
 
 
@@ -517,6 +518,83 @@ def test_a_regression_models_predictions_are_written_as_they_are(tmp_path, outpu
     the names; no ``predicted`` nor ``p_`` columns, which would read its values as class probabilities."""
     rows = predicted(tmp_path, (output, (X,)), data=SimpleNamespace(class_names=["a", "b", "c", "d", "e"]))
     assert rows[0] == header and rows[1] == first and len(rows) == 3
+
+
+def test_labels_are_taken_where_the_data_module_says_and_never_guessed(tmp_path):
+    """predict_labelled true: a tuple of two's second item; in a tuple of more (audio, lengths, labels) which item
+    holds them is not guessed (the lengths were written as labels): one line asks for its position, which is then
+    taken; a dict's by the key it names."""
+    audio, lengths, labels = torch.zeros(2, 3), torch.tensor([3, 2]), torch.tensor([7, 9])
+    output = torch.tensor([0.5, 1.5])
+    cases = [
+        ((audio, labels), True, ["0", "0.5", "7"]),
+        ((audio, lengths, labels), 2, ["0", "0.5", "7"]),
+        ({"audio": audio, "lengths": lengths, "speaker": labels}, "speaker", ["0", "0.5", "7"]),
+    ]
+    for number, (batch, where, first) in enumerate(cases):
+        rows = predicted(tmp_path / str(number), (output, batch), data=SimpleNamespace(predict_labelled=where))
+        assert rows[0] == ["index", "prediction", "label"] and rows[1] == first, (where, rows)
+    with pytest.raises(UserError) as refused:
+        predicted(tmp_path, (output, (audio, lengths, labels)), data=SimpleNamespace(predict_labelled=True))
+    assert str(refused.value) == (
+        "the data module's predict_labelled is true, but its predict batches hold 3 items: which of them is the "
+        "labels? Set predict_labelled to its position (an int), or to false"
+    )
+
+
+STEP_LOGGING_PROJECT = """
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Steps(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self.net(batch[0]), batch[1])
+        self.log("train/loss", loss)  # per step: Lightning's default in training_step
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class FourBatches(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4)
+"""
+
+
+@pytest.mark.parametrize("given", [None, 3])
+def test_a_step_metric_is_recorded_in_epochs_shorter_than_the_logging_interval(in_tmp_path, monkeypatch, given):
+    """Epochs of 4 batches, fewer than Lightning's logging interval of 50 steps: what training_step logs is
+    recorded all the same (each epoch's 4th step); an interval given on the command line is kept (every 3rd)."""
+    (in_tmp_path / "steps_project.py").write_text(STEP_LOGGING_PROJECT)
+    monkeypatch.syspath_prepend(str(in_tmp_path))
+    args = ["--model", "steps_project.Steps", "--data", "steps_project.FourBatches", "--accelerator", "cpu"]
+    args += ["--max_epochs", "3", "--trainer.enable_progress_bar", "false"]
+    args += ["--trainer.log_every_n_steps", str(given)] if given else []
+    from lightning_kit import cli
+
+    cli.main(cli.GenericCLI, ["fit", *args])
+    with (RUNS / "version_0" / "metrics.csv").open() as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+    assert steps == ([3, 7, 11] if given is None else [2, 5, 8, 11]), steps
+
+
+def test_a_predict_step_that_returns_none_writes_no_row(tmp_path, capsys):
+    """Lightning lets predict_step return None (a step that writes its own files): no row for that batch, and no
+    file where every batch returned None."""
+    rows = predicted(tmp_path, (None, (X,)), (torch.tensor([1.0, 2.0]), (X,)))
+    assert rows == [["index", "prediction"], ["2", "1"], ["3", "2"]]  # the second batch's inputs
+    (tmp_path / "predictions.csv").unlink()
+    with pytest.raises(FileNotFoundError):
+        predicted(tmp_path, (None, (X,)), (None, (X,)))
+    assert "predict_step returned nothing: no " in capsys.readouterr().out
 
 
 def test_a_classifiers_predictions_keep_their_columns(tmp_path):

@@ -1,6 +1,7 @@
 """Writing checkpoints safely, and finding and checking them before a run trusts them."""
 
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,10 @@ from .trust import check_trusted
 
 # What `--ckpt_path last` may resume from: the end of an epoch, or an interrupted step.
 RESUMABLE = ("last.ckpt", "on_exception.ckpt")
+# The entry of a checkpoint that names the classes of the run that saved it (``RunClasses``).
+RUN_CLASSES = "lightning_kit_classes"
+# A run folder Lightning numbered (version_3): the run's own record of its order, whatever the clock said.
+_VERSION = re.compile(r"version_(\d+)")
 
 
 class CheckpointError(UserError):
@@ -39,6 +44,23 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, file)
             file.flush()
             os.fsync(file.fileno())
+
+
+def class_path(cls: type) -> str:
+    """The import path of ``cls``: ``my_project.classifier.Classifier``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class RunClasses(L.Callback):
+    """Name, in every checkpoint, the classes of the model and the data module that saved it: what a run's
+    ``config.yaml`` says is held against it before the weights are used (``check_architecture``)."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        data = trainer.datamodule
+        checkpoint[RUN_CLASSES] = {
+            "model": class_path(type(pl_module)),
+            "data": class_path(type(data)) if data else None,
+        }
 
 
 @contextmanager
@@ -74,7 +96,8 @@ def _remove_abandoned_files(folder: Path) -> None:
 
 
 def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
-    """The newest ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root`` of a run that trained.
+    """The newest run's ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root``, of a run that trained: the run
+    Lightning numbered last (``version_N``), whatever the files' times say.
 
     Checkpoints that cannot be read, or that hold no training step, are passed over,
     and ``report`` is told about each; a FIFO or device by that name is never opened.
@@ -87,7 +110,9 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
             report(f"passing over {path}: it cannot be read (a broken link?)")
     if not candidates:
         raise CheckpointError(f"--ckpt_path last: no run under {runs_root}/ has a last.ckpt or on_exception.ckpt")
-    for path in sorted(candidates, key=candidates.get, reverse=True):
+    # The newest run by Lightning's numbering of its folders (version_3 after version_2), then by file time: a clock
+    # set back (a laptop's, a cluster node's) must not make an older run's checkpoint the newest.
+    for path in sorted(candidates, key=lambda path: (_run_number(path), candidates[path]), reverse=True):
         try:
             check_file(path)
             # Memory-mapped: only the few values read here are loaded, not the weights.
@@ -102,6 +127,12 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
             return path
         report(f"passing over {path}: it was saved before any training step")
     raise CheckpointError(f"--ckpt_path last: no checkpoint under {runs_root}/ holds a trained model to resume")
+
+
+def _run_number(checkpoint: Path) -> int:
+    """The number of the run folder a checkpoint is in (``version_3``: 3), or -1 for a folder named otherwise."""
+    found = _VERSION.fullmatch(checkpoint.parent.parent.name)
+    return int(found[1]) if found else -1
 
 
 # torch.save stores a checkpoint's records uncompressed, so reading one takes about its size on disk.
@@ -173,10 +204,12 @@ def load_refusal(err: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Trained:
-    """What a checkpoint says about the model it holds: its weights' shapes by name, and its class names."""
+    """What a checkpoint says about the model it holds: its weights' shapes by name, its class names, and the class
+    of the model that saved it, where it says (``RunClasses``)."""
 
     shapes: dict[str, torch.Size]
     class_names: list[str] | None
+    model_class: str | None = None
 
 
 def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
@@ -205,15 +238,24 @@ def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
     check_trusted({section: checkpoint.get(section) for section in sections}, path, args, [path.parent.parent])
     shapes = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
     class_names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
-    return Trained(shapes, list(class_names) if isinstance(class_names, list | tuple) else None)
+    classes = checkpoint.get(RUN_CLASSES) if isinstance(checkpoint.get(RUN_CLASSES), dict) else {}
+    model_class = classes.get("model") if isinstance(classes.get("model"), str) else None
+    return Trained(shapes, list(class_names) if isinstance(class_names, list | tuple) else None, model_class)
 
 
 def check_architecture(path: str | Path, trained: Trained, model: L.LightningModule) -> None:
     """Raise ``CheckpointError`` unless the weights and classes ``trained`` read from ``path`` fit ``model``.
 
-    Classes in another order, or renamed, would fit the weights and silently name every
-    prediction wrongly: the data's class names must be the checkpoint's.
+    A model of another class than the one that saved the weights (a run's config.yaml edited since) would load
+    weights of the same shapes and silently evaluate another model; classes in another order, or renamed, would
+    fit the weights and silently name every prediction wrongly: the data's class names must be the checkpoint's.
     """
+    if trained.model_class is not None and trained.model_class != class_path(type(model)):
+        raise CheckpointError(
+            f"{path} holds the weights of a {trained.model_class}, but the model built is a {class_path(type(model))} "
+            f"(a run's config.yaml edited since, or --model naming another class): build the {trained.model_class} "
+            "it was trained as"
+        )
     shapes = trained.shapes
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()}
     if expected != shapes:

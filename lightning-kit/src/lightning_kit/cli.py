@@ -36,10 +36,11 @@ from .callbacks import (
     RandomState,
     RunPlots,
     RunStatus,
+    StepLogging,
     StopOnDivergence,
     skip_empty_batch_hooks,
 )
-from .checkpoints import AtomicCheckpointIO, check_architecture, read_checkpoint
+from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
 from .errors import DataUnavailableError, RefusedArgumentError, command, invoked_as
 from .evaluation import (
@@ -256,6 +257,8 @@ class KitCLI(LightningCLI):
         if trainer_config.get("enable_progress_bar") and not any(isinstance(c, ProgressBar) for c in callbacks):
             # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
             callbacks.append(TQDMProgressBar(refresh_rate=self.refresh_every))
+        if trainer_config.get("log_every_n_steps") is None:
+            callbacks.append(StepLogging())  # short epochs still record what their steps log
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
@@ -480,6 +483,8 @@ def _make_cli(
                 RandomState(),
                 RunPlots(),
                 *callbacks,
+                # The classes of the run, named in each checkpoint, held against what evaluates it.
+                RunClasses(),
                 # Last: a run's end time counts its plots. run.json says running, finished, interrupted, ...
                 RunStatus(),
             ],

@@ -4,12 +4,19 @@ import argparse
 import contextlib
 import errno
 import functools
+import io
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+try:
+    import resource
+except ImportError:  # not POSIX: no file-size limit cuts an output short
+    resource = None
 
 
 class UserError(Exception):
@@ -133,6 +140,23 @@ class _GuardedOutput:
         return getattr(self._stream, name)
 
 
+def cut_short(stream: Any) -> bool:
+    """Whether what was written to ``stream``, a file, stopped at the file-size limit (``ulimit -f``): the system
+    writes a write that would pass it only up to it, and Python takes that short write as done, without an error."""
+    if resource is None:
+        return False
+    try:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        descriptor = stream.fileno()
+        return (
+            limit != resource.RLIM_INFINITY
+            and stat.S_ISREG(os.fstat(descriptor).st_mode)
+            and os.lseek(descriptor, 0, os.SEEK_CUR) >= limit
+        )
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no file behind it (a pipe, a capture)
+        return False
+
+
 def _discard(stream: Any) -> None:
     """What is left in ``stream``'s buffer goes nowhere: the interpreter's flush at exit must not fail on it again."""
     # Not a file of this process (pytest's capture): nothing will be flushed at exit.
@@ -141,15 +165,18 @@ def _discard(stream: Any) -> None:
 
 
 Main = TypeVar("Main", bound=Callable[..., Any])
+INTERRUPTED = 128 + signal.SIGINT  # a command ended by Ctrl-C, as a shell says it
 
 
 def command(main: Main) -> Main:
-    """A command's ``main``: what it prints reaches any standard output, or ends in one line.
+    """A command's ``main``: what it prints reaches any standard output, or ends in one line; so does a Ctrl-C.
 
     Text the output's encoding cannot hold (``PYTHONIOENCODING=ascii``, a C locale, a run folder named in another
     script) is written escaped (``\\xe9``), not a UnicodeEncodeError; a closed standard output is an empty one. An
     output that cannot be written (a full disk, past ``ulimit -f``) ends in ``error: ...`` on standard error, exit 1;
-    one whose reader has gone (``| head``) ends the command quietly, exit 1, as a closed pipe does.
+    one whose reader has gone (``| head``) ends the command quietly, exit 1, as a closed pipe does. A Ctrl-C that
+    reaches the command's end (an export, an audit, a table being read) is ``interrupted (Ctrl-C)``, exit 130, the
+    status a shell gives a command SIGINT ended.
     """
 
     @functools.wraps(main)
@@ -169,11 +196,16 @@ def command(main: Main) -> Main:
                 return main(*args, **kwargs)
             finally:  # what is still buffered fails here, whatever main ended with, not at the interpreter's exit
                 sys.stdout.flush()
+                if cut_short(original):
+                    raise OutputError(OSError(errno.EFBIG, os.strerror(errno.EFBIG)))
         except OutputError as err:
             _discard(original)
             if err.errno == errno.EPIPE:
                 raise SystemExit(1) from None
             raise SystemExit(f"error: the standard output cannot be written: {err}") from None
+        except KeyboardInterrupt:  # Ctrl-C where the command keeps nothing of its own: the shell's status for it
+            sys.stderr.write("interrupted (Ctrl-C)\n")
+            raise SystemExit(INTERRUPTED) from None
         finally:
             if isinstance(sys.stdout, _GuardedOutput):
                 sys.stdout = original

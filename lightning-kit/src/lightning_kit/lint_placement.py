@@ -39,6 +39,7 @@ where lightning_kit's dependencies are not installed.
 
 import ast
 import contextlib
+import errno
 import io
 import os
 import re
@@ -398,6 +399,8 @@ def _printed(lines: list[str]) -> bool:
         for line in lines:
             print(line)
         sys.stdout.flush()
+        if _cut_short(sys.stdout):  # the system wrote a write past `ulimit -f` only up to it, and Python took that
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
     except OSError as err:
         with contextlib.suppress(OSError):  # what is still buffered must not fail again at the interpreter's exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -405,6 +408,22 @@ def _printed(lines: list[str]) -> bool:
             print(f"error: the standard output cannot be written: {err.strerror or err}", file=sys.stderr)
         return False
     return True
+
+
+def _cut_short(stream) -> bool:
+    """Whether what was written to ``stream``, a file, stopped at the file-size limit (errors.cut_short's test)."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        descriptor = stream.fileno()
+        return (
+            limit != resource.RLIM_INFINITY
+            and stat.S_ISREG(os.fstat(descriptor).st_mode)
+            and os.lseek(descriptor, 0, os.SEEK_CUR) >= limit
+        )
+    except (ImportError, OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .arguments import TRAINER
@@ -189,9 +188,6 @@ _UNACTIONABLE_WARNINGS = (
     # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
     # nothing in this project calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # Only epoch-level metrics are logged (the step loss goes to the progress bar), so the
-    # logging interval does not matter however few batches an epoch has.
-    (r"The number of training batches \(\d+\) is smaller than the logging interval", PossibleUserWarning),
     # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds, and so does
     # KitCLI for the networks' argument tables: until LightningCLI moves on, there is no other way in.
     (r"\s*``ArgumentParser.add_instantiator`` was deprecated", DeprecationWarning),

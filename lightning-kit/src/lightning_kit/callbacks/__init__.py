@@ -1,11 +1,12 @@
 """Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, reporting,
-the run's status record."""
+the run's status record, step values logged in short epochs."""
 
 from .dispatch import skip_empty_batch_hooks
 from .divergence import DivergenceError, StopOnDivergence
 from .reporting import BestEpoch, CSVPredictionWriter, RunPlots
 from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
 from .status import RunStatus
+from .step_logging import StepLogging
 
 __all__ = [
     "BestCheckpoint",
@@ -16,6 +17,7 @@ __all__ = [
     "RandomState",
     "RunPlots",
     "RunStatus",
+    "StepLogging",
     "StopOnDivergence",
     "skip_empty_batch_hooks",
 ]

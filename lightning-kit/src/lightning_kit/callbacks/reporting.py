@@ -138,8 +138,10 @@ class CSVPredictionWriter(BasePredictionWriter):
     ``p_<class>``, each class's probability. Any other output is written as it is: one
     ``prediction`` column for a ``(batch,)`` tensor, ``prediction_0`` ... ``prediction_<K-1>``
     for ``(batch, K)``, ``prediction_<i>_<j>`` for more dimensions; a dict's keys (a tuple's
-    ``prediction_<i>``) stand in for ``prediction``; then the labels, as they are. An output of
-    more than ``MAX_COLUMNS`` values an input is refused in one line before anything is written.
+    ``prediction_<i>``) stand in for ``prediction``; then the labels, as they are (where the data module's
+    ``predict_labelled`` says they are: see ``_labels``). An output of more than ``MAX_COLUMNS`` values an input
+    is refused in one line before anything is written; a batch ``predict_step`` returned None for writes no row
+    (a run whose every batch did writes no file).
 
     The file is written beside its final name and renamed when complete, so a run that fails
     leaves no partial file; an existing file is replaced only when asked to. A path that names
@@ -182,7 +184,8 @@ class CSVPredictionWriter(BasePredictionWriter):
         self._rows = 0
         datamodule = trainer.datamodule
         self._names = getattr(datamodule, "predict_names", None)
-        self._labelled = getattr(datamodule, "predict_labelled", False)
+        labelled = getattr(datamodule, "predict_labelled", False)
+        self._labelled = False if labelled is None or labelled is False else labelled
         classes = getattr(pl_module, "class_names", None) or getattr(datamodule, "class_names", None)
         self._classes = [str(name) for name in classes] if isinstance(classes, list | tuple) and classes else None
         self._header: list[str] | None = None
@@ -197,11 +200,13 @@ class CSVPredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
+        if prediction is None:
+            return  # predict_step returned nothing for this batch (its own writer wrote it, say): no rows
         classes = self._classes
         if classes is not None and _class_scores(prediction, len(classes)):
             # A classifier's: its class and the class's probabilities, by name.
             size = len(prediction)
-            labels = _labels(batch, size, classes) if self._labelled else []
+            labels = _labels(batch, size, classes, self._labelled) if self._labelled is not False else []
             header = ["predicted", *(name for name, _ in labels), *(f"p_{name}" for name in classes)]
             guesses = [classes[k] for k in prediction.argmax(dim=1).tolist()]
             scores = [[f"{p:.6f}" for p in row] for row in zip(*prediction.float().tolist(), strict=True)]
@@ -209,7 +214,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         else:
             # Any other model's: its outputs as they are, then the labels.
             size, outputs = _outputs(prediction, "prediction", "predict_step's output")
-            labels = _labels(batch, size, None) if self._labelled else []
+            labels = _labels(batch, size, None, self._labelled) if self._labelled is not False else []
             header = [name for name, _ in [*outputs, *labels]]
             columns = [values for _, values in [*outputs, *labels]]
         if self._header is None:
@@ -240,6 +245,11 @@ class CSVPredictionWriter(BasePredictionWriter):
             try:
                 self._file.close()
                 self._file = None
+                if self._header is None:  # predict_step returned None for every batch: nothing to write
+                    self._temporary.unlink(missing_ok=True)
+                    sys.stdout.write(f"predict_step returned nothing: no {self._target} was written\n")
+                    sys.stdout.flush()
+                    return
                 os.replace(self._temporary, self._target)
             except OSError as err:
                 self._not_written(err)
@@ -341,17 +351,33 @@ def _class_scores(prediction: Any, classes: int) -> bool:
     return isinstance(prediction, torch.Tensor) and prediction.ndim == 2 and prediction.shape[1] == classes
 
 
-def _labels(batch: Any, size: int, classes: list[str] | None) -> list[tuple[str, list[str]]]:
+def _labels(batch: Any, size: int, classes: list[str] | None, where: Any = True) -> list[tuple[str, list[str]]]:
     """The inputs' labels as columns: ``label``, the class name where the classes are known, else the values as
-    they are (``label_0`` ... for several an input). Taken from the batch's second item, or its ``label`` key."""
+    they are (``label_0`` ... for several an input).
+
+    ``where`` is the data module's ``predict_labelled``: the key of a dict batch, or the position of a tuple's item,
+    that holds them; ``True`` for a dict's ``label`` or the second of a tuple of two (``(inputs, labels)``). A tuple
+    of more items says nothing of which is the labels (``(audio, lengths, labels)``): it must be named.
+    """
     if isinstance(batch, Mapping):
-        labels = batch.get("label")
+        key = where if isinstance(where, str) else "label"
+        labels = batch.get(key)
+        said = f"its {key!r} key"
+    elif isinstance(batch, list | tuple):
+        if where is True and len(batch) > 2:
+            raise UserError(
+                f"the data module's predict_labelled is true, but its predict batches hold {len(batch)} items: which "
+                "of them is the labels? Set predict_labelled to its position (an int), or to false"
+            )
+        position = where if isinstance(where, int) and not isinstance(where, bool) else 1
+        labels = batch[position] if -len(batch) <= position < len(batch) else None
+        said = f"the batch's item {position}"
     else:
-        labels = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
+        labels, said = None, "a batch's second item, or its 'label' key"
     if not isinstance(labels, torch.Tensor) or labels.ndim == 0 or len(labels) != size:
         raise UserError(
-            "the data module's predict_labelled is true, but its predict batches hold no labels, one an input "
-            "(a batch's second item, or its 'label' key): set predict_labelled false, or give the labels"
+            f"the data module's predict_labelled is {where!r}, but its predict batches hold no labels there, one an "
+            f"input ({said}): set predict_labelled false, or to where the labels are"
         )
     if classes is not None and labels.ndim == 1 and not labels.is_floating_point():
         return [("label", [classes[k] if 0 <= k < len(classes) else str(k) for k in labels.tolist()])]
