@@ -121,9 +121,24 @@ def test_the_audit_gives_a_value_the_classes_refuse_exit_status_2_not_1_nor_3(gi
     assert lines[0].startswith(f"error: {given[0]} ") and f": {said}" in lines[0], lines
 
 
-def test_a_class_that_fails_on_its_defaults_keeps_its_traceback(in_tmp_path):
-    with pytest.raises(AttributeError, match="missing_attribute"):
-        kit_cli.main(kit_cli.GenericCLI, ["fit", "--model", f"{__name__}.Scorer", "--data", f"{__name__}.Broken"])
+def test_a_class_that_fails_on_its_defaults_is_one_line_naming_it_its_error_and_its_line(in_tmp_path, capsys):
+    """A class whose own code raises on its defaults (no argument given accounts for it): one line with the class,
+    its error and the line that raised it; fit's status 1, and the audit's 3, not audited (1 says a placement bug
+    was found)."""
+    classes = ["--model", f"{__name__}.Scorer", "--data", f"{__name__}.Broken"]
+    for run, status in (
+        ((lambda: kit_cli.main(kit_cli.GenericCLI, ["fit", *classes])), 1),
+        (
+            lambda: command.main(classes),
+            3,
+        ),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            run()
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == status and len(lines) == 1, (stop.value.code, lines)
+        assert lines[0].startswith(f"error: {__name__}.Broken could not be built: AttributeError: ")
+        assert "missing_attribute" in lines[0] and f"(at {__file__}:" in lines[0], lines
 
 
 def test_a_run_that_fails_for_a_reason_that_names_no_argument_keeps_its_traceback(in_tmp_path, monkeypatch):

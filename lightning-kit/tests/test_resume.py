@@ -1,6 +1,7 @@
 """Interruption and resume: a signal stops a run at a safe point with a checkpoint, and the resumed run goes on
 exactly as one that never stopped."""
 
+import shutil
 import signal
 
 import pytest
@@ -114,6 +115,28 @@ def test_interrupting_a_run_leaves_a_checkpoint_to_resume_from(train_process, sy
     assert resume.returncode == 0, output
     assert "resuming from runs/lightning_logs/version_0/checkpoints/on_exception.ckpt" in output
     assert torch.load(checkpoint(1), weights_only=True)["global_step"] == saved["global_step"] + 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["removed", "a link to nowhere"])
+def test_a_run_folder_lost_while_the_run_writes_to_it_is_one_line(train_process, synthetic_config, in_tmp_path, how):
+    """The run's folder removed (or replaced by a dangling link) mid-run: TensorBoard's writer thread, the CSV
+    logger and the run's record all fail to write there; the run ends in one line naming the folder, exit 1."""
+    long_run = (
+        *("--config", synthetic_config, "--accelerator", "cpu", "--data.batch_size", "4"),
+        *("--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2"),
+        *("--trainer.num_sanity_val_steps", "0", "--max_epochs", "1000"),
+    )
+    process = train_process(*long_run)
+    wait_until_written(checkpoint(0, "last.ckpt"), process)
+    folder = checkpoint(0).parent.parent
+    shutil.rmtree(folder)
+    if how == "a link to nowhere":
+        folder.symlink_to(in_tmp_path / "nowhere" / "version_0")
+    output = process.communicate(timeout=HANG_GUARD_S)[0]
+    assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
+    said = "error: the run's folder runs/lightning_logs/version_0 cannot be written ("
+    assert [line for line in output.splitlines() if line.startswith(said)], output[-3000:]
 
 
 @pytest.mark.slow

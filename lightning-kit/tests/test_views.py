@@ -5,6 +5,7 @@ see, and leaves a screenshot of each view in its folder. Then what each view ref
 
 import contextlib
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -360,6 +361,23 @@ def test_each_view_refuses_bad_input_in_one_line(case, in_tmp_path, capsys):
     assert stop.value.code == 1, err
     assert err.startswith(start) and err.count("\n") == 1, err
     assert "hunter2secret" not in err and "Traceback" not in err
+
+
+def test_mlflows_client_alone_is_one_line_not_its_uis_traceback(in_tmp_path, monkeypatch, capsys):
+    """The environment's own mlflow command, of MLflow's client alone (mlflow-skinny, this test environment's): its
+    UI would stop on an ImportError's traceback; the view says what to install instead."""
+    if importlib.util.find_spec("mlflow") is None or importlib.util.find_spec("flask") is not None:
+        pytest.skip("needs MLflow's client without its UI, as the test environment has it")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if shutil.which("mlflow") != str(Path(sys.executable).parent / "mlflow"):
+        pytest.skip("no mlflow command beside this Python")
+    (in_tmp_path / "runs").mkdir()
+    sqlite3.connect(in_tmp_path / "runs/mlflow.db").close()
+    with pytest.raises(SystemExit) as stop:
+        views_main(["mlflow"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1
+    assert err == "error: MLflow's client is installed here, but not its UI (mlflow-skinny): pip install mlflow\n"
 
 
 def test_a_port_in_use_is_one_line(trained_once, monkeypatch, capsys):

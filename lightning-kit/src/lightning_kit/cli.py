@@ -42,7 +42,7 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, read_checkpoint
 from .config_files import bound_yaml_loading, check_files_given
-from .errors import DataUnavailableError, RefusedArgumentError, command, invoked_as
+from .errors import DataUnavailableError, command, invoked_as
 from .evaluation import (
     EVALUATIONS,
     UNTRAINED_FLAG,
@@ -51,6 +51,7 @@ from .evaluation import (
     checkpoint_run_settings,
     choose_checkpoint,
     config_flags,
+    lost_run_folder,
     no_empty_folders_left,
     run_config_of_checkpoint,
     split_run_configs,
@@ -245,7 +246,7 @@ class KitCLI(LightningCLI):
             failure = constructor_failure(err, config, self._fixed_model_class())
             if failure is None:
                 raise
-            raise failure from err if isinstance(failure, RefusedArgumentError) else None
+            raise failure from err
 
     def _fixed_model_class(self) -> type | None:
         """The model's class where the configuration does not name one (``subclass_mode_model`` off)."""
@@ -290,6 +291,11 @@ class KitCLI(LightningCLI):
         with no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None):
             try:
                 super()._run_subcommand(subcommand)
+            except OSError as err:
+                lost = lost_run_folder(err, self.trainer)
+                if lost is None:
+                    raise
+                raise lost from err
             except REFUSALS as err:
                 # A value given to the model or the data that a DataLoader, an optimizer or the class itself refused.
                 refusal = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
@@ -424,10 +430,11 @@ def build_all(
     return cli.model, cli.datamodule, cli.trainer
 
 
-def build_cli(cli_class: type[KitCLI], args: list[str], prog: str | None = None) -> KitCLI:
+def build_cli(cli_class: type[KitCLI], args: list[str], prog: str | None = None, not_built: int = 1) -> KitCLI:
     """The command line ``train.py fit`` would run on ``args``, its classes built and nothing run: its model, data
-    module and Trainer, and the configuration they were built from (``given_arguments``)."""
-    with errors_as_messages():
+    module and Trainer, and the configuration they were built from (``given_arguments``). A class that could not be
+    built (``NotBuiltError``) ends the command in its one line with the status ``not_built``."""
+    with errors_as_messages(not_built):
         return _make_cli(cli_class, expand_shortcuts(args), run=False, prog=prog)
 
 

@@ -10,6 +10,7 @@ import re
 import signal
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -34,6 +35,12 @@ class ConfigError(UserError, ValueError):
 class RefusedArgumentError(ConfigError):
     """A value given to the model's or the data's class that the class refused (in its constructor, or once running):
     a mistake on the command line, like the parser's own, so the command line exits with 2 after its one line."""
+
+
+class NotBuiltError(UserError):
+    """A class of the configuration (the model, the data module, a network) raised while it was built on its own
+    defaults or on values no argument accounts for: its failure, its reason and the line of it, in one line. What
+    the command then did not do it says in its status (1; the audit's: 3, not audited)."""
 
 
 def exception_chain(err: BaseException | None) -> list[BaseException]:
@@ -189,8 +196,8 @@ def command(main: Main) -> Main:
                 setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115  (the process's own)
             elif hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
-        original = sys.stdout
-        sys.stdout = _GuardedOutput(original)
+        original, hook = sys.stdout, threading.excepthook
+        sys.stdout, threading.excepthook = _GuardedOutput(original), _file_errors_of_threads
         try:
             try:
                 return main(*args, **kwargs)
@@ -207,7 +214,21 @@ def command(main: Main) -> Main:
             sys.stderr.write("interrupted (Ctrl-C)\n")
             raise SystemExit(INTERRUPTED) from None
         finally:
+            threading.excepthook = hook
             if isinstance(sys.stdout, _GuardedOutput):
                 sys.stdout = original
 
     return guarded  # type: ignore[return-value]
+
+
+def _file_errors_of_threads(args: threading.ExceptHookArgs) -> None:
+    """A thread of a library's (TensorBoard's event writer) stopped by a file that went away or cannot be written:
+    one line on standard error, not a traceback; any other exception in a thread is shown as Python shows it."""
+    if isinstance(args.exc_value, OSError) and not isinstance(args.exc_value, OutputError):
+        err = args.exc_value
+        name = os.fsdecode(err.filename) if isinstance(err.filename, str | bytes | os.PathLike) else ""
+        owner = type(args.thread).__module__.partition(".")[0] if args.thread is not None else ""
+        where = f"a thread of {owner}'s" if owner and owner != "threading" else "a thread"
+        sys.stderr.write(f"error: {where} stopped: {err.strerror or err}{': ' + name if name else ''}\n")
+        return
+    sys.__excepthook__(args.exc_type, args.exc_value, args.exc_traceback)

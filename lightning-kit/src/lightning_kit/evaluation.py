@@ -200,6 +200,13 @@ def check_new_log_dir(trainer) -> None:
     if root is not None:  # used: parser.check_root_dir_used refuses it where the logger has a folder of its own
         check_folder_path(root, "the run's folder", "--trainer.default_root_dir")
     init_args = getattr(logger, "init_args", None) or {}
+    for name in ("name", "version", "sub_dir"):
+        value = init_args.get(name)
+        if isinstance(value, str) and "://" in value:  # the folder's path would read as a URL of another protocol
+            raise ConfigError(
+                f"--trainer.logger.init_args.{name} {value!r} holds '://', which makes the run's folder a URL: give "
+                f"a name of letters, digits, '-', '_' and '.' (a remote store is the save_dir's: s3://bucket/runs)"
+            )
     if init_args:
         check_folder_path(_runs_root(logger), "the runs folder", "--trainer.logger.init_args.save_dir")
     version = init_args.get("version")
@@ -211,6 +218,21 @@ def check_new_log_dir(trainer) -> None:
             f"{run_dir} holds an earlier run: choose another --trainer.logger.init_args.version, "
             "or leave it unset for a new one"
         )
+
+
+def lost_run_folder(err: OSError, trainer) -> UserError | None:
+    """A run's failure to write into its own folder, removed or replaced (a link to nowhere) while it ran, as one line;
+    None for an error of any other file."""
+    folder, name = trainer.log_dir, getattr(err, "filename", None)
+    if folder is None or not isinstance(name, str | bytes | os.PathLike):
+        return None
+    path = Path(os.fsdecode(name)).absolute()
+    if not path.is_relative_to(Path(folder).absolute()):
+        return None
+    return UserError(
+        f"the run's folder {folder} cannot be written ({err.strerror or err}: {path.name}): was it removed, or "
+        "replaced by a link, while the run wrote to it? Its checkpoints are where they were saved, if anywhere"
+    )
 
 
 def _runs_root(logger) -> Path:

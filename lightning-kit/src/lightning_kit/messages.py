@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .arguments import TRAINER
 from .callbacks import InterruptCheckpoint
-from .errors import RefusedArgumentError, UserError
+from .errors import NotBuiltError, RefusedArgumentError, UserError
 from .passwords import scrubbed
 from .placement.explain import explain
 from .placement.lightning import simulated_run
@@ -123,8 +123,9 @@ def _file_being_written(err: BaseException) -> str | None:
 
 
 @contextmanager
-def errors_as_messages() -> Iterator[None]:
-    """Stop with one line, not a traceback, for errors the user can fix from the command line.
+def errors_as_messages(not_built: int = 1) -> Iterator[None]:
+    """Stop with one line, not a traceback, for errors the user can fix from the command line; a class that could
+    not be built (``NotBuiltError``) with the status ``not_built``.
 
     No line shows a password: each goes through ``passwords.scrubbed``.
     """
@@ -132,6 +133,10 @@ def errors_as_messages() -> Iterator[None]:
         yield
     except RefusedArgumentError as err:  # a value the user's classes refused: a usage error, as the parser's are
         _usage_error(err)
+    except NotBuiltError as err:
+        sys.stderr.write(scrubbed(f"error: {err}") + "\n")
+        sys.stderr.flush()
+        sys.exit(not_built)
     except (UserError, MisconfigurationException) as err:
         sys.exit(scrubbed(f"error: {err}"))
     except PermissionError as err:

@@ -22,8 +22,17 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
 from .arguments import RUN, TRAINER, Arguments
-from .errors import ConfigError, DataUnavailableError, RefusedArgumentError, UserError, exception_chain, nul_refusal
+from .errors import (
+    ConfigError,
+    DataUnavailableError,
+    NotBuiltError,
+    RefusedArgumentError,
+    UserError,
+    exception_chain,
+    nul_refusal,
+)
 from .messages import one_line
+from .passwords import scrubbed
 
 
 class CheckedInstantiator:
@@ -66,11 +75,15 @@ class HelpFormatter(DefaultHelpFormatter):
 
 
 class KitArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, with shorter help and one-line errors."""
+    """LightningCLI's parser, with shorter help and one-line errors; a configuration it writes out (``--print_config``,
+    the run's ``config.yaml``) holds no password of a URL in it (``passwords.scrubbed``: ``me:***@host``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def dump(self, *args, **kwargs) -> str:
+        return scrubbed(super().dump(*args, **kwargs))
 
     def error(self, message: str, ex: Exception | None = None):
         """Exit with one line naming the flag, what it accepts and what was given, instead of the usage and a nest."""
@@ -209,8 +222,9 @@ def _loaded_class(class_path: Any) -> type | None:
 def constructor_failure(err: BaseException, config, model_class: type | None = None) -> BaseException | None:
     """What to show for ``err``, raised while the model's and the data's classes were built: for a class that refused
     the arguments it was given, one line (``RefusedArgumentError``); for a class that failed otherwise, or on its
-    defaults (a bug of its own), what it raised, with its own traceback rather than jsonargparse's nest of
-    alternatives; None where no class of the configuration raised it, or where it raised a one-line mistake itself.
+    defaults (a bug of its own), one line with what it raised and the line that raised it (``NotBuiltError``),
+    rather than jsonargparse's nest of alternatives; None where no class of the configuration raised it, or where
+    it raised a one-line mistake itself.
 
     Which class raised is read from the traceback of what it raised: the outermost ``__init__`` of a class the
     configuration names.
@@ -224,13 +238,20 @@ def constructor_failure(err: BaseException, config, model_class: type | None = N
     key, cls = built
     given = {flag: value for flag, value in given_arguments(config, model_class).items() if _under(flag, key)}
     if not isinstance(root, REFUSALS) or not given:
-        return root
+        return _not_built(root, cls)
     named = _named_in(_reason(root), given) or (given if len(given) == 1 else {})
     if named:
         return RefusedArgumentError(f"{_shown(named)}: {cls.__name__} refused {'it' if len(named) == 1 else 'them'}: "
                            f"{_reason(root)}")  # fmt: skip
     return RefusedArgumentError(f"--{key} ({cls.__module__}.{cls.__qualname__}) refused its arguments {_shown(given)}: "
                        f"{_reason(root)}")  # fmt: skip
+
+
+def _not_built(root: BaseException, cls: type) -> NotBuiltError:
+    """A class that raised ``root`` as it was built, not on an argument given: one line with its reason and where."""
+    frame = traceback.extract_tb(root.__traceback__)[-1] if root.__traceback__ is not None else None
+    where = f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
+    return NotBuiltError(f"{cls.__module__}.{cls.__qualname__} could not be built: {_reason(root)}{where}")
 
 
 def run_refusal(err: BaseException, config, stage: str, model_class: type | None = None) -> RefusedArgumentError | None:

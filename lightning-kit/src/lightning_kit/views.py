@@ -149,6 +149,10 @@ def _mlflow(options: argparse.Namespace) -> None:
     program = shutil.which("mlflow")
     if program is None:
         raise UserError("MLflow's UI is not installed (no mlflow command): pip install 'lightning-kit[mlflow]'")
+    if Path(program).parent == Path(sys.executable).parent and importlib.util.find_spec("flask") is None:
+        # This environment's mlflow command, of MLflow's client alone (mlflow-skinny): its UI would stop on an
+        # ImportError's traceback.
+        raise UserError("MLflow's client is installed here, but not its UI (mlflow-skinny): pip install mlflow")
     _check_port(options.host, options.port)
     _serve([program, "ui", "--backend-store-uri", f"sqlite:///{store.resolve()}", "--host", options.host,
             "--port", str(options.port)])  # fmt: skip

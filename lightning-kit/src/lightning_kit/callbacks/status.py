@@ -1,5 +1,6 @@
 """The run's status record: ``run.json`` in its folder says whether it runs, and how it ended."""
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -54,5 +55,6 @@ class RunStatus(L.Callback):
             details.update(monitor=judge.monitor, mode=judge.mode, best_checkpoint=judge.best_model_path or None)
         else:
             details["monitor"] = None  # chose by no metric: the table of runs shows its last validated epoch
-        write_record(self._path, ended_record(self._record, status, **details))
+        with contextlib.suppress(OSError):  # the run's folder removed or replaced while it ran: what stopped it says so
+            write_record(self._path, ended_record(self._record, status, **details))
         self._path = None

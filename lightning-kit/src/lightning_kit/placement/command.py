@@ -20,7 +20,7 @@ from ..parser import named_refusal
 from ..trust import flag_pairs
 from .audit import run_audit
 from .simulated import SimulationUnavailableError
-from .verdict import EXIT_PASSED, EXIT_USAGE
+from .verdict import EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE
 
 
 @command
@@ -39,7 +39,13 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     except ConfigError as err:
         sys.exit(_usage(f"error: {err}"))
     try:
-        cli = build_cli(cli_class, [*args, *settings_only], prog=prog or invoked_as(f"python -m {__package__}"))
+        # A class that cannot be built is not audited (3), never a placement bug (1).
+        cli = build_cli(
+            cli_class,
+            [*args, *settings_only],
+            prog=prog or invoked_as(f"python -m {__package__}"),
+            not_built=EXIT_INCOMPLETE,
+        )
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
     model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
