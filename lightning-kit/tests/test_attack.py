@@ -373,6 +373,13 @@ CASES = {
         1,
         pyproject='packages = ["forecaster"]\nmonitor = "val/mae"\nmode = "lowest"',
     ),
+    "pyproject-monitor-misspelt": Case(
+        "lightning_kit",
+        ["fit", *CLASSES, "--max_epochs", "1"],
+        "pyproject.toml's [tool.lightning-kit] monitor) is not one validation logs: it logs val/loss, val/mae",
+        1,
+        pyproject='packages = ["forecaster"]\nmonitor = "val/mea"\nmode = "min"',
+    ),
     "pyproject-unknown-setting": Case(
         "lightning_kit", ["fit", *CLASSES], "has no setting 'trust'", 1, pyproject='trust = ["os"]'
     ),
@@ -469,6 +476,7 @@ CASES = {
         1,
         pyproject='packages = ["forecaster"]',
     ),
+    "sweep-help-shows-the-space-format": Case("sweep", ["--help"], "model.lr: {low: 1.0e-4, high: 0.1, log: true}", 0),
     "sweep-a-subcommand-other-than-fit": Case("sweep", ["validate", "--space", SPACE, "--trials", "1"], "fit", 2),
     # The table of runs: a run folder is data, each bad file a note on its row.
     "runs-folder-missing": Case("runs", ["nowhere"], "does not exist"),

@@ -3,6 +3,7 @@ otherwise, and a folder of its own."""
 
 import csv
 import hashlib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -82,13 +83,17 @@ def test_evaluating_twice_into_the_same_logger_version_is_refused(run_copy, fast
 @pytest.mark.slow
 def test_evaluating_a_checkpoint_uses_its_runs_settings(in_tmp_path, fast_args, capsys):
     """validate --ckpt_path, with no --config, evaluates the data the checkpoint was trained on, and writes its
-    logs into that run's folder; a flag that changes the data is allowed, and said loudly."""
+    logs into that run's folder, with no word on the checkpoints it does not write; a flag that changes the data
+    is allowed, and said loudly."""
     trained_with = ["--data.seed", "7", "--data.batch_size", "32"]
     main([*fast_args, "--max_epochs", "1", *trained_with])
     final = epoch_metrics(0)[0]
     run = RUNS / "version_0"
     evaluate = ["validate", "--accelerator", "cpu", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
-    main([*evaluate, "--trainer.limit_val_batches", "2"])  # the training's batches: a saved limit is not applied
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main([*evaluate, "--trainer.limit_val_batches", "2"])  # the training's batches: a saved limit is not applied
+    assert not [w for w in caught if "dirpath" in str(w.message)], "a warning about checkpoints it does not write"
     with (run / "validate" / "version_0" / "metrics.csv").open() as file:
         evaluated = next(csv.DictReader(file))
     assert float(evaluated["val/acc"]) == pytest.approx(float(final["val/acc"]), abs=1e-6)

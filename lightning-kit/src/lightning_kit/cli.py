@@ -16,6 +16,7 @@ project that has no ``KitCLI`` of its own.
 """
 
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -140,6 +141,11 @@ class KitCLI(LightningCLI):
     def monitored(cls) -> tuple[str, str] | None:
         """The metric that chooses the best checkpoint, and how (``monitor``)."""
         return cls.monitor
+
+    @classmethod
+    def monitor_named_in(cls) -> str:
+        """Where the monitored metric's name is given, as a message says it."""
+        return f"the monitor of {cls.__module__}.{cls.__qualname__}"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
@@ -288,7 +294,13 @@ class KitCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         # A run refused once Lightning has made its log folder (a missing split, say) leaves no empty folder behind.
-        with no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None):
+        with (
+            no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None),
+            warnings.catch_warnings(),
+        ):
+            if subcommand in EVALUATIONS:
+                # An evaluation writes no checkpoint: Lightning's word on what its checkpoint callback will not reload.
+                warnings.filterwarnings("ignore", message="The dirpath has changed from")
             try:
                 super()._run_subcommand(subcommand)
             except OSError as err:
@@ -380,6 +392,11 @@ class GenericCLI(KitCLI):
     def monitored(cls) -> tuple[str, str] | None:
         return cls._project_settings().monitor or cls.monitor
 
+    @classmethod
+    def monitor_named_in(cls) -> str:
+        project = cls._project_settings()
+        return f"{project.path}'s [tool.lightning-kit] monitor" if project.monitor else super().monitor_named_in()
+
     @staticmethod
     def _project_settings() -> ProjectFile:
         """The working folder's project's ``[tool.lightning-kit]`` (empty without one); a mistake in it is one line."""
@@ -463,7 +480,14 @@ def _make_cli(
     if cli_class.monitored() is not None:
         # The best epoch by the monitored metric (validation accuracy), every epoch.
         monitor, mode = cli_class.monitored()
-        best = [BestCheckpoint(monitor=monitor, mode=mode, filename="best-{epoch}-{step}")]
+        best = [
+            BestCheckpoint(
+                monitor=monitor,
+                mode=mode,
+                filename="best-{epoch}-{step}",
+                monitor_named_in=cli_class.monitor_named_in(),
+            )
+        ]
     return cli_class(
         cli_class.model_class,
         L.LightningDataModule,

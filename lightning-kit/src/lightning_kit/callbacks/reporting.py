@@ -159,6 +159,8 @@ class CSVPredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.path = path
         self.overwrite = overwrite
+        # Say where the predictions went; the audit, which writes them to a folder it removes, does not.
+        self.announce = True
         self._file = None
 
     @staticmethod
@@ -247,13 +249,16 @@ class CSVPredictionWriter(BasePredictionWriter):
                 self._file = None
                 if self._header is None:  # predict_step returned None for every batch: nothing to write
                     self._temporary.unlink(missing_ok=True)
-                    sys.stdout.write(f"predict_step returned nothing: no {self._target} was written\n")
-                    sys.stdout.flush()
+                    self._say(f"predict_step returned nothing: no {self._target} was written")
                     return
                 os.replace(self._temporary, self._target)
             except OSError as err:
                 self._not_written(err)
-            sys.stdout.write(f"predictions for {self._rows} inputs written to {self._target}\n")
+            self._say(f"predictions for {self._rows} inputs written to {self._target}")
+
+    def _say(self, line: str) -> None:
+        if self.announce:
+            sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

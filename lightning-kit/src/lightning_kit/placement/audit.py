@@ -327,6 +327,8 @@ def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
             value = getattr(callback, name, None)
             if isinstance(value, str | os.PathLike):
                 setattr(callback, name, str(folder / "predictions" / Path(value).name))
+        if hasattr(callback, "announce"):
+            callback.announce = False  # where it wrote: a folder the audit removes
     return callback
 
 

@@ -97,9 +97,12 @@ class Outcome:
         return f"{self.stage} on {simulated.device(self.rank)}{ddp}"
 
 
-@dataclass
+@dataclass(repr=False)
 class Verdict:
-    """What the audit ran and found."""
+    """What the audit ran and found: an ``Outcome`` per stage and pass (``outcomes``), each bug once (``errors``),
+    what could not be audited (``gaps``), the hooks and loop steps that ran (``hooks``), ``notes`` and the stages
+    the data has nothing for (``skipped``); ``exit_code`` is the audit command's status, and ``report()`` its lines.
+    """
 
     outcomes: list[Outcome] = field(default_factory=list)
     hooks: set[str] = field(default_factory=set)  # the hooks and loop steps that ran
@@ -125,7 +128,20 @@ class Verdict:
     def exit_code(self) -> int:
         return EXIT_FAILED if self.errors else EXIT_INCOMPLETE if self.gaps else EXIT_PASSED
 
+    def __repr__(self) -> str:
+        found = {
+            EXIT_PASSED: "passed",
+            EXIT_FAILED: f"{len(self.errors)} bug{'s' if len(self.errors) > 1 else ''}",
+            EXIT_INCOMPLETE: f"{len(self.gaps)} stage{'s' if len(self.gaps) > 1 else ''} not audited",
+        }[self.exit_code]
+        return (
+            f"<Verdict {found}: {len(self.outcomes)} stages run, {len(self.hooks)} hooks, exit status {self.exit_code}>"
+        )
+
     def report(self) -> list[str]:
+        """The audit's report, as its command prints it, a line an item: each stage of each pass (``ok``, ``FAILED``
+        or ``NOT AUDITED``, and its seconds), then each bug with its explanation, each part not audited and why, and
+        the notes (stages skipped, settings replaced, lines that name the GPU themselves)."""
         lines = []
         for outcome in self.outcomes:
             status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"

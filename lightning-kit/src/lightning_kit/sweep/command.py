@@ -53,7 +53,13 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     """Run the sweep that ``args`` describe over ``cli_class``'s fit; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as(f"python -m {__package__}")
-    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0], allow_abbrev=False, epilog=_EPILOG)
+    parser = OneLineParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
     parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
     parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
@@ -96,7 +102,14 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
-_EPILOG = "Other arguments go to the command line's fit, as to fit itself."
+_EPILOG = """The --space file is YAML, keyed by fit's own flags (without --), each a range or a list of choices:
+
+  model.lr: {low: 1.0e-4, high: 0.1, log: true}     a float, log-uniform
+  model.weight_decay: {low: 0.0, high: 0.01}         a float, uniform
+  data.batch_size: [32, 64, 128]                     one of these
+  model.hidden: {low: 16, high: 64, step: 16}        an integer (both ends integers)
+
+Other arguments go to the command line's fit, as to fit itself."""
 
 
 def _check_options(parser: OneLineParser, options: argparse.Namespace) -> None:
