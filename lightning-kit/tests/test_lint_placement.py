@@ -153,6 +153,83 @@ def test_the_placement_check_leaves_device_agnostic_code_alone(tmp_path, source)
     assert lint_placement.check([planted]) == []
 
 
+MODEL = "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+FORWARD = "class Net(nn.Module):\n    def forward(self, x, lengths):\n"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # Made from nothing where the model runs: forward, the steps, a batch or epoch hook, a function inside one.
+        f"{FORWARD}        window = torch.hann_window(400)  # found\n        return torch.stft(x, 400, window=window)",
+        f"{FORWARD}        return x + torch.arange(x.shape[1])  # found",
+        f"{FORWARD}        return x + torch.randn(x.shape)  # found",
+        f"{FORWARD}        return x * torch.tensor([0.5, 2.0])  # found",
+        f"{FORWARD}        return x + torch.from_numpy(np.ones(3))  # found",
+        f"{FORWARD}        return x[torch.LongTensor([0, 2])]  # found",
+        "class Net(L.LightningModule):\n    def training_step(self, batch, i):\n"
+        "        return self(batch).sum() + torch.zeros(3, dtype=torch.float16).sum()  # found",
+        "class Net(L.LightningModule):\n    def _shared_step(self, batch):\n"
+        "        mask = torch.ones(batch.shape[0], dtype=torch.bool)  # found\n        return batch[mask]",
+        "class Net(L.LightningModule):\n    def on_validation_epoch_end(self):\n"
+        "        total = torch.zeros(())  # found\n        self.log('n', total)",
+        f"{FORWARD}        def positions(n):\n            return torch.arange(n)  # found\n        return positions(3)",
+        # Kept as a plain attribute of a module: it stays on the CPU when the module moves.
+        f"{MODEL}        self.mean = torch.tensor([0.5, 0.5, 0.5])  # found",
+        "class Net(L.LightningModule):\n    def __init__(self):\n        self.weights = torch.ones(10)  # found",
+        # A .cpu() whose value goes back into the device's computation, or into a collective (rule 12).
+        f"{FORWARD}        mask = lengths.cpu()  # found\n        return x * mask",
+        "class Net(L.LightningModule):\n    def training_step(self, batch, i):\n"
+        "        self.log('loss', batch.sum().cpu(), sync_dist=True)  # found",
+        f"{FORWARD}        lengths = lengths.to('cpu')  # found\n        return x / lengths",
+    ],
+)
+def test_tensors_made_on_the_cpu_where_the_model_runs_on_its_device_are_found(tmp_path, source):
+    """What a reader of forward and the steps sees at a glance: a tensor made there without the data's device, a
+    tensor kept as a module's plain attribute, a .cpu() copy that meets the device's tensors again."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"import torch\n{source}\n", encoding="utf-8")
+    line = 1 + next(number for number, text in enumerate(source.splitlines(), 1) if text.endswith("# found"))
+    found = lint_placement.check([planted])
+    assert [entry.split(": ")[0] for entry in found] == [f"{planted}:{line}"], found
+    assert re.search(r"python -m lightning_kit\.guide (2-3|3|6)\)$", found[0]), found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # Given the data's device, or made outside the model's run (a dataset, a buffer, a parameter, __init__).
+        f"{FORWARD}        return x + torch.arange(x.shape[1], device=x.device)",
+        f"{FORWARD}        return x + torch.zeros(3, **self.factory)",
+        f"{MODEL}        self.register_buffer('mean', torch.tensor([0.5, 0.5]))",
+        f"{MODEL}        self.scale = nn.Parameter(torch.ones(3))",
+        f"{MODEL}        mean = torch.tensor([0.5, 0.5])\n        self.register_buffer('mean', mean)",
+        "class Data(L.LightningDataModule):\n    def __init__(self):\n        self.images = torch.rand(8, 3, 4, 4)",
+        "class Points(Dataset):\n    def __getitem__(self, i):\n        return torch.randn(3)",
+        "def make_batch(n):\n    return torch.randn(n, 3)",
+        # A .cpu() copy that leaves the device's computation: detached, to host data, collected for the epoch's end.
+        "class Net(L.LightningModule):\n    def validation_step(self, batch, i):\n"
+        "        self.outputs.append(self(batch).argmax(1).cpu())",
+        "class Net(L.LightningModule):\n    def validation_step(self, batch, i):\n"
+        "        self.outputs.append(self(batch).detach().cpu())",
+        "class Net(L.LightningModule):\n    def on_validation_epoch_end(self):\n"
+        "        scores = torch.cat(self.outputs).cpu().numpy()",
+        "class Net(L.LightningModule):\n    def on_validation_epoch_end(self):\n"
+        "        score = f1_score(np.asarray(torch.cat(self.outputs).cpu()), self.labels)",
+        # An argument PyTorch reads on the host (rule 13), as it is or through the name it is given.
+        f"{FORWARD}        return pack_padded_sequence(x, lengths.cpu(), batch_first=True)",
+        f"{FORWARD}        return nn.utils.rnn.pack_padded_sequence(x, lengths=lengths.cpu(), batch_first=True)",
+        f"{FORWARD}        lengths = lengths.cpu()\n        return rnn.pack_padded_sequence(x, lengths, True)",
+        f"{FORWARD}        return x.tensor_split(lengths.cpu())",
+        f"{FORWARD}        return torch.tensor_split(x, lengths.to('cpu'))",
+    ],
+)
+def test_tensors_made_where_the_cpu_is_right_are_left_alone(tmp_path, source):
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"import torch\n{source}\n", encoding="utf-8")
+    assert lint_placement.check([planted]) == []
+
+
 def test_the_library_places_by_hand_only_where_it_plays_lightnings_part():
     """Lightning places everything; see the placement guide.
 

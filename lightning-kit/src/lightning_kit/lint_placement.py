@@ -10,18 +10,27 @@ tests on all of them)::
     python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py of the current folder
 
 It finds the ways of naming a device in code: ``.cuda()`` and ``.cpu()`` (also passed on as
-functions, or through ``getattr``); ``.to(...)`` with a device (``"cuda"``, ``0``, ``device``,
+functions, or through ``getattr``; a ``.cpu()`` only where its copy may meet the device's
+tensors again, below); ``.to(...)`` with a device (``"cuda"``, ``0``, ``device``,
 ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index; a device
 written into a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``,
 ``torch.autocast("cuda")``); ``map_location`` onto an accelerator; ``non_blocking``
 transfers; the global default (``torch.set_default_device``, ``torch.set_default_tensor_type``,
 ``torch.cuda.set_device``, ``torch.cuda.device``, ``torch.cuda.current_device``); and the
 legacy CUDA tensor types (``torch.cuda.FloatTensor``, also as the string
-``"torch.cuda.FloatTensor"``).
+``"torch.cuda.FloatTensor"``). And the tensors a reader of a model sees made on the CPU: made from
+nothing without ``device=`` (``torch.arange(T)``, ``torch.hann_window(n)``, ``torch.randn(shape)``,
+``torch.tensor(...)``) in ``forward``, a step (``training_step``, any ``*_step``) or a batch or epoch
+hook, or kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its
+``__init__``, which stays behind when the module moves).
 
 It leaves alone what takes the device from the data: ``device=x.device``, ``x.new_zeros(...)``,
-``.type_as(x)``, buffers; dtype conversions (``.to(torch.float16)``, ``.to(x.dtype)``);
-``map_location="cpu"`` (Lightning moves the model afterwards); ``.to(device)`` inside
+``.type_as(x)``, buffers, parameters, tensors made in a dataset or a data module; a ``.cpu()`` copy
+that leaves the device's computation (``x.detach().cpu()``, ``.cpu().numpy()``, ``.tolist()``,
+``.item()``, an argument of NumPy, a list's ``append``, ``torch.save``) or goes where PyTorch reads
+it on the host (``pack_padded_sequence(x, lengths.cpu())``, ``tensor_split``, ``randint_like``:
+rule 13), itself or through the one name it is given; dtype conversions (``.to(torch.float16)``,
+``.to(x.dtype)``); ``map_location="cpu"`` (Lightning moves the model afterwards); ``.to(device)`` inside
 ``transfer_batch_to_device``, where Lightning hands over the device (rule 1); and
 ``pin_memory``: pinned memory is still host memory, it only makes Lightning's own copy to
 the GPU faster, and on a machine without one it does nothing. Reading alone cannot tell a
@@ -65,6 +74,8 @@ _FIXES_AND_RULES = {
     "legacy": ("name a dtype, not a CUDA tensor type: .float(), torch.float16; .type_as(x) follows x", "11"),
     "non_blocking": ("delete the transfer: Lightning moves the batches, overlapping the copies", "1"),
     "map_location": ('load onto the CPU (map_location="cpu"): Lightning moves the model afterwards', "1"),
+    "made": ("give it the data's device: device=x.device, x.new_zeros(...); a constant as a registered buffer", "2-3"),
+    "attribute": ('register it as a buffer, which moves with the module: self.register_buffer("name", ...)', "3"),
 }
 FIXES = {
     kind: f"{fix} ({'rules ' + rules.replace('-', ' to ') if '-' in rules else 'rule ' + rules}: {GUIDE} {rules})"
@@ -92,6 +103,28 @@ DEVICE_NAME = re.compile(r"(^|_)(device|devices|dev|gpu|gpus|cuda|rank)($|_)", r
 DEVICE_INDEX_NAME = re.compile(r"(^|_)(gpu|gpus|cuda|rank)($|_)", re.IGNORECASE)
 # Modules whose attributes named `cuda` or `cpu` are modules, not methods (torch.cuda, torch.backends.cpu).
 MODULES = ("torch", "lightning", "L", "pl", "pytorch_lightning")
+
+# Where a model runs on its device: forward, the steps (training_step, a shared _step) and the batch and epoch hooks.
+RUNS_ON_THE_DEVICE = re.compile(r"^(forward|\w*_step|on_(train|validation|test|predict)_(batch|epoch)_(start|end))$")
+# torch's functions that make a tensor from nothing, on the default device (the CPU) unless given `device=`.
+FACTORIES = {
+    *("arange", "range", "zeros", "ones", "empty", "full", "eye", "linspace", "logspace", "tensor", "as_tensor"),
+    *("rand", "randn", "randint", "randperm", "normal", "empty_strided", "tril_indices", "triu_indices"),
+    *("hann_window", "hamming_window", "blackman_window", "bartlett_window", "kaiser_window", "from_numpy"),
+    *("Tensor", "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor"),
+    *("ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"),
+}
+# A `.cpu()` whose value leaves the device's computation is right: host data, or an argument PyTorch reads on the host
+# (rule 13). The methods that take it off to host data:
+TO_HOST_DATA = ("numpy", "tolist", "item", "detach")
+# The functions that read an argument on the host (the simulated GPU's HOST_ARGUMENTS): by position and by name.
+HOST_READERS = {
+    "pack_padded_sequence": (1, ("lengths",)),
+    "tensor_split": (1, ("indices_or_sections", "indices", "sections")),  # x.tensor_split(points): the first
+    "randint_like": (1, ("high",)),
+}
+# Calls that take a copy away from the device's computation: NumPy's, saving, collecting for the epoch's end.
+HOST_TAKERS = re.compile(r"^(np|numpy|plt|pd)\.|(^|\.)(append|extend|save|imshow|savefig)$")
 
 
 class Finding(NamedTuple):
@@ -158,9 +191,12 @@ def _is_module(node: ast.expr) -> bool:
 
 
 class _Finder(ast.NodeVisitor):
-    def __init__(self) -> None:
+    def __init__(self, parents: dict[ast.AST, ast.AST]) -> None:
         self.findings: list[Finding] = []
+        self._parents = parents  # each node's parent in the tree
         self._hook_arguments: list[set[str]] = []  # parameters of enclosing transfer_batch_to_device hooks
+        self._functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []  # the enclosing functions, innermost last
+        self._classes: list[ast.ClassDef] = []  # the enclosing classes, innermost last
 
     def _add(self, node: ast.AST, what: str, kind: str) -> None:
         self.findings.append(Finding(node.lineno, what, FIXES[kind]))
@@ -170,12 +206,19 @@ class _Finder(ast.NodeVisitor):
         if hook:
             arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
             self._hook_arguments.append({argument.arg for argument in arguments})
+        self._functions.append(node)
         self.generic_visit(node)
+        self._functions.pop()
         if hook:
             self._hook_arguments.pop()
 
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
         self.visit_FunctionDef(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._classes.append(node)
+        self.generic_visit(node)
+        self._classes.pop()
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name = _name(node)
@@ -202,11 +245,19 @@ class _Finder(ast.NodeVisitor):
         if name in DEFAULTS:
             return shown, "default"
         if method in MOVES and not _is_module(func.value):
+            if method == "cpu" and self._leaves_the_device(node):
+                return None
             return f"`.{method}()`", MOVES[method]
         if method == "to" and self._devices(node):
             if self._handed_over(node):
                 return None  # in transfer_batch_to_device, to the device Lightning hands over
-            return f"`.to({', '.join(ast.unparse(arg) for arg in [*node.args, *node.keywords])})`", "to"
+            shown = f"`.to({', '.join(ast.unparse(arg) for arg in [*node.args, *node.keywords])})`"
+            if self._to_the_host(node):  # .cpu() by another name
+                return None if self._leaves_the_device(node) else (shown, "cpu")
+            return shown, "to"
+        made = self._made_without_a_device(node, name)
+        if made is not None:
+            return made
         if any(keyword.arg == "non_blocking" for keyword in node.keywords):
             return shown, "non_blocking"
         moved_by_name = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value
@@ -233,10 +284,108 @@ class _Finder(ast.NodeVisitor):
         given = [*node.args[:1], *(keyword.value for keyword in node.keywords if keyword.arg == "device")]
         return [argument for argument in given if _names_a_device(argument)]
 
+    def _made_without_a_device(self, node: ast.Call, name: str) -> tuple[str, str] | None:
+        """What a factory call (``torch.arange(n)``) makes on the CPU that the model's device will meet, and the
+        kind of fix: made where a model runs on its device (forward, a step, a batch or epoch hook), or kept as a
+        plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``), which does not move
+        with it. None where it is given a device (or ``**options`` that may give one), or made elsewhere (a
+        dataset, a buffer registered, a parameter)."""
+        module, _, factory = name.rpartition(".")
+        if module != "torch" or factory not in FACTORIES:
+            return None
+        if any(keyword.arg in ("device", "out", None) for keyword in node.keywords):
+            return None
+        running = next((function.name for function in self._functions if RUNS_ON_THE_DEVICE.match(function.name)), None)
+        if running is not None:
+            return f"`{ast.unparse(node)}` in `{running}` is made on the CPU whatever device the model runs on", "made"
+        target = self._parents.get(node)
+        kept = (
+            isinstance(target, ast.Assign)
+            and any(_name(attribute).startswith("self.") for attribute in target.targets)
+            and self._functions
+            and self._functions[-1].name == "__init__"
+            and self._classes
+            and _is_a_module(self._classes[-1])
+        )
+        if kept:
+            attribute = next(_name(item) for item in target.targets if _name(item).startswith("self."))
+            return f"`{attribute}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
+        return None
+
+    @staticmethod
+    def _to_the_host(node: ast.Call) -> bool:
+        """Whether a ``.to(...)`` names the CPU and nothing else (``.to("cpu")``), as ``.cpu()`` does."""
+        devices = _Finder._devices(node)
+        return bool(devices) and all(
+            (isinstance(device, ast.Constant) and device.value == "cpu")
+            or (isinstance(device, ast.Call) and _name(device.func) == "torch.device" and _torch_device_is_host(device))
+            for device in devices
+        )
+
+    def _leaves_the_device(self, node: ast.Call) -> bool:
+        """Whether a ``.cpu()``'s value leaves the device's computation, as rules 6 and 13 have it: a copy taken
+        off (``x.detach().cpu()``, ``.cpu().numpy()``, NumPy's, a list collecting for the epoch's end), or an
+        argument PyTorch reads on the host (``pack_padded_sequence(x, lengths.cpu())``), itself or through the
+        name it is given (``lengths = lengths.cpu()`` where every later use is one of those)."""
+        receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+        if (
+            isinstance(receiver, ast.Call)
+            and isinstance(receiver.func, ast.Attribute)
+            and receiver.func.attr == "detach"
+        ):
+            return True
+        if self._taken_to_the_host(node):
+            return True
+        assigned = self._parents.get(node)
+        if not (
+            isinstance(assigned, ast.Assign)
+            and len(assigned.targets) == 1
+            and isinstance(assigned.targets[0], ast.Name)
+            and self._functions
+        ):
+            return False
+        name = assigned.targets[0].id
+        uses = [
+            use
+            for use in ast.walk(self._functions[-1])
+            if isinstance(use, ast.Name) and use.id == name and isinstance(use.ctx, ast.Load)
+            if (use.lineno, use.col_offset) >= (assigned.end_lineno, assigned.end_col_offset)
+        ]
+        return bool(uses) and all(self._taken_to_the_host(use) for use in uses)
+
+    def _taken_to_the_host(self, node: ast.expr) -> bool:
+        """Whether the value of ``node`` goes straight to host data or to an argument PyTorch reads on the host."""
+        parent = self._parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.attr in TO_HOST_DATA:
+            return True
+        keyword = parent.arg if isinstance(parent, ast.keyword) else None
+        call = self._parents.get(parent) if isinstance(parent, ast.keyword) else parent
+        if not isinstance(call, ast.Call) or node is call.func:
+            return False
+        called = _name(call.func) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
+        if HOST_TAKERS.search(called):
+            return True
+        reader = HOST_READERS.get(called.rpartition(".")[2])
+        if reader is None:
+            return False
+        position, names = reader
+        if keyword is not None:
+            return keyword in names
+        if called.endswith("tensor_split") and isinstance(call.func, ast.Attribute) and not _is_module(call.func.value):
+            position -= 1  # the tensor's own method: its first argument
+        return any(index == position and arg is node for index, arg in enumerate(call.args))
+
     def _handed_over(self, node: ast.Call) -> bool:
         """Whether every device of a ``.to(...)`` is a parameter of the ``transfer_batch_to_device`` it is in."""
         hook = self._hook_arguments[-1] if self._hook_arguments else set()
         return all(isinstance(device, ast.Name) and device.id in hook for device in self._devices(node))
+
+
+def _is_a_module(node: ast.ClassDef) -> bool:
+    """Whether a class derives from a module by its bases' names (``nn.Module``, ``L.LightningModule``), not a data
+    module (``LightningDataModule``), whose tensors Lightning does not move."""
+    bases = [_name(base).rpartition(".")[2] for base in node.bases]
+    return any(base.endswith("Module") and not base.endswith("DataModule") for base in bases)
 
 
 def _index_variable(node: ast.expr) -> bool:
@@ -249,8 +398,9 @@ def _index_variable(node: ast.expr) -> bool:
 
 def manual_placements(source: str) -> list[Finding]:
     """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there."""
-    finder = _Finder()
-    finder.visit(ast.parse(source))
+    tree = ast.parse(source)
+    finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
+    finder.visit(tree)
     first = {}  # the outermost call of a line: `.to(torch.device("cuda"))` once, not twice
     for finding in finder.findings:
         first.setdefault(finding.line, finding)
