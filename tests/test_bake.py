@@ -24,6 +24,7 @@ COMMON_FILES = {
     "configs/sweeps/example.yaml",
     "configs/synthetic.yaml",
     "configs/mlflow.yaml",
+    "configs/wandb.yaml",
     "scripts/slurm.sbatch",
     "scripts/sweep.sbatch",
     "src/{pkg}/__init__.py",
@@ -107,6 +108,7 @@ def test_defaults_give_an_image_project_with_workflow_and_mit_license(bake):
         f"lightning-kit[onnx] @ {library}",
         f"lightning-kit[postgres] @ {library}",
         f"lightning-kit[serve] @ {library}",
+        f"lightning-kit[wandb] @ {library}",
         f"lightning-kit[dashboard,postgres,serve] @ {library}",
     ]
 

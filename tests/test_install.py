@@ -31,7 +31,7 @@ def test_a_project_baked_from_a_git_url_installs_the_library_from_that_repositor
         f"{fresh_venv.url.replace('git+file:///', 'git+file://localhost/')}@{fresh_venv.commit}#subdirectory={LIBRARY}"
     )
     found = library_requirements(project)
-    assert len(found) == 7, found  # the dependency, and the extras dashboard, mlflow, onnx, postgres, serve and dev
+    assert len(found) == 8, found  # the dependency, and the extras dashboard, mlflow, onnx, postgres, serve, wandb, dev
     assert all(text.split(" @ ", 1)[1] == url for text in found), found
     assert found[0] == f"{LIBRARY} @ {url}"
 
