@@ -1,6 +1,6 @@
 """Models whose verdict the audit must earn, each audited in a process of its own (``test_gpu_branches.py``).
 
-Four classes of model that used to get a verdict the audit had not earned:
+Classes of model that used to get a verdict the audit had not earned:
 
 - code that asks whether it runs on CUDA (``torch.cuda.is_available()``, ``x.is_cuda``, ``x.device.type``,
   ``self.device``, capability, name, memory, ``torch.autocast("cuda")``, ...): the GPU branch is the one
@@ -8,7 +8,9 @@ Four classes of model that used to get a verdict the audit had not earned:
 - what the user built on the model itself (hooks of every kind, parametrizations, pruning, attributes
   of parameters): the model Lightning trains is the one audited, never a copy;
 - convolutions and other composite operations given a CPU operand: the device error CUDA raises;
-- the line that made the CPU tensor, one or more calls and files away from where it met the GPU.
+- the line that made the CPU tensor, one or more calls and files away from where it met the GPU;
+- and, beyond placement, deterministic mode: a kernel CUDA has no deterministic implementation of stops the
+  run, under the Trainer's flag or the code's own call; what PyTorch makes deterministic on CUDA passes.
 
 Each class says what the audit must find (``expected``); a correct twin of each wrong one passes.
 ``python gpu_branch_cases.py`` audits every case in a forked child of its own (``run_audit(...,
@@ -47,7 +49,7 @@ class Expected:
 PASSES = Expected()
 
 
-def bug(at: str, kind: str = "mixed devices", **more) -> Expected:
+def bug(at: str | None, kind: str = "mixed devices", **more) -> Expected:
     return Expected(status=1, kind=kind, at=at, **more)
 
 
@@ -714,6 +716,250 @@ class KeepsMasksInAList(Probe):
         return self.net(features) * self.masks[0]  # a mask from a plain list
 
 
+# Deterministic mode as CUDA has it: a kernel CUDA has no deterministic implementation of stops the run, under the
+# Trainer's flag or the code's own call as it stands at that operation; what PyTorch makes deterministic runs.
+
+
+class Images(Probe):
+    """The features as (B, 2, 2, 2) images, a 1x1 convolution to 3 channels, a layer of each case's, a mean."""
+
+    deterministic: bool | str | None = True  # Trainer(deterministic=...) of the case
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 1)
+
+    def layer(self, images):
+        return images
+
+    def forward(self, features):
+        return self.layer(self.conv(features.view(-1, 2, 2, 2))).flatten(2).mean(2)
+
+
+class SegmentationLoss(Images):
+    """A segmentation model's cross entropy over (B, C, H, W): nll_loss2d, which averages with atomics on CUDA."""
+
+    expected = bug("# a per-pixel loss that averages", kind="deterministic", said="nll_loss2d_forward_out_cuda")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        maps = self.conv(features.view(-1, 2, 2, 2))
+        masks = labels[:, None, None].expand(-1, 2, 2)
+        return F.cross_entropy(maps, masks)  # a per-pixel loss that averages
+
+
+class SegmentationLossAveragedByHand(SegmentationLoss):
+    expected = PASSES
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        maps = self.conv(features.view(-1, 2, 2, 2))
+        masks = labels[:, None, None].expand(-1, 2, 2)
+        return F.cross_entropy(maps, masks, reduction="none").mean()
+
+
+class SegmentationLossNotDeterministic(SegmentationLoss):
+    expected = PASSES
+    deterministic = None
+
+
+class SegmentationLossWarned(SegmentationLoss):
+    expected = Expected(note="nll_loss2d_forward_out_cuda_template has no deterministic CUDA implementation")
+    deterministic = "warn"
+
+
+class AdaptivePoolTo2x2(Images):
+    expected = bug(None, kind="deterministic", said="the backward pass's AdaptiveAvgPool2DBackward0")
+
+    def layer(self, images):
+        return F.adaptive_avg_pool2d(F.interpolate(images, scale_factor=2, mode="nearest"), 2)
+
+
+class AdaptivePoolTo1x1(Images):
+    def layer(self, images):
+        return F.adaptive_avg_pool2d(images, 1)  # a mean, on CUDA too
+
+
+class AdaptiveMaxPool(Images):
+    expected = bug(None, kind="deterministic", said="adaptive_max_pool2d_backward_cuda")
+
+    def layer(self, images):
+        return F.adaptive_max_pool2d(images, 1)
+
+
+class BicubicUpsampling(Images):
+    expected = bug(None, kind="deterministic", said="upsample_bicubic2d_backward_out_cuda")
+
+    def layer(self, images):
+        return F.interpolate(images, scale_factor=2, mode="bicubic", align_corners=False)
+
+
+class BilinearUpsampling(Images):
+    """PyTorch routes bilinear interpolation on CUDA to a decomposition whose backward is deterministic."""
+
+    def layer(self, images):
+        return F.interpolate(images, scale_factor=2, mode="bilinear", align_corners=False)
+
+
+class ReflectionPadding(Images):
+    expected = bug(None, kind="deterministic", said="reflection_pad1d_backward_out_cuda")
+
+    def layer(self, images):
+        return F.pad(images.flatten(2), (1, 1), mode="reflect")
+
+
+class ReplicatePadding(Images):
+    """Routed to a decomposition on CUDA in deterministic mode, as bilinear interpolation is."""
+
+    def layer(self, images):
+        return F.pad(images, (1, 1, 1, 1), mode="replicate")
+
+
+class MaxPooling3d(Images):
+    """3-d max pooling: its backward adds with atomics on CUDA."""
+
+    expected = bug(None, kind="deterministic", said="max_pool3d_with_indices_backward_cuda")
+
+    def layer(self, images):
+        return F.max_pool3d(images[:, None], kernel_size=(1, 2, 2))[:, 0]
+
+
+class MaxPooling3dWithIndices(Images):
+    """...which PyTorch routes to a deterministic decomposition on CUDA where the indices are asked for."""
+
+    def layer(self, images):
+        pooled, _ = F.max_pool3d(images[:, None], kernel_size=(1, 2, 2), return_indices=True)
+        return pooled[:, 0]
+
+
+class GridSampleNotAligned(Images):
+    expected = bug(None, kind="deterministic", said="grid_sampler_2d_backward_cuda")
+
+    def layer(self, images):
+        grid = images.new_zeros(images.shape[0], 2, 2, 2)
+        return F.grid_sample(images, grid, align_corners=False)
+
+
+class GridSampleAlignedTakesCudnn(GridSampleNotAligned):
+    """Bilinear, zero padding, aligned corners: CUDA takes cuDNN's sampler, which has no alert."""
+
+    expected = PASSES
+
+    def layer(self, images):
+        grid = images.new_zeros(images.shape[0], 2, 2, 2)
+        return F.grid_sample(images, grid, align_corners=True)
+
+
+class HistogramOfFloats(Probe):
+    expected = bug("# a histogram of the logits", kind="deterministic", said="_histc_cuda with floating point input")
+    deterministic = True
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        self.log("train/spread", torch.histc(logits.detach(), bins=4).max())  # a histogram of the logits
+        return F.cross_entropy(logits, labels)
+
+
+class CountsWithWeights(HistogramOfFloats):
+    expected = bug("# counts weighted by confidence", kind="deterministic", said="_bincount_cuda")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        confidence = logits.detach().softmax(1).amax(1)
+        weighted = torch.bincount(labels, weights=confidence, minlength=3)  # counts weighted by confidence
+        self.log("train/weighted", weighted.max())
+        return F.cross_entropy(logits, labels)
+
+
+class CountsWithoutWeights(HistogramOfFloats):
+    expected = PASSES
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        self.log("train/most", torch.bincount(labels, minlength=3).max().float())
+        return F.cross_entropy(self(features), labels)
+
+
+class MedianWithIndices(HistogramOfFloats):
+    expected = bug("# the median and where it is", kind="deterministic", said="median CUDA with indices output")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        middle, _ = logits.median(dim=1)  # the median and where it is
+        return F.cross_entropy(logits, labels) + 0 * middle.sum()
+
+
+class MedianOfAll(HistogramOfFloats):
+    expected = PASSES
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        return F.cross_entropy(logits, labels) + 0 * logits.median()
+
+
+class ProductScatter(HistogramOfFloats):
+    expected = bug("# a product per class", kind="deterministic", said="scatter_reduce_cuda_prod_")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        products = logits.new_ones(3).scatter_reduce(0, labels, logits[:, 0], reduce="prod")  # a product per class
+        return F.cross_entropy(logits, labels) + 0 * products.sum()
+
+
+class DeterministicByPyTorch(HistogramOfFloats):
+    """What PyTorch makes deterministic on CUDA: embedding's backward, index_add, scatter_add_, cumsum, sums."""
+
+    expected = PASSES
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(3, 3)
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features) + self.embedding(labels)
+        totals = logits.new_zeros(3, 3).index_add(0, labels, logits)
+        counts = logits.new_zeros(3).scatter_add_(0, labels, torch.ones_like(labels, dtype=logits.dtype))
+        sums = logits.new_zeros(3).scatter_reduce(0, labels, logits[:, 0], reduce="sum")
+        extra = totals.sum() + counts.sum() + sums.sum() + logits.cumsum(0).sum()
+        return F.cross_entropy(logits, labels) + 0 * extra
+
+
+class TurnsDeterminismOnItself(Images):
+    """The code's own call, as it stands at each operation: on for the steps after on_fit_start."""
+
+    expected = bug(None, kind="deterministic", said="adaptive_max_pool2d_backward_cuda")
+    deterministic = None
+
+    def on_fit_start(self):
+        torch.use_deterministic_algorithms(True)
+
+    def layer(self, images):
+        return F.adaptive_max_pool2d(images, 1)
+
+
+class TurnsDeterminismOffAroundIt(TurnsDeterminismOnItself):
+    """...and off again around the one operation that has no deterministic kernel, where its backward runs."""
+
+    expected = PASSES
+
+    def training_step(self, batch, batch_idx):
+        torch.use_deterministic_algorithms(False)
+        try:
+            features, labels = batch
+            loss = F.cross_entropy(self(features), labels)
+            self.manual_backward(loss)
+        finally:
+            torch.use_deterministic_algorithms(True)
+
+    automatic_optimization = False
+
+
 CASES = {
     name: case
     for name, case in dict(globals()).items()
@@ -728,7 +974,13 @@ def main(names: list[str]) -> None:
 
     for name in names or CASES:
         forked = can_fork()  # the audit then runs in a process of its own
-        verdict = run_audit(CASES[name](), BATCH, isolate=True, stop_at_bug=True)
+        mode = getattr(CASES[name], "deterministic", None)
+        # The Trainer's deterministic flag, which it sets for the process when made: off again after the case.
+        trainer = None if mode is None else L.Trainer(deterministic=mode, logger=False, enable_checkpointing=False)
+        try:
+            verdict = run_audit(CASES[name](), BATCH, trainer=trainer, isolate=True, stop_at_bug=True)
+        finally:
+            torch.use_deterministic_algorithms(False)
         error = verdict.errors[0] if verdict.errors else None
         print(
             json.dumps(

@@ -53,7 +53,8 @@ def test_each_model_gets_the_verdict_it_earns(verdicts, name):
     assert found["status"] == expected.status, found["report"]
     if expected.status == 1:
         assert (found["kind"], found["rank"]) == (expected.kind, expected.rank), found["report"]
-        assert found["at"] == line_ending_with(expected.at), found["report"]
+        if expected.at is not None:  # else in a backward pass, which the report names
+            assert found["at"] == line_ending_with(expected.at), found["report"]
     if expected.made is not None:
         assert found["made"] == line_ending_with(expected.made), found["report"]
         assert f"Fix at {found['made'][0]}:{found['made'][1]}:" in found["report"] or found["made"] == found["at"]

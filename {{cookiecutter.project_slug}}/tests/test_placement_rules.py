@@ -648,3 +648,37 @@ def test_rule_19_lazy_modules_materialise_on_the_modules_device():
     stops_at("# rule 19, wrong", LazyProbe(dry_run_on="cpu"))
     passes(LazyProbe(dry_run_on="module"))
     passes(LazyProbe(dry_run_on=None))  # the first batch materialises them, on the GPU: nothing to do
+
+
+# Rule 20: deterministic mode stops at a kernel CUDA has no deterministic implementation of; the CPU runs them all.
+
+
+class Segments(Probe):
+    """A class for each pixel of (B, 2, 2, 2) images: a segmentation model's cross entropy."""
+
+    def __init__(self, reduction: str) -> None:
+        super().__init__(nn.Conv2d(2, 3, 1))
+        self.reduction = reduction
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        maps = self(features.view(-1, 2, 2, 2))
+        masks = labels[:, None, None].expand(-1, 2, 2)
+        losses = F.cross_entropy(maps, masks, reduction=self.reduction)  # rule 20, wrong where it averages
+        return losses.mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.training_step(batch, batch_idx))
+
+
+@pytest.fixture
+def deterministic():
+    """A Trainer(deterministic=True), which turns PyTorch's deterministic mode on; off again after the test."""
+    yield L.Trainer(deterministic=True, logger=False, enable_checkpointing=False)
+    torch.use_deterministic_algorithms(False)
+
+
+def test_rule_20_deterministic_mode_needs_operations_cuda_has_deterministic_kernels_for(deterministic):
+    error = stops_at("# rule 20, wrong", Segments(reduction="mean"), trainer=deterministic)
+    assert error.kind == "deterministic" and "nll_loss2d_forward_out_cuda_template" in str(error)
+    passes(Segments(reduction="none"), trainer=deterministic)  # per-pixel losses, averaged by .mean()

@@ -146,6 +146,7 @@ def _run(
         else:
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     simulated.forget_named_cuda()
+    simulated.forget_warned()
     with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)
@@ -162,10 +163,10 @@ def _run(
                     verdict.outcomes.append(outcome)
                     report(outcome)
                     if outcome.error is not None and stop_at_bug:
-                        verdict.notes += _named_cuda_notes()
+                        verdict.notes += _named_cuda_notes() + _warned_notes()
                         return verdict
             verdict.hooks |= tracker.actions
-    verdict.notes += _named_cuda_notes()
+    verdict.notes += _named_cuda_notes() + _warned_notes()
     return verdict
 
 
@@ -212,6 +213,17 @@ def _named_cuda_notes() -> list[str]:
         "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
         f"self.device), rule 11 of the placement guide: {cite('rule 11')}"
         for filename, lineno, how in simulated.named_cuda()
+    ]
+
+
+def _warned_notes() -> list[str]:
+    """A note for each operation that deterministic mode's warn_only warned of: on a GPU it runs, and differs a
+    little from run to run."""
+    return [
+        f"{f'{_shown(line[0])}:{line[1]}' if line else 'a backward pass'}: {kernel} has no deterministic CUDA "
+        "implementation: with warn_only it runs, and its results may differ a little between runs; rule 20 of the "
+        f"placement guide: {cite('rule 20')}"
+        for line, kernel in simulated.warned()
     ]
 
 

@@ -79,6 +79,13 @@ FIXES = {
         "on the output's device: torch.ones_like(loss), loss.new_ones(n); only a 0-dim one may stay on the CPU",
         "rule 17",
     ),
+    "deterministic": (
+        "in deterministic mode CUDA refuses a kernel that has no deterministic implementation: use an operation "
+        "that has one (a loss with reduction='none', then .mean(); an adaptive pool to 1x1; bincount without "
+        'weights), or accept this one\'s small run-to-run differences with Trainer(deterministic="warn") '
+        "(torch.use_deterministic_algorithms(True, warn_only=True)), which warns instead",
+        "rule 20",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
@@ -311,6 +318,8 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     if types is not None and (DEVICE_TYPE in types.group(1)) != (DEVICE_TYPE in types.group(2)):
         message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", _first_line(err))
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
+    if isinstance(err, RuntimeError) and "does not have a deterministic implementation, but you set" in str(err):
+        return SimulatedDeviceError(_first_line(err), kind="deterministic", operation="PyTorch's deterministic mode")
     if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
         return SimulatedDeviceError(_first_line(err), kind="dtype", operation="PyTorch's own dtype check")
     return None

@@ -55,6 +55,7 @@ Its files, bottom to top (each imports only those above it in this list):
   their hooks and attributes), and those moves undone;
 - ``containment.py``: exceptions in a backward pass kept from C++ and raised in Python;
 - ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
+- ``deterministic.py``: the kernels CUDA refuses (or warns of) in deterministic mode, with their conditions;
 - ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
 - ``autocast.py``: autocast on the device, with CUDA's casting policy, read from
   ``ATen/autocast_mode.h``;
@@ -151,6 +152,7 @@ from . import (
 from .backend import enable
 from .code_checks import SimulatedGenerator, forget_named_cuda, made_at, named_cuda, simulating
 from .containment import last_raised
+from .deterministic import forget_warned, warned
 from .devices import (
     DEVICE_COUNT,
     DEVICE_TYPE,
@@ -182,6 +184,7 @@ __all__ = [
     "device",
     "enable",
     "forget_named_cuda",
+    "forget_warned",
     "last_raised",
     "made_at",
     "memory",
@@ -191,6 +194,7 @@ __all__ = [
     "swaps_undone",
     "to_cpu",
     "told",
+    "warned",
 ]
 
 # PyTorch has one spare device type, so a process has one simulated GPU. A second copy of

@@ -55,8 +55,9 @@ class SimulatedDeviceError(RuntimeError):
 
     Attributes:
         kind: ``"mixed devices"``, ``"another GPU"``, ``"generator"``, ``"numpy"``,
-            ``"sync_dist"`` (a collective operation on a tensor off the process's GPU) or ``"host tensor"``
-            (a GPU tensor for an argument CUDA reads on the host, such as lengths).
+            ``"sync_dist"`` (a collective operation on a tensor off the process's GPU), ``"host tensor"``
+            (a GPU tensor for an argument CUDA reads on the host, such as lengths) or ``"deterministic"`` (a
+            kernel CUDA has no deterministic implementation of, in deterministic mode).
         operation: The operation that refused, e.g. ``"aten.clamp.Tensor"`` or ``"Tensor.numpy"``.
         devices: The devices involved, as CUDA would name them (``"cuda:0"``, ``"cpu"``), the odd one last.
         argument: The name of the operation's argument that is on the odd device, where known.

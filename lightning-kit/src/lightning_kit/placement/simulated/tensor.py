@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_map
 
 from . import memory
 from .containment import contained
+from .deterministic import alert_of
 from .devices import (
     _CPU,
     _CUDA,
@@ -60,7 +61,9 @@ class SimulatedTensor(torch.Tensor):
 
     @property
     def is_cuda(self) -> bool:
-        return _state.answering and is_users(sys._getframe(1).f_code.co_filename)
+        # Also to torch.nn.functional, which routes some operations to deterministic decompositions on CUDA.
+        filename = sys._getframe(1).f_code.co_filename
+        return _state.answering and (is_users(filename) or filename == _FUNCTIONAL)
 
     def get_device(self) -> int:
         return _state.index
@@ -88,6 +91,13 @@ class SimulatedTensor(torch.Tensor):
             plan = _plan(func)
         except Exception as err:
             raise cannot_run(func, err) from err
+        if plan.alert is not None:  # a kernel that deterministic mode refuses on CUDA
+            try:
+                plan.alert.check(args, kwargs or {})
+            except (SimulatedDeviceError, Warning):
+                raise
+            except Exception as err:
+                raise cannot_run(func, err) from err
         if plan.simple and plan.compute is not None:
             # Nearly every operation: the device's tensors alone, computed on the CPU and wrapped in one pass.
             # Anything else among them (a CPU tensor, a device named) takes the checks below.
@@ -132,6 +142,8 @@ class SimulatedTensor(torch.Tensor):
                 raise refused from err
         return _run(func, args, kwargs, plan)
 
+
+_FUNCTIONAL = torch.nn.functional.__file__
 
 # Inference mode left for the block, as ``torch.inference_mode(False)`` leaves it (that class's own steps, in Python,
 # cost more than the view they would be taken for).
@@ -258,7 +270,8 @@ class count_operations:  # noqa: N801 (a context manager, used as a function is)
 class _Plan:
     """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
 
-    __slots__ = ("_rule", "compute", "convolution", "func", "host", "inplace_view", "metadata", "path", "position")
+    __slots__ = ("_rule", "alert", "compute", "convolution", "func", "host", "inplace_view", "metadata", "path")
+    __slots__ += ("position",)
     __slots__ += ("simple",)
     __slots__ += ("single", "view", "written")
 
@@ -266,6 +279,7 @@ class _Plan:
         self.func = func
         self.metadata = func in _METADATA
         self.host = _host_arguments().get(func)
+        self.alert = alert_of(func)
         self.path = cuda_paths().get(func)
         arguments, returns = func._schema.arguments, func._schema.returns
         # The position of the ``device`` argument where it may be given by position (x.to(device, dtype)), or None.
