@@ -36,7 +36,7 @@ from ..loggers import CSVAndTensorBoardLogger
 from . import simulated
 from .explain import _hook, _shown, count_as_user_code, explain
 from .isolation import Progress, announced, in_a_child
-from .lightning import HookTracker, SimulatedGPUStrategy, mixed_precision, simulating
+from .lightning import HookTracker, SimulatedGPUStrategy, StageMemory, mixed_precision, simulating
 from .restore import as_found
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import process_group
@@ -185,6 +185,7 @@ def _stage(
         progress.at_stage(stage, rank, world_size)
     start = time.perf_counter()
     started = steps(runner, stage)
+    simulated.memory.start_stage()
     try:
         with process_group(rank, world_size), simulating(rank):
             getattr(runner, stage)(model, **_data_arguments(stage, data))
@@ -203,6 +204,9 @@ def _stage(
         if steps(runner, stage) == started:
             outcome.gap = no_step(stage, model, data)
     outcome.seconds = time.perf_counter() - start
+    outcome.peak = simulated.memory.stage_peak()
+    measured = next(callback for callback in runner.callbacks if isinstance(callback, StageMemory))
+    outcome.held, outcome.batch_size = measured.held.get(stage, 0), measured.sizes.get(stage)
     return outcome
 
 
@@ -240,7 +244,7 @@ def _runner(
     """The Trainer of one pass: the given settings, on one simulated GPU, for the audit's short schedule."""
     return L.Trainer(
         strategy=SimulatedGPUStrategy(rank, world_size),
-        callbacks=[_redirected(callback, folder) for callback in copy.deepcopy(callbacks)],
+        callbacks=[*(_redirected(callback, folder) for callback in copy.deepcopy(callbacks)), StageMemory()],
         logger=_logger(trainer, folder, verdict.notes),
         default_root_dir=folder,
         profiler=tracker,

@@ -3,8 +3,9 @@
 ``python -m lightning_kit.placement --model their.Module --data their.DataModule`` for any
 Lightning project; a project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as
 ``python -m <package>.placement``. The only part of the audit that uses the command line (``cli``).
-Exit status: 0 every stage passed; 1 a placement bug was found; 2 the command line or
-configuration is wrong; 3 no bug was found but part of the run could not be audited (among them, a
+``--gpu_memory 24GB`` (or a GPU's name) says whether each stage fits that GPU (``gpu_memory.py``).
+Exit status: 0 every stage passed; 1 a placement bug was found, or a stage does not fit ``--gpu_memory``;
+2 the command line or configuration is wrong; 3 no bug was found but part of the run could not be audited (among them, a
 stage during which the audit's process died: the stages run in a forked copy of this one, see
 ``isolation.py``).
 """
@@ -19,8 +20,9 @@ from ..installation import check_installation
 from ..parser import named_refusal
 from ..trust import flag_pairs
 from .audit import run_audit
+from .gpu_memory import judged, parse_capacity
 from .simulated import SimulationUnavailableError
-from .verdict import EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE
+from .verdict import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE
 
 
 @command
@@ -31,6 +33,10 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["fit"]:
         args = args[1:]
+    try:
+        args, capacity = _gpu_memory(args)
+    except ValueError as err:
+        sys.exit(_usage(f"error: {err}"))
     # The Trainer is built only for its settings (callbacks, logger, clipping, ...): on the CPU, in one process.
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     settings_only += ["--trainer.num_nodes", "1"]
@@ -69,11 +75,34 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     refusal = _refused_value(verdict, given_arguments(cli))
     if refusal is not None:  # not the model's placement but a value given on the command line: a usage error
         sys.exit(_usage(f"error: {refusal}"))
+    fits = True
+    if capacity is not None:
+        lines, fits = judged(verdict, capacity)
+        print(*lines, sep="\n")
+    if verdict.exit_code == EXIT_PASSED and not fits:
+        sys.exit(EXIT_FAILED)
     if verdict.exit_code == EXIT_PASSED:
         stages = "Every stage the data defines" if verdict.skipped else "Every stage"
         hooks = len(verdict.hooks)
         print(f"{stages} ran on the simulated GPUs ({hooks} hooks and steps): the model will run on a GPU.")
     sys.exit(verdict.exit_code)
+
+
+def _gpu_memory(args: list[str]) -> tuple[list[str], int | None]:
+    """``args`` without ``--gpu_memory SIZE`` (or ``--gpu_memory=SIZE``), and the bytes it names (None: not given)."""
+    rest, capacity = [], None
+    items = iter(args)
+    for item in items:
+        flag, equals, value = item.partition("=")
+        if flag != "--gpu_memory":
+            rest.append(item)
+            continue
+        if not equals:
+            value = next(items, None)
+            if value is None:
+                raise ValueError("--gpu_memory needs a size (24GB) or a GPU's name (A10G)")
+        capacity = parse_capacity(value)
+    return rest, capacity
 
 
 def _device_flags_given(args: list[str], settings_only: list[str]) -> list[str]:

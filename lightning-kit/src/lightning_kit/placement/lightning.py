@@ -7,6 +7,7 @@ exception with the hook or loop step it came from; ``simulated_run`` is the run 
 ``train.py --accelerator simgpu``; ``run_on_simulated_gpu`` calls one function there.
 """
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -20,6 +21,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from . import batches, simulated
@@ -205,6 +207,40 @@ class SimulatedGPUStrategy(ParallelStrategy):
                 devices=(simulated.as_cuda(self.root_device), device),
                 culprit=tensor,
             )
+
+
+class StageMemory(L.Callback):
+    """Of each stage: the size of its batches, as Lightning counts a batch (``extract_batch_size``), and the bytes
+    held on the GPU besides a batch's own (the model; in training, its gradients and the optimizer's state, after a
+    step). Fit's are its training's."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+
+    def _saw(self, trainer: L.Trainer, batch: Any, training: bool = False) -> None:
+        stage = trainer.state.fn.value
+        if training or stage not in self.sizes:
+            with contextlib.suppress(Exception):  # a batch Lightning cannot size: no estimate by batch size
+                self.sizes[stage] = extract_batch_size(batch)
+        if not training:
+            self.held.setdefault(stage, simulated.memory.allocated())
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
+        self._saw(trainer, batch, training=True)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.held[trainer.state.fn.value] = simulated.memory.allocated()
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args) -> None:
+        if not trainer.training and not trainer.sanity_checking:  # fit's own are its training's
+            self._saw(trainer, batch)
+
+    def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
+        self._saw(trainer, batch)
+
+    def on_predict_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args) -> None:
+        self._saw(trainer, batch)
 
 
 class HookTracker(Profiler):

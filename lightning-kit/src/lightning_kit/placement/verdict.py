@@ -90,6 +90,9 @@ class Outcome:
     seconds: float = 0.0
     error: DevicePlacementError | None = None
     gap: str | None = None  # why (the rest of) the stage was not audited
+    peak: int = 0  # the most bytes its tensors held on the GPU at once, as torch.cuda.max_memory_allocated counts
+    held: int = 0  # what they held besides a batch's own: the model (in training its gradients, the optimizer's state)
+    batch_size: int | None = None  # of its batches (fit: training's), where Lightning can size one
 
     @property
     def where(self) -> str:
@@ -140,12 +143,14 @@ class Verdict:
 
     def report(self) -> list[str]:
         """The audit's report, as its command prints it, a line an item: each stage of each pass (``ok``, ``FAILED``
-        or ``NOT AUDITED``, and its seconds), then each bug with its explanation, each part not audited and why, and
-        the notes (stages skipped, settings replaced, lines that name the GPU themselves)."""
+        or ``NOT AUDITED``, its seconds and the peak of its tensors' GPU memory), then each bug with its explanation,
+        each part not audited and why, and the notes (stages skipped, settings replaced, lines that name the GPU
+        themselves)."""
         lines = []
         for outcome in self.outcomes:
             status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"
-            lines.append(f"  {outcome.where:<44} {status}  ({outcome.seconds:.2f} s)")
+            peak = f", GPU memory {outcome.peak / (1 << 20):.1f} MiB at most" if outcome.peak and status == "ok" else ""
+            lines.append(f"  {outcome.where:<44} {status}  ({outcome.seconds:.2f} s{peak})")
         for error in self.errors:
             lines += ["", f"FAILED {error}"]
         for outcome in self.gaps:

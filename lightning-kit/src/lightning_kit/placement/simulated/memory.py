@@ -5,7 +5,8 @@ follows those storages from the moment one is made to the moment the last tensor
 keeps one Python object for a storage while it lives, so a weak reference to it is told when it is freed),
 each rounded up to a multiple of 512 bytes, as ``torch.cuda.memory_allocated`` counts the blocks CUDA's
 allocator hands out: the tensors alive at once, the optimizer's state, autograd's saved tensors, temporaries.
-``peak`` is the most it held since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated``.
+``peak`` is the most it held since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated``;
+``stage_peak`` the most since ``start_stage``, the audit's own count (the code's resets do not touch it).
 
 What CUDA reserves beyond its blocks (segments of 2 MiB and more, which its allocator caches) is an estimate:
 the peak rounded up to whole 2 MiB segments.
@@ -22,6 +23,7 @@ SEGMENT = 2 * 1024 * 1024  # the smallest segment it reserves from the driver
 class _Count:
     current = 0
     peak = 0
+    stage_peak = 0
     allocations = 0
     frees = 0
 
@@ -63,6 +65,8 @@ def track(elem: torch.Tensor) -> None:
     _count.allocations += 1
     if _count.current > _count.peak:
         _count.peak = _count.current
+    if _count.current > _count.stage_peak:
+        _count.stage_peak = _count.current
 
 
 def allocated() -> int:
@@ -78,6 +82,16 @@ def peak() -> int:
 def reset_peak() -> None:
     """Start the peak again from what is held now, as ``torch.cuda.reset_peak_memory_stats()``."""
     _count.peak = _count.current
+
+
+def start_stage() -> None:
+    """Start the audit's peak of a stage from what is held now."""
+    _count.stage_peak = _count.current
+
+
+def stage_peak() -> int:
+    """The most bytes held at once since ``start_stage``."""
+    return _count.stage_peak
 
 
 def reserved(held: int | None = None) -> int:

@@ -1,0 +1,115 @@
+"""Whether each stage the audit ran fits a GPU of a given size, and the largest batch that would.
+
+The audit counts, for each stage, the most bytes its tensors held on the simulated GPU at once,
+as CUDA's caching allocator counts them (``torch.cuda.max_memory_allocated``: every block rounded
+up to 512 bytes; the tensors alive at once, the optimizer's state, autograd's saved tensors,
+temporaries), and what was held besides a batch's own (the model; in training its gradients and
+the optimizer's state). A GPU holds more than its tensors: the allocator reserves whole segments
+(2 MiB and up), and CUDA's context, cuBLAS's and cuDNN's workspaces take their share before the
+first tensor. Those are estimates (``CONTEXT``), said as such. The largest batch is a linear
+estimate: what a batch adds beyond what is held, scaled to the room left. What the count does not
+see: kernels a GPU runs of its own (cuDNN's recurrent layers and convolution workspaces, flash
+attention) are counted as the CPU computes them, and the second DDP rank's gradient buckets
+(about the size of the gradients again) are not simulated.
+
+``python -m lightning_kit.placement ... --gpu_memory 24GB`` (or a GPU's name: ``A10G``, ``T4``,
+``H100``, ...) prints, per stage, whether it fits; one that does not is an exit status of 1, as a
+GPU's out-of-memory error would be. ``judged(verdict, capacity)`` gives the same lines.
+"""
+
+import re
+
+from ..guide import cite
+from .simulated import memory
+from .verdict import Outcome, Verdict
+
+GIB = 1 << 30
+MIB = 1 << 20
+# What CUDA's context (its kernels, loaded lazily), cuBLAS's workspaces and cuDNN's take on a GPU before the first
+# tensor, with PyTorch: an estimate (a few hundred MiB on current GPUs and drivers; more with every library loaded).
+CONTEXT = 600 * MIB
+# Usable memory of common GPUs, in GiB, by name as people write them (matched without case, spaces or dashes).
+GPUS = {
+    "T4": 15,
+    "V100": 16,
+    "V100-32GB": 32,
+    "A10": 24,
+    "A10G": 24,
+    "L4": 22,
+    "RTX3090": 24,
+    "RTX4090": 24,
+    "RTX5090": 32,
+    "A6000": 48,
+    "L40S": 45,
+    "A100": 40,
+    "A100-80GB": 80,
+    "H100": 80,
+    "H200": 141,
+    "B200": 180,
+}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(g|gb|gib|m|mb|mib)$", re.IGNORECASE)
+
+
+def parse_capacity(text: str) -> int:
+    """The bytes a GPU named or sized by ``text`` holds: ``24GB``, ``24GiB``, ``16000MB`` or a name (``A10G``);
+    ValueError, in words naming what is accepted, for anything else."""
+    names = {_plain(name): size for name, size in GPUS.items()} | {"a10040gb": 40, "v10016gb": 16}
+    if _plain(text) in names:
+        return names[_plain(text)] * GIB
+    found = _SIZE.match(text.strip())
+    if found is None or float(found[1]) <= 0:
+        raise ValueError(
+            f"--gpu_memory {text!r} is neither a size (24GB, 24GiB, 16000MB) nor a GPU this knows ({', '.join(GPUS)})"
+        )
+    return int(float(found[1]) * (GIB if found[2].lower().startswith("g") else MIB))
+
+
+def _plain(name: str) -> str:
+    return re.sub(r"[\s_-]", "", name).lower()
+
+
+def shown(size: int) -> str:
+    return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / MIB:.1f} MiB"
+
+
+def needs(outcome: Outcome) -> int:
+    """What the stage needs of a GPU: its tensors' peak in the allocator's segments, and CUDA's own (estimated)."""
+    return memory.reserved(outcome.peak) + CONTEXT
+
+
+def largest_batch(outcome: Outcome, capacity: int) -> int | None:
+    """The largest batch the stage would fit in ``capacity``, by a linear estimate; None where it cannot say."""
+    per_batch = outcome.peak - outcome.held
+    if outcome.batch_size is None or per_batch <= 0:
+        return None
+    room = capacity - CONTEXT - memory.reserved(outcome.held)
+    return max(int(outcome.batch_size * room / per_batch), 0)
+
+
+def judged(verdict: Verdict, capacity: int) -> tuple[list[str], bool]:
+    """The lines that say whether each stage run fits a GPU of ``capacity`` bytes; and whether every one does."""
+    lines = [
+        f"On a GPU of {shown(capacity)}: each stage's tensors at their peak, in CUDA's segments, and about "
+        f"{shown(CONTEXT)} for CUDA's context and workspaces (an estimate)"
+    ]
+    largest: list[tuple[str, int | None]] = []  # of each stage that does not fit: its stage, its largest batch
+    for outcome in verdict.outcomes:
+        if outcome.peak == 0:
+            continue  # not run (a stage that stopped before its first tensor)
+        need, batch = needs(outcome), largest_batch(outcome, capacity)
+        at = f" at batch size {outcome.batch_size}" if outcome.batch_size is not None else ""
+        would = f" (a batch of about {batch} would)" if batch else ""
+        fits = need <= capacity
+        lines.append(f"  {outcome.where:<44} {shown(need)}{at}: {'fits' if fits else 'DOES NOT FIT'}{would}")
+        if not fits:
+            largest.append((outcome.stage, batch))
+    if largest:
+        batches = [batch for _, batch in largest if batch]
+        fix = f"a batch of at most about {min(batches)}" if batches else "a smaller model, or its parameters in 16 bits"
+        if batches and any(stage == "fit" for stage, _ in largest):
+            fix += " (--trainer.accumulate_grad_batches keeps the batch the optimizer sees)"
+        lines.append(
+            f"CUDA would stop with 'CUDA out of memory'. Fix: {fix}, or --trainer.precision bf16-mixed for smaller "
+            f"activations; rule 21 of the placement guide: {cite('rule 21')}"
+        )
+    return lines, not largest

@@ -1,0 +1,162 @@
+"""The audit's GPU memory: each stage's peak as CUDA's caching allocator counts it, and whether it fits a GPU.
+
+The count is held against a second opinion, PyTorch's own ``MemTracker``
+(``torch.distributed._tools.mem_tracker``), on the same steps run on the CPU: they agree within
+CUDA's 512-byte rounding. The largest batch that fits is a linear estimate: held against the peak
+measured at twice the batch.
+"""
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import PROJECT
+from test_placement_main import main
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from lightning_kit.placement import audit, simulated
+from lightning_kit.placement.gpu_memory import GIB, MIB, judged, largest_batch, parse_capacity
+from lightning_kit.placement.simulated import memory
+from lightning_kit.placement.verdict import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, Outcome, Verdict
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(), nn.Linear(1024, 10)
+    )
+
+
+def _embedded() -> nn.Module:
+    class Bag(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding, self.norm, self.head = nn.Embedding(100, 64), nn.LayerNorm(64), nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.head(self.norm(self.embedding((x.abs() * 10).long() % 100)).mean(1))
+
+    return Bag()
+
+
+MODELS = {
+    "mlp": (_mlp, (64, 256)),
+    "cnn": (_cnn, (32, 3, 8, 8)),
+    "embedding": (_embedded, (16, 12)),
+}
+
+
+def _steps(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, between=lambda: None) -> None:
+    """Two training steps: the second finds the gradients and the optimizer's state of the first."""
+    for _ in range(2):
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        between()
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+@pytest.mark.parametrize("name", MODELS)
+def test_the_peak_agrees_with_pytorchs_memtracker(name, optimizer):
+    """Two training steps on the simulated GPU, and the same steps on the CPU under MemTracker (the optimizer on its
+    multi-tensor path, which a GPU takes): the same peak but for CUDA's rounding of each block to 512 bytes. (Where a
+    GPU runs a kernel of its own, cuDNN's recurrent layers or flash attention, both count the CPU's computation.)"""
+    build, shape = MODELS[name]
+    simulated.enable()
+    with simulated.simulating(0):
+        torch.manual_seed(0)
+        memory.start_stage()
+        model = build().to(simulated.device(0))
+        x = torch.randn(shape, device=simulated.device(0))
+        _steps(model, optimizer(model.parameters(), lr=0.01, foreach=True), x)
+        ours = memory.stage_peak()
+        del model, x
+    torch.manual_seed(0)
+    model = build()
+    tuned = optimizer(model.parameters(), lr=0.01, foreach=True)
+    x = torch.randn(shape)
+    tracker = MemTracker()
+    tracker.track_external(model, tuned, x)
+    with tracker:
+        _steps(model, tuned, x, between=tracker.reset_mod_stats)  # MemTracker takes one iteration at a time
+    theirs = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert theirs <= ours <= theirs * 1.02 + 64 * 512, (ours, theirs)
+
+
+class Wide(L.LightningModule):
+    """(B, 8) features through a wide hidden layer to 3 classes: a batch's activations dominate what it needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 4096), nn.ReLU(), nn.Linear(4096, 3))
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        return F.cross_entropy(self.net(features), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit_outcome(batch_size: int) -> Outcome:
+    """The audit of ``Wide`` on one batch of ``batch_size``: its fit on one simulated GPU."""
+    verdict = audit(Wide(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,))))
+    return next(outcome for outcome in verdict.outcomes if outcome.stage == "fit" and outcome.rank == 0)
+
+
+def test_each_stage_reports_its_peak_what_it_holds_and_its_batch_size():
+    outcome = _fit_outcome(64)
+    assert outcome.batch_size == 64
+    parameters = sum(parameter.numel() * 4 for parameter in Wide().parameters())
+    # Held after a step: parameters, gradients and SGD's (no) state; the peak adds a batch's activations.
+    assert 2 * parameters <= outcome.held <= 2 * parameters + 64 * 1024, (outcome.held, parameters)
+    assert outcome.peak > outcome.held + 64 * 4096 * 4
+
+
+def test_the_largest_batch_estimate_holds_at_twice_the_batch():
+    small, double = _fit_outcome(32), _fit_outcome(64)
+    predicted = small.held + 2 * (small.peak - small.held)
+    assert abs(predicted - double.peak) <= 0.1 * double.peak, (predicted, double.peak)
+    capacity = double.peak + 600 * MIB + 8 * MIB
+    assert largest_batch(small, capacity) >= 60
+
+
+@pytest.mark.parametrize(
+    ("given", "size"),
+    [("24GB", 24 * GIB), ("24 GiB", 24 * GIB), ("16000MB", 16000 * MIB), ("a10g", 24 * GIB), ("A100-80GB", 80 * GIB)],
+)
+def test_a_gpu_is_given_by_its_size_or_its_name(given, size):
+    assert parse_capacity(given) == size
+
+
+@pytest.mark.parametrize("given", ["", "24", "lots", "-3GB", "0GB", "24TB", "RTX9999"])
+def test_a_gpu_memory_that_is_no_size_is_refused_naming_what_is_accepted(given):
+    with pytest.raises(ValueError, match=r"is neither a size .* nor a GPU this knows .*A10G"):
+        parse_capacity(given)
+
+
+def test_the_command_says_whether_each_stage_fits_and_exits_1_where_one_does_not(in_tmp_path, capsys):
+    config = ["--config", str(PROJECT / "configs" / "synthetic.yaml")]
+    with pytest.raises(SystemExit) as stop:
+        main([*config, "--gpu_memory", "A10G"])
+    out = capsys.readouterr().out
+    assert stop.value.code == EXIT_PASSED, out
+    assert "On a GPU of 24.00 GiB" in out and out.count(": fits (a batch of about") == 8, out
+    with pytest.raises(SystemExit) as stop:
+        main([*config, "--gpu_memory=610MB"])
+    out = capsys.readouterr().out
+    assert stop.value.code == EXIT_FAILED, out
+    assert "DOES NOT FIT" in out and "CUDA would stop with 'CUDA out of memory'. Fix: a batch of at most about" in out
+    with pytest.raises(SystemExit) as stop:
+        main([*config, "--gpu_memory", "huge"])
+    assert stop.value.code == EXIT_USAGE
+    assert capsys.readouterr().err.startswith("error: --gpu_memory 'huge' is neither a size")
+
+
+def test_judged_without_a_stage_run_says_nothing_fails():
+    lines, fits = judged(Verdict(), 1 * GIB)
+    assert fits and len(lines) == 1
