@@ -727,6 +727,7 @@ class Images(Probe):
 
     def __init__(self) -> None:
         super().__init__()
+        self.net = nn.Identity()  # every parameter reaches the loss, as DDP needs
         self.conv = nn.Conv2d(2, 3, 1)
 
     def layer(self, images):
@@ -960,6 +961,68 @@ class TurnsDeterminismOffAroundIt(TurnsDeterminismOnItself):
     automatic_optimization = False
 
 
+# DDP's reducer, as PyTorch's DistributedDataParallel runs it on the simulated process group: a trainable parameter
+# that no loss reaches stops the second step of a multi-GPU run (Lightning's "ddp" has find_unused_parameters=False).
+
+
+class AuxiliaryHeadAtValidationOnly(Probe):
+    """A head used only to validate: the training loss never reaches it."""
+
+    expected = bug(
+        None, kind="unused parameters", rank=1, said="Parameters which did not receive grad: aux.bias, aux.weight"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aux = nn.Linear(8, 3)
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self.log("val/loss", F.cross_entropy(self(features) + self.aux(features), labels))
+
+
+class AuxiliaryHeadFrozen(AuxiliaryHeadAtValidationOnly):
+    """...frozen: DDP leaves out what needs no gradient."""
+
+    expected = PASSES
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aux.requires_grad_(False)
+
+
+class AuxiliaryHeadInTheLoss(AuxiliaryHeadAtValidationOnly):
+    expected = PASSES
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        return F.cross_entropy(self(features) + 0.1 * self.aux(features), labels)
+
+
+class AuxiliaryHeadWithUnusedParametersFound(AuxiliaryHeadAtValidationOnly):
+    """...with the strategy that lets DDP find unused parameters each step."""
+
+    expected = PASSES
+    strategy = "ddp_find_unused_parameters_true"
+
+
+class BranchTakenSomeSteps(Probe):
+    """A layer used on odd steps only: the second step finds it unused."""
+
+    expected = bug(None, kind="unused parameters", rank=1, said="Parameters which did not receive grad: extra.bias")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.extra = nn.Linear(3, 3)
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        if self.global_step % 2 == 1:
+            logits = self.extra(logits)
+        return F.cross_entropy(logits, labels)
+
+
 CASES = {
     name: case
     for name, case in dict(globals()).items()
@@ -974,9 +1037,15 @@ def main(names: list[str]) -> None:
 
     for name in names or CASES:
         forked = can_fork()  # the audit then runs in a process of its own
-        mode = getattr(CASES[name], "deterministic", None)
-        # The Trainer's deterministic flag, which it sets for the process when made: off again after the case.
-        trainer = None if mode is None else L.Trainer(deterministic=mode, logger=False, enable_checkpointing=False)
+        # The Trainer's settings of the case (its deterministic flag, which it sets for the process when made: off
+        # again after the case; its strategy, whose DDP options the DDP pass takes).
+        given = {key: getattr(CASES[name], key, None) for key in ("deterministic", "strategy")}
+        given = {key: value for key, value in given.items() if value is not None}
+        trainer = (
+            L.Trainer(**given, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+            if given
+            else None
+        )
         try:
             verdict = run_audit(CASES[name](), BATCH, trainer=trainer, isolate=True, stop_at_bug=True)
         finally:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import HANG_GUARD_S, PROJECT
 from lightning_kit import DevicePlacementError, audit
+from lightning_kit.placement.gpu_memory import judged
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torchmetrics.classification import MulticlassAccuracy
@@ -682,3 +683,48 @@ def test_rule_20_deterministic_mode_needs_operations_cuda_has_deterministic_kern
     error = stops_at("# rule 20, wrong", Segments(reduction="mean"), trainer=deterministic)
     assert error.kind == "deterministic" and "nll_loss2d_forward_out_cuda_template" in str(error)
     passes(Segments(reduction="none"), trainer=deterministic)  # per-pixel losses, averaged by .mean()
+
+
+# Rule 21: a GPU holds the model, its optimizer's state and a batch's activations at once.
+
+
+def test_rule_21_a_batch_too_large_for_the_gpu_is_found_before_renting_one():
+    wide = Probe(nn.Sequential(nn.Linear(8, 4096), nn.ReLU(), nn.Linear(4096, 3)))
+    large, small = (torch.randn(512, 8), torch.randint(0, 3, (512,))), BATCH
+    gpu = 620 * 2**20  # a GPU that leaves about 20 MiB for tensors, once CUDA has taken its share
+    lines, fits = judged(audit(wide, large), gpu)
+    assert not fits and "Fix: a batch of at most about" in lines[-1]  # rule 21, wrong: 512 examples a batch
+    lines, fits = judged(audit(wide, small), gpu)
+    assert fits, lines
+
+
+# Rule 22: under DDP, every trainable parameter reaches the loss of each step.
+
+
+class AuxiliaryHead(Probe):
+    """A second head, used to validate only, unless trained or frozen."""
+
+    def __init__(self, used: str) -> None:
+        super().__init__()
+        self.aux = nn.Linear(8, 3)
+        self.used = used
+        if used == "frozen":
+            self.aux.requires_grad_(False)
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features) + (0.1 * self.aux(features) if self.used == "trained" else 0)
+        return F.cross_entropy(logits, labels)  # rule 22, wrong where the loss does not reach self.aux
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self.log("val/loss", F.cross_entropy(self(features) + self.aux(features), labels))
+
+
+def test_rule_22_under_ddp_every_trainable_parameter_reaches_the_loss():
+    with pytest.raises(DevicePlacementError) as caught:
+        audit(AuxiliaryHead(used="validation"), BATCH)
+    assert (caught.value.kind, caught.value.rank) == ("unused parameters", 1)
+    assert "did not receive grad: aux.bias, aux.weight" in str(caught.value)
+    passes(AuxiliaryHead(used="trained"))
+    passes(AuxiliaryHead(used="frozen"))

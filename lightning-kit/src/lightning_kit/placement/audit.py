@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, Dataset
@@ -242,8 +243,10 @@ def _runner(
     verdict: Verdict,
 ) -> L.Trainer:
     """The Trainer of one pass: the given settings, on one simulated GPU, for the audit's short schedule."""
+    settings = dict(settings)
+    ddp_options = settings.pop("ddp_options", None)
     return L.Trainer(
-        strategy=SimulatedGPUStrategy(rank, world_size),
+        strategy=SimulatedGPUStrategy(rank, world_size, ddp_options),
         callbacks=[*(_redirected(callback, folder) for callback in copy.deepcopy(callbacks)), StageMemory()],
         logger=_logger(trainer, folder, verdict.notes),
         default_root_dir=folder,
@@ -292,6 +295,8 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
     elif str(given).startswith("transformer-engine"):
         notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
         settings["precision"] = "32-true"
+    if isinstance(trainer.strategy, DDPStrategy):  # DistributedDataParallel's options, for the DDP pass
+        settings["ddp_options"] = dict(trainer.strategy._ddp_kwargs)
     settings |= {
         "gradient_clip_val": trainer.gradient_clip_val,
         "gradient_clip_algorithm": trainer.gradient_clip_algorithm,

@@ -11,14 +11,17 @@ stage during which the audit's process died: the stages run in a forked copy of 
 """
 
 import sys
+from pathlib import Path
 from typing import Any
+
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..accelerators import check_named_choices
 from ..cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
-from ..errors import ConfigError, RefusedArgumentError, command, invoked_as
+from ..errors import ConfigError, RefusedArgumentError, UserError, command, invoked_as
 from ..installation import check_installation
 from ..parser import named_refusal
-from ..trust import flag_pairs
+from ..trust import config_files, flag_pairs, read_config
 from .audit import run_audit
 from .gpu_memory import judged, parse_capacity
 from .simulated import SimulationUnavailableError
@@ -37,9 +40,11 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         args, capacity = _gpu_memory(args)
     except ValueError as err:
         sys.exit(_usage(f"error: {err}"))
-    # The Trainer is built only for its settings (callbacks, logger, clipping, ...): on the CPU, in one process.
-    settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
-    settings_only += ["--trainer.num_nodes", "1"]
+    # The Trainer is built only for its settings (callbacks, logger, clipping, DDP's options ...): on the CPU, in one
+    # process. A DDP strategy builds there, and the audit's DDP pass takes its options (find_unused_parameters, ...).
+    settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
+    if not _is_ddp(_strategy_given(args)):
+        settings_only += ["--trainer.strategy", "auto"]
     try:
         replaced = _device_flags_given(expand_shortcuts(args), settings_only)
     except ConfigError as err:
@@ -115,6 +120,32 @@ def _device_flags_given(args: list[str], settings_only: list[str]) -> list[str]:
     if "--trainer.strategy" in given:
         check_named_choices({"strategy": given["--trainer.strategy"]})
     return [f"{flag} {value}" for flag, value in given.items()]
+
+
+def _strategy_given(args: list[str]) -> Any:
+    """The Trainer's strategy as ``args`` give it (a name, or a class_path and init_args), the last given; None."""
+    given = None
+    for flag, value in flag_pairs(args):
+        if flag == "--trainer.strategy":
+            given = value
+        elif flag in ("--config", "-c") and value in map(str, config_files([flag, value])):
+            try:
+                settings = read_config(Path(value))
+            except UserError:
+                continue  # refused where the configuration is read, in one line
+            trainer = settings.get("trainer") if isinstance(settings, dict) else None
+            if isinstance(trainer, dict) and trainer.get("strategy") is not None:
+                given = trainer["strategy"]
+    return given
+
+
+def _is_ddp(strategy: Any) -> bool:
+    """Whether ``strategy`` is Lightning's DDP, by a registered name (``ddp_find_unused_parameters_true``) or class."""
+    if isinstance(strategy, str):
+        return strategy in StrategyRegistry and issubclass(StrategyRegistry[strategy]["strategy"], DDPStrategy)
+    if isinstance(strategy, dict):
+        return str(strategy.get("class_path", "")).rpartition(".")[2] == "DDPStrategy"
+    return False
 
 
 def _refused_value(verdict, given: dict) -> RefusedArgumentError | None:

@@ -86,6 +86,12 @@ FIXES = {
         "(torch.use_deterministic_algorithms(True, warn_only=True)), which warns instead",
         "rule 20",
     ),
+    "unused parameters": (
+        "under DDP (Lightning's strategy for more than one GPU) every trainable parameter must reach the loss of "
+        "each step: use it, freeze it (requires_grad_(False)) or leave it out of the model; or let DDP look for "
+        'unused ones each step with strategy="ddp_find_unused_parameters_true" (slower)',
+        "rule 22",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
@@ -318,11 +324,25 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     if types is not None and (DEVICE_TYPE in types.group(1)) != (DEVICE_TYPE in types.group(2)):
         message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", _first_line(err))
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
+    if isinstance(err, RuntimeError) and "Expected to have finished reduction in the prior iteration" in str(err):
+        return _unused_parameters(str(err))
     if isinstance(err, RuntimeError) and "does not have a deterministic implementation, but you set" in str(err):
         return SimulatedDeviceError(_first_line(err), kind="deterministic", operation="PyTorch's deterministic mode")
     if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
         return SimulatedDeviceError(_first_line(err), kind="dtype", operation="PyTorch's own dtype check")
     return None
+
+
+def _unused_parameters(message: str) -> SimulatedDeviceError:
+    """DDP's reducer at the second step of a run whose loss did not reach every trainable parameter, by name."""
+    names = re.search(r"Parameters which did not receive grad for rank \d+: (.+)", message)
+    said = (
+        "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
+        "that your module has parameters that were not used in producing loss."
+    )
+    if names:
+        said += f" Parameters which did not receive grad: {names[1].strip()}"
+    return SimulatedDeviceError(said, kind="unused parameters", operation="DistributedDataParallel's reducer")
 
 
 # TorchScript's interpreter turns what an operation raised into a RuntimeError of its own, which keeps the

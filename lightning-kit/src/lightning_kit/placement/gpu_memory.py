@@ -22,6 +22,7 @@ import re
 from ..guide import cite
 from .simulated import memory
 from .verdict import Outcome, Verdict
+from .verdict import size as shown
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -66,10 +67,6 @@ def parse_capacity(text: str) -> int:
 
 def _plain(name: str) -> str:
     return re.sub(r"[\s_-]", "", name).lower()
-
-
-def shown(size: int) -> str:
-    return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / MIB:.1f} MiB"
 
 
 def needs(outcome: Outcome) -> int:

@@ -20,9 +20,11 @@ from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.nn.parallel import DistributedDataParallel
 
 from . import batches, simulated
 from .explain import explain, is_user_code
@@ -102,11 +104,45 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
     strategy_name = SIMULATED
 
-    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, rank: int = 0, world_size: int = 1, ddp_options: dict[str, Any] | None = None) -> None:
         device = simulated.device(rank)
         super().__init__(accelerator=SimulatedGPUAccelerator(), parallel_devices=[device])
         self._rank, self._world_size = rank, world_size
+        self._ddp_options = dict(ddp_options or {})  # DistributedDataParallel's arguments, as the run's strategy gives
         self._process_rank: int | None = None  # Lightning's rank of this process, given back at teardown
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """While fitting as a DDP rank: the module in PyTorch's own DistributedDataParallel, as Lightning's DDP
+        strategy wraps it, on the simulated process group: its reducer finds what a GPU run's does (a parameter
+        that no loss reached, under find_unused_parameters=False, stops the second step)."""
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        if not self.is_distributed or trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return model
+        if self._ddp_options.get("find_unused_parameters") or self._ddp_options.get("static_graph"):
+            # DDP then looks for unused parameters itself (and copies its map of them through pinned host memory,
+            # which a device of Python's cannot give): no error of that kind to find, and the wrapper is left out.
+            return model
+        level = torch.distributed.get_debug_level()
+        torch.distributed.set_debug_level(torch.distributed.DebugLevel.INFO)  # the reducer names unused parameters
+        try:
+            wrapped = DistributedDataParallel(module=model, device_ids=None, **self._ddp_options)
+        finally:
+            torch.distributed.set_debug_level(level)
+        wrapped.logger = _WithoutTimings(wrapped.logger)
+        return wrapped
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.lightning_module
+        before = vars(module).get("forward")
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            # Lightning points the module's forward at training_step while DDP's forward runs, and points it back
+            # once DDP calls it: where DDP's forward stopped first (a reducer's error), the module is left so.
+            if before is None:
+                vars(module).pop("forward", None)
+            else:
+                vars(module)["forward"] = before
 
     @property
     def root_device(self) -> torch.device:
@@ -146,6 +182,8 @@ class SimulatedGPUStrategy(ParallelStrategy):
         batches.forget()
 
     def teardown(self) -> None:
+        if isinstance(self.model, DistributedDataParallel):
+            self.model = self.lightning_module  # unwrapped, as Lightning's DDP strategy does
         super().teardown()
         if self._process_rank is not None:
             rank_zero_only.rank, self._process_rank = self._process_rank, None
@@ -207,6 +245,20 @@ class SimulatedGPUStrategy(ParallelStrategy):
                 devices=(simulated.as_cuda(self.root_device), device),
                 culprit=tensor,
             )
+
+
+class _WithoutTimings:
+    """DDP's logger, but for the timings of each iteration, which it takes on CPUs and CUDA GPUs only (and says so
+    on the standard error of every process run on any other device)."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def set_runtime_stats_and_log(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
 
 
 class StageMemory(L.Callback):

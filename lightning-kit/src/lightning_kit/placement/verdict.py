@@ -80,6 +80,14 @@ class AuditIncompleteError(RuntimeError):
         self.verdict = verdict
 
 
+def size(count: int) -> str:
+    """A number of bytes as people read it: 1.25 GiB, 12.3 MiB, 40 KiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if count >= scale:
+            return f"{count / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{-(-count // 1024)} KiB"
+
+
 @dataclass
 class Outcome:
     """One stage of one pass: passed, failed with a placement bug, or not (wholly) audited."""
@@ -149,7 +157,7 @@ class Verdict:
         lines = []
         for outcome in self.outcomes:
             status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"
-            peak = f", GPU memory {outcome.peak / (1 << 20):.1f} MiB at most" if outcome.peak and status == "ok" else ""
+            peak = f", GPU memory {size(outcome.peak)} at most" if outcome.peak and status == "ok" else ""
             lines.append(f"  {outcome.where:<44} {status}  ({outcome.seconds:.2f} s{peak})")
         for error in self.errors:
             lines += ["", f"FAILED {error}"]
