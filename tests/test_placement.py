@@ -277,7 +277,7 @@ def test_the_template_projects_pass_every_stage(baked, tmp_path, task):
     package, _ = project_copy(baked, task, {}, tmp_path)
     verdict = audit_project(baked, task, package)
     stages = [(outcome.stage, outcome.rank) for outcome in verdict.outcomes]
-    assert stages == [(stage, rank) for rank in (0, 1) for stage in ("fit", "validate", "test", "predict")]
+    assert stages == [(stage, rank) for rank in (0, 0, 1) for stage in ("fit", "validate", "test", "predict")]
 
 
 class DeviceAgnostic(L.LightningModule):

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from gpu_branch_helpers import Normalised
 from torch import nn
 from torch.nn.utils import parametrize, prune
+from torchmetrics.classification import MulticlassAccuracy
 
 BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
 
@@ -968,9 +969,7 @@ class TurnsDeterminismOffAroundIt(TurnsDeterminismOnItself):
 class AuxiliaryHeadAtValidationOnly(Probe):
     """A head used only to validate: the training loss never reaches it."""
 
-    expected = bug(
-        None, kind="unused parameters", rank=1, said="Parameters which did not receive grad: aux.bias, aux.weight"
-    )
+    expected = bug(None, kind="unused parameters", said="Parameters which did not receive grad: aux.bias, aux.weight")
 
     def __init__(self) -> None:
         super().__init__()
@@ -1009,7 +1008,7 @@ class AuxiliaryHeadWithUnusedParametersFound(AuxiliaryHeadAtValidationOnly):
 class BranchTakenSomeSteps(Probe):
     """A layer used on odd steps only: the second step finds it unused."""
 
-    expected = bug(None, kind="unused parameters", rank=1, said="Parameters which did not receive grad: extra.bias")
+    expected = bug(None, kind="unused parameters", said="Parameters which did not receive grad: extra.bias")
 
     def __init__(self) -> None:
         super().__init__()
@@ -1021,6 +1020,94 @@ class BranchTakenSomeSteps(Probe):
         if self.global_step % 2 == 1:
             logits = self.extra(logits)
         return F.cross_entropy(logits, labels)
+
+
+# The two processes of a DDP run call the same collectives, line by line of the code, with tensors of the same shapes:
+# where they part, NCCL waits for ever on GPUs.
+
+
+class LogsOnRankZeroOnly(Probe):
+    expected = bug("# synced on rank 0 alone", kind="collective mismatch", rank=1, said="rank 1: calls nothing there")
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.trainer.is_global_zero:
+            self.log("train/loss", loss, sync_dist=True)  # synced on rank 0 alone
+        return loss
+
+
+class LogsOnEveryRank(Probe):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/loss", loss, sync_dist=True)
+        if self.trainer.is_global_zero:
+            self.last_loss = float(loss)  # rank 0 alone may read values, write files, print
+        return loss
+
+
+class MetricComputedOnRankZeroOnly(Probe):
+    expected = bug("# computed on rank 0 alone", kind="collective mismatch", rank=1)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accuracy = MulticlassAccuracy(3)
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self.accuracy.update(self(features), labels)
+
+    def on_validation_epoch_end(self):
+        if self.trainer.is_global_zero:
+            self.log("val/acc", self.accuracy.compute())  # computed on rank 0 alone
+        self.accuracy.reset()
+
+
+class MetricComputedOnEveryRank(MetricComputedOnRankZeroOnly):
+    expected = PASSES
+
+    def on_validation_epoch_end(self):
+        self.log("val/acc", self.accuracy.compute())
+        self.accuracy.reset()
+
+
+class GathersOnRankZeroOnly(Probe):
+    expected = bug("# gathered on rank 0 alone", kind="collective mismatch", rank=1)
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        if self.global_rank == 0:
+            self.all_gather(logits)  # gathered on rank 0 alone
+        self.log("val/loss", F.cross_entropy(logits, labels))
+
+
+class GathersWhatTheDataSizes(Probe):
+    """A gather of the examples of one class: how many there are depends on the process's share of the data."""
+
+    expected = bug("# sized by the data", kind="collective mismatch", rank=1, said="float32 (")
+    batch = (torch.randn(8, 8), torch.tensor([0, 1, 1, 1, 2, 0, 1, 1]))  # five of class 1, one of class 2
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        self.all_gather(logits[labels == self.global_rank + 1])  # sized by the data
+        self.log("val/loss", F.cross_entropy(logits, labels))
+
+
+class GathersOfEqualShapes(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        self.all_gather(logits)
+        self.log("val/loss", F.cross_entropy(logits, labels))
+
+
+class BarrierOnRankZeroOnly(Probe):
+    expected = bug("# a barrier rank 1 never reaches", kind="collective mismatch", rank=1)
+
+    def on_train_epoch_end(self):
+        if self.trainer.is_global_zero:
+            torch.distributed.barrier()  # a barrier rank 1 never reaches
 
 
 CASES = {
@@ -1047,7 +1134,8 @@ def main(names: list[str]) -> None:
             else None
         )
         try:
-            verdict = run_audit(CASES[name](), BATCH, trainer=trainer, isolate=True, stop_at_bug=True)
+            batch = getattr(CASES[name], "batch", BATCH)
+            verdict = run_audit(CASES[name](), batch, trainer=trainer, isolate=True, stop_at_bug=True)
         finally:
             torch.use_deterministic_algorithms(False)
         error = verdict.errors[0] if verdict.errors else None

@@ -24,17 +24,18 @@ from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_kit.placement import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, run_audit, simulated
+from lightning_kit.placement.audit import PASSES
 
 
 def test_shipped_model_and_data_pass_the_audit(in_tmp_path, synthetic_config, capsys):
-    """The project's own model, data module and callbacks run every stage on one GPU and as DDP rank 1."""
+    """The project's own model, data module and callbacks run every stage on one GPU and as each rank of DDP."""
     model, datamodule, trainer = build_all(["--config", synthetic_config, "--trainer.accelerator", "cpu"])
     verdict = audit(model, datamodule, trainer=trainer)
-    assert repr(verdict) == f"<Verdict passed: 8 stages run, {len(verdict.hooks)} hooks, exit status 0>"
+    assert repr(verdict) == f"<Verdict passed: 12 stages run, {len(verdict.hooks)} hooks, exit status 0>"
     printed = capsys.readouterr().out
     assert "predictions for" not in printed, "the audit named a file in the folder it removes"
-    ran = [(outcome.stage, outcome.rank) for outcome in verdict.outcomes]
-    assert ran == [(stage, rank) for rank in (0, 1) for stage in ("fit", "validate", "test", "predict")]
+    ran = [(outcome.stage, outcome.rank, outcome.world_size) for outcome in verdict.outcomes]
+    assert ran == [(stage, *each) for each in PASSES for stage in ("fit", "validate", "test", "predict")]
     for hook in ("on_validation_epoch_end", "on_train_epoch_end", "on_fit_end", "configure_optimizers"):
         assert any(hook in action for action in verdict.hooks), hook
     assert any("RunPlots" in action for action in verdict.hooks), "the project's own callbacks ran"

@@ -95,7 +95,9 @@ def test_a_stage_that_ran_no_step_is_not_audited(model, data, stages):
     AuditIncompleteError (exit 3), never a verdict that the model will run on a GPU."""
     verdict = run_audit(model, data)
     gaps = [outcome for outcome in verdict.gaps]
-    assert [(outcome.stage, outcome.rank) for outcome in gaps] == [(stage, rank) for rank in (0, 1) for stage in stages]
+    assert [(outcome.stage, outcome.rank) for outcome in gaps] == [
+        (stage, rank) for rank in (0, 0, 1) for stage in stages
+    ]
     step = {"fit": "training_step", "test": "test_step"}[stages[0]]
     assert f"ran no {step}" in gaps[0].gap and "yielded no batch" in gaps[0].gap, gaps[0].gap
     assert verdict.exit_code == 3
@@ -336,12 +338,13 @@ def test_a_long_stage_is_said_to_be_running_and_a_short_one_is_not(monkeypatch, 
     said: list[str] = []
     verdict = run_audit(Slow(), BATCH, isolate=isolate, say=said.append)
     assert verdict.exit_code == 0, verdict.report()
-    # Each pass's fit (4 steps of 1.2 s; 2 as rank 1 of 2, which has half the data): said once, with the hook it
+    # Each pass's fit (4 steps of 1.2 s; 2 as a rank of 2, which has half the data): said once, with the hook it
     # was in. (The other stages take a fraction of that: on a busy machine, perhaps more; not asserted here.)
     fits = [line for line in said if line.startswith("auditing fit ")]
-    assert len(fits) == 2, said
+    assert len(fits) == 3, said
     assert fits[0].startswith("auditing fit on simgpu:0, in ") and fits[0].endswith(" s so far"), said
-    assert fits[1].startswith("auditing fit on simgpu:1 (DDP rank 1 of 2), in "), said
+    assert fits[1].startswith("auditing fit on simgpu:0 (DDP rank 0 of 2), in "), said
+    assert fits[2].startswith("auditing fit on simgpu:1 (DDP rank 1 of 2), in "), said
 
 
 def test_a_short_audit_says_nothing_of_its_progress():

@@ -70,8 +70,8 @@ def test_the_shipped_model_and_data_would_run_on_a_gpu(in_tmp_path, synthetic_co
     """The audit trains what train.py builds on a simulated GPU: every stage, on one GPU and as DDP rank 1."""
     model, datamodule, trainer = build_all(ProjectCLI, ["--config", synthetic_config, "--accelerator", "cpu"])
     verdict = audit(model, datamodule, trainer=trainer)
-    ran = [(outcome.stage, outcome.rank) for outcome in verdict.outcomes]
-    assert ran == [(stage, rank) for rank in (0, 1) for stage in ("fit", "validate", "test", "predict")]
+    ran = [(outcome.stage, outcome.rank, outcome.world_size) for outcome in verdict.outcomes]
+    assert ran == [(stage, *each) for each in ((0, 1), (0, 2), (1, 2)) for stage in ("fit", "validate", "test", "predict")]
 {%- if cookiecutter.task == "image" %}
 
 

@@ -34,18 +34,18 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..guide import cite
 from ..loggers import CSVAndTensorBoardLogger
-from . import simulated
+from . import ranks, simulated
 from .explain import _hook, _shown, count_as_user_code, explain
 from .isolation import Progress, announced, in_a_child
 from .lightning import HookTracker, SimulatedGPUStrategy, StageMemory, mixed_precision, simulating
 from .restore import as_found
 from .simulated import SimulationUnavailableError
-from .simulated.collectives import process_group
+from .simulated.collectives import note, process_group, recorded
 from .stages import LOADER_OF_STAGE, check_arguments, no_step, not_run, steps
 from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
 
 # One GPU, then the second process of two under DDP.
-PASSES = ((0, 1), (1, 2))
+PASSES = ((0, 1), (0, 2), (1, 2))  # one GPU; then each process of a two-GPU DDP run
 EPOCHS, BATCHES = 2, 2
 # The Trainer settings of each pass's short schedule (the benchmark's plain run takes the same).
 SCHEDULE = {
@@ -151,7 +151,7 @@ def _run(
     with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)
-            pass_folder = Path(folder) / f"rank{rank}"
+            pass_folder = Path(folder) / f"rank{rank}-of-{world_size}"
             try:
                 runner = _runner(rank, world_size, callbacks, trainer, pass_folder, tracker, settings, verdict)
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
@@ -167,8 +167,22 @@ def _run(
                         verdict.notes += _named_cuda_notes() + _warned_notes()
                         return verdict
             verdict.hooks |= tracker.actions
+    _compare_ranks(verdict)
     verdict.notes += _named_cuda_notes() + _warned_notes()
     return verdict
+
+
+def _compare_ranks(verdict: Verdict) -> None:
+    """Where the two processes of the DDP run part in the collectives they call (one calls what the other does not,
+    or with tensors of another shape): on GPUs, both wait there for ever. A bug on the second process's stage."""
+    ran = {(outcome.stage, outcome.rank): outcome for outcome in verdict.outcomes if outcome.world_size > 1}
+    for (stage, rank), second in ran.items():
+        first = ran.get((stage, 0))
+        if rank != 1 or first is None or first.error or first.gap or second.error or second.gap:
+            continue
+        parted = ranks.parting(first.collectives, second.collectives)
+        if parted is not None:
+            second.error = ranks.hang(parted, stage)
 
 
 def _stage(
@@ -188,7 +202,7 @@ def _stage(
     started = steps(runner, stage)
     simulated.memory.start_stage()
     try:
-        with process_group(rank, world_size), simulating(rank):
+        with process_group(rank, world_size), simulating(rank), recorded() as outcome.collectives:
             getattr(runner, stage)(model, **_data_arguments(stage, data))
     except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
         raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
@@ -266,8 +280,11 @@ def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
     log = model.log
 
     def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("sync_dist") and isinstance(value, torch.Tensor) and trainer.world_size > 1:
-            trainer.strategy.check_collective(value, "all_reduce")
+        if kwargs.get("sync_dist") and trainer.world_size > 1:
+            # Lightning all-reduces it later, from its own code: recorded here, at the line that asked for it.
+            note(f"self.log({name!r}, sync_dist=True)", value if isinstance(value, torch.Tensor) else ())
+            if isinstance(value, torch.Tensor):
+                trainer.strategy.check_collective(value, "all_reduce")
         return log(name, value, *args, **kwargs)
 
     model.log = checked_log

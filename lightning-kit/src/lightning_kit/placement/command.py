@@ -64,11 +64,11 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     if replaced:  # said, so that an audit of other settings than these is not read as an audit of them
         print(
             f"note: {', '.join(replaced)} {'is' if len(replaced) == 1 else 'are'} not used: the audit runs on its "
-            "own devices, one simulated GPU and then rank 1 of a 2-GPU DDP run"
+            "own devices, one simulated GPU and then each rank of a 2-GPU DDP run"
         )
     print(
         f"Auditing {type(model).__name__}{f' ({type(net).__name__})' if net is not None else ''} with "
-        f"{type(datamodule).__name__} on a simulated GPU, then as rank 1 of a 2-GPU DDP run ..."
+        f"{type(datamodule).__name__} on a simulated GPU, then as each rank of a 2-GPU DDP run ..."
     )
     try:
         # In a forked copy of this process: what ends a process there is a NOT AUDITED line here.

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import batches, simulated
 from .explain import explain, is_user_code
 from .simulated import SimulatedDeviceError
+from .simulated.collectives import note
 
 SIMULATED = simulated.DEVICE_TYPE  # --accelerator simgpu
 # Lightning's names for mixed precision, as a Trainer or the command line may give them.
@@ -212,19 +213,24 @@ class SimulatedGPUStrategy(ParallelStrategy):
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         if not isinstance(tensor, torch.Tensor) or not self.is_distributed:
             return tensor
+        note("all_reduce", tensor)
         self.check_collective(tensor, "all_reduce")
         return tensor * self._world_size if "sum" in str(reduce_op).lower() else tensor
 
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         if not self.is_distributed:
             return tensor
+        note("all_gather", tensor)
         self.check_collective(tensor, "all_gather")
         return torch.stack([tensor] * self._world_size)
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        if self.is_distributed:
+            note("barrier", ())
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self.is_distributed:
+            note("broadcast", obj)
         return obj
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:

@@ -21,9 +21,12 @@ class DevicePlacementError(RuntimeError):
             the GPU, for the type of what holds it), ``"another GPU"`` (another DDP process's), ``"generator"``,
             ``"numpy"``, ``"sync_dist"``, ``"collective"`` (a collective of
             ``torch.distributed`` on a tensor off the process's GPU), ``"autocast"`` (an operation CUDA's
-            autocast refuses) or ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast).
+            autocast refuses), ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast),
+            ``"deterministic"`` (a kernel CUDA has no deterministic implementation of, in deterministic mode),
+            ``"unused parameters"`` (DDP's reducer: a trainable parameter no loss reached) or ``"collective
+            mismatch"`` (the processes of a DDP run call different collectives: a hang on GPUs).
         stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        rank: 0 on the first simulated GPU; 1 for the second process of a DDP run.
+        rank: 0 on the first simulated GPU (alone, or the first process of a DDP run); 1 for the second process.
         hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.
         step: The method's own name, e.g. ``"training_step"``.
         operation: The operation that refused, e.g. ``"aten.add.Tensor"``.
@@ -101,6 +104,7 @@ class Outcome:
     peak: int = 0  # the most bytes its tensors held on the GPU at once, as torch.cuda.max_memory_allocated counts
     held: int = 0  # what they held besides a batch's own: the model (in training its gradients, the optimizer's state)
     batch_size: int | None = None  # of its batches (fit: training's), where Lightning can size one
+    collectives: list = field(default_factory=list)  # what it called of torch.distributed's, in order (collectives)
 
     @property
     def where(self) -> str:

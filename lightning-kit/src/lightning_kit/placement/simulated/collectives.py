@@ -30,7 +30,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from .devices import DEVICE_TYPE, SimulatedDeviceError, as_cuda, current_device
+from .devices import DEVICE_TYPE, SimulatedDeviceError, as_cuda, current_device, users_line
 
 BACKEND = "simnccl"  # NCCL's rule: tensors on this process's GPU only
 HOST_BACKEND = "simgloo"  # Gloo's: CPU tensors too
@@ -90,6 +90,7 @@ class SimulatedProcessGroup(dist.ProcessGroup):
 
     def _checked(self, operation: str, *tensors: Any) -> None:
         """Raise ``SimulatedDeviceError`` where NCCL would refuse a tensor: off this process's GPU."""
+        note(operation, tensors, depth=2)
         gpu = current_device()
         for tensor in _flat(tensors):
             if tensor.device != gpu and not (self._backend == HOST_BACKEND and tensor.device.type == "cpu"):
@@ -201,10 +202,36 @@ class SimulatedProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
+        note("barrier", ())
         return _Done()
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Gloo's barrier that names a late rank: every simulated rank is here already."""
+
+
+# The collectives this process called, while ``recorded``: each its operation, its tensors' shapes and dtypes, and
+# the line of the user's code that called it (None: a library's own, such as DDP's reducer).
+Call = tuple[str, tuple[tuple[tuple[int, ...], str], ...], tuple[str, int] | None]
+_calls: list[Call] | None = None
+
+
+@contextmanager
+def recorded() -> Iterator[list[Call]]:
+    """Inside the block, each collective this process calls is added to the list it gives."""
+    global _calls
+    calls, before = [], _calls
+    _calls = calls
+    try:
+        yield calls
+    finally:
+        _calls = before
+
+
+def note(operation: str, tensors: Any, depth: int = 1) -> None:
+    """Record a collective called (``depth`` frames up: the caller's caller), where they are recorded."""
+    if _calls is not None:
+        shapes = tuple((tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for tensor in _flat(tensors))
+        _calls.append((operation, shapes, users_line(depth + 1, through_libraries=True)))
 
 
 def _creator(backend: str):

@@ -17,14 +17,13 @@ a GPU. Since PyTorch 2.9 cuBLAS needs no ``CUBLAS_WORKSPACE_CONFIG`` in determin
 ``torch.use_deterministic_algorithms`` documentation.
 """
 
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .devices import _NEVER_USERS, SimulatedDeviceError, is_users
+from .devices import SimulatedDeviceError, users_line
 
 # What CUDA's kernel raises, with the kernel's name for ``{kernel}`` (Context::alertNotDeterministic).
 ERROR = (
@@ -140,7 +139,7 @@ class Alert:
         if self.condition is not None and not self.condition({**dict(zip(self.names, args, strict=False)), **kwargs}):
             return
         if torch.is_deterministic_algorithms_warn_only_enabled():
-            _warned.setdefault(_users_line(), self.kernel)
+            _warned.setdefault(users_line(2), self.kernel)
             warnings.warn(WARNING.format(kernel=self.kernel), UserWarning, stacklevel=2)
             return
         raise SimulatedDeviceError(ERROR.format(kernel=self.kernel), kind="deterministic", operation=str(self.func))
@@ -156,17 +155,6 @@ def alert_of(func) -> Alert | None:
 
 
 _warned: dict[tuple[str, int] | None, str] = {}  # each line (None: a backward pass) warned at, and its kernel
-
-
-def _users_line() -> tuple[str, int] | None:
-    """The line of the user's code that ran the operation: the innermost frame outside PyTorch and the audit, if
-    it is the user's (in a backward pass, Lightning's call of it)."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_NEVER_USERS):
-        frame = frame.f_back
-    if frame is None or not is_users(frame.f_code.co_filename):
-        return None
-    return frame.f_code.co_filename, frame.f_lineno
 
 
 def warned() -> list[tuple[tuple[str, int] | None, str]]:

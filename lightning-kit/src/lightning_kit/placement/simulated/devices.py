@@ -95,6 +95,7 @@ _NEVER_USERS = tuple(
         for form in (os.path.abspath(folder), str(Path(folder).resolve()))
     }
 )
+_AUDIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "audit.py")
 _INSTALLED = tuple(
     str(Path(path).resolve()) + os.sep
     for path in {
@@ -130,6 +131,25 @@ def is_users(filename: str) -> bool:
         users = not filename.startswith(_NEVER_USERS) and bool(_state.is_user_code(filename))
         _state.user_files[filename] = users
         return users
+
+
+def users_line(depth: int = 1, through_libraries: bool = False) -> tuple[str, int] | None:
+    """The line of the user's code that called in, from ``depth`` frames up: the innermost frame outside PyTorch and
+    the audit, if it is the user's (None: a library's, or the autograd engine's in a backward pass). With
+    ``through_libraries``, the innermost of the user's frames below the audit's own (Lightning's calls of a
+    collective for ``self.log(..., sync_dist=True)``: the ``self.log`` line)."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename == _AUDIT and frame.f_code.co_name == "_stage":
+            return None  # the audit's run of a stage: what called it is no part of the run
+        if not filename.startswith(_NEVER_USERS):
+            if is_users(filename):
+                return filename, frame.f_lineno
+            if not through_libraries:
+                return None
+        frame = frame.f_back
+    return None
 
 
 def asked_by_user(depth: int = 1) -> bool:

@@ -1,0 +1,82 @@
+"""Where the two processes of a DDP run part: the collectives each called, held against the other's.
+
+Every process of a DDP run must call the same collectives, in the same order, with tensors of the same
+shapes: NCCL matches the calls one by one. A process that calls one the other does not (a value logged with
+``sync_dist=True`` inside ``if self.trainer.is_global_zero:``, a metric computed on rank 0 alone), or a
+gather of a tensor whose size depends on the process's share of the data, leaves the other waiting: on GPUs
+nothing is printed until NCCL's watchdog stops both, 30 minutes later by default. The audit plays each
+process in turn and records its collectives (``simulated.collectives.recorded``); ``parting`` finds the first
+line of the user's code where they differ, and ``hang`` says it as a bug.
+"""
+
+from ..guide import cite
+from .explain import _shown
+from .simulated.collectives import Call
+from .verdict import DevicePlacementError
+
+FIX = (
+    "call every collective on every process, with tensors of the same shape: log with sync_dist=True on every rank "
+    "(never inside `if self.trainer.is_global_zero:`; rank_zero_only is for files and prints), compute a "
+    "torchmetrics metric on every rank, and pad a tensor whose size depends on the data before all_gather (or "
+    "gather Python objects with torch.distributed.all_gather_object)"
+)
+
+
+def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | None] | None:
+    """Where rank 0's collectives (``first``) and rank 1's (``second``) part, line by line of the user's code that
+    called them (itself, or through Lightning or a metric): a line that called on one rank and never on the other,
+    or whose calls differ by operation or by the shapes and dtypes of their tensors; each rank's call there (None:
+    none). Lightning's own calls (its checks of files other processes wrote, DDP's gradient all-reduce) are its to
+    keep in step; how many times a line calls is left alone too, as the ranks' decisions that Lightning reduces
+    (which checkpoint is the best) are each rank's own here, made unanimous on GPUs."""
+    by_line: list[dict[tuple[str, int], list[Call]]] = [{}, {}]
+    for calls, lines in zip((first, second), by_line, strict=True):
+        for call in calls:
+            if call[2] is not None:
+                lines.setdefault(call[2], []).append(call)
+    for call in (*first, *second):
+        line = call[2]
+        if line is None:
+            continue
+        mine, theirs = by_line[0].get(line, []), by_line[1].get(line, [])
+        if not mine or not theirs:
+            return (mine[0] if mine else None), (theirs[0] if theirs else None)
+        for a, b in zip(mine, theirs, strict=False):
+            if a[:2] != b[:2]:
+                return a, b
+    return None
+
+
+def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacementError:
+    """The bug of a DDP run whose processes part at ``parted``: where, what each called, and the fix."""
+    calls = parted
+    at = next(call[2] for call in calls if call is not None)
+    lines = [f"{stage} as DDP ranks 0 and 1 of 2: the processes part at {_shown(at[0])}:{at[1]}"]
+    for rank, call in enumerate(calls):
+        lines.append(f"    rank {rank}: {_said(call)}")
+    lines.append(
+        "On GPUs: no error. Each process waits for the other's matching call, and NCCL's watchdog stops both after "
+        "its timeout (30 minutes by default), with nothing printed until then."
+    )
+    lines.append(f"Fix: {FIX}. See rule 22 of the placement guide: {cite('rule 22')}.")
+    return DevicePlacementError(
+        "\n".join(lines),
+        kind="collective mismatch",
+        stage=stage,
+        rank=1,
+        hook="",
+        operation=next(call[0] for call in calls if call is not None),
+        filename=at[0] if at else "",
+        lineno=at[1] if at else 0,
+    )
+
+
+def _said(call: Call | None) -> str:
+    if call is None:
+        return "calls nothing there"
+    operation, tensors, line = call
+    shown = ", ".join(f"{dtype} {tuple(shape) if shape else '()'}" for shape, dtype in tensors) or "no tensor"
+    where = f"at {_shown(line[0])}:{line[1]}"
+    if operation.startswith("self.log("):  # recorded where it was asked for; Lightning all-reduces it later
+        return f"{operation}, an all_reduce of {shown}, {where}"
+    return f"torch.distributed.{operation} of {shown}, {where}"
