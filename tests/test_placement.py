@@ -269,7 +269,8 @@ def test_bugs_in_the_lightning_module_and_callbacks_are_caught_at_their_line(bak
     relative, edits, line_text, kind, step = SHARED_BUGS[bug]
     error = audit_with_bug(baked, task, relative, edits, line_text, tmp_path)
     assert (error.kind, error.step) == (kind, step), error
-    assert error.rank == (1 if kind == "sync_dist" else 0), "sync_dist fails only under DDP"
+    under_ddp = " as DDP rank 0 of 2, " in str(error)
+    assert error.rank == 0 and under_ddp == (kind == "sync_dist"), "sync_dist fails only under DDP"
 
 
 @pytest.mark.parametrize("task", ["image", "sequence"])

@@ -249,7 +249,7 @@ def test_a_stage_the_data_defines_but_cannot_run_is_not_audited():
         audit(WithTestStep(), BrokenTestSplit())
     verdict = caught.value.verdict
     assert verdict.exit_code == EXIT_INCOMPLETE and not verdict.skipped
-    assert [outcome.stage for outcome in verdict.gaps] == ["test", "test"]
+    assert [outcome.stage for outcome in verdict.gaps] == ["test", "test", "test"]  # one GPU, DDP's two ranks
     assert "FileNotFoundError: no test/ folder" in verdict.gaps[0].gap
 
 
@@ -257,7 +257,8 @@ HOOK_RAN_ON: list[str] = []  # the device of each gradient the hook below was gi
 
 
 class BuiltOnItsParameters(Probe):
-    """What a user builds on the model itself: a hook and an attribute on a parameter, a layer made in setup."""
+    """What a user builds on the model itself: a hook and an attribute on a parameter, a layer made in setup, a lazy
+    layer materialised there (before DDP wraps the model)."""
 
     def __init__(self, wrong: bool = False) -> None:
         super().__init__(nn.Sequential(nn.Linear(8, 8), nn.LazyLinear(3)))
@@ -268,7 +269,8 @@ class BuiltOnItsParameters(Probe):
         self.counter = torch.zeros(1)
 
     def setup(self, stage):
-        self.extra = nn.Linear(3, 3)
+        self.extra = nn.Linear(3, 3).requires_grad_(False)  # unused: frozen, as DDP requires
+        self.net(torch.zeros(2, 8))
 
     def training_step(self, batch, batch_idx):
         self.counter += 1

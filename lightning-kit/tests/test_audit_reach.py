@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import HANG_GUARD_S
+from lightning.pytorch.strategies import DDPStrategy
 from test_simulated_gpu import BATCH, Probe
 from test_simulated_gpu import line_of as line_in
 from torch import nn
@@ -218,8 +219,9 @@ class UsesFunction(Probe):
     def __init__(self, function) -> None:
         super().__init__()
         self.function = function
-        self.scale = nn.Parameter(torch.ones(3))
-        self.weight = nn.Parameter(torch.tensor(1.0))
+        # Only the parameter the function uses trains: DDP requires every trainable one to reach the loss.
+        self.scale = nn.Parameter(torch.ones(3), requires_grad=function is SecondGradientFromNumpy)
+        self.weight = nn.Parameter(torch.tensor(1.0), requires_grad=function is RightGradients)
 
     def forward(self, features):
         logits = self.net(features)
@@ -382,8 +384,18 @@ class Sparse(Probe):
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
-def test_a_sparse_buffer_of_any_layout_passes(layout):
-    assert audit(Sparse(layout, "buffer"), BATCH).exit_code == 0
+def test_a_sparse_buffer_of_any_layout_passes_one_gpu_and_ddp_without_broadcast_buffers(layout):
+    """DDP broadcasts the buffers of rank 0 as it wraps the model, and cannot broadcast a sparse one (nor can it on
+    GPUs: the refusal is DistributedDataParallel's own); unless its strategy is told not to broadcast them."""
+    verdict = run_audit(Sparse(layout, "buffer"), BATCH)
+    assert [outcome.where for outcome in verdict.outcomes if outcome.error] == [
+        "fit on simgpu:0 (DDP rank 0 of 2)",
+        "fit on simgpu:1 (DDP rank 1 of 2)",
+    ]
+    assert (verdict.errors[0].kind, verdict.errors[0].operation) == ("DDP", "DistributedDataParallel")
+    assert not verdict.gaps
+    trainer = L.Trainer(strategy=DDPStrategy(broadcast_buffers=False), accelerator="cpu", devices=1)
+    assert audit(Sparse(layout, "buffer"), BATCH, trainer=trainer).exit_code == 0
 
 
 @pytest.mark.parametrize(

@@ -135,7 +135,7 @@ def test_the_gpu_named_by_the_code_runs_on_a_gpu_and_is_noted():
 
 
 def test_ddp_rank_1_catches_code_that_assumes_gpu_0():
-    """Right on the first GPU, wrong in every other DDP process: found by the audit's second pass."""
+    """Right on the first GPU, wrong in every other DDP process: found by the audit's pass as DDP rank 1."""
     with pytest.raises(DevicePlacementError) as caught:
         audit(PicksDeviceZero(), BATCH)
     error = caught.value

@@ -48,9 +48,9 @@ class CountsOnTheDevice(Probe):
 
 
 def test_a_host_tensor_given_to_a_collective_is_caught_at_its_line():
-    """A CPU tensor given to ``all_reduce`` under an ``is_initialized()`` guard stops in rank 1, where NCCL stops it."""
+    """A CPU tensor given to ``all_reduce`` under an ``is_initialized()`` guard stops in DDP's rank 0, as NCCL does."""
     error = assert_rule(CountsOnTheCPU(), CountsOnTheDevice(), "# NCCL takes GPU tensors only", __file__)
-    assert (error.kind, error.rank, error.operation) == ("collective", 1, "torch.distributed.all_reduce")
+    assert (error.kind, error.rank, error.operation) == ("collective", 0, "torch.distributed.all_reduce")
     assert "No backend type associated with device type cpu" in str(error)
 
 

@@ -2,7 +2,7 @@
 
 Inside PyTorch every simulated tensor sits on ``simgpu:0`` (its autograd engine serves one index
 of a Python device); the simulated GPU puts the index of the process it plays (1 in the audit's
-second pass) wherever code can read one: a tensor's ``.device`` and ``get_device()``, PyTorch's
+pass as DDP rank 1) wherever code can read one: a tensor's ``.device`` and ``get_device()``, PyTorch's
 grouping of tensors by device (optimizers' and ``clip_grad_norm_``'s foreach paths) and
 ``torch.accelerator``'s current device.
 """

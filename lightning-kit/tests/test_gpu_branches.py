@@ -64,5 +64,5 @@ def test_each_model_gets_the_verdict_it_earns(verdicts, name):
         assert expected.said in found["report"], found["report"]
     if expected.note is not None:
         assert any(expected.note in note for note in found["notes"]), found["notes"]
-    if expected.status == 0:  # every stage the model defines, on one GPU and as DDP rank 1
+    if expected.status == 0:  # every stage the model defines, on one GPU and as each DDP rank
         assert " ok " in found["report"] and "simgpu:1 (DDP rank 1 of 2)" in found["report"], found["report"]

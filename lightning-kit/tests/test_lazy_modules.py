@@ -2,10 +2,11 @@
 
 ``nn.LazyLinear``, ``nn.LazyConv1d``, ``nn.LazyBatchNorm1d``, ...: an uninitialised parameter or
 buffer moves with its module and stays uninitialised there, and ``materialize`` (called by
-``initialize_parameters`` at the first forward pass) makes its values on that device. On a GPU a
+``initialize_parameters`` at the first forward pass) makes its values on that device. On one GPU a
 lazy module materialised by the first batch is correct; a dry run with a CPU input after the move
-(in ``configure_optimizers``, say) meets weights on the GPU and stops there. A dry run before the
-move (in ``setup``, on the CPU) is correct too.
+(in ``configure_optimizers``, say) meets weights on the GPU and stops there. Under DDP the model is
+wrapped before the first batch and before ``configure_optimizers``, and DDP refuses uninitialised
+parameters: only a dry run before the move (in ``setup``, on the CPU) is right on any number of GPUs.
 """
 
 import test_simulated_gpu
@@ -15,7 +16,7 @@ from test_simulated_gpu import BATCH, Probe
 from torch import nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
-from lightning_kit.placement import DevicePlacementError, audit, simulated
+from lightning_kit.placement import DevicePlacementError, audit, run_audit, simulated
 
 
 def assert_rule(wrong, right, marker: str) -> DevicePlacementError:
@@ -47,26 +48,37 @@ class Lazy(Probe):
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
 
-def test_lazy_modules_materialised_by_the_first_batch_pass():
-    verdict = audit(Lazy(), BATCH)
-    assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} == {
-        (stage, rank) for stage in ("fit", "validate") for rank in (0, 1)
-    }
+def test_lazy_modules_materialised_after_the_move_pass_one_gpu_and_stop_ddps_wrap_by_name():
+    for dry_run in (None, "device", "shapes"):
+        verdict = run_audit(Lazy(dry_run), BATCH)
+        assert [(o.stage, o.rank, o.world_size) for o in verdict.outcomes if o.error is None] == [
+            ("fit", 0, 1),
+            ("validate", 0, 1),
+            ("validate", 0, 2),
+            ("validate", 1, 2),
+        ], verdict.report()
+        (error,) = verdict.errors  # the same bug on both ranks, reported once
+        assert (error.kind, error.stage, error.rank) == ("lazy modules", "fit", 0)
+        assert "uninitialized: net.1.weight, net.1.bias, net.2.weight, net.2.bias, net.4.weight" in str(error)
+        assert "rule 19" in str(error) and "setup()" in str(error)
+        assert not verdict.gaps
 
 
 def test_a_dry_run_after_the_move_takes_the_modules_device():
-    error = assert_rule(Lazy("host"), Lazy("device"), "# a dry run with a CPU input")
+    error = assert_rule(Lazy("host"), Lazy("setup"), "# a dry run with a CPU input")
     assert (error.kind, error.step) == ("mixed devices", "configure_optimizers")
 
 
-def test_a_dry_run_before_the_move_and_initialize_parameters_pass():
-    audit(Lazy("setup"), BATCH)
-    audit(Lazy("shapes"), BATCH)
+def test_a_dry_run_before_the_move_passes_on_every_gpu():
+    verdict = audit(Lazy("setup"), BATCH)
+    assert {(outcome.stage, outcome.rank, outcome.world_size) for outcome in verdict.outcomes} == {
+        (stage, rank, world_size) for stage in ("fit", "validate") for rank, world_size in ((0, 1), (0, 2), (1, 2))
+    }
 
 
 def test_audit_leaves_a_lazy_model_uninitialised():
     model = Lazy()
-    audit(model, BATCH)
+    run_audit(model, BATCH)
     assert isinstance(model.net[1].weight, UninitializedParameter)
     assert isinstance(model.net[2].running_mean, UninitializedBuffer)
 

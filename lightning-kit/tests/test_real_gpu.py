@@ -86,7 +86,7 @@ AGREEMENT: dict[str, tuple[Callable[[], L.LightningModule] | str, ...]] = {
     "a hook's gradient on the host": (lambda: HookReturnsHostGradient(False), lambda: HookReturnsHostGradient(True)),
     "a module hook's host tensor": (lambda: HookMixesDevices(False), lambda: HookMixesDevices(True)),
     "tensor built from GPU scalars": (WeighsByHostValues, WeighsByDeviceValues),
-    "lazy module's dry run on the host": (lambda: Lazy("host"), lambda: Lazy("device")),
+    "lazy module's dry run on the host": (lambda: Lazy("host"), lambda: Lazy("setup")),
 }
 # Right versions that the audit once refused: the audit passes them, and so does a GPU.
 RIGHT = {

@@ -2,7 +2,7 @@
 
 The simulated GPU (``placement/simulated/``) computes real values on the CPU and applies
 CUDA's rules for devices; the audit trains a model on it with Lightning's own Trainer: fit
-(every hook, backward, optimizer), validate, test and predict, then all again as rank 1 of
+(every hook, backward, optimizer), validate, test and predict, then all again as rank 0 and rank 1 of
 a DDP run. Each rule below has a test in which the wrong version stops at the line a GPU
 would stop at, and the right version passes. The rules about what the code says (a device
 written in, a generator, ``.numpy()``) are in ``test_code_checks.py``; ``test_real_gpu.py``
@@ -373,7 +373,7 @@ class LogsDeviceWithSync(Probe):
 
 def test_values_logged_with_sync_dist_stay_on_the_gpu():
     error = assert_rule(LogsCPUWithSync(), LogsDeviceWithSync(), "# NCCL cannot all-reduce")
-    assert (error.kind, error.rank) == ("sync_dist", 1)
+    assert (error.kind, error.rank) == ("sync_dist", 0)
 
 
 # Rule 18: a tensor built from GPU scalars (torch.tensor([a, b])) is made on the CPU, as CUDA makes it.

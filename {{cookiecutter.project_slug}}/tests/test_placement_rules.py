@@ -72,7 +72,7 @@ def stops_at(marker: str, model: L.LightningModule, data=BATCH, **audit_args) ->
 
 
 def passes(model: L.LightningModule, data=BATCH, **audit_args) -> None:
-    """The audit of ``model`` trains and evaluates it on one simulated GPU and as rank 1 of a DDP run."""
+    """The audit of ``model`` trains and evaluates it on one simulated GPU and as each process of a DDP run."""
     verdict = audit(model, data, **audit_args)
     assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 0), ("fit", 1)}
 
@@ -403,14 +403,14 @@ class PicksGPU0(Probe):
 
 
 def test_rule_11_no_device_is_written_into_the_code():
-    """cuda:0 is right in the first DDP process and another process's GPU in the second: the audit's second pass."""
+    """cuda:0 is right in DDP's first process and another process's GPU in the second, which the audit plays too."""
     error = stops_at("# rule 11, wrong: a device written in", WritesCuda0())
     assert (error.rank, error.kind) == (1, "another GPU")
     passes(TakesTheModulesDevice())
 
 
 def test_rule_11_the_second_ddp_process_catches_code_that_assumes_gpu_0():
-    """Right on the first GPU, wrong in every other process of a DDP run: the audit's second pass finds it."""
+    """Right on the first GPU, wrong in every other process of a DDP run: the audit's pass as DDP rank 1 finds it."""
     error = stops_at("# rule 11, wrong: GPU 0", PicksGPU0())
     assert (error.rank, error.kind) == (1, "another GPU")
 
@@ -502,7 +502,7 @@ class ClipsAndTotals(Probe):
             self.norms = torch.zeros(1)
 
     def on_before_optimizer_step(self, optimizer):
-        # clip_grad_norm_ groups the gradients by their device: rank 1's own GPU in the second pass.
+        # clip_grad_norm_ groups the gradients by their device: each rank's own GPU in the DDP passes.
         norm = torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
         self.norms = self.norms + norm  # rule 14, wrong when the total is on the CPU
 
@@ -572,7 +572,7 @@ class CountsExamples(Probe):
 
     def training_step(self, batch, batch_idx):
         features, labels = batch
-        if dist.is_initialized():  # only under DDP: the audit's second pass has a process group
+        if dist.is_initialized():  # only under DDP: the audit's DDP passes have a process group
             seen = torch.tensor([float(len(labels))], device=self.device if self.on_the_device else None)
             dist.all_reduce(seen)  # rule 16, wrong with a CPU tensor: NCCL takes GPU tensors only
         return F.cross_entropy(self(features), labels)
@@ -580,7 +580,7 @@ class CountsExamples(Probe):
 
 def test_rule_16_collectives_take_tensors_on_the_processs_gpu():
     error = stops_at("# rule 16, wrong", CountsExamples(on_the_device=False))
-    assert (error.kind, error.rank, error.operation) == ("collective", 1, "torch.distributed.all_reduce")
+    assert (error.kind, error.rank, error.operation) == ("collective", 0, "torch.distributed.all_reduce")
     passes(CountsExamples(on_the_device=True))
 
 
@@ -629,13 +629,17 @@ def test_rule_18_tensors_built_from_gpu_scalars_are_stacked_on_their_device():
     passes(WeighsLosses(stacked=True))
 
 
-# Rule 19: lazy modules materialise where their module was moved; a dry run takes the module's device.
+# Rule 19: lazy modules materialise where their module was moved; under DDP, before Lightning moves it.
 
 
 class LazyProbe(Probe):
     def __init__(self, dry_run_on: str | None) -> None:
         super().__init__(nn.LazyLinear(3))
         self.dry_run_on = dry_run_on
+
+    def setup(self, stage):
+        if self.dry_run_on == "setup":
+            self.net(torch.zeros(2, 8))  # on the CPU, before Lightning moves the model and DDP wraps it
 
     def configure_optimizers(self):
         if self.dry_run_on == "cpu":
@@ -645,10 +649,14 @@ class LazyProbe(Probe):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_rule_19_lazy_modules_materialise_on_the_modules_device():
+def test_rule_19_lazy_modules_materialise_on_the_modules_device_before_ddp_wraps_them():
     stops_at("# rule 19, wrong", LazyProbe(dry_run_on="cpu"))
-    passes(LazyProbe(dry_run_on="module"))
-    passes(LazyProbe(dry_run_on=None))  # the first batch materialises them, on the GPU: nothing to do
+    passes(LazyProbe(dry_run_on="setup"))
+    for after_the_move in ("module", None):  # right on one GPU; DDP wraps the model before either
+        with pytest.raises(DevicePlacementError) as caught:
+            audit(LazyProbe(dry_run_on=after_the_move), BATCH)
+        assert (caught.value.kind, caught.value.rank) == ("lazy modules", 0)
+        assert "uninitialized: net.weight, net.bias" in str(caught.value)
 
 
 # Rule 20: deterministic mode stops at a kernel CUDA has no deterministic implementation of; the CPU runs them all.

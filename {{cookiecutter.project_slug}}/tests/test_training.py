@@ -67,11 +67,12 @@ def test_the_example_sweep_trains_a_trial_through_the_projects_sweep_command(in_
 
 
 def test_the_shipped_model_and_data_would_run_on_a_gpu(in_tmp_path, synthetic_config):
-    """The audit trains what train.py builds on a simulated GPU: every stage, on one GPU and as DDP rank 1."""
+    """The audit trains what train.py builds on a simulated GPU: every stage, on one GPU and as each DDP rank."""
     model, datamodule, trainer = build_all(ProjectCLI, ["--config", synthetic_config, "--accelerator", "cpu"])
     verdict = audit(model, datamodule, trainer=trainer)
     ran = [(outcome.stage, outcome.rank, outcome.world_size) for outcome in verdict.outcomes]
-    assert ran == [(stage, *each) for each in ((0, 1), (0, 2), (1, 2)) for stage in ("fit", "validate", "test", "predict")]
+    passes = ((0, 1), (0, 2), (1, 2))  # one GPU, then each process of a two-GPU DDP run
+    assert ran == [(stage, *each) for each in passes for stage in ("fit", "validate", "test", "predict")]
 {%- if cookiecutter.task == "image" %}
 
 

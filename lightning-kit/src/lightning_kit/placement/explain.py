@@ -92,6 +92,20 @@ FIXES = {
         'unused ones each step with strategy="ddp_find_unused_parameters_true" (slower)',
         "rule 22",
     ),
+    "lazy modules": (
+        "under DDP (Lightning's strategy for more than one GPU) the model is wrapped before the first batch and "
+        "before configure_optimizers, and DDP cannot wrap an uninitialised parameter: materialise lazy modules "
+        "before fit, with a dry run on an example input in __init__ or in setup() (before Lightning moves the "
+        "model), or give the layers their input sizes",
+        "rule 19",
+    ),
+    "DDP": (
+        "under DDP (Lightning's strategy for more than one GPU) DistributedDataParallel checks the model as it wraps "
+        "it, before the first step, and refuses what it says above: a sparse buffer (DDP broadcasts buffers from "
+        "rank 0 and cannot broadcast a sparse one: DDPStrategy(broadcast_buffers=False), or keep the tensor out of "
+        "the buffers), a model with no trainable parameter (nothing for DDP to do: train on one device)",
+        "rule 22",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",

@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parameter import is_lazy
 
 from . import batches, simulated
 from .explain import explain, is_user_code
@@ -119,6 +120,14 @@ class SimulatedGPUStrategy(ParallelStrategy):
         trainer = getattr(self.lightning_module, "_trainer", None)
         if not self.is_distributed or trainer is None or trainer.state.fn != TrainerFn.FITTING:
             return model
+        lazy = [name for name, parameter in model.named_parameters() if is_lazy(parameter)]
+        if lazy:  # DDP's own check, before the first batch could materialise them; named here
+            raise SimulatedDeviceError(
+                "Modules with uninitialized parameters can't be used with `DistributedDataParallel`. Run a dummy "
+                f"forward pass to correctly initialize the modules (uninitialized: {', '.join(lazy)})",
+                kind="lazy modules",
+                operation="DistributedDataParallel",
+            )
         if self._ddp_options.get("find_unused_parameters") or self._ddp_options.get("static_graph"):
             # DDP then looks for unused parameters itself (and copies its map of them through pinned host memory,
             # which a device of Python's cannot give): no error of that kind to find, and the wrapper is left out.
@@ -127,6 +136,8 @@ class SimulatedGPUStrategy(ParallelStrategy):
         torch.distributed.set_debug_level(torch.distributed.DebugLevel.INFO)  # the reducer names unused parameters
         try:
             wrapped = DistributedDataParallel(module=model, device_ids=None, **self._ddp_options)
+        except (RuntimeError, ValueError) as refused:  # DDP's own checks of the module it wraps, as on GPUs
+            raise SimulatedDeviceError(str(refused), kind="DDP", operation="DistributedDataParallel") from refused
         finally:
             torch.distributed.set_debug_level(level)
         wrapped.logger = _WithoutTimings(wrapped.logger)
@@ -282,13 +293,13 @@ class StageMemory(L.Callback):
             with contextlib.suppress(Exception):  # a batch Lightning cannot size: no estimate by batch size
                 self.sizes[stage] = extract_batch_size(batch)
         if not training:
-            self.held.setdefault(stage, simulated.memory.allocated())
+            self.held.setdefault(stage, simulated.memory.stage_allocated())
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
         self._saw(trainer, batch, training=True)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self.held[trainer.state.fn.value] = simulated.memory.allocated()
+        self.held[trainer.state.fn.value] = simulated.memory.stage_allocated()
 
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args) -> None:
         if not trainer.training and not trainer.sanity_checking:  # fit's own are its training's

@@ -23,7 +23,9 @@ class DevicePlacementError(RuntimeError):
             ``torch.distributed`` on a tensor off the process's GPU), ``"autocast"`` (an operation CUDA's
             autocast refuses), ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast),
             ``"deterministic"`` (a kernel CUDA has no deterministic implementation of, in deterministic mode),
-            ``"unused parameters"`` (DDP's reducer: a trainable parameter no loss reached) or ``"collective
+            ``"unused parameters"`` (DDP's reducer: a trainable parameter no loss reached), ``"lazy modules"``
+            (an uninitialised parameter when DDP wraps the model), ``"DDP"`` (another refusal of DDP's as it wraps
+            the model: a sparse buffer, nothing to train) or ``"collective
             mismatch"`` (the processes of a DDP run call different collectives: a hang on GPUs).
         stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
         rank: 0 on the first simulated GPU (alone, or the first process of a DDP run); 1 for the second process.

@@ -88,6 +88,20 @@ class _Backend:
             _state.index = self.previous
 
 
+def _hooks_class() -> type:
+    from torch.utils.backend_registration import _DummyPrivateUse1Hook
+
+    class Hooks(_DummyPrivateUse1Hook):
+        """PyTorch's hooks of a Python device, but with no primary context: the autograd engine then keeps no
+        stream of it to restore after a backward pass, a restore that calls Python from C++ code that must not
+        raise (and aborts the process where a backward pass that raised left a Python error pending)."""
+
+        def has_primary_context(self, dev_id: int) -> bool:
+            return False
+
+    return Hooks
+
+
 def enable() -> None:
     """Register the ``simgpu`` device type in this process.
 
@@ -109,7 +123,7 @@ def enable() -> None:
     if taken not in ("privateuseone", DEVICE_TYPE):
         raise SimulationUnavailableError(f"PyTorch's spare device type is already taken by {taken!r} in this process")
     if taken == "privateuseone":
-        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_Backend())
+        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_Backend(), hook=_hooks_class()())
     _SIMULATED[:] = [torch.device(DEVICE_TYPE, index) for index in range(DEVICE_COUNT)]
     _state.physical = _SIMULATED[0]
     _declared_rules()

@@ -24,6 +24,7 @@ class _Count:
     current = 0
     peak = 0
     stage_peak = 0
+    stage_start = 0  # what was held when the stage started: another run's tensors still alive, not the stage's
     allocations = 0
     frees = 0
 
@@ -85,13 +86,18 @@ def reset_peak() -> None:
 
 
 def start_stage() -> None:
-    """Start the audit's peak of a stage from what is held now."""
-    _count.stage_peak = _count.current
+    """Start the audit's count of a stage from what is held now, which is not the stage's."""
+    _count.stage_peak = _count.stage_start = _count.current
 
 
 def stage_peak() -> int:
-    """The most bytes held at once since ``start_stage``."""
-    return _count.stage_peak
+    """The most bytes the stage held at once since ``start_stage``, as a process of its own would count them."""
+    return max(_count.stage_peak - _count.stage_start, 0)
+
+
+def stage_allocated() -> int:
+    """The bytes the stage holds now."""
+    return max(_count.current - _count.stage_start, 0)
 
 
 def reserved(held: int | None = None) -> int:
