@@ -771,10 +771,12 @@ class SegmentationLossWarned(SegmentationLoss):
 
 
 class AdaptivePoolTo2x2(Images):
-    expected = bug(None, kind="deterministic", said="the backward pass's AdaptiveAvgPool2DBackward0")
+    """Its backward adds with atomics on CUDA: found in the backward pass, named at the forward's line."""
+
+    expected = bug("# pooled to 2x2", kind="deterministic", said="in its backward pass (AdaptiveAvgPool2DBackward0)")
 
     def layer(self, images):
-        return F.adaptive_avg_pool2d(F.interpolate(images, scale_factor=2, mode="nearest"), 2)
+        return F.adaptive_avg_pool2d(F.interpolate(images, scale_factor=2, mode="nearest"), 2)  # pooled to 2x2
 
 
 class AdaptivePoolTo1x1(Images):
@@ -783,17 +785,17 @@ class AdaptivePoolTo1x1(Images):
 
 
 class AdaptiveMaxPool(Images):
-    expected = bug(None, kind="deterministic", said="adaptive_max_pool2d_backward_cuda")
+    expected = bug("# max-pooled", kind="deterministic", said="adaptive_max_pool2d_backward_cuda")
 
     def layer(self, images):
-        return F.adaptive_max_pool2d(images, 1)
+        return F.adaptive_max_pool2d(images, 1)  # max-pooled
 
 
 class BicubicUpsampling(Images):
-    expected = bug(None, kind="deterministic", said="upsample_bicubic2d_backward_out_cuda")
+    expected = bug("# bicubic", kind="deterministic", said="upsample_bicubic2d_backward_out_cuda")
 
     def layer(self, images):
-        return F.interpolate(images, scale_factor=2, mode="bicubic", align_corners=False)
+        return F.interpolate(images, scale_factor=2, mode="bicubic", align_corners=False)  # bicubic
 
 
 class BilinearUpsampling(Images):
@@ -804,10 +806,10 @@ class BilinearUpsampling(Images):
 
 
 class ReflectionPadding(Images):
-    expected = bug(None, kind="deterministic", said="reflection_pad1d_backward_out_cuda")
+    expected = bug("# padded by reflection", kind="deterministic", said="reflection_pad1d_backward_out_cuda")
 
     def layer(self, images):
-        return F.pad(images.flatten(2), (1, 1), mode="reflect")
+        return F.pad(images.flatten(2), (1, 1), mode="reflect")  # padded by reflection
 
 
 class ReplicatePadding(Images):
@@ -820,10 +822,10 @@ class ReplicatePadding(Images):
 class MaxPooling3d(Images):
     """3-d max pooling: its backward adds with atomics on CUDA."""
 
-    expected = bug(None, kind="deterministic", said="max_pool3d_with_indices_backward_cuda")
+    expected = bug("# pooled in 3-d", kind="deterministic", said="max_pool3d_with_indices_backward_cuda")
 
     def layer(self, images):
-        return F.max_pool3d(images[:, None], kernel_size=(1, 2, 2))[:, 0]
+        return F.max_pool3d(images[:, None], kernel_size=(1, 2, 2))[:, 0]  # pooled in 3-d
 
 
 class MaxPooling3dWithIndices(Images):
@@ -835,11 +837,11 @@ class MaxPooling3dWithIndices(Images):
 
 
 class GridSampleNotAligned(Images):
-    expected = bug(None, kind="deterministic", said="grid_sampler_2d_backward_cuda")
+    expected = bug("# sampled, corners not aligned", kind="deterministic", said="grid_sampler_2d_backward_cuda")
 
     def layer(self, images):
         grid = images.new_zeros(images.shape[0], 2, 2, 2)
-        return F.grid_sample(images, grid, align_corners=False)
+        return F.grid_sample(images, grid, align_corners=False)  # sampled, corners not aligned
 
 
 class GridSampleAlignedTakesCudnn(GridSampleNotAligned):
@@ -935,14 +937,14 @@ class DeterministicByPyTorch(HistogramOfFloats):
 class TurnsDeterminismOnItself(Images):
     """The code's own call, as it stands at each operation: on for the steps after on_fit_start."""
 
-    expected = bug(None, kind="deterministic", said="adaptive_max_pool2d_backward_cuda")
+    expected = bug("# max-pooled after on_fit_start", kind="deterministic", said="adaptive_max_pool2d_backward_cuda")
     deterministic = None
 
     def on_fit_start(self):
         torch.use_deterministic_algorithms(True)
 
     def layer(self, images):
-        return F.adaptive_max_pool2d(images, 1)
+        return F.adaptive_max_pool2d(images, 1)  # max-pooled after on_fit_start
 
 
 class TurnsDeterminismOffAroundIt(TurnsDeterminismOnItself):

@@ -133,6 +133,10 @@ def explain(
     node = next((link._audit_backward_of for link in chain if getattr(link, "_audit_backward_of", None)), None)
     outside = f"a line outside your code (the backward pass's {node})" if node else "a line outside your code"
     at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else outside
+    forward = getattr(device_error, "forward_line", None)
+    if frame is None and forward is not None:  # a backward kernel: the line that ran its forward operation
+        frame = traceback.FrameSummary(*forward, "forward")
+        at = f"{_shown(frame.filename)}:{frame.lineno}, in its backward pass" + (f" ({node})" if node else "")
     if device_error is None:
         reason = _limitation(chain) or f"{type(err).__name__}: {_first_line(err)}"
         return f"{hook} stopped at {at}: {reason}"

@@ -124,13 +124,29 @@ ALERTS: dict[str, tuple[str, _Condition]] = {
 }
 
 
+def _forward_of(backward: str) -> str | None:
+    """The forward operation whose backward is the operation ``backward`` (``upsample_bilinear2d_backward``:
+    ``upsample_bilinear2d``), or None for an operation that is no backward."""
+    for suffix in ("_dense_backward", "_backward"):
+        if backward.endswith(suffix):
+            return backward.removesuffix(suffix)
+    return None
+
+
+# The forward operations whose backward CUDA refuses in deterministic mode.
+_FORWARDS = {_forward_of(name) for name in ALERTS} - {None}
+
+
 class Alert:
-    """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would."""
+    """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would.
 
-    __slots__ = ("condition", "func", "kernel", "names")
+    A backward pass runs in no line of the user's code: the line is the one that ran its forward operation (the
+    last before the backward pass; ``_forward_lines``), where the operation would be changed."""
 
-    def __init__(self, func, kernel: str, condition: _Condition) -> None:
-        self.func, self.kernel, self.condition = func, kernel, condition
+    __slots__ = ("condition", "forward", "func", "kernel", "names")
+
+    def __init__(self, func, kernel: str, condition: _Condition, forward: str | None = None) -> None:
+        self.func, self.kernel, self.condition, self.forward = func, kernel, condition, forward
         self.names = [argument.name for argument in func._schema.arguments]
 
     def check(self, args: tuple, kwargs: dict) -> None:
@@ -138,23 +154,45 @@ class Alert:
             return
         if self.condition is not None and not self.condition({**dict(zip(self.names, args, strict=False)), **kwargs}):
             return
+        line = users_line(2) or _forward_lines.get(self.forward)
         if torch.is_deterministic_algorithms_warn_only_enabled():
-            _warned.setdefault(users_line(2), self.kernel)
+            _warned.setdefault(line, self.kernel)
             warnings.warn(WARNING.format(kernel=self.kernel), UserWarning, stacklevel=2)
             return
-        raise SimulatedDeviceError(ERROR.format(kernel=self.kernel), kind="deterministic", operation=str(self.func))
+        error = SimulatedDeviceError(ERROR.format(kernel=self.kernel), kind="deterministic", operation=str(self.func))
+        error.forward_line = line if self.forward is not None else None
+        raise error
 
 
-def alert_of(func) -> Alert | None:
-    """The alert of ``func``'s CUDA kernel in deterministic mode, or None where it has none."""
+class _Forward:
+    """A forward operation whose backward CUDA refuses in deterministic mode: ``check`` notes the line that ran it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def check(self, args: tuple, kwargs: dict) -> None:
+        if torch.are_deterministic_algorithms_enabled():
+            line = users_line(2, through_libraries=True)  # a layer's forward: the model's line that called it
+            if line is not None:
+                _forward_lines[self.name] = line
+
+
+def alert_of(func) -> Alert | _Forward | None:
+    """The alert of ``func``'s CUDA kernel in deterministic mode (or, for a forward operation whose backward has
+    one, what notes its line), or None."""
     if func.namespace != "aten":
         return None
     name = func._schema.name.split("::")[-1]
     found = ALERTS.get(f"{name}.{func._overloadname}") or ALERTS.get(name)
-    return Alert(func, *found) if found is not None else None
+    if found is not None:
+        return Alert(func, *found, forward=_forward_of(name))
+    return _Forward(name) if name in _FORWARDS else None
 
 
-_warned: dict[tuple[str, int] | None, str] = {}  # each line (None: a backward pass) warned at, and its kernel
+_warned: dict[tuple[str, int] | None, str] = {}  # each line (None: unknown) warned at, and its kernel
+_forward_lines: dict[str | None, tuple[str, int]] = {}  # by forward operation, the user's line that last ran it
 
 
 def warned() -> list[tuple[tuple[str, int] | None, str]]:
@@ -164,3 +202,4 @@ def warned() -> list[tuple[tuple[str, int] | None, str]]:
 
 def forget_warned() -> None:
     _warned.clear()
+    _forward_lines.clear()
