@@ -71,7 +71,10 @@ def test_the_summary_holds_each_step_the_agreement_table_and_what_failed():
         | {"audit right": "ok", "device right": "ok", "agrees": "yes"},
         {"rule": "ctc_loss", "device": "gpu", "audit right": "ok", "device right": "RuntimeError: no", "agrees": "NO"},
     ]
-    text = summary("NVIDIA H200 (CUDA 13.0)", steps, rows)
+    memory = [{"model": "mlp", "steps": "2 with Adam", "audit": 10845184, "CUDA's max_memory_allocated": 19233792}]
+    text = summary("NVIDIA H200 (CUDA 13.0)", steps, rows, [row | {"agrees": "yes"} for row in memory])
+    assert "## GPU memory: the audit's count beside CUDA's" in text
+    assert "| mlp | 2 with Adam | 10845184 | 19233792 | yes |" in text
     assert "| tests marked gpu | passed | 61 |" in text
     assert "| one epoch | failed (exit status 1) | 5 |" in text
     assert "| the benchmark | stopped after 100 s | 100 |" in text

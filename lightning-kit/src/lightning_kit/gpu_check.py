@@ -20,7 +20,8 @@ The project's package is ``--package``, else the package of the command line the
 with (a project's thin module calls ``main(cli_class=ProjectCLI)``), else the one package in the
 project's ``src/`` with a ``bench`` module. The summary (Markdown) names the GPU and PyTorch, each
 step's result and time, the agreement table (rule, the audit's verdict, the GPU's and FakeTensor's
-for each version), and the end of the output of a step that failed. Exit status: 0 every step passed, 1 one
+for each version), the audit's count of GPU memory beside ``torch.cuda.max_memory_allocated`` for
+the same training steps, and the end of the output of a step that failed. Exit status: 0 every step passed, 1 one
 failed, 2 no CUDA GPU here (one line, nothing written), a summary that exists already (without
 ``--overwrite``), or a project folder or configuration that is not there.
 """
@@ -215,14 +216,15 @@ def run(step: Step, project: Path) -> Step:
     return step
 
 
-def agreement_rows(junit: Path) -> list[dict[str, str]]:
-    """The agreement rows the placement rules' tests recorded in pytest's JUnit XML report."""
+def agreement_rows(junit: Path, name: str = "agreement") -> list[dict[str, str]]:
+    """The rows the tests recorded in pytest's JUnit XML report under ``name``: the placement rules' agreement, or
+    ``"memory"``, the audit's count of GPU memory beside CUDA's (tests/test_gpu_memory.py)."""
     if not junit.is_file():
         return []
     rows = []
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         for prop in case.iter("property"):
-            if prop.get("name") == "agreement":
+            if prop.get("name") == name:
                 row = json.loads(prop.get("value", "{}"))
                 row["agrees"] = "yes" if case.find("failure") is None and case.find("error") is None else "NO"
                 rows.append(row)
@@ -234,8 +236,12 @@ COLUMNS = ("rule", "device", "audit wrong", "device wrong", "audit right", "devi
 COLUMNS += ("fake wrong", "fake right")
 
 
-def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]]) -> str:
-    """The summary in Markdown: the machine, each step, the agreement table, the output of what failed."""
+MEMORY_COLUMNS = ("model", "steps", "audit", "CUDA's max_memory_allocated", "agrees")
+
+
+def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memory: list[dict[str, str]] = ()) -> str:
+    """The summary in Markdown: the machine, each step, the agreement table, the audit's count of GPU memory beside
+    CUDA's, the output of what failed."""
     lines = [
         "# GPU check",
         "",
@@ -254,6 +260,10 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]]) -> s
         lines += ["", f"{sum(row['agrees'] == 'yes' for row in rows)} of {len(rows)} agree."]
     else:
         lines.append("No agreement rows were recorded (see the tests' step).")
+    if memory:
+        lines += ["", "## GPU memory: the audit's count beside CUDA's", ""]
+        lines += [f"| {' | '.join(MEMORY_COLUMNS)} |", f"|{' --- |' * len(MEMORY_COLUMNS)}"]
+        lines += [f"| {' | '.join(_cell(row.get(column, '-')) for column in MEMORY_COLUMNS)} |" for row in memory]
     for step in steps_run:
         if not step.passed:
             tail = step.output.strip().splitlines()[-OUTPUT_LINES:]
@@ -305,7 +315,8 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
             done.append(run(step, project.folder))
             print(f"  {step.result} ({step.seconds:.0f} s)", flush=True)
         rows = [row for name in ("gpu.xml", "project-gpu.xml") for row in agreement_rows(Path(folder) / name)]
-    write_atomically(options.out, summary(device, done, rows))
+        memory = agreement_rows(Path(folder) / "gpu.xml", "memory")
+    write_atomically(options.out, summary(device, done, rows, memory))
     print(f"summary: {options.out}")
     sys.exit(0 if all(step.passed for step in done) else 1)
 
