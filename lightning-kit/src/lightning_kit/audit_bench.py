@@ -5,7 +5,7 @@ schedule, in fresh processes, alternating.
     python -m lightning_kit.bench --audit t5 gpt2 --repeats 5
 
 The plain run is what the audit runs, without the simulated GPU: Lightning's ``Trainer`` on the CPU, with its
-default logger and checkpoints, for each of the audit's passes (one GPU, then the second process of two) ``fit``
+default logger and checkpoints, for each of the audit's passes (one GPU, then each process of two under DDP) ``fit``
 for two epochs of two batches with one sanity step, then ``validate``, ``test`` and ``predict``. Each measurement
 is a process of its own (what an audit in a test session costs, its first calls included), plain and audit
 alternating, ``--repeats`` of each; the table gives the median time of each and their ratio, how many operations
@@ -40,7 +40,7 @@ CHILD_TIMEOUT_S = 30 * 60
 
 
 def plain_run(model: L.LightningModule, data: L.LightningDataModule) -> None:
-    """The audit's schedule on the CPU, as a plain Trainer runs it: both passes, each stage."""
+    """The audit's schedule on the CPU, as a plain Trainer runs it: every pass, each stage."""
     with tempfile.TemporaryDirectory(prefix="plain-run-") as folder:
         for rank, _ in PASSES:
             trainer = L.Trainer(accelerator="cpu", devices=1, default_root_dir=Path(folder) / f"rank{rank}", **SCHEDULE)

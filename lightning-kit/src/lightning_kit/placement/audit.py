@@ -44,7 +44,6 @@ from .simulated.collectives import note, process_group, recorded
 from .stages import LOADER_OF_STAGE, check_arguments, no_step, not_run, steps
 from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
 
-# One GPU, then the second process of two under DDP.
 PASSES = ((0, 1), (0, 2), (1, 2))  # one GPU; then each process of a two-GPU DDP run
 EPOCHS, BATCHES = 2, 2
 # The Trainer settings of each pass's short schedule (the benchmark's plain run takes the same).
