@@ -134,10 +134,10 @@ class Wide(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit_outcome(batch_size: int) -> Outcome:
-    """The audit of ``Wide`` on one batch of ``batch_size``: its fit on one simulated GPU."""
+def _fit_outcome(batch_size: int, world_size: int = 1) -> Outcome:
+    """The audit of ``Wide`` on one batch of ``batch_size``: its fit on one simulated GPU (or as DDP's rank 0)."""
     verdict = audit(Wide(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,))))
-    return next(outcome for outcome in verdict.outcomes if outcome.stage == "fit" and outcome.rank == 0)
+    return next(o for o in verdict.outcomes if (o.stage, o.rank, o.world_size) == ("fit", 0, world_size))
 
 
 def test_each_stage_reports_its_peak_what_it_holds_and_its_batch_size():
@@ -147,6 +147,9 @@ def test_each_stage_reports_its_peak_what_it_holds_and_its_batch_size():
     # Held after a step: parameters, gradients and SGD's (no) state; the peak adds a batch's activations.
     assert 2 * parameters <= outcome.held <= 2 * parameters + 64 * 1024, (outcome.held, parameters)
     assert outcome.peak > outcome.held + 64 * 4096 * 4
+    # Under DDP, DistributedDataParallel's gradient buckets besides: the gradients' size again.
+    ddp = _fit_outcome(64, world_size=2)
+    assert 3 * parameters <= ddp.held <= 3 * parameters + 64 * 1024, (ddp.held, parameters)
 
 
 def test_the_largest_batch_estimate_holds_at_twice_the_batch():

@@ -9,8 +9,9 @@ the optimizer's state). A GPU holds more than its tensors: the allocator reserve
 first tensor. Those are estimates (``CONTEXT``), said as such. The largest batch is a linear
 estimate: what a batch adds beyond what is held, scaled to the room left. What the count does not
 see: kernels a GPU runs of its own (cuDNN's recurrent layers and convolution workspaces, flash
-attention) are counted as the CPU computes them, and the second DDP rank's gradient buckets
-(about the size of the gradients again) are not simulated.
+attention) are counted as the CPU computes them. Under DDP the gradient buckets (about the size of
+the gradients again) are counted: PyTorch's own ``DistributedDataParallel`` makes them on the
+simulated GPU in the audit's DDP passes.
 
 ``python -m lightning_kit.placement ... --gpu_memory 24GB`` (or a GPU's name: ``A10G``, ``T4``,
 ``H100``, ...) prints, per stage, whether it fits; one that does not is an exit status of 1, as a
