@@ -8,6 +8,7 @@ exception with the hook or loop step it came from; ``simulated_run`` is the run 
 """
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -33,6 +34,14 @@ from .simulated import SimulatedDeviceError
 from .simulated.collectives import note
 
 SIMULATED = simulated.DEVICE_TYPE  # --accelerator simgpu
+# What DistributedDataParallel's own checks say as it wraps a module (torch/nn/parallel/distributed.py, and its
+# broadcast of the module's state from rank 0), the same on GPUs: a model with nothing to train, a sparse buffer, a
+# module on two kinds of device, SyncBatchNorm off the GPU, parameters whose shapes differ between the processes.
+_DDP_REFUSES = re.compile(
+    r"any parameter that requires a gradient|sparse|same type of devices|SyncBatchNorm layers only work|"
+    r"DDP expects same model across all ranks",
+    flags=re.IGNORECASE,
+)
 # Lightning's names for mixed precision, as a Trainer or the command line may give them.
 MIXED = {"16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed", "16": "16-mixed", "bf16": "bf16-mixed", 16: "16-mixed"}
 
@@ -136,7 +145,9 @@ class SimulatedGPUStrategy(ParallelStrategy):
         torch.distributed.set_debug_level(torch.distributed.DebugLevel.INFO)  # the reducer names unused parameters
         try:
             wrapped = DistributedDataParallel(module=model, device_ids=None, **self._ddp_options)
-        except (RuntimeError, ValueError) as refused:  # DDP's own checks of the module it wraps, as on GPUs
+        except (RuntimeError, ValueError) as refused:
+            if not _DDP_REFUSES.search(str(refused)):
+                raise  # not a refusal of DDP's own: what the simulation could not do, a gap
             raise SimulatedDeviceError(str(refused), kind="DDP", operation="DistributedDataParallel") from refused
         finally:
             torch.distributed.set_debug_level(level)
