@@ -10,7 +10,9 @@ Classes of model that used to get a verdict the audit had not earned:
 - convolutions and other composite operations given a CPU operand: the device error CUDA raises;
 - the line that made the CPU tensor, one or more calls and files away from where it met the GPU;
 - and, beyond placement, deterministic mode: a kernel CUDA has no deterministic implementation of stops the
-  run, under the Trainer's flag or the code's own call; what PyTorch makes deterministic on CUDA passes.
+  run, under the Trainer's flag or the code's own call; what PyTorch makes deterministic on CUDA passes;
+- DDP: a trainable parameter no loss reaches, the processes' collectives parting (a hang on GPUs), and what
+  DistributedDataParallel refuses as it wraps the model (lazy modules, a sparse buffer).
 
 Each class says what the audit must find (``expected``); a correct twin of each wrong one passes.
 ``python gpu_branch_cases.py`` audits every case in a forked child of its own (``run_audit(...,
@@ -1110,6 +1112,72 @@ class BarrierOnRankZeroOnly(Probe):
     def on_train_epoch_end(self):
         if self.trainer.is_global_zero:
             torch.distributed.barrier()  # a barrier rank 1 never reaches
+
+
+# What DistributedDataParallel checks as it wraps the model, before the first batch: on GPUs as in the audit.
+
+
+class LazyHeadMaterialisedByTheFirstBatch(Probe):
+    """Right on one GPU; under DDP the head is still uninitialised when DDP wraps the model."""
+
+    expected = bug(None, kind="lazy modules", said="uninitialized: net.weight, net.bias")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.LazyLinear(3)
+
+
+class LazyHeadMaterialisedInSetup(LazyHeadMaterialisedByTheFirstBatch):
+    expected = PASSES
+
+    def setup(self, stage):
+        self.net(torch.zeros(2, 8))  # on the CPU, before Lightning moves the model and DDP wraps it
+
+
+class SparseAdjacencyBuffer(Probe):
+    """DDP broadcasts rank 0's buffers as it wraps the model, and cannot broadcast a sparse one."""
+
+    expected = bug(None, kind="DDP", said="No support for sparse tensors")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("adjacency", torch.eye(3).to_sparse())
+
+    def forward(self, features):
+        return (self.adjacency @ self.net(features).t()).t()
+
+
+class FrozenBackbone(Probe):
+    """A frozen layer is no parameter of DDP's: it needs no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Linear(8, 8).requires_grad_(False)
+
+    def forward(self, features):
+        return self.net(self.backbone(features))
+
+
+class GradientCheckpointed(Probe):
+    """Activations recomputed in the backward pass (non-reentrant), which DDP's reducer supports."""
+
+    def forward(self, features):
+        return torch.utils.checkpoint.checkpoint(self.net, features, use_reentrant=False)
+
+
+class ManualOptimizationUnderDDP(Probe):
+    """manual_backward under DDP, a value logged with sync_dist on every rank."""
+
+    automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        optimizer = self.optimizers()
+        loss = F.cross_entropy(self(features), labels)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        self.log("train/loss", loss, sync_dist=True)
 
 
 CASES = {
