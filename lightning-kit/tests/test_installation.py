@@ -377,3 +377,12 @@ def test_a_baked_project_without_its_library_says_how_to_install_it_in_one_line(
     assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
     assert done.stderr.startswith("error: lightning-kit, the library this project runs on, is not installed here")
     assert 'pip install -e ".[dev]"' in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_version_the_library_says_is_the_installed_distributions():
+    """``lightning_kit.__version__`` is what pip installed (a commit of its own), not a number written by hand."""
+    import importlib.metadata
+
+    import lightning_kit
+
+    assert lightning_kit.__version__ == importlib.metadata.version("lightning-kit")

@@ -15,9 +15,13 @@ Everything else is reached through its module; names that start with ``_`` are p
 """
 
 import importlib
+import importlib.metadata
 from typing import Any
 
-__version__ = "0.1.0"
+try:  # the installed distribution's, from git: each commit of the repository is a version of its own
+    __version__ = importlib.metadata.version("lightning-kit")
+except importlib.metadata.PackageNotFoundError:  # imported from a folder, not installed
+    __version__ = "0.1.0"
 
 _PUBLIC = {
     "audit": "lightning_kit.placement",
