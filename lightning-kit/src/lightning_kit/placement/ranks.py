@@ -32,27 +32,26 @@ def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | 
     by_line: list[dict[tuple[str, int], list[Call]]] = [{}, {}]
     for calls, lines in zip((first, second), by_line, strict=True):
         for call in calls:
-            if call[2] is not None:
-                lines.setdefault(call[2], []).append(call)
+            if call.line is not None:
+                lines.setdefault(call.line, []).append(call)
     for call in (*first, *second):
-        line = call[2]
-        if line is None:
+        if call.line is None:
             continue
-        mine, theirs = by_line[0].get(line, []), by_line[1].get(line, [])
+        mine, theirs = by_line[0].get(call.line, []), by_line[1].get(call.line, [])
         if not mine or not theirs:
             return (mine[0] if mine else None), (theirs[0] if theirs else None)
         for a, b in zip(mine, theirs, strict=False):
-            if a[:2] != b[:2]:
+            if a.signature != b.signature:
                 return a, b
     return None
 
 
 def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacementError:
     """The bug of a DDP run whose processes part at ``parted``: where, what each called, and the fix."""
-    calls = parted
-    at = next(call[2] for call in calls if call is not None)
-    lines = [f"{stage} as DDP ranks 0 and 1 of 2: the processes part at {_shown(at[0])}:{at[1]}"]
-    for rank, call in enumerate(calls):
+    called = next(call for call in parted if call is not None)
+    filename, lineno = called.line
+    lines = [f"{stage} as DDP ranks 0 and 1 of 2: the processes part at {_shown(filename)}:{lineno}"]
+    for rank, call in enumerate(parted):
         lines.append(f"    rank {rank}: {_said(call)}")
     lines.append(
         "On GPUs: no error. Each process waits for the other's matching call, and NCCL's watchdog stops both after "
@@ -65,9 +64,9 @@ def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacement
         stage=stage,
         rank=1,
         hook="",
-        operation=next(call[0] for call in calls if call is not None),
-        filename=at[0] if at else "",
-        lineno=at[1] if at else 0,
+        operation=called.operation,
+        filename=filename,
+        lineno=lineno,
     )
 
 

@@ -77,7 +77,8 @@ of the library. Private and experimental PyTorch APIs it relies on, all of them 
 package and nowhere else in the library (tested with torch 2.10 and 2.14):
 
 - ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (new in
-  torch 2.10: older versions stop with ``SimulationUnavailableError``) (``backend.py``);
+  torch 2.10: older versions stop with ``SimulationUnavailableError``), with its
+  ``_DummyPrivateUse1Hook`` answering that the device has no primary context (``backend.py``);
 - ``torch.Tensor._make_wrapper_subclass``, and
   ``torch.utils._python_dispatch.return_and_correct_aliasing`` for in-place view operations,
   and ``torch._C._InferenceMode``, to make a view's wrapper outside inference mode (``tensor.py``);

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
 import torch
@@ -209,9 +209,19 @@ class SimulatedProcessGroup(dist.ProcessGroup):
         """Gloo's barrier that names a late rank: every simulated rank is here already."""
 
 
-# The collectives this process called, while ``recorded``: each its operation, its tensors' shapes and dtypes, and
-# the line of the user's code that called it (None: a library's own, such as DDP's reducer).
-Call = tuple[str, tuple[tuple[tuple[int, ...], str], ...], tuple[str, int] | None]
+class Call(NamedTuple):
+    """A collective this process called, while ``recorded``."""
+
+    operation: str
+    tensors: tuple[tuple[tuple[int, ...], str], ...]  # each tensor's shape and dtype
+    line: tuple[str, int] | None  # of the user's code that called it (None: a library's own, as DDP's reducer)
+
+    @property
+    def signature(self) -> tuple:
+        """What the other process's matching call must have too."""
+        return self.operation, self.tensors
+
+
 _calls: list[Call] | None = None
 
 
@@ -231,7 +241,7 @@ def note(operation: str, tensors: Any, depth: int = 1) -> None:
     """Record a collective called (``depth`` frames up: the caller's caller), where they are recorded."""
     if _calls is not None:
         shapes = tuple((tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for tensor in _flat(tensors))
-        _calls.append((operation, shapes, users_line(depth + 1, through_libraries=True)))
+        _calls.append(Call(operation, shapes, users_line(depth + 1, through_libraries=True)))
 
 
 def _creator(backend: str):

@@ -154,13 +154,13 @@ class Alert:
             return
         if self.condition is not None and not self.condition({**dict(zip(self.names, args, strict=False)), **kwargs}):
             return
-        line = users_line(2) or _forward_lines.get(self.forward)
+        forward_line = _forward_lines.get(self.forward)
         if torch.is_deterministic_algorithms_warn_only_enabled():
-            _warned.setdefault(line, self.kernel)
+            _warned.setdefault(users_line(2) or forward_line, self.kernel)
             warnings.warn(WARNING.format(kernel=self.kernel), UserWarning, stacklevel=2)
             return
         error = SimulatedDeviceError(ERROR.format(kernel=self.kernel), kind="deterministic", operation=str(self.func))
-        error.forward_line = line if self.forward is not None else None
+        error.forward_line = forward_line  # where a backward pass has no line of the user's code (explain.py)
         raise error
 
 
