@@ -14,8 +14,8 @@ import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from test_simulated_gpu import BATCH
 
-from lightning_kit.placement.simulated import fake_check
-from lightning_kit.placement.simulated.fake_check import CANNOT_EXPRESS, FakeVerdict
+from lightning_kit.gpu_audit.simulated import fake_check
+from lightning_kit.gpu_audit.simulated.fake_check import CANNOT_EXPRESS, FakeVerdict
 
 DDP = "under DDP"
 

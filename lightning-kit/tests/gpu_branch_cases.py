@@ -1189,8 +1189,8 @@ CASES = {
 
 def main(names: list[str]) -> None:
     """Audit each case named (every case if none) in a forked child, and print its verdict as a JSON line."""
-    from lightning_kit.placement import run_audit
-    from lightning_kit.placement.isolation import can_fork
+    from lightning_kit.gpu_audit import run_audit
+    from lightning_kit.gpu_audit.isolation import can_fork
 
     for name in names or CASES:
         forked = can_fork()  # the audit then runs in a process of its own

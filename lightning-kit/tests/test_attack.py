@@ -31,8 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_kit import cli, export, guide, lint_placement, plots
-from lightning_kit.placement import command as placement
+from lightning_kit import cli, export, guide, lint_placement, placement, plots
 from lightning_kit.runs import command as runs
 from lightning_kit.serve import command as serve
 from lightning_kit.sweep import command as sweep

@@ -23,8 +23,8 @@ from torch.nn.parameter import UninitializedParameter
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.placement import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, run_audit, simulated
-from lightning_kit.placement.audit import PASSES
+from lightning_kit.gpu_audit import EXIT_INCOMPLETE, EXIT_PASSED, AuditIncompleteError, audit, run_audit, simulated
+from lightning_kit.gpu_audit.audit import PASSES
 
 
 def test_shipped_model_and_data_pass_the_audit(in_tmp_path, synthetic_config, capsys):
@@ -320,7 +320,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_kit.placement import DevicePlacementError, audit
+from lightning_kit.gpu_audit import DevicePlacementError, audit
 
 BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
 

@@ -23,7 +23,7 @@ from test_simulated_gpu import line_of as line_in
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_kit.placement import AuditIncompleteError, DevicePlacementError, audit, run_audit
+from lightning_kit.gpu_audit import AuditIncompleteError, DevicePlacementError, audit, run_audit
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning"),
@@ -333,7 +333,7 @@ class Slow(Probe):
 
 @pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "forked"])
 def test_a_long_stage_is_said_to_be_running_and_a_short_one_is_not(monkeypatch, isolate):
-    from lightning_kit.placement import isolation
+    from lightning_kit.gpu_audit import isolation
 
     monkeypatch.setattr(isolation, "LONG_STAGE_S", 2.0)
     monkeypatch.setattr(isolation, "STILL_EVERY_S", 60.0)

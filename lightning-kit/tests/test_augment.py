@@ -3,7 +3,7 @@
 import torch
 
 from lightning_kit.data.augment import random_crop_flip
-from lightning_kit.placement import SIMULATED, run_on_simulated_gpu
+from lightning_kit.gpu_audit import SIMULATED, run_on_simulated_gpu
 
 
 def test_random_crop_flip_gives_shifted_or_mirrored_crops():

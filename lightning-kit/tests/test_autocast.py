@@ -1,7 +1,7 @@
 """Rule 15 of the placement guide: autocast (16-mixed, bf16-mixed, torch.autocast regions) on the simulated GPU.
 
 Autocast on the simulated GPU casts by CUDA's policy, read from the op lists PyTorch ships
-(``placement/simulated/autocast.py``): a manual ``torch.autocast(x.device.type, ...)`` region is
+(``gpu_audit/simulated/autocast.py``): a manual ``torch.autocast(x.device.type, ...)`` region is
 audited, the Trainer's mixed precision runs as mixed precision, and what CUDA's autocast refuses
 (a dtype mix, ``binary_cross_entropy``) stops at its line.
 """
@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from image_project.cli import ProjectCLI
 from test_simulated_gpu import BATCH, Probe, assert_rule
 
-from lightning_kit.placement import audit, simulated
-from lightning_kit.placement.command import main as audit_main
-from lightning_kit.placement.simulated.autocast import cuda_policies
+from lightning_kit.gpu_audit import audit, simulated
+from lightning_kit.gpu_audit.simulated.autocast import cuda_policies
+from lightning_kit.placement import main as audit_main
 
 
 def _registered(key: str) -> set[str]:

@@ -1,6 +1,6 @@
 """The placement rules about what the code says, not where its tensors are: each shown wrong and right.
 
-While simulating, the simulated GPU (``placement/simulated/code_checks.py``) stops at
+While simulating, the simulated GPU (``gpu_audit/simulated/code_checks.py``) stops at
 ``.numpy()`` of a GPU tensor, at a CPU generator drawing GPU numbers, at a device written
 into the code and, in the second process of a DDP run, at code that picks another
 process's GPU: where a GPU run would fail because of what the code says.
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from test_simulated_gpu import BATCH, Probe, assert_rule, line_of
 
-from lightning_kit.placement import DevicePlacementError, audit
+from lightning_kit.gpu_audit import DevicePlacementError, audit
 
 # Rule 6, continued: no .numpy() of a GPU tensor.
 

@@ -1,7 +1,7 @@
 """Rule 16 of the placement guide: ``torch.distributed`` collectives take tensors on the process's GPU.
 
 As the second process of a two-GPU DDP run, the audit has a process group
-(``placement/simulated/collectives.py``): in this one process, on an in-memory store, with
+(``gpu_audit/simulated/collectives.py``): in this one process, on an in-memory store, with
 NCCL's device rule. Code that calls ``torch.distributed`` itself (inside an
 ``is_initialized()`` guard, say) is run, and a CPU tensor given to a collective stops at its line.
 """
@@ -19,9 +19,9 @@ from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.placement import SimulatedGPUStrategy, audit, simulated
-from lightning_kit.placement.simulated import SimulatedDeviceError
-from lightning_kit.placement.simulated.collectives import process_group
+from lightning_kit.gpu_audit import SimulatedGPUStrategy, audit, simulated
+from lightning_kit.gpu_audit.simulated import SimulatedDeviceError
+from lightning_kit.gpu_audit.simulated.collectives import process_group
 
 
 class CountsOnTheCPU(Probe):

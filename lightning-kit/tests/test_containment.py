@@ -20,15 +20,15 @@ import pytest
 import torch
 from conftest import HANG_GUARD_S
 
-from lightning_kit.placement import EXIT_INCOMPLETE, simulated
-from lightning_kit.placement.simulated import containment
+from lightning_kit.gpu_audit import EXIT_INCOMPLETE, simulated
+from lightning_kit.gpu_audit.simulated import containment
 
 CASES = """import os
 import torch
 import torch.nn.functional as F
 import lightning as L
 from torch import nn
-from lightning_kit.placement import AuditIncompleteError, DevicePlacementError, audit, simulated
+from lightning_kit.gpu_audit import AuditIncompleteError, DevicePlacementError, audit, simulated
 
 BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
 
@@ -187,7 +187,7 @@ import torch.nn.functional as F
 import lightning as L
 from torch import nn
 
-from lightning_kit.placement import AuditIncompleteError, audit, run_audit
+from lightning_kit.gpu_audit import AuditIncompleteError, audit, run_audit
 
 BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
 

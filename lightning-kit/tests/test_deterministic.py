@@ -1,6 +1,6 @@
 """The simulated GPU's table of CUDA's deterministic-mode alerts, held against the installed PyTorch.
 
-``placement/simulated/deterministic.py`` holds CUDA's kernels that refuse to run under
+``gpu_audit/simulated/deterministic.py`` holds CUDA's kernels that refuse to run under
 ``torch.use_deterministic_algorithms(True)``, read from PyTorch's CUDA sources. The installed
 PyTorch's own documentation of that function lists them too: every entry it says "will throw" is
 in the table (or here, with why it is not), so that a PyTorch that adds one fails this test, and
@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from lightning_kit.placement.simulated.deterministic import ALERTS
+from lightning_kit.gpu_audit.simulated.deterministic import ALERTS
 
 # The documentation's names of what throws, and the operations of the table that are theirs.
 DOCUMENTED = {

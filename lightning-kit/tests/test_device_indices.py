@@ -12,7 +12,7 @@ import torch
 from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
-from lightning_kit.placement import audit, simulated
+from lightning_kit.gpu_audit import audit, simulated
 
 
 @pytest.mark.parametrize("index", [0, 1])

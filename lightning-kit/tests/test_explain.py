@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_simulated_gpu import BATCH, Probe, line_of
 
-from lightning_kit.placement import EXIT_INCOMPLETE, AuditIncompleteError, DevicePlacementError, audit, explain
+from lightning_kit.gpu_audit import EXIT_INCOMPLETE, AuditIncompleteError, DevicePlacementError, audit, explain
 
 
 class Unfinished(Probe):

@@ -18,10 +18,10 @@ from test_placement_main import main
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from lightning_kit.placement import audit, simulated
-from lightning_kit.placement.gpu_memory import GIB, MIB, judged, largest_batch, parse_capacity
-from lightning_kit.placement.simulated import memory
-from lightning_kit.placement.verdict import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, Outcome, Verdict
+from lightning_kit.gpu_audit import audit, simulated
+from lightning_kit.gpu_audit.gpu_memory import GIB, MIB, judged, largest_batch, parse_capacity
+from lightning_kit.gpu_audit.simulated import memory
+from lightning_kit.gpu_audit.verdict import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, Outcome, Verdict
 
 
 def _mlp() -> nn.Module:

@@ -10,7 +10,7 @@ import pytest
 from conftest import HANG_GUARD_S
 
 from lightning_kit import guide, lint_placement
-from lightning_kit.placement import explain
+from lightning_kit.gpu_audit import explain
 
 
 def test_the_guide_is_installed_with_the_library_and_numbers_its_rules_from_1():

@@ -2,7 +2,7 @@
 
 Some CUDA kernels read lengths, split points or bounds on the host: those arguments must be CPU
 tensors, and a GPU tensor stops at its line (``HOST_ARGUMENTS`` in
-``placement/simulated/rules.py`` lists them from PyTorch's sources). ``ctc_loss`` copies its
+``gpu_audit/simulated/rules.py`` lists them from PyTorch's sources). ``ctc_loss`` copies its
 lengths to the host, and its targets to the GPU, itself: every placement of them passes
 (``CUDA_PATHS``, the path CUDA takes where ATen takes another for tensor subclasses).
 """
@@ -14,8 +14,8 @@ from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from lightning_kit.placement import audit, simulated
-from lightning_kit.placement.simulated.rules import CUDA_PATHS, HOST_ARGUMENTS
+from lightning_kit.gpu_audit import audit, simulated
+from lightning_kit.gpu_audit.simulated.rules import CUDA_PATHS, HOST_ARGUMENTS
 
 
 class PackedLSTM(Probe):

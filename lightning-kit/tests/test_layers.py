@@ -48,8 +48,8 @@ def test_every_room_imports_only_from_the_rooms_below_it_and_nothing_circles():
         # An upward import into the commands: the command line using the audit's command, which is built on it.
         (
             "cli.py",
-            "from .placement import command",
-            rf"^- {PACKAGE}\.cli -> {PACKAGE}\.placement\.command \(l\.LINE\)$",
+            "from . import placement",
+            rf"^- {PACKAGE}\.cli -> {PACKAGE}\.placement \(l\.LINE\)$",
         ),
         # The placement check, a script of the standard library only, using the rest of the library.
         (
@@ -61,9 +61,9 @@ def test_every_room_imports_only_from_the_rooms_below_it_and_nothing_circles():
         ("data/memory.py", f"from . import {DATA_MODULE}", rf"^No cycles are allowed in {PACKAGE}\.data\.$"),
         # Both at once inside the audit: the simulated device using the Lightning integration above it.
         (
-            "placement/simulated/devices.py",
+            "gpu_audit/simulated/devices.py",
             "from .. import lightning",
-            rf"^- {PACKAGE}\.placement\.simulated\.devices -> {PACKAGE}\.placement\.lightning \(l\.LINE\)$",
+            rf"^- {PACKAGE}\.gpu_audit\.simulated\.devices -> {PACKAGE}\.gpu_audit\.lightning \(l\.LINE\)$",
         ),
     ],
 )

@@ -16,7 +16,7 @@ from test_simulated_gpu import BATCH, Probe
 from torch import nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
-from lightning_kit.placement import DevicePlacementError, audit, run_audit, simulated
+from lightning_kit.gpu_audit import DevicePlacementError, audit, run_audit, simulated
 
 
 def assert_rule(wrong, right, marker: str) -> DevicePlacementError:

@@ -21,9 +21,9 @@ LIBRARY = Path(__file__).resolve().parents[1]
 PACKAGE = LIBRARY / "src" / "lightning_kit"
 # The library's modules that play Lightning's part, so place by hand, and are exempt.
 EXEMPT = [
-    PACKAGE / "placement" / "simulated",
-    PACKAGE / "placement" / "lightning.py",
-    PACKAGE / "placement" / "batches.py",
+    PACKAGE / "gpu_audit" / "simulated",
+    PACKAGE / "gpu_audit" / "lightning.py",
+    PACKAGE / "gpu_audit" / "batches.py",
     PACKAGE / "bench.py",
 ]
 HOOK = "def transfer_batch_to_device(self, batch, device, dataloader_idx):\n    return "
@@ -238,7 +238,7 @@ def test_the_library_places_by_hand_only_where_it_plays_lightnings_part():
     Every other module is checked, and places nothing.
     """
     files = lint_placement.project_files(LIBRARY)
-    assert PACKAGE / "cli.py" in files and PACKAGE / "placement" / "audit.py" in files
+    assert PACKAGE / "cli.py" in files and PACKAGE / "gpu_audit" / "audit.py" in files
     assert not [path for path in files if any(path == part or part in path.parents for part in EXEMPT)]
     offenders = lint_placement.check(files)
     assert not offenders, "\n".join(offenders)
@@ -253,7 +253,7 @@ def test_each_exempt_part_of_the_library_places_by_hand_and_is_skipped(part):
     assert lint_placement.check(files) == []
 
 
-@pytest.mark.parametrize("inside", ["bench.py", "placement/lightning.py", "placement/simulated/devices.py"])
+@pytest.mark.parametrize("inside", ["bench.py", "gpu_audit/lightning.py", "gpu_audit/simulated/devices.py"])
 def test_a_file_named_as_an_exempt_part_elsewhere_is_checked(tmp_path, inside):
     """Only the library's own files are exempt: a project's file of the same name and folder is checked."""
     planted = tmp_path / "src" / "lightning_kit" / inside

@@ -22,8 +22,7 @@ import torch
 from conftest import HANG_GUARD_S
 from test_serve import request, start_server, stop
 
-from lightning_kit import cli, export, installation, plots
-from lightning_kit.placement import command as placement
+from lightning_kit import cli, export, installation, placement, plots
 from lightning_kit.runs import command as runs
 from lightning_kit.serve.model_file import read_model
 from lightning_kit.sweep import command as sweep

@@ -17,9 +17,8 @@ import pytest
 from conftest import HANG_GUARD_S
 
 from lightning_kit import bench as bench_command
-from lightning_kit import cli, errors, export, guide, plots, views
+from lightning_kit import cli, errors, export, guide, placement, plots, views
 from lightning_kit import gpu_check as gpu_check_command
-from lightning_kit.placement import command as placement
 from lightning_kit.runs import command as runs
 from lightning_kit.serve import command as serve
 from lightning_kit.sweep import command as sweep

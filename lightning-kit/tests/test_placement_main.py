@@ -1,6 +1,6 @@
 """The audit's command: the audit of what ``train.py`` builds from the same arguments; its exit status.
 
-A project's ``python -m <package>.placement`` runs ``lightning_kit.placement.command.main`` with the
+A project's ``python -m <package>.placement`` runs ``lightning_kit.gpu_audit.main`` with the
 project's command line (``ProjectCLI``); ``python -m lightning_kit.placement`` runs it with
 ``GenericCLI``, which takes any ``--model`` and ``--data`` by class path.
 """
@@ -18,8 +18,8 @@ from sequence_project.cli import ProjectCLI as SequenceCLI
 from test_simulated_gpu import line_of
 from torch import nn
 
-from lightning_kit.placement import command
-from lightning_kit.placement.verdict import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE
+from lightning_kit import placement as command
+from lightning_kit.gpu_audit.verdict import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE
 
 # Each task's project, its command line and its offline configuration.
 PROJECTS = {"image": (IMAGE_PROJECT, ImageCLI), "sequence": (SEQUENCE_PROJECT, SequenceCLI)}
@@ -93,7 +93,7 @@ def test_the_librarys_placement_module_audits_any_classes_named(in_tmp_path):
 
 
 def test_the_generic_command_line_audits_a_projects_classes(in_tmp_path, capsys):
-    """``lightning_kit.placement.command.main`` with GenericCLI (its default), in this process."""
+    """``lightning_kit.gpu_audit.main`` with GenericCLI (its default), in this process."""
     with pytest.raises(SystemExit) as exit_info:
         command.main(GENERIC_IMAGE)
     out = capsys.readouterr().out

@@ -57,8 +57,8 @@ from test_simulated_gpu import (
 from torch.utils.data import DataLoader
 
 from lightning_kit.cli import main as train
-from lightning_kit.placement import DevicePlacementError, SimulatedGPUStrategy, audit, simulated
-from lightning_kit.placement.simulated.collectives import process_group
+from lightning_kit.gpu_audit import DevicePlacementError, SimulatedGPUStrategy, audit, simulated
+from lightning_kit.gpu_audit.simulated.collectives import process_group
 
 needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

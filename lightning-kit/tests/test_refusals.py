@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_kit import cli as kit_cli
-from lightning_kit.placement import command
+from lightning_kit import placement as command
 
 
 class Scorer(L.LightningModule):

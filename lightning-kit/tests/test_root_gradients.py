@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from test_simulated_gpu import BATCH, Probe
 
-from lightning_kit.placement import DevicePlacementError, audit, run_audit
+from lightning_kit.gpu_audit import DevicePlacementError, audit, run_audit
 
 
 def line_of(marker: str) -> int:

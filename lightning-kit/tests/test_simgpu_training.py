@@ -11,8 +11,8 @@ from test_simulated_gpu import BATCH, Probe, line_of
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_kit.placement import SIMULATED, simulated
-from lightning_kit.placement.lightning import SimulatedGPUStrategy
+from lightning_kit.gpu_audit import SIMULATED, simulated
+from lightning_kit.gpu_audit.lightning import SimulatedGPUStrategy
 
 # A network whose output offset is a plain attribute: a bug at the line marked "# CPU offset".
 BUGGY_NET = f"{PlainAttributeNet.__module__}.PlainAttributeNet"

@@ -1,6 +1,6 @@
 """The placement rules of the placement guide about where tensors are, each shown wrong and right.
 
-The simulated GPU (``placement/simulated/``) computes real values on the CPU and applies
+The simulated GPU (``gpu_audit/simulated/``) computes real values on the CPU and applies
 CUDA's rules for devices; the audit trains a model on it with Lightning's own Trainer: fit
 (every hook, backward, optimizer), validate, test and predict, then all again as rank 0 and rank 1 of
 a DDP run. Each rule below has a test in which the wrong version stops at the line a GPU
@@ -23,7 +23,7 @@ from conftest import HANG_GUARD_S
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.placement import DevicePlacementError, audit, simulated
+from lightning_kit.gpu_audit import DevicePlacementError, audit, simulated
 
 BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
 
@@ -439,8 +439,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_kit.placement import DevicePlacementError, audit, simulated
-from lightning_kit.placement.simulated import backend
+from lightning_kit.gpu_audit import DevicePlacementError, audit, simulated
+from lightning_kit.gpu_audit.simulated import backend
 
 BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_kit.placement import simulated
-from lightning_kit.placement.simulated import NotSimulatedError, SimulatedTensor, code_checks
+from lightning_kit.gpu_audit import simulated
+from lightning_kit.gpu_audit.simulated import NotSimulatedError, SimulatedTensor, code_checks
 
 torch.manual_seed(0)
 A, B = torch.randn(4, 6), torch.randn(6, 5)

@@ -20,7 +20,7 @@ from test_simulated_gpu import line_of
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_kit.placement import EXIT_PASSED, DevicePlacementError, audit
+from lightning_kit.gpu_audit import EXIT_PASSED, DevicePlacementError, audit
 
 X, Y = torch.randn(4, 8), torch.randint(0, 3, (4,))
 LIGHTNING_MOVES = (

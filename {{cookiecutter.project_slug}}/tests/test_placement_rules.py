@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import HANG_GUARD_S, PROJECT
 from lightning_kit import DevicePlacementError, audit
-from lightning_kit.placement.gpu_memory import judged
+from lightning_kit.gpu_audit.gpu_memory import judged
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torchmetrics.classification import MulticlassAccuracy

@@ -24,10 +24,10 @@ except importlib.metadata.PackageNotFoundError:  # imported from a folder, not i
     __version__ = "0.1.0"
 
 _PUBLIC = {
-    "audit": "lightning_kit.placement",
-    "AuditIncompleteError": "lightning_kit.placement",
-    "DevicePlacementError": "lightning_kit.placement",
-    "Verdict": "lightning_kit.placement",
+    "audit": "lightning_kit.gpu_audit",
+    "AuditIncompleteError": "lightning_kit.gpu_audit",
+    "DevicePlacementError": "lightning_kit.gpu_audit",
+    "Verdict": "lightning_kit.gpu_audit",
     "KitCLI": "lightning_kit.cli",
     "GenericCLI": "lightning_kit.cli",
     "main": "lightning_kit.cli",

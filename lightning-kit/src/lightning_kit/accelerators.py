@@ -25,7 +25,7 @@ def check_accelerator(trainer) -> None:
         )
     if accelerator in ("cpu", "gpu", "cuda", "auto"):
         return  # nothing more to check: the server's choices, checked without importing Lightning
-    from .placement.lightning import SIMULATED  # registers the simulated GPU with Lightning
+    from .gpu_audit.lightning import SIMULATED  # registers the simulated GPU with Lightning
 
     if accelerator == SIMULATED:
         _check_simulated(trainer)

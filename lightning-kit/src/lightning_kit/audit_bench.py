@@ -31,8 +31,8 @@ import lightning as L
 
 from . import zoo
 from .errors import UserError
-from .placement import run_audit, simulated
-from .placement.audit import PASSES, SCHEDULE
+from .gpu_audit import run_audit, simulated
+from .gpu_audit.audit import PASSES, SCHEDULE
 
 KINDS = ("plain", "audit")
 # A model's processes are bounded: a hang guard, far above the slowest measured (t5's audit, about 20 s).

@@ -57,6 +57,8 @@ from .evaluation import (
     run_config_of_checkpoint,
     split_run_configs,
 )
+from .gpu_audit.explain import count_as_user_code
+from .gpu_audit.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .installation import check_installation
 from .messages import errors_as_messages, report, silence_the_unactionable
 from .parser import (
@@ -73,8 +75,6 @@ from .parser import (
     run_refusal,
 )
 from .parser import given_arguments as parser_given_arguments
-from .placement.explain import count_as_user_code
-from .placement.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .project import ProjectFile, project_file, read_project
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
 from .trust import check_command_line, trust_modules

@@ -38,8 +38,8 @@ device from a dtype in a variable of any other name (``.to(d)``), or in another 
 (``.to(other)``): the device audit finds what those do wrong.
 
 Three parts of this library stand in for Lightning and are exempt, as the library's own files
-only: the simulated GPU (``lightning_kit/placement/simulated/``) and its Lightning side
-(``lightning_kit/placement/lightning.py``, and ``placement/batches.py``, which follows Lightning's
+only: the simulated GPU (``lightning_kit/gpu_audit/simulated/``) and its Lightning side
+(``lightning_kit/gpu_audit/lightning.py``, and ``gpu_audit/batches.py``, which follows Lightning's
 moves of a batch), which play Lightning's part on a GPU, and the
 benchmark's hand-written loop (``lightning_kit/bench.py``). A project's files are never exempt.
 It needs the standard library only, so that it also runs as a script (``python .../lint_placement.py``)
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 # Within this library's package: the simulated GPU and its Lightning side (and its model of Lightning's batch moves).
-EXEMPT = ("placement/simulated", "placement/lightning.py", "placement/batches.py", "bench.py")
+EXEMPT = ("gpu_audit/simulated", "gpu_audit/lightning.py", "gpu_audit/batches.py", "bench.py")
 LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
 # The command that prints the placement guide's rules (``guide.py``; this script imports nothing of the library).
 GUIDE = "python -m lightning_kit.guide"

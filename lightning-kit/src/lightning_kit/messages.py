@@ -15,10 +15,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from .arguments import TRAINER
 from .callbacks import InterruptCheckpoint
 from .errors import NotBuiltError, RefusedArgumentError, UserError
+from .gpu_audit.explain import explain
+from .gpu_audit.lightning import simulated_run
+from .gpu_audit.verdict import DevicePlacementError
 from .passwords import scrubbed
-from .placement.explain import explain
-from .placement.lightning import simulated_run
-from .placement.verdict import DevicePlacementError
 from .stores import DISK_ERRORS, failure_line
 from .supervision import ProcessWatch, lost_a_process, lost_process_line
 

@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.issue_config_time_warning(LibraryMismatchWarning(found), stacklevel=2)
         except LibraryMismatchWarning as err:  # -W error (or filterwarnings = error): the session stops, in one line
             raise pytest.UsageError(f"{found} (a warning, which this session's filters make an error)") from err
-    from .placement import simulated  # PyTorch: imported once the library is known to have it
+    from .gpu_audit import simulated  # PyTorch: imported once the library is known to have it
 
     with contextlib.suppress(simulated.SimulationUnavailableError):  # audit() says why, in the test that calls it
         simulated.enable()

@@ -5,7 +5,7 @@ that would fail on a real one (docs/device-placement.md). lightning_kit's comman
 project's command line (``cli.ProjectCLI``): ``--help`` lists its options.
 """
 
-from lightning_kit.placement.command import main
+from lightning_kit.placement import main
 
 from .cli import ProjectCLI
 

@@ -27,10 +27,10 @@ from optuna.trial import TrialState
 
 from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all
 from ..errors import ConfigError, OneLineParser, command, invoked_as
+from ..gpu_audit.lightning import simulated_run
 from ..installation import check_installation
 from ..messages import errors_as_messages, report
 from ..passwords import scrubbed, shown_command
-from ..placement.lightning import simulated_run
 from ..supervision import leave_process_group
 from .fingerprint import configuration, data_fingerprint
 from .queue import COUNTED, CROSS_VALIDATION, RUN_FOLDER, queue_retry, run_trials, signals_held

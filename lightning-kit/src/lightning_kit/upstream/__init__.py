@@ -4,5 +4,5 @@ A private name (``LightningCLI._run_subcommand``, ``litserve``'s internals, ``to
 promise between releases. Each module here holds one project's, with the versions it is known to work with, so
 that a release that renames one fails a test (``tests/test_upstream.py``, run at the newest versions pinned and at
 the lowest declared) instead of silently turning a guarantee off. The simulated GPU's own private names of PyTorch
-live with it and are listed there (``placement/simulated/__init__.py``).
+live with it and are listed there (``gpu_audit/simulated/__init__.py``).
 """

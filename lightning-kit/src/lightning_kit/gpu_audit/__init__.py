@@ -13,9 +13,9 @@ It trains the model itself, as Lightning does, and gives it back as it found it
 (``restore.py``); to the model's code the simulated GPU is CUDA, so the branch written
 for the GPU is the one audited (``simulated/cuda_api.py``).
 
-From the command line, with the same arguments as a project's ``train.py`` (its own command,
-``placement.py``, runs ``command.main`` with its ``ProjectCLI``), or of any Lightning project by
-class path (``GenericCLI``):
+From the command line (``lightning_kit/placement.py``, beside the library's other commands), with
+the same arguments as a project's ``train.py`` (its own command, ``placement.py``, runs that ``main``
+with its ``ProjectCLI``), or of any Lightning project by class path (``GenericCLI``):
 
     python -m <package>.placement --config configs/synthetic.yaml
     python -m lightning_kit.placement --model their.Module --data their.DataModule
@@ -34,8 +34,7 @@ whatever ran before it in the process: CPU training, another audit, a failed one
 
 The same simulated GPU also trains from ``train.py``: ``--accelerator simgpu``.
 
-Its files, bottom to top; each imports only from those below it, and only ``command``
-uses the command line:
+Its files, bottom to top; each imports only from those below it, and none uses the command line:
 
 - ``simulated/``: the simulated device, the one home of PyTorch's private APIs; nothing of
   Lightning;
@@ -50,9 +49,7 @@ uses the command line:
 - ``restore.py``: the model given back as it was found, after each pass trained it;
 - ``isolation.py``: the audit in a forked copy of the process, where its death is a verdict
   (``NOT AUDITED ...: the process died with SIGABRT in <hook>``), which the command uses;
-- ``audit.py``: the runner, ``audit()`` and ``run_audit()``;
-- ``command.py``: the audit's command, ``main(args, cli_class)``; ``__main__.py``:
-  ``python -m lightning_kit.placement``, with ``GenericCLI``.
+- ``audit.py``: the runner, ``audit()`` and ``run_audit()``.
 
 Besides the benchmark's hand-written loop, this package's ``simulated/`` and ``lightning.py`` are the
 only places in the library that place tensors by hand (``lint_placement`` exempts them): they play

@@ -1,13 +1,17 @@
-"""The audit's command: audit what ``train.py`` builds from the same arguments.
+"""The device audit's command and its API: audit what ``train.py`` builds from the same arguments.
+
+The audit itself lives in ``gpu_audit/``, below the command line; this module, beside the other
+commands, runs it on what the command line builds, and gives tests and scripts its API:
+``audit``, ``run_audit``, ``Verdict``, ``DevicePlacementError``, ``AuditIncompleteError``.
 
 ``python -m lightning_kit.placement --model their.Module --data their.DataModule`` for any
 Lightning project; a project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as
-``python -m <package>.placement``. The only part of the audit that uses the command line (``cli``).
-``--gpu_memory 24GB`` (or a GPU's name) says whether each stage fits that GPU (``gpu_memory.py``).
+``python -m <package>.placement``.
+``--gpu_memory 24GB`` (or a GPU's name) says whether each stage fits that GPU (``gpu_audit/gpu_memory.py``).
 Exit status: 0 every stage passed; 1 a placement bug was found, or a stage does not fit ``--gpu_memory``;
 2 the command line or configuration is wrong; 3 no bug was found but part of the run could not be audited (among them, a
 stage during which the audit's process died: the stages run in a forked copy of this one, see
-``isolation.py``).
+``gpu_audit/isolation.py``).
 """
 
 import sys
@@ -16,16 +20,27 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-from ..accelerators import check_named_choices
-from ..cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
-from ..errors import ConfigError, RefusedArgumentError, UserError, command, invoked_as
-from ..installation import check_installation
-from ..parser import named_refusal
-from ..trust import config_files, flag_pairs, read_config
-from .audit import run_audit
-from .gpu_memory import judged, parse_capacity
-from .simulated import SimulationUnavailableError
-from .verdict import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE
+from .accelerators import check_named_choices
+from .cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
+from .errors import ConfigError, RefusedArgumentError, UserError, command, invoked_as
+from .gpu_audit import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_PASSED,
+    EXIT_USAGE,
+    SIMULATED,
+    AuditIncompleteError,
+    DevicePlacementError,
+    Outcome,
+    Verdict,
+    audit,
+    run_audit,
+)
+from .gpu_audit.gpu_memory import judged, parse_capacity
+from .gpu_audit.simulated import SimulationUnavailableError
+from .installation import check_installation
+from .parser import named_refusal
+from .trust import config_files, flag_pairs, read_config
 
 
 @command
@@ -54,7 +69,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         cli = build_cli(
             cli_class,
             [*args, *settings_only],
-            prog=prog or invoked_as(f"python -m {__package__}"),
+            prog=prog or invoked_as("python -m lightning_kit.placement"),
             not_built=EXIT_INCOMPLETE,
         )
     except SystemExit as stop:
@@ -166,3 +181,22 @@ def _refused_value(verdict, given: dict) -> RefusedArgumentError | None:
 def _usage(message: Any) -> int:
     print(message, file=sys.stderr)
     return EXIT_USAGE
+
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INCOMPLETE",
+    "EXIT_PASSED",
+    "EXIT_USAGE",
+    "SIMULATED",
+    "AuditIncompleteError",
+    "DevicePlacementError",
+    "Outcome",
+    "Verdict",
+    "audit",
+    "main",
+    "run_audit",
+]
+
+if __name__ == "__main__":
+    main()
