@@ -60,7 +60,6 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from PIL import Image
 from torch import nn
 
-from . import audit_bench
 from .cli import GenericCLI, KitCLI, build_all
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
@@ -68,7 +67,6 @@ from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
 from .loggers import CSVAndTensorBoardLogger
 from .messages import errors_as_messages
-from .zoo import ZOO
 
 # Callbacks that end training early: they would stop a run before its timed steps.
 STOPPING_CALLBACKS = (EarlyStopping, Timer)
@@ -319,34 +317,16 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--steps", type=steps, default=100, help="timed training steps per run (default 100)")
     warmup = _whole_number(0, "a number of untimed steps, 0 or more")
     parser.add_argument("--warmup", type=warmup, default=10, help="untimed steps before them (default 10)")
-    parser.add_argument(
-        "--repeats", type=int, help="alternating runs of each contender (default 7; 3 with --audit, each a process)"
-    )
+    parser.add_argument("--repeats", type=int, default=7, help="alternating runs of each contender (default 7)")
     parser.add_argument(
         "--image_folder",
         type=_positive_int,
         metavar="N",
         help="instead, time reading a folder of N generated JPEG and PNG images, then reading them from the cache",
     )
-    parser.add_argument(
-        "--audit",
-        nargs="*",
-        choices=list(ZOO),
-        metavar="MODEL",
-        help=f"instead, time the placement audit against a plain CPU run of its schedule on models of the zoo "
-        f"({', '.join(ZOO)}; all by default), in fresh processes, --repeats of each (default 3 here)",
-    )
     options, train_args = parser.parse_known_args(args)
-    if options.repeats is not None and options.repeats < 1:
+    if options.repeats < 1:
         parser.error(f"--repeats: expected a positive number of runs, got {options.repeats}")
-    if options.audit is not None:
-        if train_args or options.image_folder is not None:
-            given = " ".join(train_args) or "--image_folder"
-            parser.error(f"--audit takes model names and --repeats only, got {given}")
-        with errors_as_messages():
-            audit_bench.benchmark(audit_bench.selected(options.audit), options.repeats or 3)
-        return
-    options.repeats = options.repeats or 7
     if options.image_folder is not None:
         if train_args:
             parser.error(f"--image_folder takes no training arguments, got {' '.join(train_args)}")

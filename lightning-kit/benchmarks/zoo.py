@@ -1,6 +1,6 @@
 """Public architectures for the audit's benchmark, built from configurations with no weights (nothing is downloaded).
 
-Each entry is a network of torchvision or transformers (the ``zoo`` extra), or of plain PyTorch with a custom
+Each entry is a network of torchvision or transformers (installed for the benchmark), or of plain PyTorch with a custom
 ``autograd.Function`` or a TorchScript function inside, at a small width (so that a benchmark of all of them takes
 minutes on a laptop's CPU) and its own depth and structure: the operations the audit sees per step are the
 architecture's. ``ZooModule`` wraps any of them in a plain LightningModule, and ``ZooData`` gives it random
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from .errors import UserError
+from lightning_kit.errors import UserError
 
 BATCH_SIZE = 4
 IMAGE = (3, 32, 32)
@@ -198,7 +198,7 @@ def build(name: str) -> tuple["ZooModule", "ZooData"]:
         raise UserError(f"no model {name!r} in the zoo; it has {', '.join(ZOO)}")
     package = missing_package(name)
     if package is not None:
-        raise UserError(f"{name} needs {package}, which is not installed: pip install 'lightning-kit[zoo]'")
+        raise UserError(f"{name} needs {package}, which is not installed: pip install {package}")
     torch.manual_seed(0)
     entry = ZOO[name]
     return ZooModule(entry.build(), entry.task), ZooData(entry.task)

@@ -1,8 +1,9 @@
 """The audit's cost against training: each model of the zoo audited, and trained by a plain CPU Trainer on the same
-schedule, in fresh processes, alternating.
+schedule, in fresh processes, alternating. The maintainers' measure of the table in lightning-kit's README; not
+installed with the library.
 
-    python -m lightning_kit.bench --audit                 # every model of the zoo whose package is installed
-    python -m lightning_kit.bench --audit t5 gpt2 --repeats 5
+    python lightning-kit/benchmarks/audit_cost.py                 # every model of the zoo whose package is installed
+    python lightning-kit/benchmarks/audit_cost.py t5 gpt2 --repeats 5
 
 The plain run is what the audit runs, without the simulated GPU: Lightning's ``Trainer`` on the CPU, with its
 default logger and checkpoints, for each of the audit's passes (one GPU, then each process of two under DDP) ``fit``
@@ -12,9 +13,10 @@ alternating, ``--repeats`` of each; the table gives the median time of each and 
 the audit ran on the simulated GPU, and each run's peak memory: the process's peak resident size, and how much
 the run added to what the process held before it (the imports and the model).
 
-The models are built from configurations with no weights (``lightning_kit.zoo``); those of torchvision and
-transformers need the ``zoo`` extra (``pip install 'lightning-kit[zoo]'``), and are left out, with a note,
-where their package is not installed.
+The models are built from configurations with no weights (``zoo.py`` beside this file); those of torchvision and
+transformers need those packages (``pip install torchvision transformers``, best in an environment of its own: with
+transformers installed, torchmetrics imports it in every process that imports Lightning), and are left out, with a
+note, where their package is not installed.
 """
 
 import json
@@ -28,11 +30,12 @@ import time
 from pathlib import Path
 
 import lightning as L
+import zoo
 
-from . import zoo
-from .errors import UserError
-from .gpu_audit import run_audit, simulated
-from .gpu_audit.audit import PASSES, SCHEDULE
+from lightning_kit.errors import OneLineParser, UserError, command
+from lightning_kit.gpu_audit import run_audit, simulated
+from lightning_kit.gpu_audit.audit import PASSES, SCHEDULE
+from lightning_kit.messages import errors_as_messages
 
 KINDS = ("plain", "audit")
 # A model's processes are bounded: a hang guard, far above the slowest measured (t5's audit, about 20 s).
@@ -84,7 +87,7 @@ def _child(name: str, kind: str) -> dict:
     environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "lightning_kit.audit_bench", "--child", name, kind],
+            [sys.executable, __file__, "--child", name, kind],
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
@@ -135,20 +138,34 @@ def selected(names: list[str]) -> list[str]:
     """The models asked for (all of the zoo for none), each known; those whose package is missing left out."""
     for name in names:
         if name not in zoo.ZOO:
-            raise UserError(f"--audit: no model {name!r} in the zoo; it has {', '.join(zoo.ZOO)}")
+            raise UserError(f"no model {name!r} in the zoo; it has {', '.join(zoo.ZOO)}")
     chosen = names or list(zoo.ZOO)
     missing = {name: zoo.missing_package(name) for name in chosen}
     for name, package in missing.items():
         if package is not None:
-            print(f"note: {name} left out: it needs {package} (pip install 'lightning-kit[zoo]')")
+            print(f"note: {name} left out: it needs {package} (pip install torchvision transformers)")
     kept = [name for name in chosen if missing[name] is None]
     if not kept:
-        raise UserError("--audit: none of the models asked for can be built here: pip install 'lightning-kit[zoo]'")
+        raise UserError("none of the models asked for can be built here: pip install torchvision transformers")
     return kept
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
-    from .messages import errors_as_messages
-
+@command
+def main(args: list[str] | None = None) -> None:
+    """Measure the models ``args`` name (every model of the zoo for none)."""
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", choices=list(zoo.ZOO), metavar="MODEL", help=", ".join(zoo.ZOO))
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each kind (default 3)")
+    options = parser.parse_args(args)
+    if options.repeats < 1:
+        parser.error(f"--repeats: expected a positive number of runs, got {options.repeats}")
     with errors_as_messages():
-        print(json.dumps(measure(sys.argv[2], sys.argv[3])))
+        benchmark(selected(options.models), options.repeats)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        with errors_as_messages():
+            print(json.dumps(measure(sys.argv[2], sys.argv[3])))
+    else:
+        main()
