@@ -5,10 +5,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# MLflow's UI, for the browser test of `views mlflow` only, in an environment of its own inside .venv
-# (requirements-mlflow.txt says why it lives apart).
-MLFLOW_VENV := $(VENV)/mlflow-ui
-MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
 LIBRARY := lightning-kit
 DEMO_DIR := build/demo
 DEMO_PROJECT := $(DEMO_DIR)/vision_project
@@ -24,12 +20,6 @@ $(STAMP): requirements-test.txt $(LIBRARY)/pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e ./$(LIBRARY)
 	touch $(STAMP)
 
-$(MLFLOW_STAMP): requirements-mlflow.txt
-	$(PYTHON) -m venv $(MLFLOW_VENV)
-	$(MLFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(MLFLOW_VENV)/bin/python -m pip install --quiet -r requirements-mlflow.txt
-	touch $(MLFLOW_STAMP)
-
 # The project requires the library beside this template (file:///.../lightning-kit): pip installs the project
 # with it, and whatever else the project needs that the environment lacks. That install of the library is a
 # built copy; the editable one goes back after it, so that the tests see the library's files as they are.
@@ -43,8 +33,8 @@ demo: $(STAMP)
 # The library's suite (lightning-kit/tests, with its own conftest and settings) and the template's (tests/).
 # pytest takes one rootdir and one conftest.py per folder name: two sessions, one after the other, so each
 # suite runs under its own pyproject.toml; the second runs even when the first fails, and make fails if either does.
-test: $(STAMP) $(MLFLOW_STAMP)
-	cd $(LIBRARY) && MLFLOW_UI=$(abspath $(MLFLOW_VENV))/bin/mlflow $(abspath $(BIN))/python -m pytest -n auto --dist worksteal --durations=15 tests; \
+test: $(STAMP)
+	cd $(LIBRARY) && $(abspath $(BIN))/python -m pytest -n auto --dist worksteal --durations=15 tests; \
 	  library=$$?; \
 	  cd .. && $(BIN)/python -m pytest -n auto --dist worksteal --durations=15 tests; \
 	  template=$$?; \

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -345,6 +346,24 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# How long a model server a test starts may take to answer /health: a bound on a hang, not on speed.
+SERVER_START_S = 300
+
+
+def wait_until_healthy(url: str, server: subprocess.Popen, log) -> None:
+    """Return once ``url``/health answers ok; fail with the last lines of the server's ``log`` (a binary file) if it
+    ends first or takes longer than ``SERVER_START_S``."""
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline and server.poll() is None:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+            if answer.read() == b"ok":
+                return
+        time.sleep(0.1)
+    log.seek(0)
+    said = log.read().decode(errors="replace").strip().splitlines()[-5:]
+    pytest.fail(f"the server did not start: {' / '.join(said) or 'it said nothing'}")
 
 
 @contextlib.contextmanager

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HANG_GUARD_S
+from conftest import HANG_GUARD_S, wait_until_healthy
+from conftest import _free_port as free_port
 from image_project.cli import ProjectCLI as ImageCLI
 from image_project.cli import main as train_image
 from PIL import Image
@@ -47,8 +48,6 @@ from lightning_kit.serve.command import GENERIC_COMMAND, model_file, parser
 from lightning_kit.serve.command import main as serve
 
 pytest.importorskip("litserve", reason='serving needs LitServe: pip install -e ".[serve]"')
-
-from lightning_kit.serve.bench import free_port, wait_until_healthy
 
 # The test server's limits, small enough to reach with small requests.
 MAX_BODY_BYTES = 100_000
@@ -801,20 +800,18 @@ def test_a_bad_tensor_request_answers_its_4xx_and_the_server_keeps_serving(serve
 
 
 @pytest.mark.slow
-def test_the_load_test_runs_against_a_server_of_tensors(exported_tensors, server_tensors, monkeypatch, capsys):
-    """``serve --bench --url``: bodies sampled from the recorded inputs, each answered 200, against the model
-    called directly on the same inputs."""
-    monkeypatch.chdir(exported_tensors[0])
-    before, threads = signal.getsignal(signal.SIGTERM), torch.get_num_threads()
-    try:
-        serve(["model.pt2", "--bench", "--url", server_tensors, "--requests", "40", "--concurrency", "4"])
-    finally:  # the load test's own, set in this process
-        signal.signal(signal.SIGTERM, before)
-        torch.set_num_threads(threads)
-    out = capsys.readouterr().out
+def test_the_load_test_runs_against_a_server_of_tensors(exported_tensors, server_tensors):
+    """The maintainers' load test (``benchmarks/serve_load.py``, not installed): bodies sampled from the recorded
+    inputs, each answered 200, against the model called directly on the same inputs."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks/serve_load.py"
+    command = [sys.executable, script, "model.pt2", "--url", server_tensors, "--requests", "40", "--concurrency", "4"]
+    run = subprocess.run(
+        command, cwd=exported_tensors[0], capture_output=True, text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL
+    )
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     said = "40 requests of JSON examples of values (float32, (2 or more)x3), station (int64, one number), 4 at a time"
-    assert said in out
-    assert f"the server at {server_tensors}: " in out and "requests/s" in out, out
+    assert said in run.stdout
+    assert f"the server at {server_tensors}: " in run.stdout and "requests/s" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize(

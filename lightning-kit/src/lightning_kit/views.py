@@ -1,22 +1,21 @@
-"""Runs and sweeps in the browser, in the viewers teams already use: TensorBoard, Optuna's dashboard, MLflow's UI.
+"""A sweep's Optuna study in optuna-dashboard, read-only.
 
-    python -m lightning_kit.views tensorboard [FOLDER]        # every run's curves below FOLDER (default runs/)
     python -m lightning_kit.views dashboard runs/sweeps/lr    # a sweep's study: trials, values, importances
     python -m lightning_kit.views dashboard --storage postgresql://user@host/db --study lr
-    python -m lightning_kit.views mlflow [FOLDER]             # runs logged with MLflow into FOLDER/mlflow.db
 
-Each reads what the project already wrote (the event files of the default logger, a sweep's Optuna
-study, MLflow's SQLite store), checks it first, then serves it on 127.0.0.1 (``--host``, ``--port``)
-until Ctrl-C or SIGTERM. A folder without logs, a study that is not there, a store that cannot be
-reached and a port in use are each one line. A store's password is never printed; Optuna's dashboard
-runs in this process, so the password is not on the command line of another either.
+What it adds to ``optuna-dashboard STORAGE_URL``: it finds the store from the sweep's folder (its
+study.json), opens it read-only (the dashboard's buttons that delete a study or edit a trial's note
+cannot change a sweep, and a mistyped SQLite path is not made into an empty database), checks the
+study is there, and serves on 127.0.0.1 (``--host``, ``--port``) until Ctrl-C or SIGTERM. A study
+that is not there, a store that cannot be reached and a port in use are each one line. A store's
+password is never printed; the dashboard runs in this process, so the password is not on the command
+line of another either. TensorBoard and MLflow's UI need no such help: ``tensorboard --logdir runs``,
+``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``.
 """
 
 import argparse
 import contextlib
 import importlib.util
-import os
-import shutil
 import signal
 import socket
 import sys
@@ -30,11 +29,7 @@ from .passwords import hidden, unescaped_at
 from .runs.folders import STUDY_FILE
 from .runs.sweeps import failure_reason, open_read_only, read_sweep
 
-PORTS = {"tensorboard": 6006, "dashboard": 8080, "mlflow": 5000}
-EVENT_FILES = "events.out.tfevents."
-MLFLOW_STORE = "mlflow.db"
-# How many folder entries the search for event files looks at before it says there are none.
-MAX_ENTRIES_SEARCHED = 200_000
+PORT = 8080
 
 
 @command
@@ -43,39 +38,22 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
     check_installation()
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.views"),
-        description="Open runs and sweeps in TensorBoard, Optuna's dashboard or MLflow's UI, on this machine.",
+        description="Open a sweep's Optuna study in optuna-dashboard, read-only, on this machine.",
+        epilog="Every run's curves: tensorboard --logdir runs. Runs logged with configs/mlflow.yaml: "
+        "mlflow ui --backend-store-uri sqlite:///runs/mlflow.db.",
     )
     views = parser.add_subparsers(dest="view", required=True, metavar="VIEW", parser_class=OneLineParser)
-    board = views.add_parser("tensorboard", help="every run's curves, from the event files beside metrics.csv")
-    board.add_argument("folder", nargs="?", default="runs", metavar="FOLDER", help="the runs (default: runs)")
     dashboard = views.add_parser("dashboard", help="a sweep's Optuna study in optuna-dashboard")
     dashboard.add_argument("folder", nargs="?", metavar="FOLDER", help="a sweep's folder (runs/sweeps/<study>)")
     dashboard.add_argument("--storage", metavar="URL", help="the study's store, where it is not study.db in FOLDER")
     dashboard.add_argument("--study", metavar="NAME", help="the study in --storage (default: its only one)")
-    mlflow = views.add_parser("mlflow", help="runs logged with MLflow (configs/mlflow.yaml) in MLflow's UI")
-    mlflow.add_argument("folder", nargs="?", default="runs", metavar="FOLDER", help=f"holds {MLFLOW_STORE}")
-    for name, view in (("tensorboard", board), ("dashboard", dashboard), ("mlflow", mlflow)):
-        view.add_argument("--host", default="127.0.0.1", help="the address to serve on (default: 127.0.0.1)")
-        view.add_argument("--port", type=_port, default=PORTS[name], help=f"the port (default: {PORTS[name]})")
+    dashboard.add_argument("--host", default="127.0.0.1", help="the address to serve on (default: 127.0.0.1)")
+    dashboard.add_argument("--port", type=_port, default=PORT, help=f"the port (default: {PORT})")
     options = parser.parse_args(sys.argv[1:] if args is None else list(args))
     try:
-        {"tensorboard": _tensorboard, "dashboard": _dashboard, "mlflow": _mlflow}[options.view](options)
+        _dashboard(options)
     except UserError as err:
         parser.exit(1, f"error: {err}\n")
-
-
-def _tensorboard(options: argparse.Namespace) -> None:
-    folder = _folder(options.folder, "FOLDER", "the folder of your runs (by default runs/)")
-    if not _has_event_files(folder):
-        raise UserError(
-            f"FOLDER {folder} holds no TensorBoard logs ({EVENT_FILES}* files): train a run first; a run with "
-            "--trainer.logger.init_args.tensorboard false, or a logger without TensorBoard, writes none"
-        )
-    if importlib.util.find_spec("tensorboard") is None:
-        raise UserError("TensorBoard is not installed: pip install tensorboard")
-    _check_port(options.host, options.port)
-    _serve([sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--host", options.host,
-            "--port", str(options.port)])  # fmt: skip
 
 
 def _dashboard(options: argparse.Namespace) -> None:
@@ -137,27 +115,6 @@ def _study_in_store(url: str, name: str | None):
     return storage, name, url
 
 
-def _mlflow(options: argparse.Namespace) -> None:
-    folder = _folder(options.folder, "FOLDER", f"the folder holding {MLFLOW_STORE} (by default runs/)")
-    store = folder / MLFLOW_STORE
-    if not store.exists():
-        raise UserError(
-            f"{store} does not exist: log a run to MLflow first (train.py --config configs/mlflow.yaml; "
-            "MLFlowLogger with tracking_uri sqlite:///runs/mlflow.db)"
-        )
-    stores.check_sqlite_file(store, str(store), writing=False)
-    program = shutil.which("mlflow")
-    if program is None:
-        raise UserError("MLflow's UI is not installed (no mlflow command): pip install 'lightning-kit[mlflow]'")
-    if Path(program).parent == Path(sys.executable).parent and importlib.util.find_spec("flask") is None:
-        # This environment's mlflow command, of MLflow's client alone (mlflow-skinny): its UI would stop on an
-        # ImportError's traceback.
-        raise UserError("MLflow's client is installed here, but not its UI (mlflow-skinny): pip install mlflow")
-    _check_port(options.host, options.port)
-    _serve([program, "ui", "--backend-store-uri", f"sqlite:///{store.resolve()}", "--host", options.host,
-            "--port", str(options.port)])  # fmt: skip
-
-
 def _folder(given: str, flag: str, what: str) -> Path:
     folder = Path(given)
     if not folder.exists():
@@ -165,18 +122,6 @@ def _folder(given: str, flag: str, what: str) -> Path:
     if not folder.is_dir():
         raise UserError(f"{flag} {folder} is not a folder: give {what}")
     return folder
-
-
-def _has_event_files(folder: Path) -> bool:
-    """Whether a TensorBoard event file lies below ``folder`` (links not followed, the search bounded)."""
-    seen = 0
-    for _, folders, files in os.walk(folder):
-        if any(name.startswith(EVENT_FILES) for name in files):
-            return True
-        seen += len(folders) + len(files)
-        if seen > MAX_ENTRIES_SEARCHED:
-            return False
-    return False
 
 
 def _port(text: str) -> int:
@@ -207,16 +152,6 @@ def _check_port(host: str, port: int) -> None:
 
 def _address(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _serve(command: list[str]) -> None:
-    """Become the viewer's own program (its output, its Ctrl-C and SIGTERM): nothing of this process is left."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execv(command[0], command)
-    except OSError as err:
-        raise UserError(f"{command[0]} cannot be run ({err.strerror or err})") from None
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 
     python -m lightning_kit.serve runs/lightning_logs/version_3/model.pt2
     python -m my_project.serve --ckpt_path last --port 8080     # a project's: exported by its command line
-    python -m my_project.serve --bench --ckpt_path last
 
 ``POST /predict`` takes what the model file says its model takes (the export records it):
 
@@ -56,9 +55,9 @@ if TYPE_CHECKING:
 # The library's own command line (``GenericCLI.command``), which builds the model of a checkpoint by default.
 GENERIC_COMMAND = "python -m lightning_kit"
 
-# Measured with --bench on 2 CPU cores (README, "Serving the model"): an idle request waits the whole timeout
-# for its batch to fill (p50 10 ms at 2 or 5 ms, 16 ms at 10 ms); at concurrency 32, waiting 10 ms made batches
-# larger but answered no more requests/s, and batches of up to 8 fewer than of up to 32.
+# Measured with the load test (benchmarks/serve_load.py, beside src/) on 2 CPU cores: an idle request waits the whole
+# timeout for its batch to fill (p50 10 ms at 2 or 5 ms, 16 ms at 10 ms); at concurrency 32, waiting 10 ms made
+# batches larger but answered no more requests/s, and batches of up to 8 fewer than of up to 32.
 MAX_BATCH_SIZE = 32
 BATCH_TIMEOUT_S = 0.005
 MAX_BODY_BYTES = 20 * 1024 * 1024
@@ -107,10 +106,6 @@ def parser(
         default=30.0,
         help="seconds a request may wait (504)",
     )
-    described.add_argument("--bench", action="store_true", help="measure a server under load instead (see --requests)")
-    described.add_argument("--requests", type=_bounded(int, 1), default=2000, help="--bench: requests to send")
-    described.add_argument("--concurrency", type=_bounded(int, 1), default=32, help="--bench: requests at a time")
-    described.add_argument("--url", help="--bench: a running server's address (default: start one, and one unbatched)")
     return described
 
 
@@ -168,8 +163,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
         from ..messages import errors_as_messages
 
         handled = errors_as_messages()
-    if not known.bench:  # SIGTERM from here on stops the server where it is, the checkpoint's export removed
-        catch_sigterm()
+    catch_sigterm()  # SIGTERM from here on stops the server where it is, the checkpoint's export removed
     with handled:
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
         with model_file(known, rest, cli_class) as path:
@@ -177,11 +171,6 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
             _, model = read_model(path, export_command)
             say(f"checked {path}: {_described(model)}")
             check_limits(known, model)
-            if known.bench:
-                from .bench import bench  # the load test's client: only for --bench
-
-                bench(known, model)
-                return
             check_port_free(known.host, known.port)
             serve(known, model)
 

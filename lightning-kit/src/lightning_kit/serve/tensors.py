@@ -10,7 +10,7 @@ what the model answered for that example, nested lists for a tensor, a list for 
 for a dict; a number that is not finite is ``null``.
 
 NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
-(``api``), and the load test does both (``bench``).
+(``api``), and the load test does both (``benchmarks/serve_load.py``, beside the library's ``src/``).
 """
 
 import json
