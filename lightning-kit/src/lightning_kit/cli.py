@@ -42,6 +42,7 @@ from .callbacks import (
     skip_empty_batch_hooks,
 )
 from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, read_checkpoint
+from .command_line import CommandLine
 from .config_files import bound_yaml_loading, check_files_given
 from .errors import DataUnavailableError, command, invoked_as
 from .evaluation import (
@@ -171,7 +172,8 @@ class KitCLI(LightningCLI):
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        # Before any parsing: jsonargparse imports the classes it is given.
+        # Read once, and checked before any parsing: jsonargparse imports the classes it is given.
+        args = CommandLine.of(args)
         check_no_nul(args)
         check_command_line(args)
         check_files_given(args)  # too large, not text, or expanding without end: refused before being read
@@ -347,13 +349,12 @@ class KitCLI(LightningCLI):
             report(f"run folder: {log_dir}")
 
 
-def _no_model(args: list[str]) -> bool:
+def _no_model(args: CommandLine) -> bool:
     """Whether ``args`` name no model: neither ``--model`` nor a ``--config`` (which may name one)."""
-    named = ("--model", "--config", "-c")
-    return not any(arg in named or arg.startswith(("--model=", "--config=")) for arg in args)
+    return not args.gives("--model", "--config", "-c")
 
 
-def _without_print_config(args: list[str]) -> list[str] | None:
+def _without_print_config(args: CommandLine) -> list[str] | None:
     """``args`` without ``--print_config[=flags]``; None when it is not there."""
     kept = [arg for arg in args if arg != "--print_config" and not arg.startswith("--print_config=")]
     return kept if len(kept) < len(args) else None

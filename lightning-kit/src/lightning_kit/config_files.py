@@ -8,14 +8,14 @@ through ``load_yaml``, which counts the values a document stands for before anyt
 expands it; files are checked, with their names, before they are read.
 """
 
-from collections.abc import Callable, Sequence
-from itertools import pairwise
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import get_loader, set_loader
 
+from .command_line import CONFIG_FLAGS, CommandLine
 from .errors import ConfigError
 from .files import NotAFileError, open_regular
 
@@ -48,18 +48,17 @@ def read_config_file(path: Path) -> str:
     return text
 
 
-def check_files_given(args: Sequence[str]) -> None:
+def check_files_given(args: Iterable[str]) -> None:
     """Check each configuration file the command line gives before jsonargparse reads it.
 
     That is the value of ``--config`` or ``-c``, of a flag that takes a whole group or class
     (``--trainer``, ``--data``: no dot), and any ``.yaml``, ``.yml`` or ``.json`` file given,
     when it names a file. ``--ckpt_path`` names a checkpoint, not a configuration.
     """
-    pairs = [tuple(arg.split("=", 1)) for arg in args if arg.startswith("--") and "=" in arg]
-    for flag, value in [*pairwise(args), *pairs]:
-        if not flag.startswith("-") or flag == "--ckpt_path":
+    for flag, value in CommandLine.of(args).pairs:
+        if flag == "--ckpt_path":
             continue
-        config_flag = flag in ("--config", "-c") or (flag.startswith("--") and "." not in flag)
+        config_flag = flag in CONFIG_FLAGS or (flag.startswith("--") and "." not in flag)
         if (config_flag or value.endswith(CONFIG_SUFFIXES)) and "\n" not in value and _is_file(value):
             read_config_file(Path(value))
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import yaml
 
 from .checkpoints import latest_checkpoint
+from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
-from .trust import check_trusted, config_files, flag_pairs, in_run_folder, read_config
+from .trust import check_trusted, config_files, in_run_folder, is_config_file, read_config
 
 # What each evaluation runs on, and the Trainer flag that limits it.
 EVALUATIONS = {
@@ -24,7 +25,7 @@ EVALUATIONS = {
 UNTRAINED_FLAG = "--untrained_weights"
 
 
-def choose_checkpoint(subcommand: str, config, args: list[str]) -> str | None:
+def choose_checkpoint(subcommand: str, config, args: CommandLine) -> str | None:
     """The checkpoint a run starts from, set in ``config``: the last --ckpt_path given, ``last`` resolved."""
     given = _given_ckpt_path(args)
     if given is not None:
@@ -41,7 +42,7 @@ def choose_checkpoint(subcommand: str, config, args: list[str]) -> str | None:
 
 
 def checkpoint_run_settings(
-    subcommand: str, ckpt_path: Path, logger, args: list[str], run_configs: list[Path]
+    subcommand: str, ckpt_path: Path, logger, args: CommandLine, run_configs: list[Path]
 ) -> list[str]:
     """Flags that give a run from a checkpoint the settings of the run that saved it.
 
@@ -51,12 +52,12 @@ def checkpoint_run_settings(
     writes its logs and predictions into that run's folder.
     """
     run_dir, settings = ckpt_path.parent.parent, config_flags(run_configs)
-    if not run_configs and not any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args):
+    if not run_configs and not args.gives("-c", "--config"):
         if (run_dir / "config.yaml").is_file():
             trained = read_config(run_dir / "config.yaml") or {}
             # Read as data: what it names is imported only when check_trusted admits it.
             check_trusted(trained, run_dir / "config.yaml", args, [run_dir])
-            _warn_about_changes(trained, args[1:])
+            _warn_about_changes(trained, args)
             settings = ["--config", str(run_dir / "config.yaml")]
             logger = (trained.get("trainer") or {}).get("logger")
         else:
@@ -82,26 +83,19 @@ def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
     return outputs
 
 
-def split_run_configs(args: list[str]) -> tuple[list[Path], list[str]]:
+def split_run_configs(args: CommandLine) -> tuple[list[Path], CommandLine]:
     """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
-    found, kept, position = [], [], 0
-    while position < len(args):
-        arg = args[position]
-        if arg in ("-c", "--config") and position + 1 < len(args):
-            value, width = args[position + 1], 2
-        elif arg.startswith("--config="):
-            value, width = arg.partition("=")[2], 1
-        else:
-            value, width = None, 1
-        if value is not None and config_files(["--config", value]) and in_run_folder(Path(value)):
-            found.append(Path(value))
-        else:
-            kept += args[position : position + width]
-        position += width
-    return found, kept
+    found, rest = args.split(
+        lambda flag, value: flag in ("-c", "--config") and value is not None and _is_run_config(value)
+    )
+    return [Path(value) for value in found], rest
 
 
-def run_config_of_checkpoint(args: list[str]) -> list[Path]:
+def _is_run_config(value: str) -> bool:
+    return is_config_file(value) and in_run_folder(Path(value))
+
+
+def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
     """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), read as data
     and checked like any run's: for a command line with no model of its own to parse the run's settings with
     (``GenericCLI``), which builds the run's model and data from it. None given, or none there: empty."""
@@ -124,12 +118,10 @@ def config_flags(paths: list[Path]) -> list[str]:
     return [flag for path in paths for flag in ("--config", str(path))]
 
 
-def _given_ckpt_path(args: list[str]) -> str | None:
+def _given_ckpt_path(args: CommandLine) -> str | None:
     """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
-    given = [value for flag, value in flag_pairs(args) if flag == "--ckpt_path"]
-    if not given:
-        return None
-    return None if given[-1].strip().lower() in ("null", "none", "~") else given[-1]
+    given = args.last("--ckpt_path")
+    return None if given is None or given.strip().lower() in ("null", "none", "~") else given
 
 
 def _check_evaluated_weights(subcommand: str, config) -> None:
@@ -144,7 +136,7 @@ def _check_evaluated_weights(subcommand: str, config) -> None:
         raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
 
 
-def check_evaluation(subcommand: str, config, args: list[str]) -> None:
+def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
     """An evaluation runs on the whole split unless told otherwise, and says so when it is told.
 
     A limit on the batches counts when given on the command line, directly or in a --config
@@ -167,9 +159,9 @@ def _limits(value) -> bool:
     return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
 
 
-def _limit_given(key: str, args: list[str]) -> bool:
+def _limit_given(key: str, args: CommandLine) -> bool:
     """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
-    if any(flag == f"--trainer.{key}" for flag, _ in flag_pairs(args)):
+    if args.gives(f"--trainer.{key}"):
         return True
     for config in config_files(args):
         settings = read_config(config) if not in_run_folder(config) else None
@@ -179,9 +171,9 @@ def _limit_given(key: str, args: list[str]) -> bool:
     return False
 
 
-def _warn_about_changes(trained: dict, args: list[str]) -> None:
+def _warn_about_changes(trained: dict, args: CommandLine) -> None:
     """Say loudly when a flag changes the model or the data a checkpoint was trained with (``trained``: its config)."""
-    for flag, value in flag_pairs(args):
+    for flag, value in args.pairs:
         if not flag.startswith(("--model.", "--data.")):
             continue
         keys, recorded = flag[2:].split("."), trained

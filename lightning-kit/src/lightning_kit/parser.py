@@ -22,6 +22,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
 from .arguments import RUN, TRAINER, Arguments
+from .command_line import CommandLine
 from .errors import (
     ConfigError,
     DataUnavailableError,
@@ -104,13 +105,11 @@ class KitArgumentParser(LightningArgumentParser):
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
 
 
-def check_no_nul(args: list[str]) -> None:
+def check_no_nul(args: CommandLine) -> None:
     """Refuse, before anything reads a file it names, an argument holding a NUL character: one line naming its flag
     (a value from Python's ``main([...])``, which no shell can pass), not ValueError's traceback from ``open``."""
-    for position, arg in enumerate(args):
-        flag, equals, _ = arg.partition("=") if arg.startswith("-") else ("", "", "")
-        before = args[position - 1] if position and args[position - 1].startswith("-") else "an argument"
-        if (refusal := nul_refusal(flag if equals else before, arg)) is not None:
+    for flag, arg in args.named():
+        if (refusal := nul_refusal(flag if "\0" not in flag else "an argument", arg)) is not None:
             raise ConfigError(refusal)
 
 

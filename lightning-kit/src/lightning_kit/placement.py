@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from .accelerators import check_named_choices
 from .cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
+from .command_line import CONFIG_FLAGS, CommandLine
 from .errors import ConfigError, RefusedArgumentError, UserError, command, invoked_as
 from .gpu_audit import (
     EXIT_FAILED,
@@ -40,7 +41,7 @@ from .gpu_audit.gpu_memory import judged, parse_capacity
 from .gpu_audit.simulated import SimulationUnavailableError
 from .installation import check_installation
 from .parser import named_refusal
-from .trust import config_files, flag_pairs, read_config
+from .trust import is_config_file, read_config
 
 
 @command
@@ -52,23 +53,23 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     if args[:1] == ["fit"]:
         args = args[1:]
     try:
-        args, capacity = _gpu_memory(args)
+        given, capacity = _gpu_memory(CommandLine(expand_shortcuts(args)))
     except ValueError as err:
         sys.exit(_usage(f"error: {err}"))
     # The Trainer is built only for its settings (callbacks, logger, clipping, DDP's options ...): on the CPU, in one
     # process. A DDP strategy builds there, and the audit's DDP pass takes its options (find_unused_parameters, ...).
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
-    if not _is_ddp(_strategy_given(args)):
+    if not _is_ddp(_strategy_given(given)):
         settings_only += ["--trainer.strategy", "auto"]
     try:
-        replaced = _device_flags_given(expand_shortcuts(args), settings_only)
+        replaced = _device_flags_given(given, settings_only)
     except ConfigError as err:
         sys.exit(_usage(f"error: {err}"))
     try:
         # A class that cannot be built is not audited (3), never a placement bug (1).
         cli = build_cli(
             cli_class,
-            [*args, *settings_only],
+            [*given, *settings_only],
             prog=prog or invoked_as("python -m lightning_kit.placement"),
             not_built=EXIT_INCOMPLETE,
         )
@@ -108,42 +109,32 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     sys.exit(verdict.exit_code)
 
 
-def _gpu_memory(args: list[str]) -> tuple[list[str], int | None]:
+def _gpu_memory(args: CommandLine) -> tuple[CommandLine, int | None]:
     """``args`` without ``--gpu_memory SIZE`` (or ``--gpu_memory=SIZE``), and the bytes it names (None: not given)."""
-    rest, capacity = [], None
-    items = iter(args)
-    for item in items:
-        flag, equals, value = item.partition("=")
-        if flag != "--gpu_memory":
-            rest.append(item)
-            continue
-        if not equals:
-            value = next(items, None)
-            if value is None:
-                raise ValueError("--gpu_memory needs a size (24GB) or a GPU's name (A10G)")
-        capacity = parse_capacity(value)
-    return rest, capacity
+    sizes, rest = args.split(lambda flag, value: flag == "--gpu_memory")
+    if not sizes:
+        return rest, None
+    if sizes[-1] is None:
+        raise ValueError("--gpu_memory needs a size (24GB) or a GPU's name (A10G)")
+    return rest, parse_capacity(sizes[-1])
 
 
-def _device_flags_given(args: list[str], settings_only: list[str]) -> list[str]:
+def _device_flags_given(args: CommandLine, settings_only: list[str]) -> list[str]:
     """The flags of ``settings_only`` (the Trainer's devices) that ``args`` gives, each once, as given; a strategy
     named that Lightning lacks is refused as ``train.py`` refuses it, though the audit does not use it."""
-    given = {}
-    for flag, value in flag_pairs(args):
-        if flag in settings_only[::2]:
-            given[flag] = value
+    given = {flag: value for flag, value in args.pairs if flag in settings_only[::2]}
     if "--trainer.strategy" in given:
         check_named_choices({"strategy": given["--trainer.strategy"]})
     return [f"{flag} {value}" for flag, value in given.items()]
 
 
-def _strategy_given(args: list[str]) -> Any:
+def _strategy_given(args: CommandLine) -> Any:
     """The Trainer's strategy as ``args`` give it (a name, or a class_path and init_args), the last given; None."""
     given = None
-    for flag, value in flag_pairs(args):
+    for flag, value in args.pairs:
         if flag == "--trainer.strategy":
             given = value
-        elif flag in ("--config", "-c") and value in map(str, config_files([flag, value])):
+        elif flag in CONFIG_FLAGS and is_config_file(value):
             try:
                 settings = read_config(Path(value))
             except UserError:

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from .command_line import CommandLine
 from .config_files import read_config_file
 from .errors import UserError
 
@@ -49,7 +50,7 @@ class UntrustedCodeError(UserError):
     """A configuration or a checkpoint names code that may not be imported."""
 
 
-def check_trusted(settings: Any, source: str | Path, args: Sequence[str] = (), folders: Iterable[Path] = ()) -> None:
+def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), folders: Iterable[Path] = ()) -> None:
     """Raise ``UntrustedCodeError`` unless every module ``settings`` would make us import may be imported.
 
     ``settings`` is what was read, as data, from ``source`` (a run's config.yaml, a
@@ -86,34 +87,35 @@ def trust_modules(modules: Iterable[str]) -> None:
     _trusted[:] = dict.fromkeys(modules)
 
 
-def check_command_line(args: Sequence[str]) -> None:
+def check_command_line(args: Iterable[str]) -> None:
     """Check, before it is parsed, the classes the command line names and the files it passes with --config.
 
     A configuration file passed from a run folder is data like any other file of the run.
     """
     kept_out = _kept_out_folders([])
-    check_trusted(_flag_values(args), "the command line", args)
+    check_trusted(_flag_values(CommandLine.of(args)), "the command line", args)
     for config in config_files(args):
         # named_modules() does not count what a run's config.yaml names as named by the person.
         check_trusted(read_config(config), config, args, [config.parent] if in_run_folder(config, kept_out) else [])
 
 
-def named_modules(args: Sequence[str], kept_out: Sequence[Path] = ()) -> set[str]:
+def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str]:
     """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
-    values: list[Any] = list(_flag_values(args))
+    values: list[Any] = list(_flag_values(CommandLine.of(args)))
     for config in config_files(args):
         if not in_run_folder(config, kept_out or _kept_out_folders([])):
             values.append(read_config(config))
     return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
 
 
-def config_files(args: Sequence[str]) -> list[Path]:
+def config_files(args: Iterable[str]) -> list[Path]:
     """The files given with ``--config``/``-c`` (a value that is not a file is YAML text, typed by the person)."""
-    files = []
-    for flag, value in flag_pairs(args):
-        if flag in ("--config", "-c") and "\n" not in value and _exists(value):
-            files.append(Path(value))
-    return files
+    return [Path(value) for value in CommandLine.of(args).config_values() if is_config_file(value)]
+
+
+def is_config_file(value: str) -> bool:
+    """Whether the value ``value`` of ``--config`` names a file (else it is YAML text, typed by the person)."""
+    return "\n" not in value and _exists(value)
 
 
 def _exists(path: str) -> bool:
@@ -247,26 +249,15 @@ def _flag(keys: tuple[str, ...]) -> str:
     return f"--{'.'.join(keys)}" if keys else "--data"
 
 
-def _flag_values(args: Sequence[str]) -> list[Any]:
+def _flag_values(args: CommandLine) -> list[Any]:
     """The values given to flags in ``args``, each read as YAML (``--data '{class_path: x.Y}'`` is a dict)."""
     values = []
-    for _, value in flag_pairs(args):
+    for value in args.values():
         try:
             values.append(yaml.safe_load(value))
         except yaml.YAMLError:
             values.append(value)
     return values
-
-
-def flag_pairs(args: Sequence[str]) -> list[tuple[str, str]]:
-    """``(flag, value)`` pairs of ``args``, in both ``--flag value`` and ``--flag=value`` forms (``-c`` too)."""
-    pairs = []
-    for position, arg in enumerate(args):
-        if arg.startswith("-") and "=" in arg:
-            pairs.append(tuple(arg.split("=", 1)))
-        elif arg.startswith("-") and position + 1 < len(args) and not args[position + 1].startswith("--"):
-            pairs.append((arg, args[position + 1]))
-    return pairs
 
 
 def _shown(path: Path) -> str:

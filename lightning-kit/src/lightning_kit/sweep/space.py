@@ -26,9 +26,9 @@ from optuna.trial import Trial
 
 from ..arguments import number_refusal, range_refusal
 from ..cli import KitCLI, build_all
+from ..command_line import CommandLine
 from ..config_files import read_config_file
 from ..errors import ConfigError
-from ..trust import flag_pairs
 
 RANGE_KEYS = ("low", "high", "log", "step")
 # What a sweep sets itself for every trial, or that would make a trial more than one process.
@@ -83,7 +83,7 @@ class SearchSpace:
         (nothing trained) with every choice of each list and both ends of each range: together
         first, and one at a time to name the key when together they fail.
         """
-        given = {flag[2:] for flag, _ in flag_pairs(train_args)}
+        given = {flag[2:] for flag, _ in CommandLine(train_args).pairs}
         for name in self.distributions:
             if name in given:
                 raise ConfigError(f"{self.path}: {name} is searched, and given as --{name} too: leave one of them")
