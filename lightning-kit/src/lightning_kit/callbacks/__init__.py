@@ -3,7 +3,7 @@ the run's status record, step values logged in short epochs."""
 
 from .dispatch import skip_empty_batch_hooks
 from .divergence import DivergenceError, StopOnDivergence
-from .reporting import BestEpoch, CSVPredictionWriter, RunPlots
+from .reporting import BestEpoch, CSVPredictionWriter
 from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
 from .status import RunStatus
 from .step_logging import StepLogging
@@ -15,7 +15,6 @@ __all__ = [
     "DivergenceError",
     "InterruptCheckpoint",
     "RandomState",
-    "RunPlots",
     "RunStatus",
     "StepLogging",
     "StopOnDivergence",

@@ -30,7 +30,7 @@ from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
 
 CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.json"
 EVALUATIONS = ("validate", "test", "predict")
-FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # drawn when fit ends well (RunPlots)
+FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # what fit ending well left, before run.json
 MAX_FILE_BYTES = {CONFIG_FILE: 1 << 20, RUN_FILE: 1 << 20, STUDY_FILE: 1 << 20, METRICS_FILE: 64 << 20}
 # A configuration flattened to more values than this is no configuration (YAML aliases expanding without end).
 MAX_VALUES = 10_000

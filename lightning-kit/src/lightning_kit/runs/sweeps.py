@@ -1,4 +1,4 @@
-"""A sweep's study, read from its store: each trial's state, each parameter's importance, Optuna's plots.
+"""A sweep's study, read from its store: each trial's state, and each parameter's importance.
 
 A sweep folder (``runs/sweeps/<study>/``) holds ``study.json`` (the study's name, its
 storage's URL without a password, the monitored metric and its direction), the study's
@@ -170,35 +170,6 @@ def importance_weight(complete: int) -> str:
     weight = f"from {complete} complete trials"
     weak = complete < FIRM_IMPORTANCE_TRIALS
     return weight + (f": weak evidence, {FIRM_IMPORTANCE_TRIALS} or more are firmer" if weak else "")
-
-
-def plot_sweep(sweep: Sweep, history: Path, importances: Path) -> list[str]:
-    """Draw Optuna's optimisation history and parameter importances of ``sweep``; return notes on what was not
-    drawn, or ``written: ...`` for what was. A cross-validation has no importances: its folds are no settings."""
-    import optuna
-
-    from ..plots import _pyplot, _save
-
-    _pyplot()  # Agg: files only
-    notes, written = [], []
-    drawings = optuna.visualization.matplotlib
-    plots = [(history, drawings.plot_optimization_history, {})]
-    if sweep.folds is None:
-        plots.append((importances, drawings.plot_param_importances, {"evaluator": _evaluator()}))
-    else:
-        notes.append(f"{importances} not drawn: the trials of a cross-validation differ only in {FOLD_PARAMETER}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        for path, draw, extra in plots:
-            try:
-                axes = draw(sweep.study, **extra)
-            except (ValueError, RuntimeError) as err:
-                notes.append(f"{path} not drawn: {err}")
-                continue
-            if path == importances:
-                axes.set_title(f"{axes.get_title()}\n{importance_weight(sweep.complete)}")
-            written.append(str(_save(axes.figure, path)))
-    return notes + ([f"written: {', '.join(written)}"] if written else [])
 
 
 def _load(sweep: Sweep, url: str, database: str | None) -> None:
