@@ -15,8 +15,8 @@ from pathlib import Path
 from ..errors import OneLineParser, UserError, command, invoked_as
 from ..files import check_output_file
 from ..installation import check_installation
-from ..run_record import ENDINGS, RUNNING
-from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run
+from ..run_record import ENDINGS, RUNNING, write_whole
+from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run, relative
 from .sweeps import read_sweep, trial_of
 from .table import FORMATS, Table, printable
 
@@ -68,7 +68,7 @@ def _list(options: argparse.Namespace) -> None:
             f"--storage names a sweep's database, and there is no sweep below {root} (runs/sweeps/<study>/) "
             "to read it for: leave --storage out, or give the FOLDER that holds the sweep"
         )
-    sweeps = [read_sweep(folder, _name(folder, root), root, options.storage) for folder in sweep_folders]
+    sweeps = [read_sweep(folder, relative(folder, root), root, options.storage) for folder in sweep_folders]
     every_run = runs  # a cross-validation's summary is of all its folds, whichever --status is listed
     if options.status:
         runs = [run for run in runs if run.status in options.status]
@@ -110,20 +110,8 @@ def _sort_values(args: list[str]) -> list[str]:
 
 def _write(path: Path, text: str) -> None:
     """Write ``path`` whole: beside it, then renamed into place (a link there is replaced, not written through)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
-    temporary.unlink(missing_ok=True)
     try:
-        with temporary.open("x") as file:
-            file.write(text)
-        os.replace(temporary, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_whole(path, text)
     except OSError as err:
-        temporary.unlink(missing_ok=True)
         raise UserError(f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room") from err
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _name(folder: Path, root: Path) -> str:
-    return folder.relative_to(root).as_posix() if folder != root else "."

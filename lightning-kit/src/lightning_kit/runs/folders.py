@@ -83,7 +83,7 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
             if METRICS_FILE in names:
                 owner.evaluations.append((evaluation, folder))
         elif is_run:
-            owner = Run(folder=folder, name=_relative(folder, root))
+            owner = Run(folder=folder, name=relative(folder, root))
             runs.append(owner)
         if STUDY_FILE in names and evaluation is None:
             sweeps.append(folder)
@@ -305,7 +305,7 @@ def _read_tests(run: Run, root: Path) -> None:
     try:
         log = read_metric_log(_complete_lines(read_text(latest / METRICS_FILE, root)))
     except _UNREADABLE as err:
-        run.notes.append(f"{_relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
+        run.notes.append(f"{relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
         return
     run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
 
@@ -353,7 +353,8 @@ def _resolved(path: Path) -> Path:
         return path
 
 
-def _relative(folder: Path, root: Path) -> str:
+def relative(folder: Path, root: Path) -> str:
+    """``folder``'s place in ``root``, as the table names it: ``lightning_logs/version_0``, or ``.``."""
     return folder.relative_to(root).as_posix() if folder != root else "."
 
 
