@@ -353,10 +353,11 @@ LIBRARY_BUGS = {
         "sequence",
         "callbacks/status.py",
         [
+            ("import contextlib\n", "import contextlib\n\nimport torch\n"),  # the planted line's torch.eye
             (
                 ON_FIT_END,
                 f"{ON_FIT_END}        pl_module.last_val_confusion + torch.eye(pl_module.hparams.num_classes).long()\n",
-            )
+            ),
         ],
         "pl_module.last_val_confusion + torch.eye(",
         "Expected all tensors to be on the same device",
