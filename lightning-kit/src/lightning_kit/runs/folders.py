@@ -34,7 +34,7 @@ CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.jso
 EVALUATIONS = ("validate", "test", "predict")
 FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # what fit ending well left, before run.json
 # run.json and study.json are a few lines; metrics.csv grows a row per logging call. (config.yaml: config_files.)
-MAX_FILE_BYTES = {METRICS_FILE: 64 << 20}
+MAX_RECORD_BYTES, MAX_METRICS_BYTES = 1 << 20, 64 << 20
 # The best checkpoint of a project from before run.json named its monitor: the best validation accuracy.
 DEFAULT_MONITOR = ("val/acc", "max")
 # Settings that say where a run wrote, not how it trained: never a difference between runs.
@@ -114,7 +114,7 @@ def read_run(run: Run, root: Path) -> None:
         run.notes.append(f"{CONFIG_FILE} unreadable: {_reason(err)}")
     if (folder / METRICS_FILE).exists() or (folder / METRICS_FILE).is_symlink():
         try:
-            run.history = read_metric_log(_complete_lines(read_text(folder / METRICS_FILE, root)))
+            run.history = _metrics(folder / METRICS_FILE, root)
         except _UNREADABLE as err:
             run.notes.append(f"{METRICS_FILE} unreadable: {_reason(err)}")
     _read_status(run, root)
@@ -280,15 +280,15 @@ def flatten(config: Any) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
-def _complete_lines(text: str) -> io.StringIO:
-    """``text`` without a last line that has no newline yet (being written)."""
-    return io.StringIO(text if text.endswith("\n") else text[: text.rfind("\n") + 1])
+def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
+    """A ``metrics.csv`` by epoch, without a last line that has no newline yet (being written)."""
+    text = read_text(path, root, MAX_METRICS_BYTES)
+    return read_metric_log(io.StringIO(text[: text.rfind("\n") + 1]))
 
 
-def read_text(path: Path, root: Path) -> str:
-    """The text of ``path``, when it is a plain file inside ``root``, bounded by ``MAX_FILE_BYTES``."""
+def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
+    """The text of ``path``, when it is a plain file inside ``root``, of at most ``limit`` bytes."""
     _inside(path, root)
-    limit = MAX_FILE_BYTES.get(path.name, 1 << 20)
     with open_regular(path) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
@@ -303,7 +303,7 @@ def _read_tests(run: Run, root: Path) -> None:
         return
     latest = max(tests, key=lambda folder: _natural(folder.name))
     try:
-        log = read_metric_log(_complete_lines(read_text(latest / METRICS_FILE, root)))
+        log = _metrics(latest / METRICS_FILE, root)
     except _UNREADABLE as err:
         run.notes.append(f"{relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
         return
