@@ -322,7 +322,7 @@ def test_device_agnostic_modules_and_resnet18_pass():
     assert {outcome.stage for outcome in verdict.outcomes} == {"fit", "validate"}
 
 
-# The plots' callback, after fit; its first line is where the planted one goes.
+# The run's status record, written after fit; its first line is where the planted one goes.
 ON_FIT_END = "    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:\n"
 # Bugs in the code every project shares, the library's: (task, the library's file, edits, the text on the
 # line the audit must name (in that file, or (another of its files, its text)), what CUDA says, and where it
@@ -351,12 +351,13 @@ LIBRARY_BUGS = {
     ),
     "a CPU tensor in a callback after fit": (
         "sequence",
-        "callbacks/reporting.py",
+        "callbacks/status.py",
         [
+            ("import contextlib\n", "import contextlib\n\nimport torch\n"),  # the planted line's torch.eye
             (
                 ON_FIT_END,
                 f"{ON_FIT_END}        pl_module.last_val_confusion + torch.eye(pl_module.hparams.num_classes).long()\n",
-            )
+            ),
         ],
         "pl_module.last_val_confusion + torch.eye(",
         "Expected all tensors to be on the same device",

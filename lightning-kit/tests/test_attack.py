@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_kit import cli, export, guide, lint_placement, placement, plots
+from lightning_kit import cli, export, guide, lint_placement, placement
 from lightning_kit.runs import command as runs
 from lightning_kit.serve import command as serve
 from lightning_kit.sweep import command as sweep
@@ -52,7 +52,6 @@ MAINS: dict[str, Callable[[list[str]], object]] = {
     "placement": placement.main,
     "sweep": sweep.main,
     "runs": runs.main,
-    "plots": plots.main,
     "export": export.main,
     "serve": lambda args: serve.main(args),
     "guide": guide.main,
@@ -489,7 +488,6 @@ CASES = {
     "runs-markdown-through-a-link": Case(
         "runs", ["--markdown", "t.md", "--overwrite"], "lightning_logs", 0, link("t.md", "victim"), run=True
     ),
-    "runs-plot-not-png": Case("runs", ["--plot", "curves.txt"], "is not a .png file", run=True),
     # What a run's files and folders are named (a metric, a folder) reaches no terminal as control characters.
     "runs-metric-named-with-escapes": Case("runs", [], "val/?[2Jloss", 0, file(METRICS, ESCAPED_METRICS), run=True),
     "runs-csv-metric-named-with-escapes": Case(
@@ -499,10 +497,6 @@ CASES = {
         "runs", ["--format", "markdown"], "val/?[2Jloss", 0, file(METRICS, ESCAPED_METRICS), run=True
     ),
     "runs-folder-named-with-escapes": Case("runs", [], "v?[31mred", 0, copy_run("v\x1b[31mred"), run=True),
-    "plots-folder-named-with-a-newline": Case(
-        "plots", ["runs/lightning_logs/v\nred\x1b[0m"], "v?red?[0m/loss.png", 0, copy_run("v\nred\x1b[0m"), run=True
-    ),
-    "runs-plot-into-a-fifo": Case("runs", ["--plot", "p.png", "--overwrite"], "FIFO", 1, fifo("p.png"), run=True),
     "runs-config-yaml-bomb": Case("runs", [], "config.yaml unreadable", 0, yaml_bomb(f"{RUN}/config.yaml"), run=True),
     "runs-config-a-fifo": Case(
         "runs",
@@ -524,45 +518,6 @@ CASES = {
         "runs", [], "not followed", 0, link("runs/elsewhere", "victim-folder"), run=True
     ),
     "runs-a-link-to-itself": Case("runs", [], "lightning_logs", 0, link("runs/loop", "runs"), run=True),
-    # A run's plots: its files read with bounds, every file written renamed into place.
-    "plots-folder-missing": Case("plots", ["nowhere"], "does not exist"),
-    "plots-folder-a-file": Case("plots", ["f"], "is not a folder", 1, file("f", "x")),
-    "plots-metrics-a-fifo": Case(
-        "plots",
-        [str(RUN)],
-        "not a plain file",
-        1,
-        both(lambda at: (at / RUN / "metrics.csv").unlink(), fifo(f"{RUN}/metrics.csv")),
-        run=True,
-    ),
-    "plots-metrics-binary": Case(
-        "plots", [str(RUN)], "cannot be drawn", 1, file(f"{RUN}/metrics.csv", b"\xa2\0" * 9), run=True
-    ),
-    "plots-metrics-inf-epoch": Case(
-        "plots", [str(RUN)], "epoch", 1, file(f"{RUN}/metrics.csv", "epoch,step,val/mae\ninf,1,0.5\n"), run=True
-    ),
-    "plots-config-yaml-bomb": Case("plots", [str(RUN)], "config.yaml", 1, yaml_bomb(f"{RUN}/config.yaml"), run=True),
-    "plots-config-not-a-mapping": Case(
-        "plots", [str(RUN)], "loss.png", 0, file(f"{RUN}/config.yaml", "- a\n- b\n"), run=True
-    ),
-    "plots-runs-resume-each-other": Case(
-        "plots",
-        [str(RUN)],
-        "loss.png",
-        0,
-        both(
-            run_config(lambda settings: settings.update(ckpt_path="runs/b/checkpoints/last.ckpt")),
-            lambda at: shutil.copytree(at / RUN, at / "runs/b"),
-            lambda at: (at / "runs/b/config.yaml").write_text(f"ckpt_path: {RUN}/checkpoints/last.ckpt\n"),
-        ),
-        run=True,
-    ),
-    "plots-through-a-link-to-the-users-file": Case(
-        "plots", [str(RUN)], "loss.png", 0, link(f"{RUN}/loss.png", "victim"), run=True
-    ),
-    "plots-through-a-dangling-link": Case(
-        "plots", [str(RUN)], "mae.png", 0, link(f"{RUN}/mae.png", "victim-new.png"), run=True
-    ),
     # Export: checked before the model is built, written whole or not at all.
     "export-ckpt-missing": Case("export", ["--ckpt_path", "no.ckpt"], "no.ckpt"),
     "export-output-not-pt2": Case(
@@ -640,7 +595,6 @@ CASES = {
     "nul-sweep-storage": Case("sweep", ["--space", SPACE, "--storage", "sqlite:///\0"], "--storage holds a NUL", 2),
     "nul-runs-folder": Case("runs", ["runs\0"], "FOLDER holds a NUL", 2),
     "nul-runs-csv": Case("runs", ["--csv", "t\0.csv"], "--csv holds a NUL", 2, run=True),
-    "nul-plots": Case("plots", [f"{RUN}\0"], "run_dir holds a NUL", 2, run=True),
     "nul-export-output": Case("export", ["--ckpt_path", CKPT, "--output", "m\0.pt2"], "--output holds a NUL", 2),
     "nul-serve-model": Case("serve", ["m\0.pt2"], "model holds a NUL", 2),
     "nul-lint": Case("lint_placement", ["a\0.py"], "holds a NUL character"),

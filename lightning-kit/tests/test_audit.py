@@ -38,7 +38,7 @@ def test_shipped_model_and_data_pass_the_audit(in_tmp_path, synthetic_config, ca
     assert ran == [(stage, *each) for each in PASSES for stage in ("fit", "validate", "test", "predict")]
     for hook in ("on_validation_epoch_end", "on_train_epoch_end", "on_fit_end", "configure_optimizers"):
         assert any(hook in action for action in verdict.hooks), hook
-    assert any("RunPlots" in action for action in verdict.hooks), "the project's own callbacks ran"
+    assert any("RunStatus" in action for action in verdict.hooks), "the project's own callbacks ran"
 
 
 class ReadsValues(Probe):

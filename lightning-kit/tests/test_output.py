@@ -17,7 +17,7 @@ import pytest
 from conftest import HANG_GUARD_S
 
 from lightning_kit import bench as bench_command
-from lightning_kit import cli, errors, export, guide, placement, plots, views
+from lightning_kit import cli, errors, export, guide, placement, views
 from lightning_kit import gpu_check as gpu_check_command
 from lightning_kit.runs import command as runs
 from lightning_kit.serve import command as serve
@@ -44,7 +44,7 @@ class _Refusing:
 
 
 def test_every_command_of_the_library_is_guarded():
-    mains = [cli.main, export.main, plots.main, views.main, guide.main, runs.main, serve.main, sweep.main]
+    mains = [cli.main, export.main, views.main, guide.main, runs.main, serve.main, sweep.main]
     mains += [placement.main, bench_command.main, gpu_check_command.main]
     unguarded = [main.__module__ for main in mains if getattr(main, "__wrapped__", None) is None]
     assert not unguarded, f"main not wrapped in errors.command: {unguarded}"

@@ -1,10 +1,8 @@
-"""Reporting: the best epoch and its checkpoint at the end of fit, the run's plots, and the predictions CSV."""
+"""Reporting: the best epoch and its checkpoint at the end of fit, and the predictions CSV."""
 
 import csv
-import os
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 import lightning as L
 import pytest
@@ -12,7 +10,6 @@ import torch
 from conftest import RUNS, build, checkpoint, epoch_metrics, exit_message, main
 
 from lightning_kit.errors import UserError
-from lightning_kit.plots import CONFUSION_CORNER, EPOCH_AXIS, read_confusion
 
 
 class RightOnlyIn(L.Callback):
@@ -51,11 +48,6 @@ def test_a_resumed_run_names_the_checkpoint_of_the_best_metrics(in_tmp_path, fas
     assert Path(named).parent == checkpoint(0).parent and Path(named).name.startswith("best-epoch=0-"), out
     assert Path(named).is_file()
     assert torch.load(named, weights_only=True)["epoch"] == 0
-    # The resumed run's confusion matrix is the best checkpoint's too (epoch 0, all right), kept in the checkpoint.
-    _, matrix = read_confusion(RUNS / "version_1" / "confusion_matrix.csv")
-    assert sum(map(sum, matrix)) > 0 and all(
-        count == 0 for r, row in enumerate(matrix) for c, count in enumerate(row) if r != c
-    )
 
 
 @pytest.mark.slow
@@ -83,46 +75,6 @@ def test_fit_reports_the_best_epoch(in_tmp_path, fast_args, capsys):
     assert expected in capsys.readouterr().out
 
 
-def test_plots_of_a_damaged_metrics_file_are_one_line_and_never_fail_a_fit(tmp_path, in_tmp_path, fast_args, capsys):
-    from lightning_kit.callbacks import reporting
-    from lightning_kit.plots import main as plots_main
-
-    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss\n0,9,not-a-number\n")
-    with pytest.raises(SystemExit) as exit_info:
-        plots_main([str(tmp_path)])
-    assert exit_info.value.code == 1 and "line 2, is not a metrics row" in capsys.readouterr().err
-
-    with mock.patch.object(reporting, "plot_run", side_effect=ValueError("damaged")):
-        main([*fast_args, "--max_epochs", "1"])
-    captured = capsys.readouterr()
-    assert "fit finished" in captured.out and "warning: the plots of" in captured.err
-
-
-@pytest.mark.slow
-def test_fit_draws_curves_and_the_confusion_matrix(in_tmp_path, fast_args):
-    main([*fast_args, "--max_epochs", "2"])
-    run = RUNS / "version_0"
-    for name in ("loss.png", "accuracy.png", "confusion_matrix.png"):
-        assert (run / name).read_bytes().startswith(b"\x89PNG"), name
-    with (run / "confusion_matrix.csv").open() as file:
-        header, *rows = list(csv.reader(file))
-    matrix = [[int(count) for count in row[1:]] for row in rows]
-    assert len(matrix) == len(matrix[0]) and sum(map(sum, matrix)) > 0
-    assert header[0] == CONFUSION_CORNER and len(header) == len(matrix) + 1
-
-
-def test_plots_redraw_from_a_run_folder_and_refuse_an_empty_one(tmp_path, capsys):
-    from lightning_kit.plots import main as plots_main
-
-    (tmp_path / "metrics.csv").write_text(
-        "epoch,step,train/acc,train/loss,val/acc,val/loss\n0,9,0.5,1.2,,\n0,9,,,0.6,1.0\n1,19,0.7,0.8,0.8,0.6\n"
-    )
-    plots_main([str(tmp_path)])
-    assert {"loss.png", "accuracy.png"} <= {path.name for path in tmp_path.iterdir()}
-    with pytest.raises(SystemExit):
-        plots_main([str(tmp_path / "empty")])
-
-
 @pytest.mark.slow
 def test_predictions_agree_with_test_accuracy(trained_run, fast_args, synthetic_config):
     """predict writes one row per input; its predicted classes score the accuracy that test reports."""
@@ -143,97 +95,6 @@ def test_predictions_agree_with_test_accuracy(trained_run, fast_args, synthetic_
     assert list(rows[0]) == ["index", "predicted", "label", *(f"p_{name}" for name in names)]
     assert sum(probabilities) == pytest.approx(1, abs=1e-4)
     assert names[max(range(len(probabilities)), key=probabilities.__getitem__)] == rows[0]["predicted"]
-
-
-@pytest.mark.slow
-def test_the_confusion_matrix_is_the_best_checkpoints_by_class_name(in_tmp_path, fast_args):
-    """All right in epoch 0 (the best), all wrong in epoch 1 (the last): the matrix saved is epoch 0's, its CSV
-    headed by "true \\ predicted" and the class names, in its first row and column, and its plot says so."""
-    best = [f"--trainer.callbacks+={__name__}.RightOnlyIn", "--trainer.callbacks.init_args.best", "0"]
-    drawn = []
-    with mock.patch("lightning_kit.plots._save", wraps=_saved(drawn)):
-        main([*fast_args, "--max_epochs", "2", *best])
-    names = build(fast_args)[0].class_names
-    with (RUNS / "version_0" / "confusion_matrix.csv").open() as file:
-        header, *rows = list(csv.reader(file))
-    assert header == [CONFUSION_CORNER, *names] and CONFUSION_CORNER == "true \\ predicted"
-    assert [row[0] for row in rows] == names
-    matrix = [[int(count) for count in row[1:]] for row in rows]
-    assert sum(map(sum, matrix)) > 0 and all(
-        count == 0 for r, row in enumerate(matrix) for c, count in enumerate(row) if r != c
-    )
-    assert read_confusion(RUNS / "version_0" / "confusion_matrix.csv") == (names, matrix)
-    confusion = drawn[-1]
-    assert confusion["title"] == "Validation confusion matrix, epoch 0 (the best checkpoint's)", confusion
-    assert confusion["xticks"] == names and confusion["yticks"] == names
-
-
-def _saved(drawn: list):
-    """``plots._save`` that also records what each figure shows: its title, axis labels, tick labels and lines."""
-    from lightning_kit import plots
-
-    save = plots._save
-
-    def recording(figure, path):
-        axes = figure.axes[0]
-        drawn.append(
-            {
-                "path": Path(path).name,
-                "title": axes.get_title(),
-                "xlabel": axes.get_xlabel(),
-                "xticks": [label.get_text() for label in axes.get_xticklabels()],
-                "yticks": [label.get_text() for label in axes.get_yticklabels()],
-                "lines": [list(line.get_xdata()) for line in axes.lines],
-                "labels": [line.get_label() for line in axes.lines],
-                "titles": [each.get_title() for each in figure.axes if each.get_title()],
-            }
-        )
-        return save(figure, path)
-
-    return recording
-
-
-def test_plots_count_epochs_from_0_as_checkpoints_do(tmp_path):
-    """metrics.csv's epochs 0 and 1 are drawn at 0 and 1, on an axis that says so; a headerless confusion matrix
-    of an older run is named by label numbers, for the last epoch."""
-    from lightning_kit.plots import plot_run
-
-    (tmp_path / "metrics.csv").write_text(
-        "epoch,step,train/acc,train/loss,val/acc,val/loss\n0,9,0.5,1.2,,\n0,9,,,0.6,1.0\n1,19,0.7,0.8,0.8,0.6\n"
-    )
-    (tmp_path / "confusion_matrix.csv").write_text("3,1\n0,4\n")
-    drawn = []
-    with mock.patch("lightning_kit.plots._save", wraps=_saved(drawn)):
-        plot_run(tmp_path)
-    curves = [figure for figure in drawn if figure["path"] in ("loss.png", "accuracy.png")]
-    assert len(curves) == 2 and all(figure["xlabel"] == EPOCH_AXIS == "epoch (from 0)" for figure in curves)
-    assert all(line == [0, 1] for figure in curves for line in figure["lines"]), curves
-    confusion = drawn[-1]
-    assert confusion["title"] == "Validation confusion matrix, epoch 1 (the last)" and confusion["xticks"] == ["0", "1"]
-
-
-def test_the_runs_curves_count_epochs_from_0(tmp_path):
-    from lightning_kit.runs.curves import plot_curves
-    from lightning_kit.runs.folders import Run
-
-    run = Run(folder=tmp_path, name="a")
-    run.history = {"val/acc": {0: 0.5, 1: 0.6}, "val/loss": {0: 1.0, 1: 0.9}}
-    drawn = []
-    with mock.patch("lightning_kit.runs.curves._save", wraps=_saved(drawn)):
-        plot_curves([run], tmp_path / "curves.png")
-    assert drawn[0]["xlabel"] == EPOCH_AXIS and drawn[0]["lines"] == [[0, 1]]
-
-
-def test_a_confusion_matrix_csv_that_is_not_one_is_refused(tmp_path):
-    (tmp_path / "confusion_matrix.csv").write_text(f"{CONFUSION_CORNER},a,b\na,1,x\nb,0,1\n")
-    with pytest.raises(ValueError, match="is not a confusion matrix"):
-        read_confusion(tmp_path / "confusion_matrix.csv")
-    (tmp_path / "confusion_matrix.csv").write_text(f"{CONFUSION_CORNER},a,b\na,1,0\n")
-    with pytest.raises(ValueError, match="2 classes"):
-        read_confusion(tmp_path / "confusion_matrix.csv")
-    (tmp_path / "confusion_matrix.csv").write_text("1,inf\n0,1\n")
-    with pytest.raises(ValueError, match="is not a confusion matrix"):
-        read_confusion(tmp_path / "confusion_matrix.csv")
 
 
 @pytest.mark.slow
@@ -297,8 +158,7 @@ def test_only_the_folders_a_refused_run_made_and_left_empty_are_removed(tmp_path
 @pytest.mark.slow
 def test_without_a_monitored_metric_no_epoch_is_called_the_best(in_tmp_path, fast_args, capsys):
     """A command line whose checkpoints judge no metric (monitor None): the end of fit reports the last epoch's
-    metrics without calling an epoch the best, names the latest checkpoint as such, and the confusion matrix
-    is the last validation's, titled so."""
+    metrics without calling an epoch the best, and names the latest checkpoint as such."""
     from image_project.cli import ProjectCLI
 
     from lightning_kit.cli import main as kit_main
@@ -307,15 +167,10 @@ def test_without_a_monitored_metric_no_epoch_is_called_the_best(in_tmp_path, fas
         monitor = None
 
     best = [f"--trainer.callbacks+={__name__}.RightOnlyIn", "--trainer.callbacks.init_args.best", "0"]
-    drawn = []
-    with mock.patch("lightning_kit.plots._save", wraps=_saved(drawn)):
-        kit_main(NoMonitor, [*fast_args, "--max_epochs", "2", *best])
+    kit_main(NoMonitor, [*fast_args, "--max_epochs", "2", *best])
     out = capsys.readouterr().out
     assert "fit finished: val/loss=" in out and "val/acc=0.0000" in out and "best epoch" not in out, out
     assert f"latest checkpoint: {checkpoint(0)}" in out, out
-    _, matrix = read_confusion(RUNS / "version_0" / "confusion_matrix.csv")
-    assert sum(map(sum, matrix)) > 0 and all(matrix[k][k] == 0 for k in range(len(matrix)))  # epoch 1: all wrong
-    assert drawn[-1]["title"] == "Validation confusion matrix, epoch 1 (the last)"
 
 
 def write_metrics(folder: Path, header: str, *rows: str) -> Path:
@@ -349,110 +204,13 @@ def test_a_logged_name_says_its_stage_and_metric_however_written(name, stage, me
     assert (parsed.stage, parsed.metric, parsed.per_step) == (stage, metric, per_step)
 
 
-@pytest.mark.parametrize(
-    ("train", "val"),
-    [("train/mae", "val/mae"), ("train_mae", "val_mae"), ("mae/train", "mae/val"), ("train/mae_epoch", "val/mae")],
-)
-def test_each_metric_logged_per_epoch_is_a_plot_of_its_stages(tmp_path, train, val):
-    """A regression run: the loss and each other metric is one plot, its train and validation series on it,
-    however the names are written; no accuracy plot for a run that logs no accuracy. A metric logged only per
-    step (its ``_step``, or values before the epoch's last step) is no epoch curve."""
-    from lightning_kit.plots import plot_run
-
-    # Lightning's train/mae_step beside train/mae_epoch, when both are logged; train_lr is logged per step only.
-    step = ["train/mae_step"] if train.endswith("_epoch") else []
-    rows = [
-        {"epoch": 0, "step": 3, "train_lr": 0.8, **dict.fromkeys(step, 0.95)},  # before the epoch's last step, 9
-        {"epoch": 0, "step": 9, "train/loss": 1.0, train: 0.9},  # an epoch's training values at its last step,
-        {"epoch": 0, "step": 9, "val/loss": 0.6, val: 0.7},  # then its validation's
-        {"epoch": 1, "step": 19, "train/loss": 0.5, train: 0.4},
-        {"epoch": 1, "step": 19, "val/loss": 0.2, val: 0.3},
-    ]
-    with (tmp_path / "metrics.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, ["epoch", "step", *step, "train/loss", train, "train_lr", val, "val/loss"])
-        writer.writeheader()
-        writer.writerows(rows)
-    drawn = []
-    with mock.patch("lightning_kit.plots._save", wraps=_saved(drawn)):
-        paths = plot_run(tmp_path)
-    assert [path.name for path in paths] == ["loss.png", "mae.png"]
-    assert [(figure["path"], figure["labels"]) for figure in drawn] == [
-        ("loss.png", ["train", "validation"]),
-        ("mae.png", ["train", "validation"]),
-    ]
-    assert all(line == [0, 1] for figure in drawn for line in figure["lines"])
-    assert not (tmp_path / "accuracy.png").exists()
-
-
-def test_plot_file_names_are_made_safe_and_their_number_bounded(tmp_path, capsys, monkeypatch):
-    """Metric names that would climb out of the run folder, hide a file, or collide with the confusion matrix's
-    plot or with each other name files of letters, digits, ``.``, ``-`` and ``_`` in it; a run that logs more
-    metrics than MAX_CURVES gets that many plots, the loss first, and one note that says how many are not drawn."""
-    from lightning_kit import plots
-
-    names = ["val/../../escaped", "val/.hidden", "val/confusion_matrix", "val/Mae", "val/mae", "val/" + "x" * 300]
-    run = write_metrics(tmp_path / "run", ",".join([*names, "val/loss"]), "0,9," + ",".join(["0.5"] * (len(names) + 1)))
-    curves, left_out = plots.plan_curves(plots.read_epoch_metrics(run / "metrics.csv"))
-    assert [curve.filename for curve in curves] == [
-        "loss.png",
-        "escaped.png",
-        "hidden.png",
-        "confusion_matrix-2.png",
-        "Mae.png",
-        "mae-2.png",
-        "x" * plots.MAX_STEM + ".png",
-    ]
-    assert left_out == 0
-    monkeypatch.setattr(plots, "MAX_CURVES", 2)
-    assert [path.name for path in plots.plot_run(run)] == ["loss.png", "escaped.png"]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
-    assert sorted(path.name for path in run.iterdir()) == ["escaped.png", "loss.png", "metrics.csv"]
-    notes = capsys.readouterr().err.splitlines()
-    assert notes == [
-        f"note: {run} logs 7 metrics per epoch: 2 are drawn (at most 2, the loss and accuracy first), 5 are not"
-    ], notes
-
-
-def test_plots_replace_links_at_their_names_and_never_write_through_them(tmp_path):
-    """A link planted at each name a plot or the confusion matrix's CSV is written to (or at the file beside it
-    that is renamed into place) is replaced: the user's file it points to is unchanged, and a dangling link
-    makes no file outside the run folder."""
-    from lightning_kit.plots import CONFUSION_FILE, plot_run, write_confusion
-
-    run = write_metrics(tmp_path / "run", "train/acc,val/acc,val/loss,val/mae", "0,9,0.5,0.6,1.0,0.3")
-    mine = tmp_path / "mine.png"
-    mine.write_bytes(b"the user's own")
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (run / "loss.png").symlink_to(mine)
-    (run / "accuracy.png").symlink_to(outside / "accuracy.png")  # dangling
-    (run / CONFUSION_FILE).symlink_to(mine)
-    (run / "confusion_matrix.png").symlink_to(outside / "confusion.png")
-    (run / f".writing.{os.getpid()}.mae.png").symlink_to(mine)
-    write_confusion(run / CONFUSION_FILE, [[2, 0], [1, 3]], ["a", "b"])
-    written = plot_run(run)
-    assert sorted(path.name for path in written) == ["accuracy.png", "confusion_matrix.png", "loss.png", "mae.png"]
-    assert mine.read_bytes() == b"the user's own" and list(outside.iterdir()) == []
-    for name in [path.name for path in written] + [CONFUSION_FILE]:
-        assert not (run / name).is_symlink() and (run / name).is_file(), name
-    assert (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
-    assert read_confusion(run / CONFUSION_FILE) == (["a", "b"], [[2, 0], [1, 3]])
-    assert not [path.name for path in run.iterdir() if path.name.startswith(".writing.")]
-
-
 @pytest.mark.parametrize("epoch", ["inf", "1e30", "-1", "1.5"])
 def test_an_epoch_that_is_no_epoch_number_is_one_line(tmp_path, capsys, epoch):
-    """An infinite, huge, negative or fractional epoch in metrics.csv: the plots command stops in one line that
-    names the line, not with an OverflowError; the table of runs says it in the run's note."""
-    from lightning_kit.plots import main as plots_main
+    """An infinite, huge, negative or fractional epoch in metrics.csv, not an OverflowError: the table of runs
+    says it in the run's note, naming the line."""
     from lightning_kit.runs.command import main as runs_main
 
     write_metrics(tmp_path, "val/loss", "0,9,1.0", f"{epoch},19,0.5")
-    with pytest.raises(SystemExit) as exit_info:
-        plots_main([str(tmp_path)])
-    message = capsys.readouterr().err
-    assert exit_info.value.code == 1 and message.count("\n") == 1, message
-    assert "line 3, is not a metrics row" in message and "is not an epoch number" in message, message
     (tmp_path / "config.yaml").write_text("model: {}\n")
     runs_main([str(tmp_path), "--format", "csv"])
     row = next(csv.DictReader(capsys.readouterr().out.splitlines()))

@@ -9,7 +9,7 @@ imports no PyTorch):
   which runs it; ``GenericCLI`` takes any ``--model`` and ``--data`` by class path;
 - ``Arguments`` and the ``lightning_kit.arguments`` helpers: what a class's arguments accept;
 - the commands: ``python -m lightning_kit.placement``, ``.sweep``, ``.runs``, ``.serve``, ``.export``,
-  ``.bench``, ``.plots``, ``.lint_placement``, ``.gpu_check``.
+  ``.bench``, ``.lint_placement``, ``.gpu_check``.
 
 Everything else is reached through its module; names that start with ``_`` are private.
 """

@@ -35,7 +35,6 @@ from .callbacks import (
     CSVPredictionWriter,
     InterruptCheckpoint,
     RandomState,
-    RunPlots,
     RunStatus,
     StepLogging,
     StopOnDivergence,
@@ -498,7 +497,7 @@ def _make_cli(
         run=run,
         seed_everything_default=cli_class.seed,
         trainer_defaults={
-            # metrics.csv for the runs table and plots, TensorBoard's event file beside it: `tensorboard --logdir runs`.
+            # metrics.csv for the runs table, TensorBoard's event file beside it: `tensorboard --logdir runs`.
             "logger": {
                 "class_path": "lightning_kit.loggers.CSVAndTensorBoardLogger",
                 "init_args": {"save_dir": "runs"},
@@ -513,11 +512,10 @@ def _make_cli(
                 StopOnDivergence(check_every=cli_class.refresh_every),
                 BestEpoch(),
                 RandomState(),
-                RunPlots(),
                 *callbacks,
                 # The classes of the run, named in each checkpoint, held against what evaluates it.
                 RunClasses(),
-                # Last: a run's end time counts its plots. run.json says running, finished, interrupted, ...
+                # Last: a run's end time counts the others' ends. run.json says running, finished, interrupted, ...
                 RunStatus(),
             ],
             # A progress bar for people; none in CI logs and other redirected output.

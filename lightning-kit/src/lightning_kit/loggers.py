@@ -1,7 +1,7 @@
 """The default logger of a run: Lightning's CSV files, and TensorBoard's event files beside them.
 
 One logger, one run folder (``runs/lightning_logs/version_3``): ``metrics.csv`` and ``hparams.yaml``
-as ``CSVLogger`` writes them (the runs table and the plots read them), and the ``events.out.tfevents.*``
+as ``CSVLogger`` writes them (the runs table reads them), and the ``events.out.tfevents.*``
 file that Lightning's ``TensorBoardLogger`` writes of the same metrics and hyperparameters, so that
 
     tensorboard --logdir runs

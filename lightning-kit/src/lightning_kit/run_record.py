@@ -56,12 +56,18 @@ def ended_record(record: dict[str, Any], status: str, **details: Any) -> dict[st
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``path`` whole: to a file beside it, then renamed into place."""
+    """Write ``record`` to ``path`` whole (``write_whole``)."""
+    write_whole(path, json.dumps(record, indent=1))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: to a file beside it, then renamed into place, so a reader never sees half
+    of it (the runs table reads a record while its run writes it)."""
     temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
     temporary.unlink(missing_ok=True)  # a leftover, or a link planted there: replaced, never written through
     try:
         with temporary.open("x") as file:
-            json.dump(record, file, indent=1)
+            file.write(text)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)

@@ -74,7 +74,7 @@ class Classifier(L.LightningModule):
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
-        # Rows are true classes, columns predicted ones; kept for the plots after fit.
+        # Rows are true classes, columns predicted ones; the last validation's is kept on the module.
         self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.last_val_confusion: torch.Tensor | None = None
         self.last_val_confusion_epoch: int | None = None

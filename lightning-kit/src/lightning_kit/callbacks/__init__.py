@@ -1,9 +1,10 @@
-"""Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, reporting,
-the run's status record, step values logged in short epochs."""
+"""Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, the best
+epoch, the predictions CSV, the run's status record, step values logged in short epochs."""
 
+from .best_epoch import BestEpoch
 from .dispatch import skip_empty_batch_hooks
 from .divergence import DivergenceError, StopOnDivergence
-from .reporting import BestEpoch, CSVPredictionWriter, RunPlots
+from .predictions import CSVPredictionWriter
 from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
 from .status import RunStatus
 from .step_logging import StepLogging
@@ -15,7 +16,6 @@ __all__ = [
     "DivergenceError",
     "InterruptCheckpoint",
     "RandomState",
-    "RunPlots",
     "RunStatus",
     "StepLogging",
     "StopOnDivergence",

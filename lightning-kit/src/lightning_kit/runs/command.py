@@ -1,9 +1,10 @@
 """The table of runs' command: a table of the runs below FOLDER (default ``runs/``).
 
-Every run, in folder order; a sweep's trials, best first; the finished runs into Markdown, with their curves:
+Every run, in folder order; a sweep's trials, best first; the finished runs into Markdown:
 ``python -m lightning_kit.runs``, ``... runs/sweeps/lr --sort=-val/acc``,
-``... --status finished --markdown runs.md --plot curves.png``. It reads run folders as data, whichever
-project wrote them, and imports no PyTorch (nor ``lightning_kit.cli``, which does).
+``... --status finished --markdown runs.md``. It reads run folders as data, whichever project wrote them,
+and imports no PyTorch (nor ``lightning_kit.cli``, which does). Curves are TensorBoard's:
+``tensorboard --logdir runs``.
 """
 
 import argparse
@@ -14,14 +15,13 @@ from pathlib import Path
 from ..errors import OneLineParser, UserError, command, invoked_as
 from ..files import check_output_file
 from ..installation import check_installation
-from ..run_record import ENDINGS, RUNNING
-from .curves import plot_curves
-from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run
-from .sweeps import plot_sweep, read_sweep, trial_of
+from ..run_record import ENDINGS, RUNNING, write_whole
+from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run, relative
+from .sweeps import read_sweep, trial_of
 from .table import FORMATS, Table, printable
 
 STATUSES = (RUNNING, *ENDINGS, UNKNOWN, UNREADABLE)
-OUTPUTS = ("csv", "markdown", "plot")
+OUTPUTS = ("csv", "markdown")
 
 
 @command
@@ -39,12 +39,7 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--format", choices=tuple(FORMATS), default="table", help="what to print (default: table)")
     parser.add_argument("--csv", metavar="PATH", help="also write the table to this CSV file")
     parser.add_argument("--markdown", metavar="PATH", help="also write the table to this Markdown file")
-    parser.add_argument(
-        "--plot",
-        metavar="PATH",
-        help="draw the runs' validation curves into this PNG; a sweep's Optuna plots go beside it",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace files that --csv, --markdown, --plot name")
+    parser.add_argument("--overwrite", action="store_true", help="replace files that --csv and --markdown name")
     parser.add_argument("--storage", metavar="URL", help="the database of a sweep whose study.db is not in its folder")
     options = parser.parse_args(_sort_values(sys.argv[1:] if args is None else list(args)))
     try:
@@ -60,8 +55,6 @@ def _list(options: argparse.Namespace) -> None:
     if not root.is_dir():
         raise UserError(f"FOLDER {root} is not a folder: give the folder of your runs (by default runs/)")
     outputs = {name: getattr(options, name) for name in OUTPUTS if getattr(options, name) is not None}
-    if options.plot is not None and Path(options.plot).suffix.lower() != ".png":  # a PNG under another name misleads
-        raise UserError(f"--plot {options.plot} is not a .png file: give the path of the PNG to draw, e.g. curves.png")
     for name, path in outputs.items():
         check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
     if len({os.path.abspath(path) for path in outputs.values()}) < len(outputs):
@@ -75,7 +68,7 @@ def _list(options: argparse.Namespace) -> None:
             f"--storage names a sweep's database, and there is no sweep below {root} (runs/sweeps/<study>/) "
             "to read it for: leave --storage out, or give the FOLDER that holds the sweep"
         )
-    sweeps = [read_sweep(folder, _name(folder, root), root, options.storage) for folder in sweep_folders]
+    sweeps = [read_sweep(folder, relative(folder, root), root, options.storage) for folder in sweep_folders]
     every_run = runs  # a cross-validation's summary is of all its folds, whichever --status is listed
     if options.status:
         runs = [run for run in runs if run.status in options.status]
@@ -91,10 +84,6 @@ def _list(options: argparse.Namespace) -> None:
             table.sort(sort.removeprefix("-") if sort not in table.columns else sort, descending)
         except ValueError as err:
             raise UserError(str(err)) from None
-    plots = _sweep_plots(Path(options.plot), sweeps) if options.plot else []
-    for _, *paths in plots:
-        for path in paths:
-            check_output_file(path, "--plot", overwrite=options.overwrite, overwrite_flag="--overwrite")
     below = "".join(f"{printable(line)}\n" for sweep in sweeps for line in sweep.summary(every_run))
     sys.stdout.write(FORMATS[options.format](table) + (f"\n{below}" if below and options.format != "csv" else ""))
     for name in ("csv", "markdown"):
@@ -102,22 +91,8 @@ def _list(options: argparse.Namespace) -> None:
         if path is not None:
             _write(Path(path), FORMATS[name](table) + (f"\n{below}" if below and name != "csv" else ""))
             notes.append(f"written: {path}")
-    if options.plot:
-        drawn = plot_curves(runs, Path(options.plot), notes)
-        notes.append(f"written: {drawn}")
-        for sweep, history, importances in plots:
-            notes += plot_sweep(sweep, history, importances) or [f"written: {history}, {importances}"]
     for note in map(printable, notes):
         sys.stderr.write(f"note: {note}\n" if not note.startswith("written: ") else f"{note}\n")
-
-
-def _sweep_plots(path: Path, sweeps) -> list:
-    """Where each loaded sweep's Optuna plots go: beside ``path``, named after the sweep's folder."""
-    return [
-        (sweep, *(path.with_name(f"{path.stem}-{sweep.folder.name}-{kind}.png") for kind in ("history", "importances")))
-        for sweep in sweeps
-        if sweep.study is not None
-    ]
 
 
 def _sort_values(args: list[str]) -> list[str]:
@@ -135,20 +110,8 @@ def _sort_values(args: list[str]) -> list[str]:
 
 def _write(path: Path, text: str) -> None:
     """Write ``path`` whole: beside it, then renamed into place (a link there is replaced, not written through)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
-    temporary.unlink(missing_ok=True)
     try:
-        with temporary.open("x") as file:
-            file.write(text)
-        os.replace(temporary, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_whole(path, text)
     except OSError as err:
-        temporary.unlink(missing_ok=True)
         raise UserError(f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room") from err
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _name(folder: Path, root: Path) -> str:
-    return folder.relative_to(root).as_posix() if folder != root else "."

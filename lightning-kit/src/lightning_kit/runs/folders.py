@@ -4,8 +4,9 @@ A run folder holds ``config.yaml`` and ``metrics.csv`` or ``run.json``. Folders 
 run's ``validate/``, ``test/`` or ``predict/`` are its evaluations, not runs. Links to
 folders are not followed (those leading out of the folder listed are named in a note),
 and a file that links out of it is not read. Every file is read as data, bounded in
-size, only when it is a plain file: ``config.yaml`` with ``yaml.safe_load``, never
-importing what it names; ``metrics.csv`` with ``csv``. A file that cannot be read
+size, only when it is a plain file: ``config.yaml`` by ``config_files``, as the command
+line reads a configuration (its aliases' expansion bounded too), with ``yaml.safe_load``,
+never importing what it names; ``metrics.csv`` with ``csv``. A file that cannot be read
 becomes a note on its run's row.
 """
 
@@ -22,27 +23,24 @@ from typing import Any
 
 import yaml
 
+from ..config_files import read_config_file
 from ..errors import UserError
 from ..files import open_regular
-from ..metric_logs import MetricLog, read_metric_log
+from ..metric_logs import epoch_columns, read_metric_log
 from ..passwords import scrubbed
 from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
 
 CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.json"
 EVALUATIONS = ("validate", "test", "predict")
-FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # drawn when fit ends well (RunPlots)
-MAX_FILE_BYTES = {CONFIG_FILE: 1 << 20, RUN_FILE: 1 << 20, STUDY_FILE: 1 << 20, METRICS_FILE: 64 << 20}
-# A configuration flattened to more values than this is no configuration (YAML aliases expanding without end).
-MAX_VALUES = 10_000
-MAX_DEPTH = 50
+FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # what fit ending well left, before run.json
+# run.json and study.json are a few lines; metrics.csv grows a row per logging call. (config.yaml: config_files.)
+MAX_RECORD_BYTES, MAX_METRICS_BYTES = 1 << 20, 64 << 20
 # The best checkpoint of a project from before run.json named its monitor: the best validation accuracy.
 DEFAULT_MONITOR = ("val/acc", "max")
 # Settings that say where a run wrote, not how it trained: never a difference between runs.
 NOT_HYPERPARAMETERS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "predictions")
 NOT_HYPERPARAMETERS += ("ckpt_path",)  # a resumed run's checkpoint: its row's note says which run it continues
 UNREADABLE, UNKNOWN = "unreadable", "unknown"
-
-_Yaml = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when PyYAML has it: ten times faster
 
 
 @dataclass
@@ -53,7 +51,6 @@ class Run:
     name: str  # its place in the folder listed
     settings: dict[str, Any] = field(default_factory=dict)  # config.yaml, flattened to the command line's names
     history: dict[str, dict[int, float]] = field(default_factory=dict)  # {metric: {epoch: value}}
-    per_step: set[str] = field(default_factory=set)  # the metrics of history logged per step, not per epoch
     record: dict[str, Any] | None = None  # run.json
     status: str = UNKNOWN
     started: datetime | None = None
@@ -86,7 +83,7 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
             if METRICS_FILE in names:
                 owner.evaluations.append((evaluation, folder))
         elif is_run:
-            owner = Run(folder=folder, name=_relative(folder, root))
+            owner = Run(folder=folder, name=relative(folder, root))
             runs.append(owner)
         if STUDY_FILE in names and evaluation is None:
             sweeps.append(folder)
@@ -111,13 +108,13 @@ def read_run(run: Run, root: Path) -> None:
     """Fill ``run`` from its folder; what cannot be read becomes a note, never an exception."""
     folder = run.folder
     try:
-        run.settings = flatten(_load_yaml(read_text(folder / CONFIG_FILE, root)))
+        _inside(folder / CONFIG_FILE, root)
+        run.settings = flatten(yaml.safe_load(read_config_file(folder / CONFIG_FILE)))
     except _UNREADABLE as err:
         run.notes.append(f"{CONFIG_FILE} unreadable: {_reason(err)}")
     if (folder / METRICS_FILE).exists() or (folder / METRICS_FILE).is_symlink():
         try:
-            log = read_metric_log(_complete_lines(read_text(folder / METRICS_FILE, root)))
-            run.history, run.per_step = log.epochs, log.per_step
+            run.history = _metrics(folder / METRICS_FILE, root)
         except _UNREADABLE as err:
             run.notes.append(f"{METRICS_FILE} unreadable: {_reason(err)}")
     _read_status(run, root)
@@ -187,18 +184,20 @@ def monitor_of(run: Run) -> tuple[str, str] | None:
         return monitor, mode
     if "monitor" in record:
         return None
-    return DEFAULT_MONITOR if DEFAULT_MONITOR[0] in full_log(run).epochs else None
+    return DEFAULT_MONITOR if DEFAULT_MONITOR[0] in full_history(run) else None
 
 
-def full_log(run: Run) -> MetricLog:
-    """The run's metric log, preceded by those of the runs it resumed (the epochs it continues)."""
-    log = MetricLog({column: dict(values) for column, values in run.history.items()}, set(run.per_step))
-    seen, earlier = {id(run)}, run.earlier
-    while earlier is not None and id(earlier) not in seen:
-        seen.add(id(earlier))
-        log = log.continuing(MetricLog(earlier.history, earlier.per_step))
-        earlier = earlier.earlier
-    return log
+def full_history(run: Run) -> dict[str, dict[int, float]]:
+    """The run's metrics by epoch after those of the runs it resumed (the epochs it continues): for an epoch in
+    both, the later run's value."""
+    chain = [run]
+    while chain[-1].earlier is not None and all(chain[-1].earlier is not each for each in chain):
+        chain.append(chain[-1].earlier)
+    history: dict[str, dict[int, float]] = {}
+    for each in reversed(chain):
+        for column, values in each.history.items():
+            history[column] = {**history.get(column, {}), **values}
+    return history
 
 
 def best_epoch(run: Run) -> tuple[int | None, dict[str, float], str | None]:
@@ -207,25 +206,20 @@ def best_epoch(run: Run) -> tuple[int | None, dict[str, float], str | None]:
     The epoch with the best monitored value (the first, on a tie); for a run that monitors no
     metric, or never logged the one it monitors, the last validated epoch, and a note that says so.
     """
-    log = full_log(run)
+    history = full_history(run)
+    validation = epoch_columns(history, "val")
     monitor = monitor_of(run)
-    if monitor is not None:
-        name, mode = monitor
-        scores = {epoch: value for epoch, value in log.epochs.get(name, {}).items() if not math.isnan(value)}
-        if scores:
-            sign = 1 if mode == "max" else -1
-            epoch = max(sorted(scores), key=lambda e: sign * scores[e])
-            return epoch, _validation(log, epoch), None
-    epoch = log.last_validated()
+    scores = {e: value for e, value in history.get(monitor[0], {}).items() if not math.isnan(value)} if monitor else {}
+    if scores:
+        sign = 1 if monitor[1] == "max" else -1
+        epoch, why = max(sorted(scores), key=lambda e: sign * scores[e]), None
+    else:
+        epoch = max((epoch for column in validation for epoch in history[column]), default=None)
+        why = "no monitored metric" if monitor is None else f"{monitor[0]} (monitored) not logged"
     if epoch is None:
         return None, {}, None
-    why = "no monitored metric" if monitor is None else f"{monitor[0]} (monitored) not logged"
-    return epoch, _validation(log, epoch), f"{why}: the last validated epoch's metrics"
-
-
-def _validation(log: MetricLog, epoch: int) -> dict[str, float]:
-    """The validation metrics logged per epoch, at ``epoch``."""
-    return {column: log.epochs[column][epoch] for column in log.epoch_columns("val") if epoch in log.epochs[column]}
+    metrics = {column: history[column][epoch] for column in validation if epoch in history[column]}
+    return epoch, metrics, why and f"{why}: the last validated epoch's metrics"
 
 
 def best_file(run: Run, epoch: int | None) -> str | None:
@@ -263,41 +257,38 @@ def flatten(config: Any) -> dict[str, Any]:
 
     Keys are the command line's names: a class's ``init_args`` are named under the class's own
     key (``data.batch_size``, as ``--data.batch_size``). Lists become text. Refused (ValueError)
-    when it is no mapping, nests too deep or stands for more than ``MAX_VALUES`` values.
+    when it is no mapping; its size and depth were bounded as it was read (``config_files``).
     """
     if not isinstance(config, dict):
         raise ValueError("not a mapping of settings")
     flat: dict[str, Any] = {}
-    budget = [MAX_VALUES]
 
-    def walk(value: Any, key: str, depth: int) -> None:
-        _spend(budget, depth)
+    def walk(value: Any, key: str) -> None:
         if isinstance(value, dict) and value and set(value) <= {"class_path", "init_args", "dict_kwargs"}:
-            flat[key] = _text(value.get("class_path"), budget, depth)
+            flat[key] = _text(value.get("class_path"))
             arguments = [value.get(name) or {} for name in ("init_args", "dict_kwargs")]
             if not all(isinstance(part, dict) for part in arguments):
                 raise ValueError(f"{key}: init_args that are no mapping")
             value = {**arguments[0], **arguments[1]}
         if isinstance(value, dict):
             for name, item in value.items():
-                walk(item, f"{key}.{name}" if key else str(name), depth + 1)
+                walk(item, f"{key}.{name}" if key else str(name))
         elif key:
-            flat[key] = value if isinstance(value, str | int | float | bool | None) else _text(value, budget, depth)
+            flat[key] = value if isinstance(value, str | int | float | bool | None) else _text(value)
 
-    walk(config, "", 0)
+    walk(config, "")
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
-def _complete_lines(text: str) -> io.StringIO:
-    """``text`` without a last line that has no newline yet (being written)."""
-    return io.StringIO(text if text.endswith("\n") else text[: text.rfind("\n") + 1])
+def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
+    """A ``metrics.csv`` by epoch, without a last line that has no newline yet (being written)."""
+    text = read_text(path, root, MAX_METRICS_BYTES)
+    return read_metric_log(io.StringIO(text[: text.rfind("\n") + 1]))
 
 
-def read_text(path: Path, root: Path) -> str:
-    """The text of ``path``, when it is a plain file inside ``root``, bounded by ``MAX_FILE_BYTES``."""
-    if path.is_symlink() and not _within(path, root.resolve()):
-        raise ValueError(f"it links outside {root}: not read")
-    limit = MAX_FILE_BYTES.get(path.name, 1 << 20)
+def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
+    """The text of ``path``, when it is a plain file inside ``root``, of at most ``limit`` bytes."""
+    _inside(path, root)
     with open_regular(path) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
@@ -312,11 +303,11 @@ def _read_tests(run: Run, root: Path) -> None:
         return
     latest = max(tests, key=lambda folder: _natural(folder.name))
     try:
-        log = read_metric_log(_complete_lines(read_text(latest / METRICS_FILE, root)))
+        log = _metrics(latest / METRICS_FILE, root)
     except _UNREADABLE as err:
-        run.notes.append(f"{_relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
+        run.notes.append(f"{relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
         return
-    run.test = {column: log.epochs[column][max(log.epochs[column])] for column in log.epoch_columns("test")}
+    run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
 
 
 def _in_this_folder(folder: Path, recorded: str) -> str:
@@ -329,26 +320,18 @@ def _in_this_folder(folder: Path, recorded: str) -> str:
         return recorded
 
 
-def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Yaml)  # a safe loader: plain data, never objects
+def _inside(path: Path, root: Path) -> None:
+    """Refuse ``path`` when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
+    if path.is_symlink() and not _within(path, root.resolve()):
+        raise ValueError(f"it links outside {root}: not read")
 
 
-def _spend(budget: list[int], depth: int) -> None:
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise ValueError(f"it stands for over {MAX_VALUES} values, more than a configuration holds")
-    if depth > MAX_DEPTH:
-        raise ValueError(f"it nests deeper than {MAX_DEPTH} levels")
-
-
-def _text(value: Any, budget: list[int], depth: int) -> str:
+def _text(value: Any) -> str:
     """A short text for a value that is no number or name: a list, a mapping."""
-    _spend(budget, depth)
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_text(item, budget, depth + 1) for item in value) + "]"
+        return "[" + ", ".join(map(_text, value)) + "]"
     if isinstance(value, dict):
-        items = (f"{_text(key, budget, depth + 1)}: {_text(item, budget, depth + 1)}" for key, item in value.items())
-        return "{" + ", ".join(items) + "}"
+        return "{" + ", ".join(f"{_text(key)}: {_text(item)}" for key, item in value.items()) + "}"
     return str(value)
 
 
@@ -370,7 +353,8 @@ def _resolved(path: Path) -> Path:
         return path
 
 
-def _relative(folder: Path, root: Path) -> str:
+def relative(folder: Path, root: Path) -> str:
+    """``folder``'s place in ``root``, as the table names it: ``lightning_logs/version_0``, or ``.``."""
     return folder.relative_to(root).as_posix() if folder != root else "."
 
 
@@ -383,7 +367,7 @@ def _reason(err: BaseException) -> str:
     if isinstance(err, OSError):
         return err.strerror or str(err)
     if isinstance(err, RecursionError):
-        return f"it nests deeper than {MAX_DEPTH} levels"
+        return "it nests deeper than a run's file does"
     return " ".join(str(err).split())[:200] or type(err).__name__
 
 

@@ -1,4 +1,4 @@
-"""A sweep's study, read from its store: each trial's state, each parameter's importance, Optuna's plots.
+"""A sweep's study, read from its store: each trial's state, and each parameter's importance.
 
 A sweep folder (``runs/sweeps/<study>/``) holds ``study.json`` (the study's name, its
 storage's URL without a password, the monitored metric and its direction), the study's
@@ -14,6 +14,7 @@ import re
 import stat
 import statistics
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,18 +66,17 @@ class Sweep:
             about.append(f"cross-validation over {self.folds} folds")
         if self.monitor and self.direction:
             about.append(f"{self.direction} {self.monitor}")
-        counts: dict[str, int] = {}
-        for state in self.states.values():
-            counts[state] = counts.get(state, 0) + 1
+        counts = Counter(self.states.values())
         trials = "".join(f", {count} {state}" for state, count in sorted(counts.items()))
         lines = [f"sweep {self.name} ({', '.join(about)}): {len(self.states)} trials{trials}"]
         if self.folds is not None:
             lines += self._fold_lines(runs)
         elif self.importances:
             ranked = sorted(self.importances.items(), key=lambda item: -item[1])
+            weak = f": weak evidence, {FIRM_IMPORTANCE_TRIALS} or more are firmer"
+            weight = f"from {self.complete} complete trials{weak if self.complete < FIRM_IMPORTANCE_TRIALS else ''}"
             lines.append(
-                f"  importance ({self.method}; {importance_weight(self.complete)}): "
-                + ", ".join(f"{name} {value:.2f}" for name, value in ranked)
+                f"  importance ({self.method}; {weight}): " + ", ".join(f"{name} {value:.2f}" for name, value in ranked)
             )
         lines += [f"  note: {note}" for note in self.notes]
         return lines
@@ -162,43 +162,6 @@ def trial_of(run: Run, sweeps: list[Sweep]) -> tuple[int, str] | None:
                 number = int(match.group(1))
                 return number, sweep.states.get(number, "?")
     return None
-
-
-def importance_weight(complete: int) -> str:
-    """How much importances from ``complete`` trials say: ``from 6 complete trials: weak evidence, 20 or more are
-    firmer``."""
-    weight = f"from {complete} complete trials"
-    weak = complete < FIRM_IMPORTANCE_TRIALS
-    return weight + (f": weak evidence, {FIRM_IMPORTANCE_TRIALS} or more are firmer" if weak else "")
-
-
-def plot_sweep(sweep: Sweep, history: Path, importances: Path) -> list[str]:
-    """Draw Optuna's optimisation history and parameter importances of ``sweep``; return notes on what was not
-    drawn, or ``written: ...`` for what was. A cross-validation has no importances: its folds are no settings."""
-    import optuna
-
-    from ..plots import _pyplot, _save
-
-    _pyplot()  # Agg: files only
-    notes, written = [], []
-    drawings = optuna.visualization.matplotlib
-    plots = [(history, drawings.plot_optimization_history, {})]
-    if sweep.folds is None:
-        plots.append((importances, drawings.plot_param_importances, {"evaluator": _evaluator()}))
-    else:
-        notes.append(f"{importances} not drawn: the trials of a cross-validation differ only in {FOLD_PARAMETER}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        for path, draw, extra in plots:
-            try:
-                axes = draw(sweep.study, **extra)
-            except (ValueError, RuntimeError) as err:
-                notes.append(f"{path} not drawn: {err}")
-                continue
-            if path == importances:
-                axes.set_title(f"{axes.get_title()}\n{importance_weight(sweep.complete)}")
-            written.append(str(_save(axes.figure, path)))
-    return notes + ([f"written: {', '.join(written)}"] if written else [])
 
 
 def _load(sweep: Sweep, url: str, database: str | None) -> None:

@@ -83,8 +83,8 @@ def stop_of_the_process(err: BaseException) -> tuple[str, str] | None:
 class ReportEpochs(L.Callback):
     """Report the monitored metric to the trial after each epoch that validated, and stop ``fit`` if it is pruned.
 
-    Stopped the way early stopping stops a run: at the end of the epoch, its checkpoints,
-    metrics and plots written. Also times ``fit`` from the callbacks' setup, for a fit that raised.
+    Stopped the way early stopping stops a run: at the end of the epoch, its checkpoints
+    and metrics written. Also times ``fit`` from the callbacks' setup, for a fit that raised.
     """
 
     def __init__(self, trial: Trial, monitor: str) -> None:
