@@ -55,6 +55,21 @@ def exception_chain(err: BaseException | None) -> list[BaseException]:
     return chain
 
 
+# A line of a message is cut here: what an exception says past it is a dump (a tensor, a graph), not a reason.
+LONGEST_LINE = 300
+
+
+def first_line(err: BaseException, typed: bool = False) -> str:
+    """What ``err`` says, as one line: the first line of its message, cut at ``LONGEST_LINE`` characters (its type's
+    name where it says nothing); ``typed``: after its type's name (``ValueError: ...``, ``(no message)`` for none).
+    The one way the library says an exception in a line of its own."""
+    lines = str(err).strip().splitlines()
+    text = lines[0].strip()[:LONGEST_LINE] if lines else ""
+    if typed:
+        return f"{type(err).__name__}: {text or '(no message)'}"
+    return text or type(err).__name__
+
+
 def invoked_as(default: str) -> str:
     """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
     (a project's ``python -m my_project.placement``), else ``default``."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 
 FILE = "pyproject.toml"
 TABLE = "lightning-kit"  # [tool.lightning-kit]
@@ -125,7 +125,7 @@ def read_project(path: Path) -> ProjectFile:
     try:
         content = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise ConfigError(f"{path} is not TOML: {str(err).splitlines()[0]}") from err
+        raise ConfigError(f"{path} is not TOML: {first_line(err)}") from err
     project = content.get("project") if isinstance(content.get("project"), dict) else {}
     tool = content.get("tool") if isinstance(content.get("tool"), dict) else {}
     name = project.get("name") if isinstance(project.get("name"), str) else None

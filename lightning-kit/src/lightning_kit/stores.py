@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from .errors import ConfigError, UserError, exception_chain
+from .errors import ConfigError, UserError, exception_chain, first_line
 from .files import kind_of, open_regular
 from .passwords import hidden, remember, scrubbed
 
@@ -217,9 +217,7 @@ def _database_reason(err: BaseException) -> str | None:
     for current in exception_chain(err):
         module = type(current).__module__ or ""
         if isinstance(current, sqlite3.Error) or module.startswith(("sqlalchemy", "psycopg", "pymysql", "MySQLdb")):
-            origin = getattr(current, "orig", None) or current
-            lines = str(origin).strip().splitlines()
-            return lines[0] if lines else type(origin).__name__
+            return first_line(getattr(current, "orig", None) or current)
         if type(current).__name__ == "StorageInternalError" and current.__cause__ is None:
             return str(current)
     return None

@@ -27,7 +27,7 @@ import yaml
 
 from .command_line import CommandLine
 from .config_files import read_config_file
-from .errors import UserError
+from .errors import UserError, first_line
 
 # Modules whose classes a run's config.yaml or a checkpoint may name beyond this library and those it is
 # built on: the package of the command line running and its KitCLI.trusted_modules (trust_modules); each
@@ -133,7 +133,7 @@ def read_config(path: Path) -> Any:
     try:
         return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        reason = str(err).strip().splitlines()[0]
+        reason = first_line(err)
         raise UserError(f"--config {path} cannot be read as YAML: {reason}") from err
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ConfigError, DataUnavailableError
+from ..errors import ConfigError, DataUnavailableError, first_line
 from ..files import NotAFileError, open_regular
 from .image_files import SHOWN_UNREADABLE, report_once
 
@@ -175,8 +175,7 @@ def _reason(err: Exception) -> str:
         return f"it is {err.kind}, not a file"
     if isinstance(err, UnidentifiedImageError):  # its message names an in-memory file object, which says nothing here
         return "no image format that Pillow reads"
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
+    return first_line(err)
 
 
 def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:

@@ -32,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import first_line
 from ..guide import cite
 from ..loggers import CSVAndTensorBoardLogger
 from . import ranks, simulated
@@ -154,7 +155,8 @@ def _run(
             try:
                 runner = _runner(rank, world_size, callbacks, trainer, pass_folder, tracker, settings, verdict)
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
-                why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({_said(err)})"
+                said = first_line(err, typed=True)
+                why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({said})"
                 return not_run(verdict, stages, rank, world_size, why, report)
             with as_found(model):
                 _check_logged_values(model, runner)
@@ -209,7 +211,8 @@ def _stage(
         try:
             explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=model)
         except Exception as failure:  # the audit's own bug: the stage is not audited, never a pass
-            explained = f"{stage} stopped ({_said(err)}), and the audit could not explain it ({_said(failure)})"
+            stopped, failed = first_line(err, typed=True), first_line(failure, typed=True)
+            explained = f"{stage} stopped ({stopped}), and the audit could not explain it ({failed})"
         if isinstance(explained, DevicePlacementError):
             outcome.error = explained
         else:
@@ -267,11 +270,6 @@ def _runner(
         **SCHEDULE,
         **settings,
     )
-
-
-def _said(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else '(no message)'}"
 
 
 def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:

@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..errors import exception_chain
+from ..errors import exception_chain, first_line
 from ..guide import cite
 from . import batches, simulated
 from .simulated import DEVICE_TYPE, SimulatedDeviceError
@@ -138,7 +138,7 @@ def explain(
         frame = traceback.FrameSummary(*forward, "forward")
         at = f"{_shown(frame.filename)}:{frame.lineno}, in its backward pass" + (f" ({node})" if node else "")
     if device_error is None:
-        reason = _limitation(chain) or f"{type(err).__name__}: {_first_line(err)}"
+        reason = _limitation(chain) or first_line(err, typed=True)
         return f"{hook} stopped at {at}: {reason}"
     kind = device_error.kind
     lines = [
@@ -336,18 +336,18 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     if isinstance(err, SimulatedDeviceError):
         return err
     if isinstance(err, RuntimeError) and _PYTORCH_DEVICE_CHECK.search(str(err)):
-        message = simulated.as_cuda(_first_line(err))
+        message = simulated.as_cuda(first_line(err))
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
     types = _TYPES_OF_TWO_DEVICES.search(str(err)) if isinstance(err, RuntimeError) else None
     if types is not None and (DEVICE_TYPE in types.group(1)) != (DEVICE_TYPE in types.group(2)):
-        message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", _first_line(err))
+        message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", first_line(err))
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
     if isinstance(err, RuntimeError) and "Expected to have finished reduction in the prior iteration" in str(err):
         return _unused_parameters(str(err))
     if isinstance(err, RuntimeError) and "does not have a deterministic implementation, but you set" in str(err):
-        return SimulatedDeviceError(_first_line(err), kind="deterministic", operation="PyTorch's deterministic mode")
+        return SimulatedDeviceError(first_line(err), kind="deterministic", operation="PyTorch's deterministic mode")
     if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
-        return SimulatedDeviceError(_first_line(err), kind="dtype", operation="PyTorch's own dtype check")
+        return SimulatedDeviceError(first_line(err), kind="dtype", operation="PyTorch's own dtype check")
     return None
 
 
@@ -486,14 +486,9 @@ def _limitation(chain: list[BaseException]) -> str | None:
             api = f"torch.cuda.{calls[0]}()" if calls and not calls[0].startswith("_") else "a torch.cuda function"
             return f"it calls {api}, which needs a real GPU: this part cannot be simulated"
         if any("/torch/jit/" in frame.filename for frame in frames):
-            reason = _first_line(err)
+            reason = first_line(err)
             return f"a TorchScript module cannot move to the simulated GPU ({reason}): this part cannot be simulated"
     return None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else "(no message)"
 
 
 def _culprit(err: SimulatedDeviceError, model: L.LightningModule | None) -> str | None:

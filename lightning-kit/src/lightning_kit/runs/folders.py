@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ..config_files import read_config_file
-from ..errors import UserError
+from ..errors import UserError, first_line
 from ..files import open_regular
 from ..metric_logs import epoch_columns, read_metric_log
 from ..passwords import scrubbed
@@ -368,7 +368,7 @@ def _reason(err: BaseException) -> str:
         return err.strerror or str(err)
     if isinstance(err, RecursionError):
         return "it nests deeper than a run's file does"
-    return " ".join(str(err).split())[:200] or type(err).__name__
+    return first_line(err)
 
 
 _UNREADABLE = (OSError, ValueError, UnicodeError, yaml.YAMLError, csv.Error, RecursionError, UserError)

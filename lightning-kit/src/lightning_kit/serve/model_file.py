@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch.export import ExportedProgram
 
+from ..errors import first_line
 from ..files import NotAFileError, open_regular
 from ..model_format import (
     CLASS_NAMES_FILE,
@@ -89,7 +90,7 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
         # PyTorch logs what the archive reader refused (with its traceback) and raises "check the warnings above":
         # what it logged is the reason, in the one line.
         cause = next((record.exc_info[1] for record in logged if record.exc_info), err)
-        raise ModelFileError(f"{path} cannot be loaded as an exported model ({_first_line(cause)})") from err
+        raise ModelFileError(f"{path} cannot be loaded as an exported model ({first_line(cause)})") from err
     finally:
         stored.close()
     _check_operations(path, program)
@@ -319,8 +320,3 @@ def _lengths(path: Path, program: ExportedProgram, exported: int) -> tuple[int, 
     if bounds is None or bool(bounds.upper > sys.maxsize):
         raise ModelFileError(f"{path}: its program takes sequences of any length, with no most: refused")
     return int(bounds.lower), int(bounds.upper)
-
-
-def _first_line(err: Exception) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__

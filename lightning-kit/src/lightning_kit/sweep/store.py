@@ -37,7 +37,7 @@ from sqlalchemy.exc import (
 
 from .. import stores
 from ..checkpoints import written_whole
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 from ..passwords import hidden, scrubbed, unescaped_at
 
 STUDY_DB = "study.db"
@@ -151,9 +151,7 @@ def _begin_immediately(connection) -> None:
 def _reason(err: BaseException) -> str:
     """The first line of what ``err`` (or the error behind it) says."""
     cause = err.__cause__ or err.__context__ or err
-    origin = getattr(cause, "orig", None) or cause
-    text = str(origin).strip().splitlines()
-    return text[0] if text else type(origin).__name__
+    return first_line(getattr(cause, "orig", None) or cause)
 
 
 def trial_id(trial: Trial | FrozenTrial) -> int:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ...errors import first_line
+
 DEVICE_TYPE = "simgpu"
 DEVICE_COUNT = 2  # a single device, or two DDP processes on one node
 _CPU = torch.device("cpu")
@@ -43,8 +45,7 @@ class NotSimulatedError(RuntimeError):
 
 def cannot_run(operation: Any, err: BaseException) -> NotSimulatedError:
     """``NotSimulatedError`` for an exception of the simulated GPU's own machinery while it ran ``operation``."""
-    text = str(err).strip()
-    reason = f"{type(err).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+    reason = first_line(err, typed=True)
     made = NotSimulatedError(str(operation), reason)
     made.__cause__ = err
     return made

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from ...errors import first_line
+
 OK, FORWARD_OK, REFUSED, CANNOT_EXPRESS = "ok", "ok (forward)", "refused", "cannot express"
 # PyTorch's own checks that compare devices, as they word it (an LSTM's hidden state, ...), and those of
 # arguments read on the host (tensor_split's points, randint_like's bound, a packed sequence's lengths).
@@ -95,20 +97,20 @@ def on_fake_cuda(run: Callable[[torch.device], Any]) -> FakeVerdict:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.autograd.set_multithreading_enabled(False):
             whole = run(torch.device("cuda"))
     except FakeTensorDeviceMismatchError as err:
-        return FakeVerdict(REFUSED, _first_line(err))
+        return FakeVerdict(REFUSED, first_line(err))
     except cannot as err:
-        return FakeVerdict(CANNOT_EXPRESS, f"{type(err).__name__}: {_first_line(err)}")
+        return FakeVerdict(CANNOT_EXPRESS, first_line(err, typed=True))
     except (RuntimeError, TypeError, ValueError, NotImplementedError, AssertionError) as err:
         chain = _chain(err)
         if any(isinstance(link, FakeTensorDeviceMismatchError) for link in chain):
-            return FakeVerdict(REFUSED, _first_line(err))
+            return FakeVerdict(REFUSED, first_line(err))
         if any(isinstance(link, cannot) for link in chain):
-            return FakeVerdict(CANNOT_EXPRESS, f"{type(err).__name__}: {_first_line(err)}")
+            return FakeVerdict(CANNOT_EXPRESS, first_line(err, typed=True))
         if _DEVICE_CHECK.search(str(err)):
-            return FakeVerdict(REFUSED, _first_line(err))
+            return FakeVerdict(REFUSED, first_line(err))
         if _NO_BACKWARD.search(str(err)):
             return FakeVerdict(CANNOT_EXPRESS, "a backward pass on FakeTensor's CUDA device needs a CUDA driver")
-        return FakeVerdict(CANNOT_EXPRESS, f"{type(err).__name__}: {_first_line(err)}")
+        return FakeVerdict(CANNOT_EXPRESS, first_line(err, typed=True))
     return FakeVerdict(FORWARD_OK) if whole is False else FakeVerdict(OK)
 
 
@@ -118,8 +120,3 @@ def _chain(err: BaseException) -> list[BaseException]:
         chain.append(err)
         err = err.__cause__ or err.__context__
     return chain
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
