@@ -11,8 +11,9 @@ import pytest
 from packaging.version import Version
 
 from lightning_kit.upstream import lightning as lightning_privates
+from lightning_kit.upstream import torch as torch_privates
 
-PRIVATES = [*lightning_privates.PRIVATES]
+PRIVATES = [*lightning_privates.PRIVATES, *torch_privates.PRIVATES]
 OVERRIDES = lightning_privates.OVERRIDES
 
 
