@@ -11,9 +11,10 @@ import pytest
 from packaging.version import Version
 
 from lightning_kit.upstream import lightning as lightning_privates
+from lightning_kit.upstream import litserve as litserve_privates
 from lightning_kit.upstream import torch as torch_privates
 
-PRIVATES = [*lightning_privates.PRIVATES, *torch_privates.PRIVATES]
+PRIVATES = [*lightning_privates.PRIVATES, *torch_privates.PRIVATES, *litserve_privates.PRIVATES]
 OVERRIDES = lightning_privates.OVERRIDES
 
 
@@ -37,3 +38,16 @@ def test_each_overridden_method_is_the_base_class_s_with_the_parameters_the_over
         assert not hasattr(owner, override.method)  # nothing to override yet: the override is never called
         return
     assert tuple(inspect.signature(getattr(owner, override.method)).parameters) == override.parameters
+
+
+def test_the_draining_server_is_litserve_s_only_while_the_server_runs() -> None:
+    import litserve.server
+
+    own = litserve.server._Server
+    draining = type("Draining", (litserve_privates.http_server_base(),), {})  # as stopping.Stopper makes it
+    with litserve_privates.http_servers_of_class(draining):
+        assert litserve.server._Server is draining
+    assert litserve.server._Server is own
+    with pytest.raises(KeyboardInterrupt), litserve_privates.http_servers_of_class(draining):
+        raise KeyboardInterrupt  # Ctrl-C in LitServer.run
+    assert litserve.server._Server is own
