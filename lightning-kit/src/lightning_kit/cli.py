@@ -123,6 +123,7 @@ class KitCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs) -> None:
         trust_modules(type(self).trusted())
+        self._subcommand_parser: dict[str, LightningArgumentParser] = {}  # filled as LightningCLI makes them
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -160,7 +161,9 @@ class KitCLI(LightningCLI):
             parser.link_arguments(f"data.{source}", target, apply_on="instantiate")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        # Private (upstream.lightning.OVERRIDES): the one point where each subcommand's parser is made on its own.
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        self._subcommand_parser[subcommand] = parser  # jsonargparse keeps it under a private name only
         if subcommand in EVALUATIONS:
             parser.add_argument(
                 UNTRAINED_FLAG,
@@ -211,7 +214,7 @@ class KitCLI(LightningCLI):
         super().parse_arguments(parser, printing or args)  # --print_config would print before the second parse
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        target = parser._subcommands_action._name_parser_map[subcommand] if subcommand else parser
+        target = self._subcommand_parser[subcommand] if subcommand else parser
         chosen = {}
         for key in ("data", "model", "model.net"):
             if not isinstance(config.get(key), Namespace) or "class_path" not in config.get(key):
@@ -226,9 +229,9 @@ class KitCLI(LightningCLI):
             super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
-        """Not LightningCLI's: there the checkpoint's hyperparameters override the flags given (a new
-        --model.lr on resume was silently dropped). The checkpoint's run folder's config.yaml gives
-        the settings instead, under the flags given (``parse_arguments``)."""
+        """Private (upstream.lightning.OVERRIDES), and not LightningCLI's: there the checkpoint's hyperparameters
+        override the flags given (a new --model.lr on resume was silently dropped). The checkpoint's run folder's
+        config.yaml gives the settings instead, under the flags given (``parse_arguments``)."""
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -260,7 +263,7 @@ class KitCLI(LightningCLI):
         return None if self.subclass_mode_model else self.model_class
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        trainer_config = self._get(self.config_init, "trainer", default={})
+        trainer_config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer", {})
         callbacks = list(trainer_config.get("callbacks") or [])
         if trainer_config.get("enable_progress_bar") and not any(isinstance(c, ProgressBar) for c in callbacks):
             # Redrawn every 20 steps, not every step: a bar costs time on each redraw.
@@ -294,6 +297,8 @@ class KitCLI(LightningCLI):
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
     def _run_subcommand(self, subcommand: str) -> None:
+        # Private (upstream.lightning.OVERRIDES): LightningCLI's run of before_<subcommand>, the Trainer's method and
+        # after_<subcommand>, which the documented hooks cannot wrap as a whole.
         # A run refused once Lightning has made its log folder (a missing split, say) leaves no empty folder behind.
         with (
             no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None),

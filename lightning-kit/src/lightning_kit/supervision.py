@@ -9,10 +9,10 @@ from typing import ClassVar
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .errors import ConfigError
+from .upstream.lightning import other_rank_processes
 
 
 class ProcessWatch(L.Callback):
@@ -35,10 +35,10 @@ class ProcessWatch(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         launcher = getattr(trainer.strategy, "launcher", None)
         environment = getattr(trainer.strategy, "cluster_environment", None)
-        by_lightning = isinstance(launcher, _SubprocessScriptLauncher) and isinstance(environment, LightningEnvironment)
-        if trainer.world_size > 1 and by_lightning:
+        children = other_rank_processes(launcher)
+        if trainer.world_size > 1 and children is not None and isinstance(environment, LightningEnvironment):
             ProcessWatch.started_by_lightning = trainer.local_rank > 0
-            ProcessWatch._children = list(launcher.procs)  # in the first process only
+            ProcessWatch._children = list(children)  # in the first process only
             self._done = done = threading.Event()
             if self.started_by_lightning:
                 threading.Thread(target=self._watch_first, args=(done, os.getppid()), daemon=True).start()

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..errors import ConfigError
 from ..metric_logs import parse_name
+from ..upstream.lightning import ask_to_stop, put_back_signal_handlers
 from .divergence import DivergenceError
 
 
@@ -62,12 +63,12 @@ class InterruptCheckpoint(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if self._stop_asked(trainer):
-            _ask_lightning_to_stop(trainer, True)  # it stops at its next safe point
+            ask_to_stop(trainer, True)  # it stops at its next safe point
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             # Lightning would stop after any validation batch; a run resumed there is not exact.
-            self._held = _ask_lightning_to_stop(trainer, False)
+            self._held = ask_to_stop(trainer, False)
 
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if not trainer.sanity_checking:
@@ -75,7 +76,7 @@ class InterruptCheckpoint(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._held:
-            _ask_lightning_to_stop(trainer, True)
+            ask_to_stop(trainer, True)
 
     def _stop_asked(self, trainer: L.Trainer) -> bool:
         # Every process takes part, so a signal to any one of them stops all of them.
@@ -97,16 +98,9 @@ class InterruptCheckpoint(L.Callback):
                 # StopOnDivergence refused the save: a stop it did not see coming (Lightning's own SIGTERM
                 # handler, in a thread). The run ends with that line instead, its signal handlers put back.
                 self.teardown(trainer, pl_module, "fit")
-                trainer._signal_connector.teardown()
+                put_back_signal_handlers(trainer)
                 raise
             InterruptCheckpoint.saved = Path(checkpoint_dir) / self.FILENAME
-
-
-def _ask_lightning_to_stop(trainer: L.Trainer, stop: bool) -> bool:
-    """Set Lightning's own stop request (what its SIGTERM handler sets); return the previous one."""
-    connector = trainer._signal_connector
-    previous, connector.received_sigterm = connector.received_sigterm, stop
-    return previous
 
 
 class RandomState(L.Callback):

@@ -20,10 +20,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils._pytree import tree_flatten
 
 from ..errors import exception_chain, first_line
 from ..guide import cite
+from ..upstream.torch import tree_flatten
 from . import batches, simulated
 from .simulated import DEVICE_TYPE, SimulatedDeviceError
 from .verdict import STEP_OF_STAGE, DevicePlacementError

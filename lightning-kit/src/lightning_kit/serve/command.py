@@ -44,6 +44,7 @@ from ..errors import ConfigError, OneLineParser, UserError, command, invoked_as,
 from ..installation import check_installation
 from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS, TOKENS
 from ..passwords import scrubbed
+from ..upstream.litserve import accelerator as chosen_accelerator
 from .model_file import ModelInfo, read_model
 from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
 
@@ -268,7 +269,6 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         say(f"stopped by SIGTERM before serving {model.path}")
         return
     import litserve as ls  # the serve extra: only this command needs it
-    import litserve.server
 
     from .api import Classifier, Tensors, cpu_threads
     from .inputs import InputReader
@@ -290,12 +290,11 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     server.uvicorn_graceful_timeout = graceful_s
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
     server.app.state.lit_server = server  # the HTTP servers wait for its model workers (Stopper.http_server_class)
-    litserve.server._Server = stopper.http_server_class()  # the class of the HTTP servers LitServe starts
     logging.getLogger("litserve.server").addFilter(stopper.shutdown_noise())
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
     server.app.state.ready_line = f"ready: serving {model.path} at {address}/predict"
     workers = len(server.devices) * known.workers_per_device
-    accelerator = getattr(getattr(server, "_connector", None), "accelerator", accelerator)
+    accelerator = chosen_accelerator(server, accelerator)
     say(
         f"starting {workers} model worker{'s' if workers > 1 else ''} on {accelerator} (each loads {model.path}); "
         f"{address}/predict answers once they are ready"

@@ -50,6 +50,7 @@ from ..model_format import (
     TensorInput,
     constant_size,
 )
+from ..upstream.torch import is_aten_operation
 from .archive import ModelFileError, stored_copy
 from .tensor_claims import check_tensor_claims
 
@@ -158,7 +159,7 @@ def _check_operations(path: Path, program: ExportedProgram) -> None:
         target = node.target
         if node.op != "call_function" or target is operator.getitem:
             continue
-        if not (isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"):
+        if not is_aten_operation(target):
             raise ModelFileError(f"{path} calls {target}, not a PyTorch tensor operation: refused")
 
 

@@ -34,6 +34,16 @@ import sys
 import threading
 import time
 
+from ..upstream.litserve import (
+    HTTP_PROCESS_PREFIX,
+    HTTP_SERVER_ID,
+    http_server_base,
+    http_servers_of_class,
+    model_processes,
+    request_shutdown,
+    setup_status,
+)
+
 # How long the HTTP servers may take to answer the requests in flight after SIGTERM, beyond --timeout (by then
 # LitServe has answered each one still waiting with its 504).
 GRACE_S = 30
@@ -69,7 +79,7 @@ def sigterm_received() -> bool:
 def _on_sigterm(signum, frame) -> None:
     """Set the event, and nothing else: see the module's docstring."""
     if os.getpid() != _PID:  # a process LitServe forked, which inherited this handler
-        manager = not multiprocessing.current_process().name.startswith("LitServer-")
+        manager = not multiprocessing.current_process().name.startswith(HTTP_PROCESS_PREFIX)
         if manager and os.getppid() == _PID and not (_GUARD is not None and _GUARD.allowed()):
             return  # LitServe's manager, SIGTERM'd with the server's whole group: the server ends it when done
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an HTTP server before uvicorn's handlers: as if it had none
@@ -152,7 +162,8 @@ class Stopper:
         threading.Thread(target=self._watch_the_start_up, name="serve-start-watch", daemon=True).start()
         try:
             if not _REQUESTED.is_set():  # SIGTERM before: LitServe is not started
-                server.run(**options)
+                with http_servers_of_class(self.http_server_class()):
+                    server.run(**options)
         except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe stopped its model processes
             pass
         except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: LitServe leaves its processes to us
@@ -172,10 +183,8 @@ class Stopper:
             end_children()
 
     def _a_start_failed(self) -> bool:
-        from litserve.utils import WorkerSetupStatus
-
         with contextlib.suppress(Exception):  # the manager is gone
-            return WorkerSetupStatus.ERROR in list(self.server.workers_setup_status.values())
+            return setup_status().ERROR in list(self.server.workers_setup_status.values())
         return False
 
     def _on_sigint(self, signum, frame) -> None:
@@ -185,10 +194,9 @@ class Stopper:
     def _watch_the_start_up(self) -> None:
         """Until the HTTP servers are created: a model process that ended before it was ready is marked failed,
         so that LitServe stops waiting for it (it waits for a process to be ready, or to say it failed)."""
-        from litserve.utils import WorkerSetupStatus
-
+        WorkerSetupStatus = setup_status()
         while not self.finished.wait(0.1) and not self.http_servers_created:
-            for worker in list(getattr(self.server, "inference_workers", None) or []):
+            for worker in model_processes(self.server):
                 if worker.exitcode is None:
                     continue
                 self.worker_ended = worker.exitcode
@@ -209,7 +217,7 @@ class Stopper:
         # is created after it (StopRequestedError).
         while not self.finished.is_set() and len(told) < self.http_servers_created and time.monotonic() < deadline:
             for child in multiprocessing.active_children():
-                if child.name.startswith("LitServer-") and child.pid not in told:
+                if child.name.startswith(HTTP_PROCESS_PREFIX) and child.pid not in told:
                     os.kill(child.pid, signal.SIGTERM)
                     told[child.pid] = child
             self.finished.wait(0.01)
@@ -217,10 +225,7 @@ class Stopper:
             child.join(max(0.0, deadline - time.monotonic()))
         if told:  # the HTTP servers have answered what they took (in the start-up, StopRequestedError allows it)
             self.model_processes.allow()
-        shutdown = getattr(self.server, "_shutdown_event", None)  # LitServe's start-up creates it
-        if shutdown is not None:
-            with contextlib.suppress(Exception):  # its manager is gone: LitServe has stopped already
-                shutdown.set()
+        request_shutdown(self.server)
         if not self.finished.wait(max(0.0, deadline - time.monotonic())):
             say(f"error: the server did not stop within {self.stop_s:.0f} s of SIGTERM: its processes are killed")
             for child in multiprocessing.active_children():
@@ -243,14 +248,12 @@ class Stopper:
         return ShutdownNoise()
 
     def http_server_class(self):
-        """uvicorn's server as LitServe runs it (``litserve.server._Server``), which on SIGTERM answers every
-        connection it had taken."""
-        from litserve.server import _Server
-        from litserve.utils import WorkerSetupStatus
-
+        """uvicorn's server as LitServe runs it (``upstream.litserve``), which on SIGTERM answers every connection
+        it had taken."""
+        WorkerSetupStatus = setup_status()
         stopper = self
 
-        class DrainingServer(_Server):
+        class DrainingServer(http_server_base()):
             """Takes requests once every model worker is ready (the first of them then prints ``ready``).
 
             Created in the server's main thread, before LitServe forks the process that runs it: once
@@ -283,7 +286,7 @@ class Stopper:
                         await asyncio.sleep(0.05)
                 await super().startup(sockets)
                 # Said once the port takes connections (the socket listens from here on), by the first HTTP server.
-                if ready and self.started and os.environ.get("LITSERVE_WORKER_ID") == "0":
+                if ready and self.started and os.environ.get(HTTP_SERVER_ID) == "0":
                     say(state.ready_line)
 
             async def shutdown(self, sockets=None) -> None:

@@ -9,8 +9,8 @@ line, before a server is started. The sizes an axis that varies takes are the pr
 range constraints), whatever the file claims; an integer input the program indexes an embedding with
 takes ids below its rows: the server refuses others (400) before they reach the model.
 
-Tested with PyTorch 2.14: ``torch.utils._pytree.tree_unflatten`` (private) of the program's
-``call_spec``, which says how the program takes its inputs and how its outputs nest.
+The program's ``call_spec`` says how it takes its inputs and how its outputs nest: read with PyTorch's
+private pytree functions (``upstream.torch``).
 """
 
 import sys
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
-from torch.utils import _pytree as pytree
 
 from ..model_format import CLASS_NAMES_FILE, DTYPES, INPUT_FILE, KEYWORD, POSITIONAL, TensorInput, constant_size
+from ..upstream.torch import tree_leaves, tree_unflatten
 from .archive import ModelFileError
 
 # How a message says the inputs are passed.
@@ -85,7 +85,7 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
     names = list(program.graph_signature.user_inputs)
     claimed = f"its {INPUT_FILE} says it takes {', '.join(map(str, inputs))} {BY[passed]}"
     try:
-        args, kwargs = pytree.tree_unflatten(names, program.call_spec.in_spec)
+        args, kwargs = tree_unflatten(names, program.call_spec.in_spec)
     except Exception as err:  # a spec that does not fit its own inputs: the file was tampered with
         raise ModelFileError(f"{path}: its program does not say how it takes its inputs: refused") from err
     wanted = [spec.name for spec in inputs]
@@ -165,7 +165,7 @@ def _check_outputs(path: Path, program: ExportedProgram, batch) -> str:
         if spec.kind == OutputKind.USER_OUTPUT
     ]
     try:
-        outputs = pytree.tree_unflatten(returned, program.call_spec.out_spec)
+        outputs = tree_unflatten(returned, program.call_spec.out_spec)
     except Exception as err:  # a spec that does not fit its own outputs: the file was tampered with
         raise ModelFileError(f"{path}: its program does not say how its outputs nest: refused") from err
     wrong = _wrong_outputs(outputs, batch)
@@ -206,7 +206,7 @@ def _takes(args, kwargs) -> str:
     """How a program takes its inputs, as a message says it: ``history by keyword``, ``x, y by position``."""
     ways = []
     if args:
-        ways.append(f"{', '.join(map(str, pytree.tree_leaves(args)))} by position")
+        ways.append(f"{', '.join(map(str, tree_leaves(args)))} by position")
     if kwargs:
         ways.append(f"{', '.join(map(str, kwargs))} by keyword")
     return " and ".join(ways) or "no inputs"

@@ -1,0 +1,177 @@
+"""LitServe's private names the server relies on, each with what it is for and the versions known to work.
+
+The server stops on SIGTERM only after answering every request it took (``serve/stopping.py``). That drain is
+the HTTP server's: its listening socket and its shutdown. LitServe offers no way to choose the class of the
+uvicorn servers it starts: ``LitServer._start_server`` makes each one from its module's own name,
+``litserve.server._Server``, and the uvicorn configuration that ``LitServer.run`` passes through chooses the
+protocol, the event loop and the lifespan, never the server. So ``stopping.Stopper`` subclasses ``_Server``, and
+``http_servers_of_class`` puts the subclass under that name while ``LitServer.run`` runs only, LitServe's own put
+back after. What else the server writes of LitServe's: the instance's ``uvicorn_graceful_timeout`` (which
+``_start_server`` reads), and ``ERROR`` in ``workers_setup_status`` for a model process that died in the start-up.
+
+Of uvicorn (which LitServe requires), the draining server overrides ``Server.startup`` and ``Server.shutdown``
+(in ``PRIVATES``) and reads its server's ``servers``, ``server_state.connections`` (each one's ``cycle``),
+``config.http_protocol_class``, ``lifespan.state``, ``started`` and ``should_exit``: undocumented, checked by the
+serve tests (``tests/test_serve_faults.py``) only. Before LitServe 0.2.17 there is no ``_Server``: the server
+needs 0.2.17 or later. ``tests/test_upstream.py`` checks every entry against the LitServe installed.
+"""
+
+import contextlib
+import inspect
+from types import FunctionType
+
+from . import Private
+
+# The name of each HTTP server's process, ``LitServer-<n>``, and what it finds its own ``<n>`` in.
+HTTP_PROCESS_PREFIX = "LitServer-"
+HTTP_SERVER_ID = "LITSERVE_WORKER_ID"
+
+
+def http_server_base() -> type:
+    """The class of the uvicorn servers LitServe starts, which the draining server subclasses."""
+    from litserve.server import _Server
+
+    return _Server
+
+
+@contextlib.contextmanager
+def http_servers_of_class(server_class: type):
+    """While inside, the HTTP servers LitServe starts are ``server_class`` (a subclass of ``http_server_base()``)."""
+    import litserve.server
+
+    own = litserve.server._Server
+    litserve.server._Server = server_class
+    try:
+        yield
+    finally:
+        litserve.server._Server = own
+
+
+def request_shutdown(server) -> None:
+    """Set the event ``LitServer.run`` waits on (made in its start-up): it then stops the model's processes."""
+    shutdown = getattr(server, "_shutdown_event", None)
+    if shutdown is not None:
+        with contextlib.suppress(Exception):  # its manager is gone: LitServe has stopped already
+            shutdown.set()
+
+
+def model_processes(server) -> list:
+    """The model's processes LitServe has started (none before its start-up)."""
+    return list(getattr(server, "inference_workers", None) or [])
+
+
+def accelerator(server, asked: str) -> str:
+    """The accelerator LitServe chose for ``asked`` (``auto`` resolved)."""
+    return getattr(getattr(server, "_connector", None), "accelerator", asked)
+
+
+def setup_status():
+    """LitServe's stages of a model process's start (``READY``, ``ERROR``), kept in ``server.workers_setup_status``."""
+    from litserve.utils import WorkerSetupStatus
+
+    return WorkerSetupStatus
+
+
+def _in_source(text: str) -> str:
+    """The line of ``litserve.server``'s source that holds ``text`` (an attribute the server sets in its start-up)."""
+    import litserve.server
+
+    line = next((line for line in inspect.getsource(litserve.server).splitlines() if text in line), None)
+    if line is None:
+        raise AttributeError(f"litserve.server no longer has {text!r}")
+    return line.strip()
+
+
+def _assigned(attribute: str) -> str:
+    return _in_source(f"self.{attribute} = ")
+
+
+def _uvicorn_method(name: str):
+    """uvicorn's ``Server.<name>``, which the draining server overrides with the parameters ``(self, sockets)``."""
+    import uvicorn.server
+
+    method = getattr(uvicorn.server.Server, name)
+    if tuple(inspect.signature(method).parameters) != ("self", "sockets"):
+        raise TypeError(f"uvicorn's Server.{name} takes {inspect.signature(method)}, not (self, sockets)")
+    return method
+
+
+PRIVATES = (
+    Private(
+        "litserve.server._Server",
+        "the uvicorn server LitServe starts: subclassed to drain on SIGTERM, and swapped in while LitServer.run runs",
+        "litserve 0.2.17 to 0.2.19",
+        http_server_base,
+        type,
+    ),
+    Private(
+        "LitServer._shutdown_event",
+        "set to stop LitServer.run once the HTTP servers have answered what they took",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _assigned("_shutdown_event"),
+        str,
+    ),
+    Private(
+        "LitServer.workers_setup_status",
+        "each model process's stage: the HTTP servers listen once all are ready; one that died is marked failed",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _assigned("workers_setup_status"),
+        str,
+    ),
+    Private(
+        "litserve.utils.WorkerSetupStatus",
+        "the stages in workers_setup_status",
+        "litserve 0.2.17 to 0.2.19",
+        setup_status,
+        type,
+    ),
+    Private(
+        "LitServer.inference_workers",
+        "the model's processes, watched during the start-up",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _assigned("inference_workers"),
+        str,
+    ),
+    Private(
+        "LitServer._connector",
+        "the accelerator LitServe chose, which the command says",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _assigned("_connector"),
+        str,
+    ),
+    Private(
+        "LitServer.uvicorn_graceful_timeout",
+        "how long an HTTP server may take to answer what it took, after SIGTERM",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _assigned("uvicorn_graceful_timeout"),
+        str,
+    ),
+    Private(
+        f"{HTTP_PROCESS_PREFIX}<n>",
+        "the name of each HTTP server's process, which SIGTERM is sent to",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _in_source(f'name=f"{HTTP_PROCESS_PREFIX}'),
+        str,
+    ),
+    Private(
+        HTTP_SERVER_ID,
+        "set by _Server.run: the first HTTP server (0) says the server is ready",
+        "litserve 0.2.17 to 0.2.19",
+        lambda: _in_source(f'os.environ["{HTTP_SERVER_ID}"]'),
+        str,
+    ),
+    Private(
+        "uvicorn.server.Server.startup",
+        "overridden: the port listens once every model process is ready",
+        "uvicorn 0.55 (with litserve 0.2.19)",
+        lambda: _uvicorn_method("startup"),
+        FunctionType,
+    ),
+    Private(
+        "uvicorn.server.Server.shutdown",
+        "overridden: the connections queued at the port are taken, and each started request answered",
+        "uvicorn 0.55 (with litserve 0.2.19)",
+        lambda: _uvicorn_method("shutdown"),
+        FunctionType,
+    ),
+)

@@ -1,0 +1,53 @@
+"""Every private name of another project the library relies on is still there, as the library uses it.
+
+Run at the newest versions pinned and at the lowest declared: a release that renames one fails here, by name,
+instead of silently turning off what it was for.
+"""
+
+import importlib
+import inspect
+
+import pytest
+from packaging.version import Version
+
+from lightning_kit.upstream import lightning as lightning_privates
+from lightning_kit.upstream import litserve as litserve_privates
+from lightning_kit.upstream import torch as torch_privates
+
+PRIVATES = [*lightning_privates.PRIVATES, *torch_privates.PRIVATES, *litserve_privates.PRIVATES]
+OVERRIDES = lightning_privates.OVERRIDES
+
+
+@pytest.mark.parametrize("private", PRIVATES, ids=[private.name for private in PRIVATES])
+def test_each_private_name_is_found_as_the_library_uses_it(private) -> None:
+    assert isinstance(private.find(), private.kind), private.use
+    assert private.versions.split()[0] in {"lightning", "litserve", "torch", "uvicorn"}
+
+
+@pytest.mark.parametrize("override", OVERRIDES, ids=[override.method for override in OVERRIDES])
+def test_each_overridden_method_is_the_base_class_s_with_the_parameters_the_override_takes(override) -> None:
+    from lightning_kit.cli import KitCLI
+
+    module, _, name = override.owner.rpartition(".")
+    owner = getattr(importlib.import_module(module), name)
+    assert issubclass(KitCLI, owner)
+    assert vars(KitCLI)[override.method], f"KitCLI no longer overrides {override.method}: drop it from the table"
+    assert tuple(inspect.signature(getattr(KitCLI, override.method)).parameters) == override.parameters
+    installed = Version(importlib.import_module("lightning").__version__)
+    if override.since is not None and installed < Version(override.since):
+        assert not hasattr(owner, override.method)  # nothing to override yet: the override is never called
+        return
+    assert tuple(inspect.signature(getattr(owner, override.method)).parameters) == override.parameters
+
+
+def test_the_draining_server_is_litserve_s_only_while_the_server_runs() -> None:
+    import litserve.server
+
+    own = litserve.server._Server
+    draining = type("Draining", (litserve_privates.http_server_base(),), {})  # as stopping.Stopper makes it
+    with litserve_privates.http_servers_of_class(draining):
+        assert litserve.server._Server is draining
+    assert litserve.server._Server is own
+    with pytest.raises(KeyboardInterrupt), litserve_privates.http_servers_of_class(draining):
+        raise KeyboardInterrupt  # Ctrl-C in LitServer.run
+    assert litserve.server._Server is own
