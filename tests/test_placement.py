@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import torchvision
 from conftest import HANG_GUARD_S
 from lightning_kit import DevicePlacementError, audit
-from lightning_kit.cli import build_all
+from lightning_kit.building import build_all
 from torch import nn
 
 # Few data: the audit runs two short epochs whatever the data's size.

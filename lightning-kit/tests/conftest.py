@@ -72,7 +72,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([*_paths, *filter(None, [os.environ.g
 
 from image_project.cli import ProjectCLI, main  # noqa: E402  (importable once baked, above)
 
-from lightning_kit import cli as kit_cli  # noqa: E402
+from lightning_kit import building as kit_cli  # noqa: E402
 
 # Most tests need one project: the image one, as the default bake is.
 PROJECT = IMAGE_PROJECT
@@ -91,7 +91,7 @@ HANG_GUARD_S = 20 * 60
 
 
 def build(args: list[str]):
-    """The image project's model and data module from ``train.py`` arguments (``lightning_kit.cli.build``)."""
+    """The image project's model and data module from ``train.py`` arguments (``lightning_kit.building.build``)."""
     return kit_cli.build(ProjectCLI, args)
 
 

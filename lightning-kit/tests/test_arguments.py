@@ -18,7 +18,7 @@ from image_project.cli import main as image_main
 from sequence_project.cli import ProjectCLI as SequenceCLI
 from sequence_project.cli import main as sequence_main
 
-from lightning_kit import cli as kit_cli
+from lightning_kit import building as kit_cli
 from lightning_kit.arguments import TRAINER
 from lightning_kit.data.folders import IMAGE_FOLDER_ARGUMENTS, ImageFolderDataModule
 

@@ -10,7 +10,7 @@ from conftest import build_all
 from image_project.cli import ProjectCLI
 from lightning.pytorch.profilers import PassThroughProfiler
 
-from lightning_kit import cli as kit_cli
+from lightning_kit import building as kit_cli
 from lightning_kit.callbacks.dispatch import BATCH_HOOKS, skip_empty_batch_hooks
 
 
@@ -71,7 +71,7 @@ def test_a_fit_calls_only_the_batch_hooks_that_do_something(in_tmp_path, fast_ar
 
 
 def test_callbacks_given_to_a_projects_fit_are_trimmed_too(in_tmp_path, fast_args):
-    """Callbacks a sweep's trial adds (``lightning_kit.cli.fit``) join the project's before the Trainer is made."""
+    """Callbacks a sweep's trial adds (``lightning_kit.building.fit``) join the project's before the Trainer is made."""
     user = CountsBatches()
     run = kit_cli.fit(ProjectCLI, [*fast_args, "--max_epochs", "1"], callbacks=[user])
     assert user.batches == 3 and user.on_before_backward is None

@@ -16,7 +16,8 @@ import pytest
 from conftest import HANG_GUARD_S
 
 from lightning_kit import installation, project
-from lightning_kit.cli import GenericCLI, build_all
+from lightning_kit.building import build_all
+from lightning_kit.cli import GenericCLI
 from lightning_kit.errors import ConfigError
 from lightning_kit.installation import Installed
 

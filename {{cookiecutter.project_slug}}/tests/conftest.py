@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from lightning_kit.cli import build
+from lightning_kit.building import build
 
 from {{ cookiecutter.project_slug }}.cli import ProjectCLI
 

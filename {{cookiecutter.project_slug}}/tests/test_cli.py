@@ -2,7 +2,7 @@
 
 import pytest
 from conftest import refused
-from lightning_kit.cli import build
+from lightning_kit.building import build
 
 from {{ cookiecutter.project_slug }}.classifier import Classifier
 from {{ cookiecutter.project_slug }}.cli import ProjectCLI, main

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from lightning_kit.cli import build
+from lightning_kit.building import build
 from lightning_kit.data import DataUnavailableError
 from lightning_kit.errors import ConfigError
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from lightning_kit.cli import build
+from lightning_kit.building import build
 from lightning_kit.errors import ConfigError
 
 from {{ cookiecutter.project_slug }}.cli import ProjectCLI

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import CONFIGS, HANG_GUARD_S, PROJECT, RUNS
 from lightning_kit import audit
-from lightning_kit.cli import build, build_all
+from lightning_kit.building import build, build_all
 
 from {{ cookiecutter.project_slug }}.cli import ProjectCLI, main
 

@@ -60,7 +60,8 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from PIL import Image
 from torch import nn
 
-from .cli import GenericCLI, KitCLI, build_all
+from .building import build_all
+from .cli import GenericCLI, KitCLI
 from .data.image_decoding import load_images
 from .data.image_files import list_labelled_images
 from .errors import OneLineParser, UserError, command, invoked_as

@@ -74,7 +74,6 @@ from .parser import (
     empty_split,
     run_refusal,
 )
-from .parser import given_arguments as parser_given_arguments
 from .project import ProjectFile, project_file, read_project
 from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
 from .trust import check_command_line, trust_modules
@@ -432,49 +431,16 @@ def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) ->
             with errors_as_messages():  # inside: it tells a lost DDP process by the live process group
                 check_installation(cli_class.__module__)
                 # `python -m lightning_kit` names itself so in messages; a script, by its file's name (train.py).
-                _make_cli(cli_class, expand_shortcuts(args), run=True, prog=invoked_as("") or None)
+                make(cli_class, expand_shortcuts(args), run=True, prog=invoked_as("") or None)
         finally:
             leave_process_group()
 
 
-def build(cli_class: type[KitCLI], args: list[str]) -> tuple[L.LightningModule, L.LightningDataModule]:
-    """The model and data module that ``train.py fit`` would build from ``args``, without running anything."""
-    model, datamodule, _ = build_all(cli_class, args)
-    return model, datamodule
-
-
-def build_all(
-    cli_class: type[KitCLI], args: list[str], prog: str | None = None
-) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
-    """The model, data module and Trainer that ``train.py fit`` would build from ``args``; ``prog`` names the
-    command in messages (by default, the script's file name)."""
-    cli = build_cli(cli_class, args, prog)
-    return cli.model, cli.datamodule, cli.trainer
-
-
-def build_cli(cli_class: type[KitCLI], args: list[str], prog: str | None = None, not_built: int = 1) -> KitCLI:
-    """The command line ``train.py fit`` would run on ``args``, its classes built and nothing run: its model, data
-    module and Trainer, and the configuration they were built from (``given_arguments``). A class that could not be
-    built (``NotBuiltError``) ends the command in its one line with the status ``not_built``."""
-    with errors_as_messages(not_built):
-        return _make_cli(cli_class, expand_shortcuts(args), run=False, prog=prog)
-
-
-def given_arguments(cli: KitCLI) -> dict:
-    """The arguments given to ``cli``'s model and data classes, by flag, where not the class's default."""
-    config = cli.config[cli.subcommand] if cli.subcommand else cli.config
-    return parser_given_arguments(config, cli._fixed_model_class())
-
-
-def fit(cli_class: type[KitCLI], args: list[str], callbacks: Sequence[L.Callback] = ()) -> KitCLI:
-    """Run ``train.py fit`` on ``args`` in this process, with ``callbacks`` beside the project's (not in its
-    config.yaml). Errors are raised, not shown: the caller records how the run ended first (a sweep's trial)."""
-    return _make_cli(cli_class, expand_shortcuts(["fit", *args]), run=True, callbacks=callbacks)
-
-
-def _make_cli(
+def make(
     cli_class: type[KitCLI], args: list[str], run: bool, prog: str | None = None, callbacks: Sequence[L.Callback] = ()
 ) -> KitCLI:
+    """``cli_class``'s command line on ``args``, with the library's defaults (logger, checkpoints, the callbacks of
+    every run, and ``callbacks`` beside them); ``run``: the subcommand is run, else its classes are only built."""
     silence_the_unactionable()
     bound_yaml_loading()
     own = cli_class.own_package()

@@ -54,8 +54,9 @@ import torch
 import yaml
 from torch import nn
 
+from .building import build
 from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint, written_whole
-from .cli import GenericCLI, KitCLI, build, expand_shortcuts
+from .cli import GenericCLI, KitCLI, expand_shortcuts
 from .errors import ConfigError, OneLineParser, UserError, command, invoked_as
 from .example_inputs import Example, example_inputs, free_axes, real_batch, reason
 from .files import check_output_file

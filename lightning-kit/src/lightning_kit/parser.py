@@ -60,7 +60,7 @@ class HelpFormatter(DefaultHelpFormatter):
     PyTorch and its libraries, some hundreds of lines that bury the options people look for.
     """
 
-    #: Where the project's choices live: argument -> module prefix (set per command line by ``_make_cli``).
+    #: Where the project's choices live: argument -> module prefix (set per command line by ``cli.make``).
     own_choices: ClassVar[dict[str, str]] = {}
 
     def _get_help_string(self, action) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from .accelerators import check_named_choices
-from .cli import GenericCLI, KitCLI, build_cli, expand_shortcuts, given_arguments
+from .building import build_cli, given_arguments
+from .cli import GenericCLI, KitCLI, expand_shortcuts
 from .command_line import CONFIG_FLAGS, CommandLine
 from .errors import ConfigError, RefusedArgumentError, UserError, command, invoked_as
 from .gpu_audit import (

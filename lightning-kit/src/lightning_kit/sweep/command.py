@@ -25,7 +25,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from ..cli import SUBCOMMANDS, GenericCLI, KitCLI, build_all
+from ..building import build_all
+from ..cli import SUBCOMMANDS, GenericCLI, KitCLI
 from ..errors import ConfigError, OneLineParser, command, invoked_as
 from ..gpu_audit.lightning import simulated_run
 from ..installation import check_installation

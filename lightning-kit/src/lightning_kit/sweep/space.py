@@ -25,7 +25,8 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import Trial
 
 from ..arguments import number_refusal, range_refusal
-from ..cli import KitCLI, build_all
+from ..building import build_all
+from ..cli import KitCLI
 from ..command_line import CommandLine
 from ..config_files import read_config_file
 from ..errors import ConfigError

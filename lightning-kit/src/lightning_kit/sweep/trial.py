@@ -17,8 +17,9 @@ from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 
+from ..building import fit
 from ..callbacks import DivergenceError, InterruptCheckpoint
-from ..cli import KitCLI, fit
+from ..cli import KitCLI
 from ..errors import ConfigError, exception_chain
 from ..messages import report
 from .queue import ERROR, RESUMED_FROM, RUN_FOLDER, resume_point, signals_held, stop_and_retry
