@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import first_line
 from ..guide import cite
 from ..loggers import CSVAndTensorBoardLogger
+from ..upstream.lightning import ddp_options
 from . import ranks, simulated
 from .explain import _hook, _shown, count_as_user_code, explain
 from .isolation import Progress, announced, in_a_child
@@ -310,7 +311,7 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
         settings["precision"] = "32-true"
     if isinstance(trainer.strategy, DDPStrategy):  # DistributedDataParallel's options, for the DDP pass
-        settings["ddp_options"] = dict(trainer.strategy._ddp_kwargs)
+        settings["ddp_options"] = ddp_options(trainer.strategy)
     settings |= {
         "gradient_clip_val": trainer.gradient_clip_val,
         "gradient_clip_algorithm": trainer.gradient_clip_algorithm,

@@ -16,7 +16,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.profilers import Profiler
@@ -28,6 +27,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.parameter import is_lazy
 
+from ..upstream.lightning import device_dtype_mixin
 from . import batches, simulated
 from .explain import explain, is_user_code
 from .simulated import SimulatedDeviceError
@@ -353,7 +353,7 @@ class HookTracker(Profiler):
             raise
 
 
-def _module_device(module: _DeviceDtypeModuleMixin) -> torch.device:
+def _module_device(module: L.LightningModule) -> torch.device:
     """``LightningModule.device`` while simulating: ``cuda:N`` to the user's code, ``simgpu:N`` to Lightning's."""
     device = module._device
     if device.type == "cuda":  # moved by the user's code to a CUDA device, which is the simulated GPU
@@ -361,18 +361,19 @@ def _module_device(module: _DeviceDtypeModuleMixin) -> torch.device:
     return simulated.told(device)
 
 
-_LIGHTNING_DEVICE = vars(_DeviceDtypeModuleMixin)["device"]
+_MIXIN = device_dtype_mixin()
+_LIGHTNING_DEVICE = vars(_MIXIN)["device"]
 
 
 @contextmanager
 def simulating(rank: int = 0) -> Iterator[None]:
     """``simulated.simulating`` for a Lightning run: the user's code is told CUDA's answers, ``self.device`` too."""
     with simulated.simulating(rank, is_user_code):
-        _DeviceDtypeModuleMixin.device = property(_module_device)
+        _MIXIN.device = property(_module_device)
         try:
             yield
         finally:
-            _DeviceDtypeModuleMixin.device = _LIGHTNING_DEVICE
+            _MIXIN.device = _LIGHTNING_DEVICE
 
 
 class SimulatedRun:

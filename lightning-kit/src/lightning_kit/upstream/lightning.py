@@ -58,6 +58,19 @@ def _launcher_class() -> type:
     return _SubprocessScriptLauncher
 
 
+def device_dtype_mixin() -> type:
+    """The class that gives every LightningModule its ``device`` property, from the private ``_device`` it keeps."""
+    from lightning.fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
+
+    return _DeviceDtypeModuleMixin
+
+
+def _ddp_strategy():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(find_unused_parameters=True)
+
+
 def _signal_connector():
     import lightning as L
 
@@ -66,6 +79,27 @@ def _signal_connector():
 
 
 PRIVATES = (
+    Private(
+        "lightning.fabric.utilities.device_dtype_mixin._DeviceDtypeModuleMixin",
+        "its device property is replaced while the audit simulates, so that self.device says cuda:N to the model",
+        "lightning 2.5.2 to 2.6.6",
+        device_dtype_mixin,
+        type,
+    ),
+    Private(
+        "_DeviceDtypeModuleMixin._device",
+        "the device Lightning moved the module to, which the simulated device property reads",
+        "lightning 2.5.2 to 2.6.6",
+        lambda: __import__("lightning").LightningModule()._device,
+        __import__("torch").device,
+    ),
+    Private(
+        "DDPStrategy._ddp_kwargs",
+        "the options a DDP strategy passes to DistributedDataParallel, which the audit's DDP pass takes",
+        "lightning 2.5.2 to 2.6.6",
+        lambda: _ddp_strategy()._ddp_kwargs,
+        dict,
+    ),
     Private(
         "lightning.pytorch.strategies.launchers._SubprocessScriptLauncher",
         "tells a DDP run whose other processes Lightning started (ProcessWatch watches them)",
@@ -113,3 +147,8 @@ def ask_to_stop(trainer, stop: bool) -> bool:
 def put_back_signal_handlers(trainer) -> None:
     """Put back the signal handlers that were there before Lightning installed its own for the run."""
     trainer._signal_connector.teardown()
+
+
+def ddp_options(strategy) -> dict:
+    """The options ``strategy`` (Lightning's ``DDPStrategy``) passes to ``DistributedDataParallel``."""
+    return dict(strategy._ddp_kwargs)

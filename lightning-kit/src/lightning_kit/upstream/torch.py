@@ -1,7 +1,7 @@
 """PyTorch's private names the library relies on, each with what it is for and the versions known to work.
 
 ``tests/test_upstream.py`` checks every entry of ``PRIVATES`` against the PyTorch installed. The simulated GPU's
-own private names live with it (``placement/simulated/__init__.py``).
+own private names live with it (``gpu_audit/simulated/__init__.py``).
 """
 
 from types import FunctionType
