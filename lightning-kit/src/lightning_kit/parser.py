@@ -31,8 +31,8 @@ from .errors import (
     exception_chain,
     nul_refusal,
 )
-from .messages import one_line
 from .passwords import scrubbed
+from .upstream import jsonargparse as said
 
 
 class CheckedInstantiator:
@@ -90,7 +90,7 @@ class KitArgumentParser(LightningArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        required = re.match(r"the following arguments are required: (.*)", message.strip())
+        required = said.REQUIRED.match(message.strip())
         named = {name.strip().rpartition(".")[2] for name in required[1].split(",")} if required else set()
         if named and named <= {"model", "data"}:
             # A command line with no classes of its own (GenericCLI) was given none to build.
@@ -102,6 +102,26 @@ class KitArgumentParser(LightningArgumentParser):
             )
             self.exit(2, f"error: {needed} (options: {prog} --help)\n")
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
+
+
+def one_line(message: str) -> str:
+    """jsonargparse's nested message as one line naming the flag: ``Parser key "model.net": Problem with given
+    class_path ...: Parser key "width": Expected a <class 'int'>. Got value: x`` is ``--model.net.init_args.width:
+    Expected a <class 'int'>. Got value: x``; a number out of its type's bounds, ``--data.batch_size must be v>=1 and
+    v<=2147483647, got 0``."""
+    parts: list[str] = []
+    for found in said.HEADINGS.finditer(message):
+        # A class's arguments are under init_args, but for --model's and --data's own (--data.batch_size).
+        parts += [found["key"]] if found["key"] else ["init_args"] if "." in ".".join(parts) else []
+    while parts and parts[-1] == "init_args":  # the class path itself refused, not one of its arguments
+        parts.pop()
+    flag = f"--{'.'.join(parts)}"
+    if parts and (refused := said.out_of_bounds(message)) is not None:
+        return f"{flag} must be {refused[1]}, got {refused[0]}"
+    text = said.HEADINGS.sub("", message)
+    reasons = [line.strip(" -") for line in text.splitlines() if line.strip(" -") and not said.NOISE.search(line)]
+    reason = " ".join(reasons) or message.strip()
+    return f"{flag}: {reason}" if parts else reason
 
 
 def check_no_nul(args: list[str]) -> None:
