@@ -181,8 +181,8 @@ _UNACTIONABLE_WARNINGS = (
     # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
     # nothing in this project calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds, and so does
-    # KitCLI for the networks' argument tables: until LightningCLI moves on, there is no other way in.
+    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds: until
+    # LightningCLI moves on, there is nothing for a project to change.
     (r"\s*``ArgumentParser.add_instantiator`` was deprecated", DeprecationWarning),
 )
 _UNACTIONABLE_INFO = (
