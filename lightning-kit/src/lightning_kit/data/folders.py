@@ -74,7 +74,14 @@ class ImageFolderDataModule(ImageSplits):
         check_folds(folds, fold, val_fraction, VAL_FRACTION)
         # One image: a size no image of the folder could be decoded at.
         check_memory(decoded_bytes(1, image_size), "one decoded image", ["--data.image_size"], [image_size])
-        super().__init__(batch_size, seed, num_workers, augment, predict_path, skip_unreadable)
+        super().__init__(
+            batch_size=batch_size,
+            seed=seed,
+            num_workers=num_workers,
+            augment=augment,
+            predict_path=predict_path,
+            skip_unreadable=skip_unreadable,
+        )
         self.save_hyperparameters()
         self.folders = split_folders(Path(root))
         self.class_names = list(find_classes(self.folders["train"]))

@@ -27,8 +27,6 @@ from .synthetic import (
     synthetic_labels,
 )
 
-DATASETS = ("cifar10", "synthetic")
-
 
 def _rarest(size: int, seed: int) -> tuple[str, int]:
     """The synthetic class with the fewest of ``size`` training images at ``seed``, and their number."""
@@ -87,7 +85,9 @@ class ImageDataModule(ImageSplits):
         check_folds(folds, fold, val_fraction, VAL_FRACTION)
         if dataset == "synthetic":
             _check_synthetic(synthetic_size, val_fraction, seed, folds)
-        super().__init__(batch_size, seed, num_workers, augment, predict_path)
+        super().__init__(
+            batch_size=batch_size, seed=seed, num_workers=num_workers, augment=augment, predict_path=predict_path
+        )
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
         self.image_size = 32

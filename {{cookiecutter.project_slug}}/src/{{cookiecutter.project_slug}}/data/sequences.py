@@ -18,9 +18,6 @@ from lightning_kit.files import NotAFileError, open_regular
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
-DATASETS = ("synthetic", "file")
-
-
 # The validation share held out unless folds say which sequences validate.
 VAL_FRACTION = 0.1
 
