@@ -53,7 +53,7 @@ def test_more_folds_than_a_class_has_samples_is_refused_naming_the_class():
     assert "\n" not in str(caught.value)
 
 
-# The data modules of both projects, which take their folds from the library (``FOLD_ARGUMENTS``, ``fold_split``).
+# The data modules of both projects, which take their folds from the library (``check_folds``, ``fold_split``).
 DATA = {
     "image": lambda **folds: ImageDataModule(dataset="synthetic", synthetic_size=200, seed=3, **folds),
     "sequence": lambda **folds: SequenceDataModule(num_sequences=300, seed=3, **folds),
@@ -119,10 +119,10 @@ def test_cifar10_with_more_folds_than_a_class_has_images_is_refused_naming_it(tm
 
 
 FOLD_MISTAKES = [
-    (["--data.folds", "1"], "--data.folds must be null or an integer of at least 2, got 1"),
+    (["--data.folds", "1"], "--data.folds must be v>=2 or null, got 1"),
     (["--data.fold", "2"], "--data.fold picks the validation fold: give --data.folds too"),
     (["--data.folds", "3", "--data.fold", "3"], "--data.fold must be from 0 to 2, one of the --data.folds 3 folds"),
-    (["--data.folds", "3", "--data.fold", "-1"], "--data.fold must be an integer of at least 0, got -1"),
+    (["--data.folds", "3", "--data.fold", "-1"], "--data.fold must be v>=0, got -1"),
     (["--data.folds", "3", "--data.val_fraction", "0.2"], "--data.val_fraction does not apply with --data.folds"),
 ]
 

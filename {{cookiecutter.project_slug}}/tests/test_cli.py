@@ -35,7 +35,7 @@ from lightning_kit.data import InMemoryDataModule
 
 class SmallImages(InMemoryDataModule):
     def __init__(self, batch_size: int = 8) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size)
         self.save_hyperparameters()
         self.num_classes, self.image_size = 3, 16
         self.class_names = ["red", "green", "blue"]
@@ -52,7 +52,7 @@ def test_the_class_count_names_and_image_size_flow_from_any_data_module_to_the_n
     model, datamodule = build(ProjectCLI, ["--data", "user_data.SmallImages"])
     assert (model.net.image_size, model.net.num_classes, model.hparams.num_classes) == (16, 3, 3)
     assert model.net.layers[-1].out_features == 3 and model.class_names == ["red", "green", "blue"]
-    assert datamodule.hparams.batch_size == 8  # its own default, not ImageDataModule's 64
+    assert datamodule.batch_size == datamodule.hparams.batch_size == 8  # its own default, not ImageDataModule's 64
 {%- else %}
 
 
@@ -75,26 +75,27 @@ def test_a_value_for_the_network_that_disagrees_with_the_data_is_refused():
     ("flag", "value", "accepted"),
     [
 {%- if cookiecutter.task == "image" %}
-        ("mean", "[2, 0.5, 0.5]", "must be three numbers (red, green, blue), each a number in [0, 1]"),
-        ("std", "[0.2, 0, 0.2]", "must be three numbers (red, green, blue), each a number in (0, 1]"),
+        ("mean", "[2, 0.5, 0.5]", "must be v>=0 and v<=1, got 2"),
+        ("std", "[0.2, 0, 0.2]", "must be v>0 and v<=1, got 0"),
 {%- else %}
-        ("num_heads", "3", "must divide --model.net.init_args.d_model 64"),
-        ("d_model", "0", "must be a positive integer"),
-        ("dropout", "1", "must be a number in [0, 1)"),
-        ("num_layers", "0", "must be a positive integer"),
+        ("num_heads", "3", "3: AttentionClassifier refused it: ValueError: num_heads 3 must divide d_model 64"),
+        ("d_model", "0", "must be v>0, got 0"),
+        ("dropout", "1", "must be v>=0 and v<1, got 1"),
+        ("num_layers", "0", "must be v>0, got 0"),
 {%- endif %}
     ],
 )
-def test_a_bad_value_for_the_network_is_one_line_naming_its_flag(flag, value, accepted):
-    """NET_ARGUMENTS in cli.py: the network is a plain nn.Module, so its arguments are checked where they enter."""
-    assert refused([f"--model.net.init_args.{flag}", value]).startswith(
+def test_a_bad_value_for_the_network_is_one_line_naming_its_flag(capsys, flag, value, accepted):
+    """The network's types bound each argument, checked as the command line is parsed; what relates two of them, the
+    network checks as it is built (a ValueError naming them, which the command line turns into their flags)."""
+    assert refused([f"--model.net.init_args.{flag}", value], capsys).startswith(
         f"error: --model.net.init_args.{flag} {accepted}"
     )
 
 
 @pytest.mark.parametrize(("flag", "value"), [("lr", "0"), ("weight_decay", "-1")])
-def test_a_bad_value_for_the_classifier_is_one_line_naming_its_flag(flag, value):
-    assert refused([f"--model.{flag}", value]).startswith(f"error: --model.{flag} ")
+def test_a_bad_value_for_the_classifier_is_one_line_naming_its_flag(capsys, flag, value):
+    assert refused([f"--model.{flag}", value], capsys).startswith(f"error: --model.{flag} must be ")
 
 
 def test_fit_help_lists_this_projects_networks_and_data_modules(capsys):

@@ -7,7 +7,8 @@ imports no PyTorch):
   at the line that would fail on a real one (``lightning_kit.placement``);
 - ``KitCLI``: the LightningCLI a project subclasses with its classes and defaults, and ``main``,
   which runs it; ``GenericCLI`` takes any ``--model`` and ``--data`` by class path;
-- ``Arguments`` and the ``lightning_kit.arguments`` helpers: what a class's arguments accept;
+- ``lightning_kit.arguments``: bounded types for a class's arguments (``BatchSize``, ``Seed``...), and
+  ``Arguments``, the table the Trainer's are checked against;
 - the commands: ``python -m lightning_kit.placement``, ``.sweep``, ``.runs``, ``.serve``, ``.export``,
   ``.bench``, ``.lint_placement``, ``.gpu_check``.
 

@@ -1,15 +1,13 @@
-"""What each argument accepts: one table per class, checked by one function where the arguments enter.
+"""What arguments accept: the bounds of one value as jsonargparse types, and the Trainer's table.
 
-A class that takes arguments from the command line keeps a table, argument -> what it
-accepts, and the rules its arguments must meet together (heads that divide the width, a
-size that fits in memory). ``Arguments.check`` holds the values given against the table
-and stops at the first one refused, with one line that names the flag, the value given
-and what is accepted: a constructor refuses what it cannot use before anything is built.
+A class of the library or of a project says what each of its arguments accepts in its signature, with
+jsonargparse's types (``jsonargparse.typing``'s ``PositiveInt``, ``OpenUnitInterval``, ``restricted_number_type``,
+or the bounded types here: ``BatchSize``, ``Seed``, ``Workers``...): the command line refuses a value out of its
+bounds in one line naming the flag, before the class is built. What relates two arguments (a fold below the number
+of folds, heads that divide the width, a size that fits in memory) stays code in the class's constructor.
 
-    NET = Arguments("--model.net.init_args.", {"width": integer(1), "dropout": number(0, 1, high_open=True)})
-
-    def __init__(self, width: int = 64, dropout: float = 0.0) -> None:
-        NET.check(locals())
+Lightning's Trainer cannot carry bounds of its own, so its arguments, and LightningCLI's seed, keep a table here
+(``TRAINER``, ``RUN``): ``Arguments.check`` holds the values given against it, one line naming the flag.
 """
 
 import math
@@ -20,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, restricted_number_type
 
 from .errors import ConfigError
 
@@ -67,14 +67,6 @@ def integer(minimum: int, maximum: int | None = None) -> Accepted:
         description = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
     return Accepted(
         lambda value: is_integer(value) and value >= minimum and (maximum is None or value <= maximum), description
-    )
-
-
-def per_channel(accepted: Accepted) -> Accepted:
-    """Three values, one per colour channel (red, green, blue), each accepted by ``accepted``."""
-    return Accepted(
-        lambda values: isinstance(values, Sequence) and len(values) == 3 and all(map(accepted.test, values)),
-        f"three numbers (red, green, blue), each {accepted.description}",
     )
 
 
@@ -138,15 +130,31 @@ def kind(*types: type, description: str) -> Accepted:
 NULL = Accepted(lambda value: value is None, "null")
 BOOLEAN = kind(bool, description="true or false")
 SEED = integer(0, SEED_MAX)
-FRACTION = number(0, 1, low_open=True, high_open=True)
+
+# The bounds of single values that the library's classes and the projects' take, as types jsonargparse checks where
+# the value is parsed. A value it parsed is an instance of the type (an int or float still): KitArgumentParser gives
+# the classes plain numbers, which a checkpoint's weights_only load reads back.
+Seed = restricted_number_type("Seed", int, [(">=", 0), ("<=", SEED_MAX)])
 # Past the data's size a batch is all of it; the bound keeps the count within what loaders index with.
-BATCH_SIZE = integer(1, 2**31 - 1)
+BatchSize = restricted_number_type("BatchSize", int, [(">=", 1), ("<=", 2**31 - 1)])
 # Loader processes: more than a few per CPU only contend for it (and each holds a copy of the process).
 WORKERS_PER_CPU = 4
-WORKERS = Accepted(
-    lambda value: is_integer(value) and 0 <= value <= WORKERS_PER_CPU * (os.cpu_count() or 1),
-    f"an integer from 0 to {WORKERS_PER_CPU * (os.cpu_count() or 1)} ({WORKERS_PER_CPU} per CPU of this machine)",
-)
+Workers = restricted_number_type("Workers", int, [(">=", 0), ("<=", WORKERS_PER_CPU * (os.cpu_count() or 1))])
+# A share of the data held out: some of it, never all.
+Fraction = OpenUnitInterval
+# A learning rate or another number a model computes with in float32: past its largest (3.4028e38, here rounded
+# down to be read at a glance), infinity.
+PositiveFloat32 = restricted_number_type("PositiveFloat32", float, [(">", 0), ("<=", 3.4e38)])
+NonNegativeFloat32 = restricted_number_type("NonNegativeFloat32", float, [(">=", 0), ("<=", 3.4e38)])
+# Two or more (jsonargparse keeps one type per bound):
+AtLeastTwo = restricted_number_type("AtLeastTwo", int, [(">=", 2)])
+# cross-validation's folds (one validates, the others train), and the fold that validates, from 0;
+Folds = AtLeastTwo
+Fold = NonNegativeInt
+# a classifier's classes, or there is nothing to tell apart.
+NumClasses = AtLeastTwo
+# The height and width of square images: a smaller one leaves a network's three poolings (/8) nothing to pool.
+ImageSize = restricted_number_type("ImageSize", int, [(">=", 8)])
 
 
 @dataclass(frozen=True)
@@ -164,17 +172,6 @@ class Together:
     shown: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True)
-class FitsInMemory:
-    """A rule that ``what`` fits in this machine's memory: ``estimate`` takes the values of ``names`` and gives
-    the bytes; the message names those in ``shown`` (by default, all) as the ones to lower."""
-
-    names: tuple[str, ...]
-    estimate: Callable[..., int]
-    what: str
-    shown: tuple[str, ...] | None = None
-
-
 class Arguments:
     """A class's table of accepted values, and its rules over several arguments at once.
 
@@ -189,7 +186,7 @@ class Arguments:
         self,
         prefix: str,
         table: Mapping[str, Accepted],
-        rules: Sequence[Together | FitsInMemory] = (),
+        rules: Sequence[Together] = (),
         flags: Mapping[str, str] | None = None,
     ) -> None:
         self.prefix, self.table, self.rules, self.flags = prefix, dict(table), tuple(rules), dict(flags or {})
@@ -210,15 +207,11 @@ class Arguments:
             if not all(name in values for name in rule.names):
                 continue
             given = [values[name] for name in rule.names]
-            if isinstance(rule, Together) and not rule.test(*given):
+            if not rule.test(*given):
                 requirement = rule.requirement if isinstance(rule.requirement, str) else rule.requirement(*given)
                 named = _NAMED.sub(lambda found: self.flag(found[1]), requirement)
                 got = [repr(values[name]) for name in rule.shown or rule.names]
                 raise ConfigError(f"{named}, got {' and '.join(got)}")
-            if isinstance(rule, FitsInMemory):
-                shown = rule.shown or rule.names
-                flags = [self.flag(name) for name in shown]
-                check_memory(rule.estimate(*given), rule.what, flags, [values[name] for name in shown])
 
 
 def available_memory() -> int | None:
@@ -236,13 +229,18 @@ def available_memory() -> int | None:
         return None
 
 
-def check_memory(needed: int, what: str, flags: Sequence[str], values: Sequence[Any]) -> None:
-    """Refuse arguments asking for more memory than is available, with the estimate, before anything is allocated."""
+def check_memory(
+    needed: int, what: str, flags: Sequence[str], values: Sequence[Any], error: type[Exception] = ConfigError
+) -> None:
+    """Refuse arguments asking for more memory than is available, with the estimate, before anything is allocated.
+
+    A plain ``nn.Module`` names its arguments rather than flags and raises a ``ValueError`` (``error``): the command
+    line that built it names the flags given (``parser.constructor_failure``)."""
     available = available_memory()
     if available is None or needed <= available:
         return
     given = ", ".join(f"{flag} {value!r}" for flag, value in zip(flags, values, strict=True))
-    raise ConfigError(
+    raise error(
         f"{what} would need about {_size(needed)} of memory at {given}, "
         f"more than the {_size(available)} available: lower {' or '.join(flags)}"
     )

@@ -6,7 +6,6 @@ A project subclasses ``KitCLI`` with its classes and defaults, and runs it with 
         model_class = Classifier
         default_classes = {"model.net": ReferenceCNN, "data": ImageDataModule}
         data_links = {"model.num_classes": "num_classes", "model.net.init_args.num_classes": "num_classes"}
-        argument_tables = {ReferenceCNN: CNN_ARGUMENTS}
 
     main(ProjectCLI)  # train.py
 
@@ -28,7 +27,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from .accelerators import check_accelerator, check_named_choices
-from .arguments import Arguments
 from .callbacks import (
     BestCheckpoint,
     BestEpoch,
@@ -63,7 +61,6 @@ from .installation import check_installation
 from .messages import errors_as_messages, report, silence_the_unactionable
 from .parser import (
     REFUSALS,
-    CheckedInstantiator,
     HelpFormatter,
     KitArgumentParser,
     check_given_against_data,
@@ -104,9 +101,6 @@ class KitCLI(LightningCLI):
     #: What the model takes from the data: argument -> the data module's attribute. Each link applies
     #: when the data module has the attribute and the class takes the argument.
     data_links: ClassVar[dict[str, str]] = {}
-    #: What the arguments of classes that keep no table of their own accept (a plain ``nn.Module``
-    #: network): class -> ``Arguments``, checked where the class is built from the command line.
-    argument_tables: ClassVar[dict[type, Arguments]] = {}
     #: Modules beyond the project's package whose classes a run's config.yaml or a checkpoint may name.
     trusted_modules: tuple[str, ...] = ()
     #: The metric the best checkpoint is chosen by, and how (``None``: no best checkpoint is kept).
@@ -149,8 +143,6 @@ class KitCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
-        for cls, table in self.argument_tables.items():
-            parser.add_instantiator(CheckedInstantiator(table), cls, subclasses=False, prepend=True)
         # `predict` writes its probabilities here: --predictions.path out.csv
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
         # The data decides the class count, its names and the input size, so the network and

@@ -22,18 +22,6 @@ from .passwords import scrubbed
 from .stores import DISK_ERRORS, failure_line
 from .supervision import ProcessWatch, lost_a_process, lost_process_line
 
-# Lines of jsonargparse's nested messages that say nothing about the mistake.
-_NOISE = re.compile(r"Does not validate against|Subtypes:|Errors:|Expected a <class 'NoneType'>|Given value")
-
-
-def one_line(message: str) -> str:
-    """``Parser key "model.net": ... Parser key "width": Expected a <class 'int'>. Got value: x`` as one line."""
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    text = re.sub(r"""Parser key "[^"]+":|Problem with given class_path '[^']+':""", "", message)
-    reasons = [line.strip(" -") for line in text.splitlines() if line.strip(" -") and not _NOISE.search(line)]
-    reason = " ".join(reasons) or message.strip()
-    return f"--{'.'.join(keys)}: {reason}" if keys else reason
-
 
 def report(line: str) -> None:
     """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split.
@@ -193,8 +181,8 @@ _UNACTIONABLE_WARNINGS = (
     # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
     # nothing in this project calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds, and so does
-    # KitCLI for the networks' argument tables: until LightningCLI moves on, there is no other way in.
+    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds: until
+    # LightningCLI moves on, there is nothing for a project to change.
     (r"\s*``ArgumentParser.add_instantiator`` was deprecated", DeprecationWarning),
 )
 _UNACTIONABLE_INFO = (

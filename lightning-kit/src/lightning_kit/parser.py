@@ -1,10 +1,9 @@
-"""The parser under ``KitCLI``: LightningCLI's, with shorter help and one-line errors, and the check of argument tables.
+"""The parser under ``KitCLI``: LightningCLI's, with shorter help and one-line errors.
 
 - ``KitArgumentParser``: a mistake on the command line exits with one line naming the flag, what it
-  accepts and what was given, instead of the usage and a nest of alternatives;
+  accepts and what was given, instead of the usage and a nest of alternatives; a value out of the bounds
+  its type gives (``arguments.BatchSize``, ``jsonargparse.typing.PositiveInt``) is such a mistake;
 - ``HelpFormatter``: ``--data`` and ``--model.net`` list the project's classes, not every one imported;
-- ``CheckedInstantiator``: builds a class after holding its arguments against its table
-  (``KitCLI.argument_tables``), so a plain ``nn.Module`` network needs no checks of its own;
 - ``check_run_arguments`` and ``check_given_against_data``: what ``KitCLI`` checks of a parsed
   configuration, the Trainer's arguments and the seed, then each value the data sets;
 - ``constructor_failure`` and ``run_refusal``: a class of the project's that refused the values it was given,
@@ -21,7 +20,7 @@ from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
-from .arguments import RUN, TRAINER, Arguments
+from .arguments import RUN, TRAINER
 from .command_line import CommandLine
 from .errors import (
     ConfigError,
@@ -32,25 +31,8 @@ from .errors import (
     exception_chain,
     nul_refusal,
 )
-from .messages import one_line
 from .passwords import scrubbed
-
-
-class CheckedInstantiator:
-    """Builds a class from the command line after holding its arguments against its table (``KitCLI.argument_tables``).
-
-    The values are the constructor's, its defaults filled in, so a table checks what the class gets;
-    the network itself stays a plain ``nn.Module`` that knows nothing of the command line.
-    """
-
-    def __init__(self, table: Arguments) -> None:
-        self.table = table
-
-    def __call__(self, class_type: type, *args, **kwargs):
-        bound = inspect.signature(class_type).bind_partial(*args, **kwargs)
-        bound.apply_defaults()
-        self.table.check(dict(bound.arguments))
-        return class_type(*args, **kwargs)
+from .upstream import jsonargparse as said
 
 
 class HelpFormatter(DefaultHelpFormatter):
@@ -86,12 +68,18 @@ class KitArgumentParser(LightningArgumentParser):
     def dump(self, *args, **kwargs) -> str:
         return scrubbed(super().dump(*args, **kwargs))
 
+    def instantiate(self, namespace: Namespace, *args, **kwargs) -> Namespace:
+        """Build the classes from plain numbers: a value parsed as a bounded type is an instance of it (an ``int``
+        of the class ``BatchSize``), which a class would keep in its hyperparameters, and a checkpoint's
+        ``weights_only`` load would refuse."""
+        return super().instantiate(_plain_numbers(namespace), *args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None):
         """Exit with one line naming the flag, what it accepts and what was given, instead of the usage and a nest."""
         if not self.exit_on_error:
             super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
-        required = re.match(r"the following arguments are required: (.*)", message.strip())
+        required = said.REQUIRED.match(message.strip())
         named = {name.strip().rpartition(".")[2] for name in required[1].split(",")} if required else set()
         if named and named <= {"model", "data"}:
             # A command line with no classes of its own (GenericCLI) was given none to build.
@@ -103,6 +91,41 @@ class KitArgumentParser(LightningArgumentParser):
             )
             self.exit(2, f"error: {needed} (options: {prog} --help)\n")
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")
+
+
+def one_line(message: str) -> str:
+    """jsonargparse's nested message as one line naming the flag: ``Parser key "model.net": Problem with given
+    class_path ...: Parser key "width": Expected a <class 'int'>. Got value: x`` is ``--model.net.init_args.width:
+    Expected a <class 'int'>. Got value: x``; a number out of its type's bounds, ``--data.batch_size must be v>=1 and
+    v<=2147483647, got 0``."""
+    parts: list[str] = []
+    for found in said.HEADINGS.finditer(message):
+        # A class's arguments are under init_args, but for --model's and --data's own (--data.batch_size).
+        parts += [found["key"]] if found["key"] else ["init_args"] if "." in ".".join(parts) else []
+    while parts and parts[-1] == "init_args":  # the class path itself refused, not one of its arguments
+        parts.pop()
+    flag = f"--{'.'.join(parts)}"
+    if parts and (refused := said.out_of_bounds(message)) is not None:
+        return f"{flag} must be {refused[1]}, got {refused[0]}"
+    text = said.HEADINGS.sub("", message)
+    reasons = [line.strip(" -") for line in text.splitlines() if line.strip(" -") and not said.NOISE.search(line)]
+    reason = " ".join(reasons) or message.strip()
+    return f"{flag}: {reason}" if parts else reason
+
+
+def _plain_numbers(value: Any) -> Any:
+    """``value`` with every number of a subclass of ``int`` or ``float`` (jsonargparse's bounded types) made plain."""
+    if isinstance(value, Namespace):
+        return Namespace(**{key: _plain_numbers(item) for key, item in vars(value).items()})
+    if isinstance(value, list | tuple):
+        return type(value)(map(_plain_numbers, value))
+    if isinstance(value, dict):
+        return {key: _plain_numbers(item) for key, item in value.items()}
+    if isinstance(value, int) and type(value) not in (int, bool):
+        return int(value)
+    if isinstance(value, float) and type(value) is not float:
+        return float(value)
+    return value
 
 
 def check_no_nul(args: CommandLine) -> None:
@@ -230,7 +253,7 @@ def constructor_failure(err: BaseException, config, model_class: type | None = N
     """
     root = _root_cause(err)
     if isinstance(root, UserError):
-        return None  # said in one line already (an argument table's check)
+        return None  # said in one line already (a constructor's check of its arguments)
     built = _class_being_built(root, config, model_class)
     if built is None:
         return None

@@ -3,7 +3,7 @@
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning_kit.arguments import BOOLEAN, Arguments, FitsInMemory, integer, number
+from lightning_kit.arguments import NonNegativeFloat32, NumClasses, PositiveFloat32, check_memory
 from lightning_kit.errors import ConfigError
 from torch import nn
 from torchmetrics import MeanMetric
@@ -12,13 +12,6 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 # Showing the training loss every step would cost a call into Lightning's logging
 # per step; every 20 is enough to watch it move.
 LOSS_ON_PROGRESS_BAR_EVERY = 20
-
-ARGUMENTS = Arguments(
-    "--model.",
-    {"num_classes": integer(2), "lr": number(0, low_open=True), "weight_decay": number(0), "compile": BOOLEAN},
-    # The validation confusion matrix and its last result: num_classes² int64 counts each.
-    rules=[FitsInMemory(("num_classes",), lambda classes: 2 * 8 * classes**2, "the confusion matrix")],
-)
 
 
 class Classifier(L.LightningModule):
@@ -37,19 +30,20 @@ class Classifier(L.LightningModule):
         compile: Compile the network with ``torch.compile`` before training: for long runs, where
             the compile time pays back.
 
-    What each argument accepts is in ``ARGUMENTS``.
+    What each argument accepts is in its type, which the command line checks where the value is given.
     """
 
     def __init__(
         self,
         net: nn.Module,
-        num_classes: int,
+        num_classes: NumClasses,
         class_names: list[str] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat32 = 1e-3,
+        weight_decay: NonNegativeFloat32 = 0.0,
         compile: bool = False,
     ) -> None:
-        ARGUMENTS.check(locals())
+        # The validation confusion matrix and its last result: num_classes² int64 counts each.
+        check_memory(2 * 8 * num_classes**2, "the confusion matrix", ["--model.num_classes"], [num_classes])
         super().__init__()
         if class_names is not None:
             class_names = [str(name) for name in class_names]

@@ -4,35 +4,17 @@ from pathlib import Path
 
 import torch
 
-from ..arguments import BATCH_SIZE, BOOLEAN, FRACTION, SEED, WORKERS, Arguments, FitsInMemory, integer
+from ..arguments import BatchSize, Fold, Folds, Fraction, ImageSize, Seed, Workers, check_memory
 from ..errors import ConfigError, DataUnavailableError
-from .folds import FOLD_ARGUMENTS, fold_rules, fold_split
+from .folds import check_folds, fold_split
 from .image_decoding import channel_stats, load_images
 from .image_files import ImageFiles, find_classes, list_labelled_images
 from .image_splits import ImageSplits, check_decoded_size, decoded_bytes
 from .memory import InMemoryDataset
 
 SPLIT_FOLDERS = ("train", "val", "test")
-
-
-IMAGE_FOLDER_ARGUMENTS = Arguments(
-    "--data.",
-    {
-        "image_size": integer(8),
-        "val_fraction": FRACTION,
-        "batch_size": BATCH_SIZE,
-        "augment": BOOLEAN,
-        "skip_unreadable": BOOLEAN,
-        "num_workers": WORKERS,
-        "seed": SEED,
-        **FOLD_ARGUMENTS,
-    },
-    rules=[
-        *fold_rules(val_fraction=0.1),
-        # One image: a size no image of the folder could be decoded at.
-        FitsInMemory(("image_size",), lambda size: decoded_bytes(1, size), "one decoded image"),
-    ],
-)
+# The validation share held out when nothing else says which images validate.
+VAL_FRACTION = 0.1
 
 
 class ImageFolderDataModule(ImageSplits):
@@ -71,26 +53,35 @@ class ImageFolderDataModule(ImageSplits):
             ``val/`` folder, or ``val_fraction`` of the training images, validates.
         fold: The fold, from 0 to ``folds - 1``, that validates.
 
-    What each argument accepts is in ``IMAGE_FOLDER_ARGUMENTS``.
+    What each argument accepts is in its type; ``check_folds`` relates the fold arguments.
     """
 
     def __init__(
         self,
         root: str,
-        image_size: int = 32,
-        val_fraction: float = 0.1,
-        batch_size: int = 64,
+        image_size: ImageSize = 32,
+        val_fraction: Fraction = VAL_FRACTION,
+        batch_size: BatchSize = 64,
         augment: bool = True,
         skip_unreadable: bool = False,
         cache_dir: str | None = "data/cache",
         predict_path: str | None = None,
-        num_workers: int = 0,
-        seed: int = 42,
-        folds: int | None = None,
-        fold: int = 0,
+        num_workers: Workers = 0,
+        seed: Seed = 42,
+        folds: Folds | None = None,
+        fold: Fold = 0,
     ) -> None:
-        IMAGE_FOLDER_ARGUMENTS.check(locals())
-        super().__init__()
+        check_folds(folds, fold, val_fraction, VAL_FRACTION)
+        # One image: a size no image of the folder could be decoded at.
+        check_memory(decoded_bytes(1, image_size), "one decoded image", ["--data.image_size"], [image_size])
+        super().__init__(
+            batch_size=batch_size,
+            seed=seed,
+            num_workers=num_workers,
+            augment=augment,
+            predict_path=predict_path,
+            skip_unreadable=skip_unreadable,
+        )
         self.save_hyperparameters()
         self.folders = split_folders(Path(root))
         self.class_names = list(find_classes(self.folders["train"]))
@@ -108,7 +99,7 @@ class ImageFolderDataModule(ImageSplits):
     def has_data_for(self, stage: str) -> bool:
         """Whether ``stage`` has images here: ``test`` (and ``predict`` without ``predict_path``) needs a ``test/``
         folder. The device audit skips a stage that has none."""
-        if stage == "predict" and self.hparams.predict_path:
+        if stage == "predict" and self.predict_path:
             return True
         return "test" not in _SPLITS_OF[stage] or self.folders["test"] is not None
 
@@ -144,7 +135,7 @@ class ImageFolderDataModule(ImageSplits):
     def _split_folds(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         """The train and val splits of the decoded training (and val/) images: every fold but ``fold``, and ``fold``."""
         hp = self.hparams
-        split = fold_split(labels.numpy(), hp.folds, hp.fold, hp.seed, self.class_names)
+        split = fold_split(labels.numpy(), hp.folds, hp.fold, self.seed, self.class_names)
         train_idx, val_idx = map(torch.from_numpy, split)
         self.splits["train"] = InMemoryDataset(images[train_idx], labels[train_idx])
         self.splits["val"] = InMemoryDataset(images[val_idx], labels[val_idx])
@@ -179,7 +170,7 @@ class ImageFolderDataModule(ImageSplits):
                 f"--data.val_fraction {self.hparams.val_fraction} of the {count} images in {self.folders['train']} "
                 "leaves no training or no validation image: add images, or a val/ folder"
             )
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed)).tolist()
         chosen = sorted(order[:val_size] if split == "val" else order[val_size:])
         return ImageFiles(
             files=tuple(found.files[i] for i in chosen),
@@ -202,7 +193,7 @@ class ImageFolderDataModule(ImageSplits):
             found.files,
             self.image_size,
             cache_dir=Path(cache_dir) if cache_dir is not None else None,
-            skip_unreadable=self.hparams.skip_unreadable,
+            skip_unreadable=self.skip_unreadable,
         )
         return images, torch.tensor([found.labels[i] for i in kept], dtype=torch.long)
 

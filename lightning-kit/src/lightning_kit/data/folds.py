@@ -8,33 +8,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..arguments import NULL, Accepted, Together, integer
 from ..errors import ConfigError
 
-# The two arguments of every data module that can be cross-validated, for its table of accepted values.
-FOLD_ARGUMENTS: dict[str, Accepted] = {"folds": NULL | integer(2), "fold": integer(0)}
 
-
-def fold_rules(val_fraction: float) -> list[Together]:
-    """The rules over the fold arguments; ``val_fraction``: the module's default share held out for validation."""
-    return [
-        Together(
-            ("folds", "fold"),
-            lambda folds, fold: fold < (folds or 1),
-            lambda folds, fold: (
-                f"<fold> must be from 0 to {folds - 1}, one of the <folds> {folds} folds"
-                if folds
-                else "<fold> picks the validation fold: give <folds> too, the number of folds (at least 2)"
-            ),
-            shown=("fold",),
-        ),
-        Together(
-            ("folds", "val_fraction"),
-            lambda folds, given: folds is None or given == val_fraction,
-            "<val_fraction> does not apply with <folds>, where the fold <fold> is the validation set: leave it out",
-            shown=("val_fraction",),
-        ),
-    ]
+def check_folds(folds: int | None, fold: int, val_fraction: float, default_val_fraction: float) -> None:
+    """Refuse fold arguments that do not go together, naming their flags: a ``fold`` past the ``folds``, or without
+    them, and a ``val_fraction`` given with folds (``default_val_fraction``: the module's default), where the fold
+    validates. Each one alone is bounded by its type (``arguments.Folds``, ``arguments.Fold``)."""
+    if folds is None and fold != 0:
+        raise ConfigError(
+            f"--data.fold picks the validation fold: give --data.folds too, the number of folds (at least 2), "
+            f"got {fold!r}"
+        )
+    if folds is not None and fold >= folds:
+        raise ConfigError(
+            f"--data.fold must be from 0 to {folds - 1}, one of the --data.folds {folds} folds, got {fold!r}"
+        )
+    if folds is not None and val_fraction != default_val_fraction:
+        raise ConfigError(
+            f"--data.val_fraction does not apply with --data.folds, where the fold --data.fold is the validation set: "
+            f"leave it out, got {val_fraction!r}"
+        )
 
 
 def assign_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from ..arguments import check_memory
+from ..arguments import BatchSize, Seed, Workers, check_memory
 from .augment import random_crop_flip
 from .image_decoding import load_images
 from .image_files import list_images
@@ -16,20 +16,37 @@ class ImageSplits(InMemoryDataModule):
     """What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator,
     and predictions on image files (``predict_path``).
 
-    Subclasses set ``image_size`` and call ``self.setup_predict(stage)`` from their ``setup``.
+    Subclasses set ``image_size``, pass on what they are given of the arguments below (and of
+    ``InMemoryDataModule``'s), and call ``self.setup_predict(stage)`` from their ``setup``.
+
+    Args:
+        augment: Random crop (an eighth of the size as padding) and horizontal flip on training batches.
+        predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when its
+            subfolders are class names), or a ``.txt`` list of image paths. By default the test split.
+        skip_unreadable: Skip files that cannot be decoded (each reported) instead of stopping.
     """
+
+    def __init__(
+        self,
+        batch_size: BatchSize = 64,
+        seed: Seed = 42,
+        num_workers: Workers = 0,
+        augment: bool = True,
+        predict_path: str | None = None,
+        skip_unreadable: bool = False,
+    ) -> None:
+        super().__init__(batch_size=batch_size, seed=seed, num_workers=num_workers)
+        self.augment_batches, self.predict_path, self.skip_unreadable = augment, predict_path, skip_unreadable
 
     def setup_predict(self, stage: str) -> bool:
         """Read ``predict_path``'s images for ``predict``; whether it did (then no other split is needed)."""
-        path = self.hparams.get("predict_path")
+        path = self.predict_path
         if stage != "predict" or not path:
             return False
         if "predict" not in self.splits:
             found = list_images(Path(path), self.class_names)
             check_decoded_size(len(found.files), self.image_size)
-            images, kept = load_images(
-                found.files, self.image_size, skip_unreadable=self.hparams.get("skip_unreadable", False)
-            )
+            images, kept = load_images(found.files, self.image_size, skip_unreadable=self.skip_unreadable)
             labels = torch.tensor([found.labels[i] for i in kept] if found.labels else [-1] * len(kept))
             self.splits["predict"] = InMemoryDataset(images, labels)
             self.predict_names = [str(found.files[i]) for i in kept]
@@ -39,12 +56,12 @@ class ImageSplits(InMemoryDataModule):
     def predicting_files(self) -> bool:
         """Whether this run is ``predict`` on ``predict_path``'s files, which needs no other data."""
         trainer = self.trainer
-        return bool(self.hparams.get("predict_path")) and trainer is not None and trainer.state.fn == "predict"
+        return bool(self.predict_path) and trainer is not None and trainer.state.fn == "predict"
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # Runs on the accelerator, after Lightning has moved the batch there.
         trainer = self.trainer
-        if self.hparams.augment and trainer is not None and trainer.training:
+        if self.augment_batches and trainer is not None and trainer.training:
             return self.augment(batch, step=trainer.global_step, rank=trainer.global_rank)
         return batch
 
@@ -56,7 +73,7 @@ class ImageSplits(InMemoryDataModule):
         """
         images, labels = batch
         generator = torch.Generator(device=images.device)
-        generator.manual_seed(hash((self.hparams.seed, rank, step)) % 2**63)
+        generator.manual_seed(hash((self.seed, rank, step)) % 2**63)
         padding = max(1, images.shape[-1] // 8)
         return random_crop_flip(images, padding=padding, generator=generator), labels
 

@@ -7,6 +7,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
+from ..arguments import BatchSize, Seed, Workers
+
 
 class InMemoryDataset(TensorDataset):
     """Tensors indexed along their first dimension, a whole batch per call.
@@ -44,19 +46,25 @@ class EpochShuffle(RandomSampler):
 class InMemoryDataModule(L.LightningDataModule, ABC):
     """Serves the ``train``, ``val`` and ``test`` splits that a subclass's ``setup`` puts in ``self.splits``.
 
-    Each split is an ``InMemoryDataset`` of (inputs, labels) tensors. Subclasses record
-    ``batch_size``, ``seed`` and ``num_workers`` with ``save_hyperparameters()``, and set
-    in ``__init__`` what the model takes from the data: ``num_classes`` and ``class_names``
-    (the name of each label, in order). Training batches are shuffled per epoch.
+    Each split is an ``InMemoryDataset`` of (inputs, labels) tensors. Subclasses take ``batch_size``,
+    ``seed`` and ``num_workers`` in their own signature (where the command line reads them) and pass them
+    on here; they set in ``__init__`` what the model takes from the data: ``num_classes`` and
+    ``class_names`` (the name of each label, in order). Training batches are shuffled per epoch.
 
     ``predict`` runs, in order, on a ``predict`` split when ``setup`` made one (your files),
     otherwise on the test split. For the predictions CSV, ``predict_names`` names each
     input (a file; ``None``: its index) and ``predict_labelled`` says whether the labels
     are true ones (otherwise they are -1).
+
+    Args:
+        batch_size: Samples per batch, per device.
+        seed: Seed of the training order (with the epoch), and of what a subclass draws.
+        num_workers: Loader processes; slicing in-memory tensors needs none.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, batch_size: BatchSize = 64, seed: Seed = 42, num_workers: Workers = 0) -> None:
         super().__init__()
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
         self.splits: dict[str, InMemoryDataset] = {}
         self.num_classes: int | None = None
         self.class_names: list[str] | None = None
@@ -80,17 +88,17 @@ class InMemoryDataModule(L.LightningDataModule, ABC):
         return self._loader("predict" if "predict" in self.splits else "test", shuffle=False)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        dataset, hp = self.splits[split], self.hparams
+        dataset = self.splits[split]
         return ResumableLoader(
             dataset,
-            batch_size=hp.batch_size,
-            sampler=EpochShuffle(dataset, hp.seed) if shuffle else None,
+            batch_size=self.batch_size,
+            sampler=EpochShuffle(dataset, self.seed) if shuffle else None,
             collate_fn=_already_batched,
-            num_workers=hp.num_workers,
-            persistent_workers=hp.num_workers > 0,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
             # Its own generator: making an iterator must not draw from the global one,
             # or a resumed run's random numbers (dropout, ...) would drift from an uninterrupted run's.
-            generator=torch.Generator().manual_seed(hp.seed),
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
 

@@ -4,20 +4,10 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from lightning_kit.arguments import (
-    BATCH_SIZE,
-    BOOLEAN,
-    FRACTION,
-    SEED,
-    WORKERS,
-    Arguments,
-    FitsInMemory,
-    Together,
-    integer,
-    one_of,
-)
+from jsonargparse.typing import NonNegativeInt
+from lightning_kit.arguments import BatchSize, Fold, Folds, Fraction, Seed, Workers, check_memory
 from lightning_kit.data import InMemoryDataset
-from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
+from lightning_kit.data.folds import check_folds, fold_split
 from lightning_kit.data.image_splits import ImageSplits
 from lightning_kit.errors import ConfigError
 
@@ -37,8 +27,6 @@ from .synthetic import (
     synthetic_labels,
 )
 
-DATASETS = ("cifar10", "synthetic")
-
 
 def _rarest(size: int, seed: int) -> tuple[str, int]:
     """The synthetic class with the fewest of ``size`` training images at ``seed``, and their number."""
@@ -46,51 +34,8 @@ def _rarest(size: int, seed: int) -> tuple[str, int]:
     return f"pattern {int(counts.argmin())}", int(counts.min())
 
 
-IMAGE_DATA_ARGUMENTS = Arguments(
-    "--data.",
-    {
-        "dataset": one_of(*DATASETS),
-        "batch_size": BATCH_SIZE,
-        "val_fraction": FRACTION,
-        "synthetic_size": integer(0),
-        "augment": BOOLEAN,
-        "num_workers": WORKERS,
-        "seed": SEED,
-        **FOLD_ARGUMENTS,
-    },
-    rules=[
-        *fold_rules(val_fraction=0.1),
-        Together(
-            ("synthetic_size", "val_fraction", "dataset"),
-            lambda size, val_fraction, dataset: dataset != "synthetic" or fills_every_split(size, val_fraction),
-            lambda size, val_fraction, dataset: (
-                f"<synthetic_size> must be an integer of at least {smallest_synthetic_size(val_fraction)} at "
-                f"<val_fraction> {val_fraction}, for a training, validation and test image each"
-            ),
-            shown=("synthetic_size",),
-        ),
-        # While generated: the uint8 images, float32 noise and two float32 intermediates (the test split's
-        # fifth comes after those are freed), and the splits' copy.
-        FitsInMemory(
-            ("synthetic_size", "dataset"),
-            lambda size, dataset: (1 + 3 * 4 + 1) * 3 * 32 * 32 * size if dataset == "synthetic" else 0,
-            "the synthetic images",
-            shown=("synthetic_size",),
-        ),
-        # Known before the images are made (CIFAR-10's classes are checked once read).
-        Together(
-            ("folds", "synthetic_size", "seed", "dataset"),
-            lambda folds, size, seed, dataset: (
-                folds is None or dataset != "synthetic" or _rarest(size, seed)[1] >= folds
-            ),
-            lambda folds, size, seed, dataset: (
-                "<folds> must be at most {1}, the training images of synthetic class {0!r} at <synthetic_size> and "
-                "<seed>, for one of each class per fold".format(*_rarest(size, seed))
-            ),
-            shown=("folds", "synthetic_size", "seed"),
-        ),
-    ],
-)
+# The validation share held out unless folds say which images validate.
+VAL_FRACTION = 0.1
 
 
 class ImageDataModule(ImageSplits):
@@ -119,25 +64,30 @@ class ImageDataModule(ImageSplits):
             ``val_fraction`` does not apply. By default (``None``) ``val_fraction`` is held out.
         fold: The fold, from 0 to ``folds - 1``, that validates.
 
-    What each argument accepts is in ``IMAGE_DATA_ARGUMENTS``.
+    What each argument accepts is in its type, which the command line checks where the value is given; what
+    relates two of them is checked here.
     """
 
     def __init__(
         self,
         dataset: Literal["cifar10", "synthetic"] = "cifar10",
         data_dir: str = "data",
-        batch_size: int = 64,
-        val_fraction: float = 0.1,
-        synthetic_size: int = 6000,
+        batch_size: BatchSize = 64,
+        val_fraction: Fraction = VAL_FRACTION,
+        synthetic_size: NonNegativeInt = 6000,
         augment: bool = True,
-        num_workers: int = 0,
-        seed: int = 42,
+        num_workers: Workers = 0,
+        seed: Seed = 42,
         predict_path: str | None = None,
-        folds: int | None = None,
-        fold: int = 0,
+        folds: Folds | None = None,
+        fold: Fold = 0,
     ) -> None:
-        IMAGE_DATA_ARGUMENTS.check(locals())
-        super().__init__()
+        check_folds(folds, fold, val_fraction, VAL_FRACTION)
+        if dataset == "synthetic":
+            _check_synthetic(synthetic_size, val_fraction, seed, folds)
+        super().__init__(
+            batch_size=batch_size, seed=seed, num_workers=num_workers, augment=augment, predict_path=predict_path
+        )
         self.save_hyperparameters()
         self.num_classes = NUM_CLASSES
         self.image_size = 32
@@ -158,14 +108,14 @@ class ImageDataModule(ImageSplits):
             test = read_cifar10_batches(folder, (CIFAR10_TEST_BATCH,))
         else:
             size = self.hparams.synthetic_size
-            train = make_synthetic_images(size, seed=self.hparams.seed)
-            test = make_synthetic_images(size // 5, seed=self.hparams.seed + 1)
+            train = make_synthetic_images(size, seed=self.seed)
+            test = make_synthetic_images(size // 5, seed=self.seed + 1)
         images, labels = train
         hp = self.hparams
         if hp.folds is None:
             train_idx, val_idx = self._val_split(len(labels))
         else:
-            split = fold_split(labels.numpy(), hp.folds, hp.fold, hp.seed, self.class_names)
+            split = fold_split(labels.numpy(), hp.folds, hp.fold, self.seed, self.class_names)
             train_idx, val_idx = map(torch.from_numpy, split)
         self.splits.update(
             train=InMemoryDataset(images[train_idx], labels[train_idx]),
@@ -182,5 +132,25 @@ class ImageDataModule(ImageSplits):
                 f"--data.val_fraction must leave at least one training and one validation image of the "
                 f"{count} training images, got {self.hparams.val_fraction}"
             )
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.hparams.seed))
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed))
         return order[val_size:], order[:val_size]
+
+
+def _check_synthetic(size: int, val_fraction: float, seed: int, folds: int | None) -> None:
+    """Refuse a synthetic data set that leaves a split empty, does not fit in memory, or has a class with fewer
+    training images than there are folds: each known before the images are made (CIFAR-10's once read)."""
+    if not fills_every_split(size, val_fraction):
+        raise ConfigError(
+            f"--data.synthetic_size must be an integer of at least {smallest_synthetic_size(val_fraction)} at "
+            f"--data.val_fraction {val_fraction}, for a training, validation and test image each, got {size!r}"
+        )
+    # While generated: the uint8 images, float32 noise and two float32 intermediates (the test split's fifth comes
+    # after those are freed), and the splits' copy.
+    needed = (1 + 3 * 4 + 1) * 3 * 32 * 32 * size
+    check_memory(needed, "the synthetic images", ["--data.synthetic_size"], [size])
+    if folds is not None and (rarest := _rarest(size, seed))[1] < folds:
+        raise ConfigError(
+            f"--data.folds must be at most {rarest[1]}, the training images of synthetic class {rarest[0]!r} at "
+            f"--data.synthetic_size and --data.seed, for one of each class per fold, got {folds!r} and {size!r} "
+            f"and {seed!r}"
+        )

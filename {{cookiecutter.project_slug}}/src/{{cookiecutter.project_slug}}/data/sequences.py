@@ -9,86 +9,17 @@ from typing import Literal
 
 import numpy as np
 import torch
-from lightning_kit.arguments import (
-    BATCH_SIZE,
-    FRACTION,
-    SEED,
-    WORKERS,
-    Arguments,
-    FitsInMemory,
-    Together,
-    integer,
-    is_integer,
-    one_of,
-)
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning_kit.arguments import BatchSize, Fold, Folds, Fraction, NumClasses, Seed, Workers, check_memory
 from lightning_kit.data import DataUnavailableError, InMemoryDataModule, InMemoryDataset
-from lightning_kit.data.folds import FOLD_ARGUMENTS, fold_rules, fold_split
+from lightning_kit.data.folds import check_folds, fold_split
 from lightning_kit.errors import ConfigError
 from lightning_kit.files import NotAFileError, open_regular
 
 # Token ids of the two markers in the synthetic task; every other id is filler.
 FIRST_MARKER, SECOND_MARKER = 0, 1
-DATASETS = ("synthetic", "file")
-
-
-ARGUMENTS = Arguments(
-    "--data.",
-    {
-        "dataset": one_of(*DATASETS),
-        "vocab_size": integer(1),
-        "seq_len": integer(1),
-        "num_classes": integer(2),
-        "num_sequences": integer(0),
-        "val_fraction": FRACTION,
-        "test_fraction": FRACTION,
-        "batch_size": BATCH_SIZE,
-        "num_workers": WORKERS,
-        "seed": SEED,
-        **FOLD_ARGUMENTS,
-    },
-    rules=[
-        *fold_rules(val_fraction=0.1),
-        Together(
-            ("vocab_size", "dataset"),
-            lambda vocab_size, dataset: dataset != "synthetic" or vocab_size >= 3,
-            "<vocab_size> must be at least 3 for the synthetic task (two markers and a filler token)",
-            shown=("vocab_size",),
-        ),
-        Together(
-            ("seq_len", "dataset"),
-            lambda seq_len, dataset: dataset != "synthetic" or seq_len >= 2,
-            "<seq_len> must be at least 2 for the synthetic task (one position per marker)",
-            shown=("seq_len",),
-        ),
-        Together(
-            ("num_classes", "dataset"),
-            lambda num_classes, dataset: dataset != "synthetic" or num_classes == 2,
-            "<num_classes> must be 2 for the synthetic task (which of two markers comes first)",
-            shown=("num_classes",),
-        ),
-        Together(
-            ("val_fraction", "test_fraction"),
-            lambda val, test: val + test < 1,
-            "<val_fraction> and <test_fraction> must sum to below 1",
-        ),
-        Together(
-            ("num_sequences", "val_fraction", "test_fraction", "dataset"),
-            lambda n, val, test, dataset: dataset != "synthetic" or _fills_every_split(n, val, test),
-            lambda n, val, test, dataset: (
-                f"<num_sequences> must give at least one training, validation and test sequence at "
-                f"<val_fraction> {val} and <test_fraction> {test} ({_enough_sequences(val, test)} or more do)"
-            ),
-            shown=("num_sequences",),
-        ),
-        # The tokens (int64), the random numbers and their order drawn to place the markers, and the splits' copy.
-        FitsInMemory(
-            ("num_sequences", "seq_len", "dataset"),
-            lambda n, seq_len, dataset: (8 + 4 + 8 + 8) * n * seq_len if dataset == "synthetic" else 0,
-            "the synthetic sequences",
-            shown=("num_sequences", "seq_len"),
-        ),
-    ],
-)
+# The validation share held out unless folds say which sequences validate.
+VAL_FRACTION = 0.1
 
 
 class SequenceDataModule(InMemoryDataModule):
@@ -123,28 +54,30 @@ class SequenceDataModule(InMemoryDataModule):
             ``val_fraction`` is held out.
         fold: The fold, from 0 to ``folds - 1``, that validates.
 
-    What each argument accepts is in ``ARGUMENTS``.
+    What each argument accepts is in its type, which the command line checks where the value is given; what
+    relates two of them is checked here (``_check_arguments``).
     """
 
     def __init__(
         self,
         dataset: Literal["synthetic", "file"] = "synthetic",
         path: str = "data/sequences.npz",
-        vocab_size: int = 16,
-        seq_len: int = 32,
-        num_classes: int = 2,
-        num_sequences: int = 8000,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        seed: int = 42,
+        vocab_size: PositiveInt = 16,
+        seq_len: PositiveInt = 32,
+        num_classes: NumClasses = 2,
+        num_sequences: NonNegativeInt = 8000,
+        val_fraction: Fraction = VAL_FRACTION,
+        test_fraction: Fraction = 0.1,
+        batch_size: BatchSize = 64,
+        num_workers: Workers = 0,
+        seed: Seed = 42,
         predict_path: str | None = None,
-        folds: int | None = None,
-        fold: int = 0,
+        folds: Folds | None = None,
+        fold: Fold = 0,
     ) -> None:
-        ARGUMENTS.check(locals())
-        super().__init__()
+        check_folds(folds, fold, val_fraction, VAL_FRACTION)
+        _check_arguments(dataset, vocab_size, seq_len, num_classes, num_sequences, val_fraction, test_fraction)
+        super().__init__(batch_size=batch_size, seed=seed, num_workers=num_workers)
         self.save_hyperparameters()
         # What the network and the Classifier take from the data (the links in cli.py).
         self.vocab_size, self.seq_len, self.num_classes = vocab_size, seq_len, num_classes
@@ -167,7 +100,7 @@ class SequenceDataModule(InMemoryDataModule):
         if "train" in self.splits:
             return
         if hp.dataset == "synthetic":
-            tokens, labels = make_order_task(hp.num_sequences, hp.seq_len, hp.vocab_size, seed=hp.seed)
+            tokens, labels = make_order_task(hp.num_sequences, hp.seq_len, hp.vocab_size, seed=self.seed)
         else:
             tokens, labels = read_sequences(Path(hp.path), hp.vocab_size, hp.num_classes, hp.seq_len)
         n = len(labels)
@@ -179,16 +112,61 @@ class SequenceDataModule(InMemoryDataModule):
                 f"--data.val_fraction {hp.val_fraction} and --data.test_fraction {hp.test_fraction} "
                 f"({_enough_sequences(hp.val_fraction, hp.test_fraction)} or more do)"
             )
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(hp.seed))
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         parts = order.split(sizes)
         if hp.folds is not None:  # the same test split; the folds divide the rest
             pool = order[: n - sizes[2]]
-            train, val = fold_split(labels[pool].numpy(), hp.folds, hp.fold, hp.seed, self.class_names)
+            train, val = fold_split(labels[pool].numpy(), hp.folds, hp.fold, self.seed, self.class_names)
             parts = (pool[torch.from_numpy(train)], pool[torch.from_numpy(val)], parts[2])
         self.splits.update(
             (name, InMemoryDataset(tokens[idx], labels[idx]))
             for name, idx in zip(("train", "val", "test"), parts, strict=True)
         )
+
+
+def _check_arguments(
+    dataset: str,
+    vocab_size: int,
+    seq_len: int,
+    num_classes: int,
+    num_sequences: int,
+    val_fraction: float,
+    test_fraction: float,
+) -> None:
+    """Refuse arguments that do not go together, naming their flags: what the synthetic task needs, and splits that
+    leave none for training."""
+    if val_fraction + test_fraction >= 1:
+        raise ConfigError(
+            "--data.val_fraction and --data.test_fraction must sum to below 1, "
+            f"got {val_fraction!r} and {test_fraction!r}"
+        )
+    if dataset != "synthetic":
+        return
+    if vocab_size < 3:
+        raise ConfigError(
+            f"--data.vocab_size must be at least 3 for the synthetic task (two markers and a filler token), "
+            f"got {vocab_size!r}"
+        )
+    if seq_len < 2:
+        raise ConfigError(
+            f"--data.seq_len must be at least 2 for the synthetic task (one position per marker), got {seq_len!r}"
+        )
+    if num_classes != 2:
+        raise ConfigError(
+            "--data.num_classes must be 2 for the synthetic task (which of two markers comes first), "
+            f"got {num_classes!r}"
+        )
+    if not _fills_every_split(num_sequences, val_fraction, test_fraction):
+        raise ConfigError(
+            f"--data.num_sequences must give at least one training, validation and test sequence at "
+            f"--data.val_fraction {val_fraction} and --data.test_fraction {test_fraction} "
+            f"({_enough_sequences(val_fraction, test_fraction)} or more do), got {num_sequences!r}"
+        )
+    # The tokens (int64), the random numbers and their order drawn to place the markers, and the splits' copy.
+    needed = (8 + 4 + 8 + 8) * num_sequences * seq_len
+    check_memory(
+        needed, "the synthetic sequences", ["--data.num_sequences", "--data.seq_len"], [num_sequences, seq_len]
+    )
 
 
 def _split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]:
@@ -199,7 +177,7 @@ def _split_sizes(n: int, val_fraction: float, test_fraction: float) -> list[int]
 
 def _fills_every_split(n: int, val_fraction: float, test_fraction: float) -> bool:
     """Whether ``n`` sequences give a training, validation and test sequence each."""
-    return is_integer(n) and min(_split_sizes(n, val_fraction, test_fraction)) > 0
+    return min(_split_sizes(n, val_fraction, test_fraction)) > 0
 
 
 def _enough_sequences(val_fraction: float, test_fraction: float) -> int:

@@ -4,7 +4,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from lightning_kit.arguments import is_integer
 
 # As many classes as CIFAR-10, so either data set fits the same network.
 NUM_CLASSES = 10
@@ -39,7 +38,7 @@ def _draw_labels(num_images: int, generator: torch.Generator) -> torch.Tensor:
 
 def fills_every_split(size: int, val_fraction: float) -> bool:
     """Whether ``size`` synthetic images give a training, validation and test image each, split as in ``setup``."""
-    return is_integer(size) and 0 < round(val_fraction * size) < size and size // 5 > 0
+    return 0 < round(val_fraction * size) < size and size // 5 > 0
 
 
 def smallest_synthetic_size(val_fraction: float) -> int:

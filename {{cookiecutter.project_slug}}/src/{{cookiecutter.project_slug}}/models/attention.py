@@ -2,7 +2,12 @@
 
 import torch
 import torch.nn.functional as F
+from jsonargparse.typing import PositiveInt, restricted_number_type
+from lightning_kit.arguments import NumClasses, check_memory
 from torch import nn
+
+# A share of values dropped in training: all of them would leave nothing to learn from.
+Dropout = restricted_number_type("Dropout", float, [(">=", 0), ("<", 1)])
 
 
 def parameter_count(vocab_size: int, num_classes: int, max_len: int, d_model: int, num_layers: int) -> int:
@@ -63,19 +68,25 @@ class AttentionClassifier(nn.Module):
         num_layers: Attention blocks, at least 1.
         dropout: Share of attention weights and MLP outputs dropped in training, in [0, 1).
 
-    What each argument accepts is in ``NET_ARGUMENTS`` of ``cli.py``, where the arguments enter.
+    What each argument accepts is in its type, which the command line checks where the value is given; what
+    relates two of them is checked here, in a ValueError naming the arguments (the command line names their flags).
     """
 
     def __init__(
         self,
-        vocab_size: int = 16,
-        num_classes: int = 2,
-        max_len: int = 32,
-        d_model: int = 64,
-        num_heads: int = 4,
-        num_layers: int = 2,
-        dropout: float = 0.0,
+        vocab_size: PositiveInt = 16,
+        num_classes: NumClasses = 2,
+        max_len: PositiveInt = 32,
+        d_model: PositiveInt = 64,
+        num_heads: PositiveInt = 4,
+        num_layers: PositiveInt = 2,
+        dropout: Dropout = 0.0,
     ) -> None:
+        if d_model % num_heads:
+            raise ValueError(f"num_heads {num_heads} must divide d_model {d_model}")
+        sizes = {"vocab_size": vocab_size, "num_classes": num_classes, "max_len": max_len, "d_model": d_model,
+                 "num_layers": num_layers}  # fmt: skip
+        check_memory(4 * parameter_count(**sizes), "the network", list(sizes), list(sizes.values()), ValueError)
         super().__init__()
         self.num_classes = num_classes
         self.max_len = max_len

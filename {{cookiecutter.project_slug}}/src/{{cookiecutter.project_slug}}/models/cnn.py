@@ -3,6 +3,8 @@
 from collections.abc import Sequence
 
 import torch
+from jsonargparse.typing import ClosedUnitInterval, restricted_number_type
+from lightning_kit.arguments import ImageSize, NumClasses, check_memory
 from torch import nn
 
 # Per-channel statistics of the CIFAR-10 training images, in [0, 1] units.
@@ -10,6 +12,8 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 # Parameters of the three convolutions, whatever the image size.
 CONV_PARAMETERS = (3 * 25 + 1) * 32 + (32 * 25 + 1) * 32 + (32 * 25 + 1) * 64
+# A standard deviation in [0, 1] units, which the network divides by: above 0.
+UnitStd = restricted_number_type("UnitStd", float, [(">", 0), ("<=", 1)])
 
 
 def parameter_count(num_classes: int, image_size: int) -> int:
@@ -33,16 +37,19 @@ class ReferenceCNN(nn.Module):
             its own (image folders) replaces it when training starts (``normalize_with``).
         std: Per-channel standard deviation, likewise; each in (0, 1].
 
-    What each argument accepts is in ``NET_ARGUMENTS`` of ``cli.py``, where the arguments enter.
+    What each argument accepts is in its type, which the command line checks where the value is given.
     """
 
     def __init__(
         self,
-        num_classes: int = 10,
-        image_size: int = 32,
-        mean: tuple[float, float, float] = CIFAR10_MEAN,
-        std: tuple[float, float, float] = CIFAR10_STD,
+        num_classes: NumClasses = 10,
+        image_size: ImageSize = 32,
+        mean: tuple[ClosedUnitInterval, ClosedUnitInterval, ClosedUnitInterval] = CIFAR10_MEAN,
+        std: tuple[UnitStd, UnitStd, UnitStd] = CIFAR10_STD,
     ) -> None:
+        # A ValueError naming the arguments: the command line that built the network names their flags.
+        sizes = {"num_classes": num_classes, "image_size": image_size}
+        check_memory(4 * parameter_count(**sizes), "the network", list(sizes), list(sizes.values()), ValueError)
         super().__init__()
         self.num_classes = num_classes
         self.image_size = image_size

@@ -1,0 +1,54 @@
+"""jsonargparse's wording, which the library reads to turn its errors into one line: none of it is a promise.
+
+jsonargparse (with argparse under it) says what was wrong with a command line in text meant for a person: which
+key, nested keys of a class's arguments, the alternatives of a union, the restriction a number broke. The library
+reads that text for the key and the reason (``parser.one_line``, ``parser.KitArgumentParser.error``); each pattern
+it reads with is here, beside what it matches, so that a release that words them otherwise fails
+``tests/test_upstream_jsonargparse.py``, which holds each against what the installed jsonargparse says of a real bad
+input, instead of turning the one-line errors back into nests.
+"""
+
+import re
+
+#: The jsonargparse releases these patterns are known to match: the lowest the library declares, to the newest tried.
+KNOWN_VERSIONS = ("4.52", "4.53")
+
+#: The headings of a nested message, one per level: a key (``Parser key "model.net":``, then ``Parser key "width":``
+#: inside it) or the class a key names (``Problem with given class_path 'my.Net':``, whose arguments follow).
+HEADINGS = re.compile(r"""Parser key "(?P<key>[^"]+)":|Problem with given class_path '[^']+':""")
+#: Lines of a union's or a class's message that say nothing about the mistake (the alternatives tried, the None one).
+NOISE = re.compile(r"Does not validate against|Subtypes:|Errors:|Expected a <class 'NoneType'>|Given value")
+#: argparse's: flags no value was given for (``the following arguments are required: --model, --data``).
+REQUIRED = re.compile(r"the following arguments are required: (.*)")
+#: A number out of a restricted type's bounds (``jsonargparse.typing.restricted_number_type``): ``Not of type
+#: BatchSize: 0 does not conform to restriction v>=1 and v<=2147483647``. In a union (``Folds | None``) the value
+#: is left out, and said on a line of its own (``GIVEN_VALUE``).
+RESTRICTION = re.compile(r"Not of type \w+: (?:(?P<value>\S+) )?does not conform to restriction (?P<bounds>[^\n]+)")
+#: A union with None among its alternatives, which accepts null (``Folds | None``): ``Subtypes: [<class
+#: 'jsonargparse.typing.AtLeastTwo'>, <class 'NoneType'>]``.
+NULL_ALTERNATIVE = re.compile(r"Subtypes: \[[^\n]*<class 'NoneType'>\]")
+#: The value a union's message was about: ``Given value: 1``.
+GIVEN_VALUE = re.compile(r"Given value: (?P<value>[^\n]*)")
+
+#: Each pattern, and what it matches (the test holds each against the installed jsonargparse's own message).
+PATTERNS = {
+    "HEADINGS": (HEADINGS, "each level's key of a nested message, and the class path a key names"),
+    "NOISE": (NOISE, "the lines of a union's message that list alternatives"),
+    "REQUIRED": (REQUIRED, "argparse's required flags not given"),
+    "RESTRICTION": (RESTRICTION, "a number out of a restricted type's bounds, and the bounds"),
+    "NULL_ALTERNATIVE": (NULL_ALTERNATIVE, "a union that takes None"),
+    "GIVEN_VALUE": (GIVEN_VALUE, "the value a union's message was about"),
+}
+
+
+def out_of_bounds(message: str) -> tuple[str, str] | None:
+    """The value given and what is accepted (the bounds it broke, ``or null`` where its type takes None), where
+    ``message`` is a restricted type's refusal; None otherwise. Both are read after the innermost key's heading:
+    the classes around it (``--data``'s union of a data module and None) say nothing of the value."""
+    keys = [found for found in HEADINGS.finditer(message) if found["key"]]
+    innermost = message[keys[-1].end() :] if keys else message
+    found = RESTRICTION.search(innermost)
+    if found is None:
+        return None
+    given = found["value"] or ((value := GIVEN_VALUE.search(innermost)) and value["value"].strip())
+    return given or "", found["bounds"].strip() + (" or null" if NULL_ALTERNATIVE.search(innermost) else "")
