@@ -93,7 +93,7 @@ METRICS = (
 )
 PICK_METRIC = 'accuracy = getattr(self, f"{stage}_acc")'
 KEEP_TRAIN_ACC = ("        self.train_acc.persistent(True)\n", "")  # no attribute once the metrics move
-CONFUSION = "self.last_val_confusion = self.val_confusion.compute()"
+VAL_EPOCH_END = 'self._log_epoch("val")'
 LOG_EPOCH = 'self.log(f"{stage}/{name}", metric.compute(), prog_bar=True, sync_dist=True)'
 TASK_BUGS = {
     "tensor created in forward without a device": (
@@ -245,11 +245,11 @@ SHARED_BUGS = {
         "classifier.py",
         [
             (
-                CONFUSION,
-                f"{CONFUSION} + torch.zeros(self.hparams.num_classes, self.hparams.num_classes, dtype=torch.long)",
+                VAL_EPOCH_END,
+                f"{VAL_EPOCH_END}\n        self.last_val_total = next(self.parameters()).sum() + torch.zeros(1)",
             )
         ],
-        "self.last_val_confusion = ",
+        "self.last_val_total = ",
         "mixed devices",
         "on_validation_epoch_end",
     ),
@@ -356,10 +356,10 @@ LIBRARY_BUGS = {
             ("import contextlib\n", "import contextlib\n\nimport torch\n"),  # the planted line's torch.eye
             (
                 ON_FIT_END,
-                f"{ON_FIT_END}        pl_module.last_val_confusion + torch.eye(pl_module.hparams.num_classes).long()\n",
+                f"{ON_FIT_END}        torch.ones(2, device=trainer.strategy.root_device) + torch.eye(2)\n",
             ),
         ],
-        "pl_module.last_val_confusion + torch.eye(",
+        "torch.ones(2, device=trainer.strategy.root_device) + torch.eye(",
         "Expected all tensors to be on the same device",
         ("fit", 0, "on_fit_end"),
     ),

@@ -3,11 +3,11 @@
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning_kit.arguments import NonNegativeFloat32, NumClasses, PositiveFloat32, check_memory
+from lightning_kit.arguments import NonNegativeFloat32, NumClasses, PositiveFloat32
 from lightning_kit.errors import ConfigError
 from torch import nn
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchmetrics.classification import MulticlassAccuracy
 
 # Showing the training loss every step would cost a call into Lightning's logging
 # per step; every 20 is enough to watch it move.
@@ -42,8 +42,6 @@ class Classifier(L.LightningModule):
         weight_decay: NonNegativeFloat32 = 0.0,
         compile: bool = False,
     ) -> None:
-        # The validation confusion matrix and its last result: num_classes² int64 counts each.
-        check_memory(2 * 8 * num_classes**2, "the confusion matrix", ["--model.num_classes"], [num_classes])
         super().__init__()
         if class_names is not None:
             class_names = [str(name) for name in class_names]
@@ -68,10 +66,6 @@ class Classifier(L.LightningModule):
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
-        # Rows are true classes, columns predicted ones; the last validation's is kept on the module.
-        self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
-        self.last_val_confusion: torch.Tensor | None = None
-        self.last_val_confusion_epoch: int | None = None
         # The training metrics' running sums go into checkpoints, so a run interrupted
         # mid-epoch reports the whole epoch after resuming. (Validation and test start
         # over on resume: theirs are recomputed from the first batch.)
@@ -82,14 +76,13 @@ class Classifier(L.LightningModule):
         return self.net(inputs)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss, _ = self._shared_step(batch, "train")
+        loss = self._shared_step(batch, "train")
         if batch_idx % LOSS_ON_PROGRESS_BAR_EVERY == 0:
             self.log("train/loss_step", loss, prog_bar=True, logger=False)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        _, logits = self._shared_step(batch, "val")
-        self.val_confusion.update(logits, batch[1])
+        self._shared_step(batch, "val")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "test")
@@ -131,21 +124,18 @@ class Classifier(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
-        self.last_val_confusion = self.val_confusion.compute()
-        self.last_val_confusion_epoch = self.current_epoch
-        self.val_confusion.reset()
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
 
-    def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         inputs, targets = batch
         logits = self(inputs)
         loss = self.loss_fn(logits, targets)
         accuracy = getattr(self, f"{stage}_acc")
         accuracy.update(logits, targets)
         getattr(self, f"{stage}_loss").update(loss.detach())
-        return loss, logits
+        return loss
 
     def _log_epoch(self, stage: str) -> None:
         """Log the stage's mean loss and accuracy over the epoch (over all processes under DDP), and reset them."""
