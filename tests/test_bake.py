@@ -127,7 +127,7 @@ def test_each_combination_has_exactly_its_files_and_no_template_syntax(bake, tas
     )
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     assert pyproject["project"].get("license") == (None if license == "none" else license)
-    assert ("torchvision>=0.25" in pyproject["project"]["dependencies"]) == (task == "image")
+    assert ("torchvision>=0.28" in pyproject["project"]["dependencies"]) == (task == "image")
     if github_actions == "yes":
         workflow = yaml.safe_load((root / ".github/workflows/ci.yml").read_text())
         runs = [step.get("run") for step in workflow["jobs"]["test"]["steps"]]

@@ -72,9 +72,9 @@ Its files, bottom to top (each imports only those above it in this list):
 - ``fake_check.py``: beside the device, a second opinion for the tests: code run on
   FakeTensor's CUDA device, by PyTorch's own device propagation.
 
-This package is the simulated device alone: it imports nothing of Lightning, and nothing else
-of the library. Private and experimental PyTorch APIs it relies on, all of them in this
-package and nowhere else in the library (tested with torch 2.10 and 2.14):
+This package is the simulated device alone: it imports nothing of Lightning, and of the library
+only ``errors.first_line``. Private and experimental PyTorch APIs it relies on, all of them in this
+package (tested with torch 2.13.0, the lowest declared, and 2.14.1; the library declares ``torch<2.15``):
 
 - ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (new in
   torch 2.10: older versions stop with ``SimulationUnavailableError``), with its
