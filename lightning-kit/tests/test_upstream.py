@@ -40,14 +40,15 @@ def test_each_overridden_method_is_the_base_class_s_with_the_parameters_the_over
     assert tuple(inspect.signature(getattr(owner, override.method)).parameters) == override.parameters
 
 
-def test_the_draining_server_is_litserve_s_only_while_the_server_runs() -> None:
+def test_the_draining_server_class_leaves_litserve_as_it_is() -> None:
+    """The server's HTTP servers are the draining class, LitServe's module and classes as they were: another
+    LitServer in the process starts LitServe's own."""
+    import litserve
     import litserve.server
 
-    own = litserve.server._Server
+    own, start = litserve.server._Server, litserve.LitServer._start_server
     draining = type("Draining", (litserve_privates.http_server_base(),), {})  # as stopping.Stopper makes it
-    with litserve_privates.http_servers_of_class(draining):
-        assert litserve.server._Server is draining
-    assert litserve.server._Server is own
-    with pytest.raises(KeyboardInterrupt), litserve_privates.http_servers_of_class(draining):
-        raise KeyboardInterrupt  # Ctrl-C in LitServer.run
-    assert litserve.server._Server is own
+    serving = litserve_privates.server_class(draining)
+    assert issubclass(serving, litserve.LitServer) and serving._start_server.__globals__["_Server"] is draining
+    assert serving._start_server.__code__ is start.__code__  # LitServe's own code, not a copy of it
+    assert litserve.server._Server is own and litserve.LitServer._start_server is start

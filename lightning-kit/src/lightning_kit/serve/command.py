@@ -268,8 +268,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     if sigterm_received():  # while the checkpoint was exported, or the file read: nothing to stop yet
         say(f"stopped by SIGTERM before serving {model.path}")
         return
-    import litserve as ls  # the serve extra: only this command needs it
-
+    from ..upstream.litserve import server_class  # LitServe, the serve extra: only this command needs it
     from .api import Classifier, Tensors, cpu_threads
     from .inputs import InputReader
 
@@ -281,7 +280,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
         model, known.max_batch_size, known.batch_timeout, cpu_threads(known.workers_per_device), stopper.model_processes
     )
     accelerator = {"gpu": "cuda"}.get(known.accelerator, known.accelerator)
-    server = ls.LitServer(
+    server = server_class(stopper.http_server_class())(
         api,
         accelerator=accelerator,
         workers_per_device=known.workers_per_device,

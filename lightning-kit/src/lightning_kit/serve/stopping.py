@@ -38,7 +38,6 @@ from ..upstream.litserve import (
     HTTP_PROCESS_PREFIX,
     HTTP_SERVER_ID,
     http_server_base,
-    http_servers_of_class,
     model_processes,
     request_shutdown,
     setup_status,
@@ -162,8 +161,7 @@ class Stopper:
         threading.Thread(target=self._watch_the_start_up, name="serve-start-watch", daemon=True).start()
         try:
             if not _REQUESTED.is_set():  # SIGTERM before: LitServe is not started
-                with http_servers_of_class(self.http_server_class()):
-                    server.run(**options)
+                server.run(**options)
         except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe stopped its model processes
             pass
         except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: LitServe leaves its processes to us
@@ -249,7 +247,7 @@ class Stopper:
 
     def http_server_class(self):
         """uvicorn's server as LitServe runs it (``upstream.litserve``), which on SIGTERM answers every connection
-        it had taken."""
+        it had taken: the HTTP servers of a ``upstream.litserve.server_class(...)``."""
         WorkerSetupStatus = setup_status()
         stopper = self
 

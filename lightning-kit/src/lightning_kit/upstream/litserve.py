@@ -5,9 +5,10 @@ the HTTP server's: its listening socket and its shutdown. LitServe offers no way
 uvicorn servers it starts: ``LitServer._start_server`` makes each one from its module's own name,
 ``litserve.server._Server``, and the uvicorn configuration that ``LitServer.run`` passes through chooses the
 protocol, the event loop and the lifespan, never the server. So ``stopping.Stopper`` subclasses ``_Server``, and
-``http_servers_of_class`` puts the subclass under that name while ``LitServer.run`` runs only, LitServe's own put
-back after. What else the server writes of LitServe's: the instance's ``uvicorn_graceful_timeout`` (which
-``_start_server`` reads), and ``ERROR`` in ``workers_setup_status`` for a model process that died in the start-up.
+the command serves with ``server_class``: a subclass of ``LitServer`` whose ``_start_server`` is LitServe's own code,
+reading that name as the subclass. What else the server writes of LitServe's: the instance's
+``uvicorn_graceful_timeout`` (which ``_start_server`` reads), and ``ERROR`` in ``workers_setup_status`` for a model
+process that died in the start-up.
 
 Of uvicorn (which LitServe requires), the draining server overrides ``Server.startup`` and ``Server.shutdown``
 (in ``PRIVATES``) and reads its server's ``servers``, ``server_state.connections`` (each one's ``cycle``),
@@ -34,17 +35,29 @@ def http_server_base() -> type:
     return _Server
 
 
-@contextlib.contextmanager
-def http_servers_of_class(server_class: type):
-    """While inside, the HTTP servers LitServe starts are ``server_class`` (a subclass of ``http_server_base()``)."""
-    import litserve.server
+def server_class(http_server_class: type) -> type:
+    """A ``LitServer`` whose HTTP servers are ``http_server_class`` (a subclass of ``http_server_base()``).
 
-    own = litserve.server._Server
-    litserve.server._Server = server_class
-    try:
-        yield
-    finally:
-        litserve.server._Server = own
+    Its ``_start_server`` is LitServe's own, its code unchanged, with the name ``_Server`` it makes each HTTP
+    server from read as ``http_server_class``: nothing of LitServe's (its module, its classes) is changed, and
+    another ``LitServer`` in the process starts LitServe's own servers.
+    """
+    from litserve import LitServer
+
+    start = _start_server()
+    own = FunctionType(start.__code__, {**start.__globals__, "_Server": http_server_class}, start.__name__)
+    own.__defaults__, own.__kwdefaults__ = start.__defaults__, start.__kwdefaults__
+    return type("DrainingLitServer", (LitServer,), {"_start_server": own, "__module__": __name__})
+
+
+def _start_server() -> FunctionType:
+    """``LitServer._start_server``, checked to make its HTTP servers from the module's name ``_Server``."""
+    from litserve import LitServer
+
+    start = LitServer._start_server
+    if "_Server" not in start.__code__.co_names or start.__closure__:
+        raise TypeError("LitServer._start_server no longer makes its HTTP servers from litserve.server._Server")
+    return start
 
 
 def request_shutdown(server) -> None:
@@ -98,65 +111,72 @@ def _uvicorn_method(name: str):
 
 PRIVATES = (
     Private(
+        "LitServer._start_server",
+        "LitServe's own code, run by server_class's subclass with _Server read as the draining server",
+        "litserve 0.2.18 to 0.2.19",
+        _start_server,
+        FunctionType,
+    ),
+    Private(
         "litserve.server._Server",
-        "the uvicorn server LitServe starts: subclassed to drain on SIGTERM, and swapped in while LitServer.run runs",
-        "litserve 0.2.17 to 0.2.19",
+        "the uvicorn server LitServe starts: subclassed to drain on SIGTERM",
+        "litserve 0.2.18 to 0.2.19",
         http_server_base,
         type,
     ),
     Private(
         "LitServer._shutdown_event",
         "set to stop LitServer.run once the HTTP servers have answered what they took",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("_shutdown_event"),
         str,
     ),
     Private(
         "LitServer.workers_setup_status",
         "each model process's stage: the HTTP servers listen once all are ready; one that died is marked failed",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("workers_setup_status"),
         str,
     ),
     Private(
         "litserve.utils.WorkerSetupStatus",
         "the stages in workers_setup_status",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         setup_status,
         type,
     ),
     Private(
         "LitServer.inference_workers",
         "the model's processes, watched during the start-up",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("inference_workers"),
         str,
     ),
     Private(
         "LitServer._connector",
         "the accelerator LitServe chose, which the command says",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("_connector"),
         str,
     ),
     Private(
         "LitServer.uvicorn_graceful_timeout",
         "how long an HTTP server may take to answer what it took, after SIGTERM",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("uvicorn_graceful_timeout"),
         str,
     ),
     Private(
         f"{HTTP_PROCESS_PREFIX}<n>",
         "the name of each HTTP server's process, which SIGTERM is sent to",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _in_source(f'name=f"{HTTP_PROCESS_PREFIX}'),
         str,
     ),
     Private(
         HTTP_SERVER_ID,
         "set by _Server.run: the first HTTP server (0) says the server is ready",
-        "litserve 0.2.17 to 0.2.19",
+        "litserve 0.2.18 to 0.2.19",
         lambda: _in_source(f'os.environ["{HTTP_SERVER_ID}"]'),
         str,
     ),
