@@ -1,8 +1,7 @@
-"""The device audit's command and its API: audit what ``train.py`` builds from the same arguments.
+"""The device audit's command: audit what ``train.py`` builds from the same arguments.
 
-The audit itself lives in ``gpu_audit/``, below the command line; this module, beside the other
-commands, runs it on what the command line builds, and gives tests and scripts its API:
-``audit``, ``run_audit``, ``Verdict``, ``DevicePlacementError``, ``AuditIncompleteError``.
+The audit itself lives in ``gpu_audit/``, below the command line (in tests: ``from lightning_kit import audit``);
+this module, beside the other commands, runs it on what the command line builds.
 
 ``python -m lightning_kit.placement --model their.Module --data their.DataModule`` for any
 Lightning project; a project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as
@@ -30,12 +29,6 @@ from .gpu_audit import (
     EXIT_INCOMPLETE,
     EXIT_PASSED,
     EXIT_USAGE,
-    SIMULATED,
-    AuditIncompleteError,
-    DevicePlacementError,
-    Outcome,
-    Verdict,
-    audit,
     run_audit,
 )
 from .gpu_audit.gpu_memory import judged, parse_capacity
@@ -174,21 +167,6 @@ def _usage(message: Any) -> int:
     print(message, file=sys.stderr)
     return EXIT_USAGE
 
-
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_INCOMPLETE",
-    "EXIT_PASSED",
-    "EXIT_USAGE",
-    "SIMULATED",
-    "AuditIncompleteError",
-    "DevicePlacementError",
-    "Outcome",
-    "Verdict",
-    "audit",
-    "main",
-    "run_audit",
-]
 
 if __name__ == "__main__":
     main()
