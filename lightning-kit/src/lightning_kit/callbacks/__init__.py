@@ -1,11 +1,13 @@
-"""Callbacks this project adds to Lightning's, one concern a module: interruption and resume, divergence, the best
+"""Callbacks this project adds to Lightning's, one a module: interruption and resume, divergence, the best
 epoch, the predictions CSV, the run's status record, step values logged in short epochs."""
 
+from .best_checkpoint import BestCheckpoint
 from .best_epoch import BestEpoch
 from .dispatch import skip_empty_batch_hooks
 from .divergence import DivergenceError, StopOnDivergence
+from .interrupt import InterruptCheckpoint
 from .predictions import CSVPredictionWriter
-from .resume import BestCheckpoint, InterruptCheckpoint, RandomState
+from .random_state import RandomState
 from .status import RunStatus
 from .step_logging import StepLogging
 

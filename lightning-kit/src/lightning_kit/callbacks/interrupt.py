@@ -1,20 +1,14 @@
-"""Interruption and resume: stop cleanly on a signal with a checkpoint, and resume exactly as if never stopped."""
+"""Stop cleanly on a signal, with a checkpoint to resume from."""
 
-import random
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
-import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ..errors import ConfigError
-from ..metric_logs import parse_name
 from ..upstream.lightning import ask_to_stop, put_back_signal_handlers
 from .divergence import DivergenceError
 
@@ -101,62 +95,3 @@ class InterruptCheckpoint(L.Callback):
                 put_back_signal_handlers(trainer)
                 raise
             InterruptCheckpoint.saved = Path(checkpoint_dir) / self.FILENAME
-
-
-class RandomState(L.Callback):
-    """Keep the random generators' state in every checkpoint, and restore it on resume.
-
-    So dropout and any other random draw continue, after an interruption, exactly as
-    they would have in a run that never stopped.
-    """
-
-    def state_dict(self) -> dict[str, Any]:
-        # Tensors and plain Python values only: checkpoints are read with weights_only=True.
-        kind, keys, position, has_gauss, gauss = np.random.get_state()
-        state = {
-            "torch": torch.get_rng_state(),
-            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
-            "python": random.getstate(),
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        kind, keys, position, has_gauss, gauss = state["numpy"]
-        torch.set_rng_state(state["torch"])
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
-        random.setstate(state["python"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class BestCheckpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``, which goes on judging across a resume.
-
-    A resumed run writes into a new run folder, and for a new folder Lightning's own forgets
-    the scores so far: the first epoch after the resume became the best, however it scored.
-    This one keeps the best checkpoints' scores and paths (in the earlier run's folder) and
-    saves a new best only when it beats them. Lightning never deletes a checkpoint outside
-    the callback's own folder, so the earlier run's stay as they are.
-    """
-
-    def __init__(self, *args: Any, monitor_named_in: str = "", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.monitor_named_in = monitor_named_in  # where the monitored metric's name was given, for a mistake in it
-
-    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A monitored metric that validation does not log (a typo) is one line naming where it was given, once the
-        sanity check has validated: not after a whole epoch, in Lightning's words."""
-        if self.monitor is None or parse_name(self.monitor).stage != "val":
-            return  # a training metric's (or a stage's it does not say) is logged later, if at all: Lightning judges it
-        logged = sorted(name for name in trainer.callback_metrics if parse_name(name).stage == "val")
-        if logged and self.monitor not in trainer.callback_metrics:
-            where = f" ({self.monitor_named_in})" if self.monitor_named_in else ""
-            raise ConfigError(
-                f"the monitored metric {self.monitor!r}{where} is not one validation logs: it logs "
-                f"{', '.join(logged[:8])}{' and more' if len(logged) > 8 else ''}"
-            )
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict({**state_dict, "dirpath": self.dirpath})
