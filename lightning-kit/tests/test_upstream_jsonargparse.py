@@ -2,6 +2,7 @@
 installed jsonargparse says of real bad command lines: a release that words them otherwise fails here, not in a
 person's terminal as a nest of alternatives."""
 
+import enum
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse.typing import OpenUnitInterval, PositiveInt
 from lightning import LightningDataModule
 
+from lightning_kit.arguments import BatchSize, PositiveFloat32
 from lightning_kit.parser import one_line
 from lightning_kit.upstream import jsonargparse as said
 
@@ -87,3 +89,14 @@ def test_the_known_versions_start_at_the_lowest_declared():
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     declared = re.search(r'"jsonargparse\[signatures\]>=([\d.]+)"', pyproject)
     assert declared is not None and declared[1] == said.KNOWN_VERSIONS[0], declared
+
+
+def test_only_jsonargparse_bounded_numbers_are_made_plain():
+    """What the parser turns back into a plain int or float: jsonargparse's bounded types, not a user's own ints."""
+
+    class Mode(enum.IntEnum):
+        FAST = 1
+
+    assert said.is_bounded_number(BatchSize(8)) and said.is_bounded_number(PositiveFloat32(0.1))
+    assert said.is_bounded_number(PositiveInt(3))
+    assert not any(said.is_bounded_number(value) for value in (8, 0.1, True, Mode.FAST, "8"))

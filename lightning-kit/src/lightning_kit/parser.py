@@ -117,14 +117,12 @@ def _plain_numbers(value: Any) -> Any:
     """``value`` with every number of a subclass of ``int`` or ``float`` (jsonargparse's bounded types) made plain."""
     if isinstance(value, Namespace):
         return Namespace(**{key: _plain_numbers(item) for key, item in vars(value).items()})
-    if isinstance(value, list | tuple):
+    if type(value) in (list, tuple):
         return type(value)(map(_plain_numbers, value))
     if isinstance(value, dict):
         return {key: _plain_numbers(item) for key, item in value.items()}
-    if isinstance(value, int) and type(value) not in (int, bool):
-        return int(value)
-    if isinstance(value, float) and type(value) is not float:
-        return float(value)
+    if said.is_bounded_number(value):  # not an IntEnum or another int of the user's own
+        return int(value) if isinstance(value, int) else float(value)
     return value
 
 

@@ -52,3 +52,9 @@ def out_of_bounds(message: str) -> tuple[str, str] | None:
         return None
     given = found["value"] or ((value := GIVEN_VALUE.search(innermost)) and value["value"].strip())
     return given or "", found["bounds"].strip() + (" or null" if NULL_ALTERNATIVE.search(innermost) else "")
+
+
+def is_bounded_number(value) -> bool:
+    """Whether ``value`` is a number jsonargparse parsed as one of its bounded types (``restricted_number_type``,
+    ``PositiveInt``): those classes are made in ``jsonargparse.typing``, as subclasses of ``int`` or ``float``."""
+    return isinstance(value, int | float) and type(value).__module__ == "jsonargparse.typing"
