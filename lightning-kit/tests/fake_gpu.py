@@ -1,4 +1,4 @@
-"""A rule's example run as a GPU run of one step on FakeTensor's CUDA device (``simulated/fake_check.py``).
+"""A rule's example run as a GPU run of one step on FakeTensor's CUDA device (``fake_check.py``).
 
 What Lightning would run on a GPU, by hand: the model and the batch moved to the device (its own
 ``transfer_batch_to_device``), the optimizer configured, a validation step and its epoch end (the
@@ -9,13 +9,12 @@ values for one to log or check.
 
 from collections.abc import Callable
 
+import fake_check
 import lightning as L
 import torch
+from fake_check import CANNOT_EXPRESS, FakeVerdict
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from test_simulated_gpu import BATCH
-
-from lightning_kit.gpu_audit.simulated import fake_check
-from lightning_kit.gpu_audit.simulated.fake_check import CANNOT_EXPRESS, FakeVerdict
 
 DDP = "under DDP"
 

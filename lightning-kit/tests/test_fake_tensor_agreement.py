@@ -15,12 +15,12 @@ backward pass is then judged by the audit alone, and a right version by its forw
 import json
 
 import pytest
+from fake_check import CANNOT_EXPRESS, FORWARD_OK, OK, REFUSED
 from fake_gpu import on_fake_gpu
 from test_real_gpu import AGREEMENT, RIGHT
 from test_simulated_gpu import BATCH
 
 from lightning_kit.gpu_audit import DevicePlacementError, audit
-from lightning_kit.gpu_audit.simulated.fake_check import CANNOT_EXPRESS, FORWARD_OK, OK, REFUSED
 
 # Where FakeTensor and the audit differ, and what decides it for CUDA (the audit follows it; the
 # versions in tests/test_real_gpu.py run on a real GPU with the same verdicts as the audit's).

@@ -1,76 +1,27 @@
 """A simulated GPU: real values computed on the CPU, CUDA's rules for where tensors may meet.
 
-The device audit (the ``placement`` package this one is part of) trains the model on this
+The device audit (``gpu_audit``, the package this one is part of) trains the model on this
 device. Everything a GPU run executes runs here too, with real numbers: forward, backward,
 optimizer steps, ``.item()``, boolean masks, ``nonzero``, ``unique``. What differs is where
 the tensors are said to be: on ``simgpu:0`` (or ``simgpu:1``, to play a second DDP process).
 An operation that mixes devices stops exactly where it would on a CUDA GPU, with CUDA's
 error message.
 
-How it works:
+How it works (each file's docstring says more):
 
-- ``simgpu`` is PyTorch's spare device type, PrivateUse1, renamed, with Python hooks.
-- A tensor on it is a ``SimulatedTensor``, a wrapper that holds an ordinary CPU tensor
-  with the values. Every operation on one reaches ``__torch_dispatch__``, which checks
-  the devices of all its tensors by CUDA's rules, runs the operation on the CPU tensors
-  inside, and wraps the results. An operation given the device's tensors alone (nearly
-  every one) has nothing to check: it is computed and wrapped in one pass, with what it
-  needs read from its schema once (``tensor._Plan``).
-- CUDA's rules come from PyTorch's own operator declarations
-  (``native_functions.yaml``, shipped with torch): most operations require all tensors
-  on one device; element-wise ones ("TensorIterator") also accept 0-dim CPU tensors;
-  indexing accepts CPU indices; copies and ``.to()`` cross devices. An operation that
-  CUDA runs as a composition of others is checked through those others. Lengths and sizes
-  that CUDA reads on the host must be CPU tensors (``rules.HOST_ARGUMENTS``), and
-  ``ctc_loss`` takes CUDA's path, not the one ATen takes for tensor subclasses
-  (``rules.CUDA_PATHS``).
-- Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(...,
-  device=...)``, ``batch.to(device)``) come through kernels registered for PrivateUse1.
-- A process has one GPU: every simulated tensor is on the current device, ``simgpu:0``
-  or ``simgpu:1``. Code of the user's that asks for another index stops there. Every
-  index code can observe is that device's (``.device``, ``get_device()``, PyTorch's
-  grouping of tensors by device, ``torch.accelerator``'s current device).
-- Inside ``simulating()`` the simulated GPU is CUDA to the user's code (``cuda_api.py``):
-  ``torch.cuda``'s questions, a tensor's ``.is_cuda`` and ``.device`` get CUDA's answers, and a
-  CUDA device the code names (``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``, ``.cuda()``,
-  ``torch.autocast("cuda")``) is the simulated GPU of that index; PyTorch's and other libraries'
-  code is told the simulated device's own answers. ``torch.Generator(device=...)`` of the device
-  works; another process's GPU stops with ``SimulatedDeviceError``, and so does ``.numpy()`` of a
-  device tensor, a host
-  gradient given to ``backward()`` or ``torch.autograd.grad`` for a device tensor (the autograd
-  engine's check of root gradients, which PyTorch skips for tensor subclasses), and a backward
-  hook's gradient returned on another device. Uninitialised parameters and buffers (lazy
-  modules) move with their module and materialise on the device (``lazy.py``).
-- Nothing raised inside PyTorch's C++ ends the process: in a backward pass, where an exception
-  left for C++ would (SIGABRT), the simulated GPU's entry points keep it and raise it in Python
-  once the pass returns (``containment.py``). Backward passes run on the thread that starts them,
-  so the simulated GPU can be set up after anything the process ran, a backward pass on the CPU
-  included; ``enable()`` may be called again, or after a failed call.
+- ``simgpu`` is PyTorch's spare device type, PrivateUse1, renamed, with Python hooks (``backend.py``).
+- A tensor on it is a ``SimulatedTensor`` holding an ordinary CPU tensor with the values; every operation on
+  one reaches ``__torch_dispatch__``, which checks its tensors' devices by CUDA's rules (``rules.py``, read
+  from ``native_functions.yaml``), runs it on the CPU tensors inside and wraps the results (``tensor.py``).
+- A process has one GPU: every simulated tensor is on the current device, ``simgpu:0`` or ``simgpu:1``
+  (``devices.py``); code of the user's that asks for another index stops there.
+- Inside ``simulating()`` the simulated GPU is CUDA to the user's code (``cuda_api.py``, ``code_checks.py``),
+  with CUDA's autocast policy (``autocast.py``) and deterministic-mode alerts (``deterministic.py``).
+- Nothing raised inside PyTorch's C++ ends the process (``containment.py``).
 
-Its files, bottom to top (each imports only those above it in this list):
-
-- ``devices.py``: the device type, which index is current, whose code is the user's, and the errors;
-- ``memory.py``: the bytes its tensors hold, counted as CUDA's caching allocator counts them;
-- ``in_place.py``: parameters moved to and from the device in place, as on a GPU (the same objects,
-  their hooks and attributes), and those moves undone;
-- ``containment.py``: exceptions in a backward pass kept from C++ and raised in Python;
-- ``rules.py``: CUDA's rules, read from ``native_functions.yaml``;
-- ``deterministic.py``: the kernels CUDA refuses (or warns of) in deterministic mode, with their conditions;
-- ``gpu_only.py``: operations PyTorch runs on GPUs only, computed in CPU operations;
-- ``autocast.py``: autocast on the device, with CUDA's casting policy, read from
-  ``ATen/autocast_mode.h``;
-- ``cuda_api.py``: ``torch.cuda``'s answers to the user's code, and ``"cuda"`` as autocast's and
-  the gradient scaler's device type;
-- ``collectives.py``: a process group for a simulated DDP rank, with NCCL's device rule;
-- ``tensor.py``: ``SimulatedTensor`` and its ``__torch_dispatch__``;
-- ``backend.py``: the ``simgpu`` device type, its device module (``torch.simgpu``) and
-  kernels, and ``enable()``;
-- ``lazy.py``: uninitialised parameters and buffers moved to the device and materialised there;
-- ``hooks.py``: what the autograd engine calls back into (hooks, a custom ``autograd.Function``'s
-  backward), kept from raising into C++ and its gradients checked as CUDA's engine checks them;
-- ``code_checks.py``: ``simulating()`` and the checks on code it turns on;
-- ``fake_check.py``: beside the device, a second opinion for the tests: code run on
-  FakeTensor's CUDA device, by PyTorch's own device propagation.
+Its files, bottom to top (each imports only those above it): ``devices``, ``memory``, ``in_place``,
+``containment``, ``rules``, ``deterministic``, ``gpu_only``, ``autocast``, ``cuda_api``, ``collectives``,
+``tensor``, ``backend``, ``lazy``, ``hooks``, ``code_checks``.
 
 This package is the simulated device alone: it imports nothing of Lightning, and of the library
 only ``errors.first_line``. Private and experimental PyTorch APIs it relies on, all of them in this
@@ -126,30 +77,13 @@ package (tested with torch 2.13.0, the lowest declared, and 2.14.1; the library 
 - while ``simulating()`` is active, the public functions of ``torch.cuda`` (and its ``nvtx``
   functions, ``torch.backends.cuda.is_built``), ``torch.is_autocast_enabled`` and its kin,
   ``torch.get_autocast_gpu_dtype``, ``torch.amp.autocast_mode.is_autocast_available``, and the
-  ``__init__`` of ``torch.amp.autocast`` and ``torch.amp.GradScaler`` are replaced (``cuda_api.py``);
-- ``torch._subclasses.fake_tensor.FakeTensorMode`` and its exceptions (``fake_check.py``, used by
-  the tests only; tested with torch 2.14.1).
+  ``__init__`` of ``torch.amp.autocast`` and ``torch.amp.GradScaler`` are replaced (``cuda_api.py``).
 """
 
 import sys
 import types
 
-from . import (
-    autocast,
-    backend,
-    code_checks,
-    collectives,
-    containment,
-    cuda_api,
-    devices,
-    gpu_only,
-    hooks,
-    in_place,
-    lazy,
-    memory,
-    rules,
-    tensor,
-)
+from . import collectives, memory  # noqa: F401 (with those below, every file: see the end)
 from .backend import enable
 from .code_checks import SimulatedGenerator, forget_named_cuda, made_at, named_cuda, simulating
 from .containment import last_raised
@@ -216,23 +150,9 @@ _first = next(
 if _first is None:
     _SIMULATED_GPU_FIRST_PACKAGE = True
 else:
-    for _copy in (
-        devices,
-        containment,
-        memory,
-        in_place,
-        rules,
-        gpu_only,
-        autocast,
-        cuda_api,
-        collectives,
-        tensor,
-        backend,
-        lazy,
-        hooks,
-        code_checks,
-        sys.modules[__name__],
-    ):
+    # Every file of this copy (all imported above), this package last.
+    _files = [module for name, module in list(sys.modules.items()) if name.startswith(f"{__name__}.")]
+    for _copy in (*_files, sys.modules[__name__]):
         _original = sys.modules.get(_copy.__name__.replace(__name__, _first.__name__, 1))
         if _original is None:
             continue  # a file the first copy has not (an older library): nothing of its state to share

@@ -4,9 +4,9 @@
 dtype but no values, CUDA ones included on a machine without CUDA, and propagates devices by
 PyTorch's own rules for it (``FakeTensor._find_common_device``): an operation on tensors of two
 devices raises ``FakeTensorDeviceMismatchError``, except for 0-dim CPU tensors, which it lets meet
-any device. Those rules were written apart from the simulated GPU's (``rules.py``, read from
-``native_functions.yaml``), so where the two agree on a rule's wrong and right code, each checks
-the other; where they disagree, one of them is wrong about CUDA, and the test that compares them
+any device. Those rules were written apart from the simulated GPU's (``gpu_audit/simulated/rules.py``,
+read from ``native_functions.yaml``), so where the two agree on a rule's wrong and right code, each
+checks the other; where they disagree, one of them is wrong about CUDA, and the test that compares them
 (tests/test_fake_tensor_agreement.py) names the PyTorch source that decides.
 
 ``on_fake_cuda(run)`` calls ``run(device)`` inside the mode, with ``device`` its CUDA device, and
@@ -18,9 +18,9 @@ autograd engine cannot run a backward pass of FakeTensor's CUDA tensors (it find
 the device): ``backward(loss)`` then says so, and a run that passed its forward pass is
 ``FORWARD_OK``, which settles a rule whose wrong code fails in the forward pass only.
 
-Private and experimental PyTorch API, here and nowhere else in the library (tested with torch
-2.14.1): ``torch._subclasses.fake_tensor.FakeTensorMode`` (``allow_non_fake_inputs=True``, so that
-CPU tensors made outside it take part as CPU tensors), its exceptions
+Private and experimental PyTorch API, used by the tests alone (tested with torch 2.14.1):
+``torch._subclasses.fake_tensor.FakeTensorMode`` (``allow_non_fake_inputs=True``, so that CPU
+tensors made outside it take part as CPU tensors), its exceptions
 ``FakeTensorDeviceMismatchError``, ``DataDependentOutputException``, ``DynamicOutputShapeException``,
 ``UnsupportedOperatorException``, and ``torch.fx.experimental.symbolic_shapes``'s
 ``GuardOnDataDependentSymNode``.
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ...errors import first_line
+from lightning_kit.errors import first_line
 
 OK, FORWARD_OK, REFUSED, CANNOT_EXPRESS = "ok", "ok (forward)", "refused", "cannot express"
 # PyTorch's own checks that compare devices, as they word it (an LSTM's hidden state, ...), and those of
