@@ -1,20 +1,13 @@
 """While simulating, the simulated GPU is CUDA to the user's code: the branch written for the GPU is the one run.
 
-Code that asks where it runs is told what a CUDA machine with two GPUs would tell it:
-``torch.cuda.is_available()`` is True, ``device_count()`` is 2, ``current_device()`` is the process's
-GPU, and a tensor on the simulated GPU says ``.is_cuda`` and ``.device`` ``cuda:0`` (``tensor.py``).
-Names, capability, properties, memory (``memory.py``), random states, streams, events, ``synchronize``
-and ``empty_cache`` have CUDA's answers for the simulated GPU (an NVIDIA A100, ``GPU``). A CUDA device
-the code names, ``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``, ``.cuda()``, is the simulated GPU
-of that index (``code_checks``); ``torch.autocast("cuda")`` and ``torch.amp.GradScaler("cuda")`` are the
-simulated GPU's.
-
-Only the user's code is told these answers (``devices.is_users``); PyTorch, Lightning and the other
-libraries go on asking the simulated device itself, which is what they run it by. A function of
-``torch.cuda`` the simulated GPU has no answer for (CUDA graphs, peer access, NCCL, ...) stops with
-``NotSimulatedError`` when the user's code calls it: the branch that calls it is not audited, never
-passed. Its module attributes are replaced while simulating (``replaced()``): code that imported one
-by name before (``from torch.cuda import is_available``) keeps PyTorch's.
+The user's code (``devices.is_users``) is told what a CUDA machine with two GPUs (NVIDIA A100s, ``GPU``)
+would tell it: ``torch.cuda``'s questions, memory (``memory.py``), random states, streams and events get
+CUDA's answers for the simulated GPU, and ``torch.autocast("cuda")`` and ``torch.amp.GradScaler("cuda")``
+are the simulated GPU's. PyTorch and the other libraries go on asking the simulated device itself, which
+is what they run it by. A function of ``torch.cuda`` with no answer here (CUDA graphs, NCCL, ...) stops
+with ``NotSimulatedError`` when the user's code calls it: that branch is not audited, never passed. The
+module attributes are replaced while simulating (``replaced()``): code that imported one by name before
+(``from torch.cuda import is_available``) keeps PyTorch's.
 """
 
 import contextlib
@@ -40,7 +33,7 @@ from .devices import (
 
 
 class GPU:
-    """The GPU the simulated one answers for: what ``torch.cuda.get_device_properties`` says of an A100."""
+    """The GPU the simulated one answers for, as ``torch.cuda.get_device_properties`` describes an A100."""
 
     name = "NVIDIA A100-SXM4-80GB"
     major, minor = 8, 0
@@ -50,15 +43,6 @@ class GPU:
     is_integrated = is_multi_gpu_board = 0
     arch_list = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 
-
-class _DeviceProperties:
-    """``torch.cuda.get_device_properties(i)``: the simulated GPU's, as CUDA's ``_CudaDeviceProperties``."""
-
-    def __init__(self) -> None:
-        for name in ("name", "major", "minor", "total_memory", "multi_processor_count", "L2_cache_size"):
-            setattr(self, name, getattr(GPU, name))
-        self.is_integrated = self.is_multi_gpu_board = 0
-
     def __repr__(self) -> str:
         return (
             f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
@@ -66,7 +50,7 @@ class _DeviceProperties:
         )
 
 
-def _index(device: Any = None, operation: str = "torch.cuda") -> int:
+def _index(device: Any = None) -> int:
     """The index of the GPU ``device`` names (None, -1: the current one), as ``torch.cuda._get_device_index``."""
     if device is None:
         return _state.index
@@ -87,7 +71,7 @@ def _index(device: Any = None, operation: str = "torch.cuda") -> int:
 
 def own(device: Any, operation: str) -> None:
     """Refuse, as ``SimulatedDeviceError``, code of a DDP process that makes another process's GPU its own."""
-    index = _index(device, operation)
+    index = _index(device)
     if index != _state.index:
         raise SimulatedDeviceError(
             f"{operation} was asked for cuda:{index} in the process whose GPU is cuda:{_state.index}: every tensor "
@@ -98,18 +82,12 @@ def own(device: Any, operation: str) -> None:
         )
 
 
-class _DeviceContext:
+@contextlib.contextmanager
+def _on_device(device: Any) -> Iterator[None]:
     """``torch.cuda.device(d)``, ``device_of(t)``: the block runs on GPU ``d``, which must be the process's own."""
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-
-    def __enter__(self) -> None:
-        if self.device is not None:
-            own(self.device, "torch.cuda.device")
-
-    def __exit__(self, *exc_info: Any) -> None:
-        pass
+    if device is not None:
+        own(device, "torch.cuda.device")
+    yield
 
 
 class _Stream:
@@ -206,14 +184,6 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
     """What the simulated GPU does for this: nothing (its work runs at once; it caches no memory)."""
 
 
-def _rng_state(device: Any = "cuda") -> torch.Tensor:
-    return torch.get_rng_state()  # random numbers on the simulated GPU come from the CPU's generator
-
-
-def _set_rng_state(state: torch.Tensor, device: Any = "cuda") -> None:
-    torch.set_rng_state(state)
-
-
 # torch.cuda's functions and the answers its user's code gets about the simulated GPU.
 ANSWERS: dict[str, Callable[..., Any]] = {
     "is_available": lambda: True,
@@ -222,11 +192,11 @@ ANSWERS: dict[str, Callable[..., Any]] = {
     "device_count": lambda: DEVICE_COUNT,
     "current_device": lambda: _state.index,
     "set_device": lambda device: own(device, "torch.cuda.set_device"),
-    "device": _DeviceContext,
-    "device_of": lambda tensor: _DeviceContext(tensor.get_device() if tensor.get_device() >= 0 else None),
+    "device": _on_device,
+    "device_of": lambda tensor: _on_device(tensor.get_device() if tensor.get_device() >= 0 else None),
     "get_device_name": _of_any_gpu(lambda: GPU.name),
     "get_device_capability": _of_any_gpu(lambda: (GPU.major, GPU.minor)),
-    "get_device_properties": _of_any_gpu(_DeviceProperties),
+    "get_device_properties": _of_any_gpu(GPU),
     "get_arch_list": lambda: list(GPU.arch_list),
     "is_bf16_supported": lambda including_emulation=True: True,
     "is_tf32_supported": lambda: True,
@@ -252,8 +222,9 @@ ANSWERS: dict[str, Callable[..., Any]] = {
     "seed": _nothing,
     "seed_all": _nothing,
     "initial_seed": lambda: torch.initial_seed(),
-    "get_rng_state": _rng_state,
-    "set_rng_state": _set_rng_state,
+    # Random numbers on the simulated GPU come from the CPU's generator.
+    "get_rng_state": lambda device="cuda": torch.get_rng_state(),
+    "set_rng_state": lambda state, device="cuda": torch.set_rng_state(state),
     "get_rng_state_all": lambda: [torch.get_rng_state() for _ in range(DEVICE_COUNT)],
     "set_rng_state_all": lambda states: torch.set_rng_state(list(states)[_state.index]),
     "Stream": _Stream,
@@ -276,7 +247,7 @@ ACCELERATOR: dict[str, Callable[..., Any]] = {
     "current_device_idx": ANSWERS["current_device"],
     "set_device_index": lambda device: own(device, "torch.accelerator.set_device_index"),
     "set_device_idx": lambda device: own(device, "torch.accelerator.set_device_index"),
-    "device_index": _DeviceContext,
+    "device_index": _on_device,
     "synchronize": ANSWERS["synchronize"],
     "empty_cache": _nothing,
     "empty_host_cache": _nothing,
@@ -312,7 +283,7 @@ def _refused(name: str) -> Callable[..., Any]:
 def _told(original: Any, answer: Callable[..., Any]) -> Any:
     """``answer`` where the user's code calls, ``original`` where PyTorch or a library does."""
     if isinstance(original, type):
-        return _ToldClass(original, answer)
+        return _ToldClass(original.__name__, (), {"_original": original, "_answer": staticmethod(answer)})
 
     @functools.wraps(original)
     def told(*args: Any, **kwargs: Any) -> Any:
@@ -323,7 +294,9 @@ def _told(original: Any, answer: Callable[..., Any]) -> Any:
     return told
 
 
-class _ToldClassType(type):
+class _ToldClass(type):
+    """A stand-in for ``torch.cuda``'s class ``_original``: ``_answer(...)`` for the user's code, else the class's."""
+
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if asked_by_user():
             return cls._answer(*args, **kwargs)
@@ -334,43 +307,23 @@ class _ToldClassType(type):
         return isinstance(instance, cls._original) or (isinstance(answer, type) and isinstance(instance, answer))
 
 
-def _ToldClass(original: type, answer: Callable[..., Any]) -> type:  # noqa: N802 (makes a class)
-    """A stand-in for ``torch.cuda``'s class ``original``: ``answer(...)`` for the user's code, else the class's own."""
-    return _ToldClassType(original.__name__, (), {"_original": original, "_answer": staticmethod(answer)})
-
-
 def _simulated_type(device_type: Any) -> Any:
     """``"cuda"`` (the device type autocast and GradScaler take) as the simulated GPU's; anything else as it is."""
     return DEVICE_TYPE if device_type == "cuda" else device_type
 
 
-def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name: str = "device_type") -> Any:
+def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name: str = "device_type", default=False):
     """``function`` with its device type (argument ``position``, or ``name``) taken as the simulated GPU's where it
-    names CUDA."""
+    names CUDA; with ``default``, the simulated GPU's where none is given (CUDA's, in their older forms)."""
 
     @functools.wraps(function)
     def mapped(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > position:
+        if len(args) > position and isinstance(args[position], str):
             args = (*args[:position], _simulated_type(args[position]), *args[position + 1 :])
         elif name in kwargs:
             kwargs[name] = _simulated_type(kwargs[name])
-        return function(*args, **kwargs)
-
-    return mapped
-
-
-def _of_the_gpu_by_default(function: Callable[..., Any]) -> Any:
-    """``torch.is_autocast_enabled`` and the like: a device type first, or none, meaning CUDA's (their older form),
-    both taken as the simulated GPU's."""
-
-    @functools.wraps(function)
-    def mapped(*args: Any, **kwargs: Any) -> Any:
-        if args and isinstance(args[0], str):
-            args = (_simulated_type(args[0]), *args[1:])
-        elif "device_type" in kwargs:
-            kwargs["device_type"] = _simulated_type(kwargs["device_type"])
-        else:
-            args = (DEVICE_TYPE, *args)
+        elif default:
+            args = (*args[:position], DEVICE_TYPE, *args[position:])
         return function(*args, **kwargs)
 
     return mapped
@@ -382,14 +335,14 @@ _AUTOCAST_FUNCTIONS = ("is_autocast_enabled", "get_autocast_dtype", "set_autocas
 
 
 def _autocast_replacements() -> list[tuple[Any, str, Any]]:
-    replacements: list[tuple[Any, str, Any]] = []
-    for name in _AUTOCAST_FUNCTIONS:
-        if hasattr(torch, name):
-            function = getattr(torch, name)
-            replacements.append((torch, name, _of_the_gpu_by_default(function)))
+    replacements: list[tuple[Any, str, Any]] = [
+        (torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True))
+        for name in _AUTOCAST_FUNCTIONS
+        if hasattr(torch, name)
+    ]
     autocast, scaler = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler
-    replacements.append((autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1, "device_type")))
-    replacements.append((scaler, "__init__", _with_default_device(scaler.__init__)))
+    replacements.append((autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1)))
+    replacements.append((scaler, "__init__", _of_the_simulated_gpu(scaler.__init__, 1, "device", default=True)))
     if hasattr(torch, "get_autocast_gpu_dtype"):
         replacements.append((torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)))
     is_available = torch.amp.autocast_mode.is_autocast_available
@@ -397,30 +350,15 @@ def _autocast_replacements() -> list[tuple[Any, str, Any]]:
     return replacements
 
 
-def _with_default_device(init: Callable[..., Any]) -> Callable[..., Any]:
-    """``GradScaler.__init__``, whose device (``"cuda"`` unless given) is taken as the simulated GPU's."""
-    mapped = _of_the_simulated_gpu(init, 1, "device")
-
-    @functools.wraps(init)
-    def scaler_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        if not args and "device" not in kwargs:
-            kwargs["device"] = DEVICE_TYPE
-        mapped(self, *args, **kwargs)
-
-    return scaler_init
-
-
-def _public_functions(module: types.ModuleType) -> Iterator[str]:
-    for name in getattr(module, "__all__", ()):
-        value = getattr(module, name, None)
-        if isinstance(value, types.FunctionType | types.BuiltinFunctionType) and not name.startswith("_"):
-            yield name
-
-
 def _answered(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -> list[tuple[Any, str, Any]]:
     """``(module, name, answer)`` for every public function of ``module`` (refused where ``answers`` has none), and
     for the classes ``answers`` has."""
-    functions = set(_public_functions(module))
+    functions = {
+        name
+        for name in getattr(module, "__all__", ())
+        if not name.startswith("_")
+        and isinstance(getattr(module, name, None), types.FunctionType | types.BuiltinFunctionType)
+    }
     refused = [(module, name, answers.get(name) or _refused(f"{module.__name__}.{name}")) for name in sorted(functions)]
     classes = [(module, name, answers[name]) for name in sorted(answers.keys() - functions) if hasattr(module, name)]
     return refused + classes
