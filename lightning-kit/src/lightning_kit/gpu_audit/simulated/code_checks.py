@@ -8,11 +8,9 @@ makes a generator of the simulated GPU. Each line of the user's code that names 
 (``named_cuda``): it runs on a GPU, but not with ``--accelerator cpu`` on a machine that has one.
 """
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,10 +32,10 @@ from .devices import (
     _state,
     as_cuda,
     current_device,
-    is_users,
     own_indices,
     set_device,
     told,
+    users_line,
 )
 from .hooks import _APPLY, _apply_checked, _BackwardHookInit, _contained_hook, _module_backward_hooks
 from .lazy import is_lazy
@@ -296,9 +294,9 @@ _MAKERS = frozenset(
 def made_here(tensor: Any) -> None:
     """Mark a CPU ``tensor`` the user's code has just made with that code's line (``made_at`` reads it)."""
     if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and "_audit_made_at" not in vars(tensor):
-        frame = _users_frame()
-        if frame is not None:
-            tensor._audit_made_at = (frame.f_code.co_filename, frame.f_lineno)
+        line = users_line()
+        if line is not None:
+            tensor._audit_made_at = line
 
 
 def made_at(tensor: torch.Tensor) -> tuple[str, int] | None:
@@ -364,7 +362,7 @@ def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
     if device.type not in ("cuda", DEVICE_TYPE):
         return value
     index = _state.index if device.index is None else device.index
-    if index != _state.index and (device.type == "cuda" or _asked_by_user_code()):
+    if index != _state.index and (device.type == "cuda" or users_line() is not None):
         raise SimulatedDeviceError(
             f"{operation} was asked for cuda:{index} in the process whose GPU is {as_cuda(current_device())}: on a "
             f"GPU the tensor is made there, and the first operation that meets this process's tensors fails "
@@ -383,9 +381,9 @@ _named: dict[tuple[str, int], str] = {}  # each line of the user's code that nam
 
 
 def _name_cuda(how: str) -> None:
-    frame = _users_frame()
-    if frame is not None:
-        _named.setdefault((frame.f_code.co_filename, frame.f_lineno), how)
+    line = users_line()
+    if line is not None:
+        _named.setdefault(line, how)
 
 
 def named_cuda() -> list[tuple[str, int, str]]:
@@ -395,23 +393,6 @@ def named_cuda() -> list[tuple[str, int, str]]:
 
 def forget_named_cuda() -> None:
     _named.clear()
-
-
-_TORCH = str(Path(torch.__file__).resolve().parent)
-_SIMULATED = os.path.dirname(__file__) + os.sep  # the simulated GPU's own files, as their code names them
-
-
-def _users_frame():
-    """The innermost caller outside PyTorch and the simulated GPU, if it is the user's code (not a library's)."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith((_TORCH, _SIMULATED)):
-        frame = frame.f_back
-    return frame if frame is not None and is_users(frame.f_code.co_filename) else None
-
-
-def _asked_by_user_code() -> bool:
-    """Whether the innermost caller outside PyTorch (and the simulated GPU) is the user's code, not a library's."""
-    return _users_frame() is not None
 
 
 @contextmanager

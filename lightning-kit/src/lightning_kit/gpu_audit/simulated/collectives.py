@@ -59,6 +59,16 @@ def _flat(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _checked_only(operation: str, checked: int):
+    """A collective that checks its first ``checked`` arguments and returns its first."""
+
+    def collective(self: "SimulatedProcessGroup", *args: Any, **kwargs: Any) -> _Done:
+        self._checked(operation, *args[:checked])
+        return _Done(args[0])
+
+    return collective
+
+
 class SimulatedProcessGroup(dist.ProcessGroup):
     """One rank of a DDP run on simulated GPUs: NCCL's device check, then the values every process would agree on."""
 
@@ -116,14 +126,6 @@ class SimulatedProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
-    def reduce(self, tensors, opts=None):
-        self._checked("reduce", tensors)
-        return _Done(tensors)
-
-    def broadcast(self, tensors, opts=None):
-        self._checked("broadcast", tensors)
-        return _Done(tensors)
-
     def allgather(self, output_tensors, input_tensors, opts=None):
         self._checked("all_gather", output_tensors, input_tensors)
         for outputs, tensor in zip(output_tensors, input_tensors, strict=True):
@@ -143,18 +145,6 @@ class SimulatedProcessGroup(dist.ProcessGroup):
         for output, tensor in zip(outputs, tensors, strict=True):
             self.all_gather_single(output, tensor)
         return _Done(outputs)
-
-    def gather(self, output_tensors, input_tensors, opts=None):
-        self._checked("gather", output_tensors, input_tensors)
-        return _Done(output_tensors)
-
-    def gather_single(self, output, tensor, opts=None):
-        self._checked("gather", output, tensor)
-        return _Done(output)
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        self._checked("scatter", output_tensors, input_tensors)
-        return _Done(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         self._checked("reduce_scatter", output_tensors, input_tensors)
@@ -183,13 +173,13 @@ class SimulatedProcessGroup(dist.ProcessGroup):
             output.copy_(tensor)
         return _Done(output_tensors)
 
-    def send(self, tensors, dst, tag=0):
-        self._checked("send", tensors)
-        return _Done(tensors)
-
-    def recv(self, tensors, src, tag=0):
-        self._checked("recv", tensors)
-        return _Done(tensors)
+    # Those whose result is in place already (every process holds the same values): NCCL's check alone.
+    reduce = _checked_only("reduce", 1)
+    broadcast = _checked_only("broadcast", 1)
+    gather = gather_single = _checked_only("gather", 2)
+    scatter = _checked_only("scatter", 2)
+    send = _checked_only("send", 1)
+    recv = _checked_only("recv", 1)
 
     def recv_anysource(self, tensors, tag=0):
         return self.recv(tensors, 0, tag)
