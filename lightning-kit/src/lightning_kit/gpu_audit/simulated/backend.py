@@ -5,6 +5,9 @@ Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(..., devi
 """
 
 import functools
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -16,76 +19,37 @@ from .rules import _declared_rules, composite_kernels
 from .tensor import SimulatedTensor, _run
 
 
-class _Backend:
-    """``torch.simgpu``: what PyTorch and Lightning ask of a device module."""
+@contextmanager
+def _on_device(device: Any) -> Iterator[None]:
+    """``with torch.simgpu.device(i):`` makes ``i`` the current device inside the block."""
+    previous = _state.index
+    set_device(device)
+    try:
+        yield
+    finally:
+        _state.index = previous
 
-    @staticmethod
-    def is_available() -> bool:
-        # What torch.accelerator asks. No: the simulated GPU is for the audit alone, and
-        # DataLoader(pin_memory=True) would otherwise pin memory for it.
-        return False
 
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return DEVICE_COUNT
-
-    @staticmethod
-    def current_device() -> int:
-        return _state.index
-
-    @staticmethod
-    def set_device(device: int | torch.device) -> None:
-        set_device(device)
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    # Random numbers on the simulated GPU come from the CPU's default generator, so its
-    # state is the device's (activation checkpointing saves and restores it, for one).
-    _initialized = True
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        """Seeded with the CPU's generator."""
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:
-        """Seeded with the CPU's generator."""
-
-    @staticmethod
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.get_rng_state()
-
-    @staticmethod
-    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
-        torch.set_rng_state(state)
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        return [torch.float16, torch.bfloat16]
-
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        """Operations run at once: there is nothing to wait for."""
-
-    class device:  # noqa: N801 - torch.cuda.device's name and role
-        """``with torch.simgpu.device(i):`` makes ``i`` the current device inside the block."""
-
-        def __init__(self, device: Any) -> None:
-            self.index = device if isinstance(device, int) else torch.device(device).index
-
-        def __enter__(self) -> None:
-            self.previous = _state.index
-            if self.index is not None:
-                set_device(self.index)
-
-        def __exit__(self, *exc_info: Any) -> None:
-            _state.index = self.previous
+# ``torch.simgpu``: what PyTorch and Lightning ask of a device module. Random numbers on the simulated GPU come from
+# the CPU's default generator, so its state is the device's (activation checkpointing saves and restores it).
+_BACKEND = types.SimpleNamespace(
+    # What torch.accelerator asks. No: the simulated GPU is for the audit alone, and DataLoader(pin_memory=True)
+    # would otherwise pin memory for it.
+    is_available=lambda: False,
+    is_initialized=lambda: True,
+    device_count=lambda: DEVICE_COUNT,
+    current_device=lambda: _state.index,
+    set_device=set_device,
+    device=_on_device,
+    _is_in_bad_fork=lambda: False,
+    _initialized=True,
+    manual_seed=lambda seed: None,
+    manual_seed_all=lambda seed: None,
+    get_rng_state=lambda device=None: torch.get_rng_state(),
+    set_rng_state=lambda state, device=None: torch.set_rng_state(state),
+    get_amp_supported_dtype=lambda: [torch.float16, torch.bfloat16],
+    synchronize=lambda device=None: None,  # operations run at once: there is nothing to wait for
+)
 
 
 def _hooks_class() -> type:
@@ -123,7 +87,7 @@ def enable() -> None:
     if taken not in ("privateuseone", DEVICE_TYPE):
         raise SimulationUnavailableError(f"PyTorch's spare device type is already taken by {taken!r} in this process")
     if taken == "privateuseone":
-        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_Backend(), hook=_hooks_class()())
+        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_BACKEND, hook=_hooks_class()())
     _SIMULATED[:] = [torch.device(DEVICE_TYPE, index) for index in range(DEVICE_COUNT)]
     _state.physical = _SIMULATED[0]
     _declared_rules()
