@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from .containment import contained
 from .devices import DEVICE_TYPE, SimulatedDeviceError, SimulationUnavailableError
+from .rules import _overload
 
 HEADER = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1
@@ -78,12 +79,9 @@ def register(library: torch.library.Library, fallback: torch.library.Library) ->
     """Give ``AutocastPrivateUse1`` CUDA's kernels: a cast for each operation CUDA casts, a fallthrough elsewhere."""
     fallback.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
     for name, policy in cuda_policies().items():
-        base, _, overload = name.partition(".")
-        packet = getattr(torch.ops.aten, base, None)
-        if packet is None or (overload or "default") not in packet.overloads():
-            continue  # not in this PyTorch
-        op = getattr(packet, overload or "default")
-        library.impl(name, contained()(functools.partial(_KERNELS[policy], op)), "AutocastPrivateUse1")
+        op = _overload(name)
+        if op is not None:  # in this PyTorch
+            library.impl(name, contained()(functools.partial(_KERNELS[policy], op)), "AutocastPrivateUse1")
 
 
 def _eligible(value: Any) -> bool:
