@@ -193,24 +193,21 @@ def _as_on_the_gpu(func, args, kwargs):
 
 # The autograd engine's check of root gradients (engine.cpp, validate_outputs): a gradient given for an
 # output on another device is refused, unless it is 0-dim, which is moved. PyTorch skips the check for
-# tensor subclasses (the simulated GPU's tensors are one), so it is made here, before the engine runs.
-def _root_gradients(func, args, kwargs):
-    """The outputs, the gradients given for them and the argument's name, of a call that starts a backward pass."""
-    if func is torch.Tensor.backward:
-        outputs, grads, name = args[0], args[1] if len(args) > 1 else kwargs.get("gradient"), "gradient"
-    elif func is torch.autograd.backward:
-        outputs, grads, name = args[0] if args else kwargs.get("tensors"), kwargs.get("grad_tensors"), "grad_tensors"
-        grads = args[1] if len(args) > 1 else grads
-    else:  # torch.autograd.grad
-        outputs, grads, name = args[0] if args else kwargs.get("outputs"), kwargs.get("grad_outputs"), "grad_outputs"
-        grads = args[2] if len(args) > 2 else grads
-    outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
-    grads = (grads,) if isinstance(grads, torch.Tensor) else () if grads is None else tuple(grads)
-    return outputs, grads, name
+# tensor subclasses (the simulated GPU's tensors are one), so it is made here, before the engine runs. By each
+# function that starts a pass: its name, its outputs' argument, and its gradients' argument and position.
+_ROOTS = {
+    torch.Tensor.backward: ("Tensor.backward", "self", "gradient", 1),
+    torch.autograd.backward: ("torch.autograd.backward", "tensors", "grad_tensors", 1),
+    torch.autograd.grad: ("torch.autograd.grad", "outputs", "grad_outputs", 2),
+}
 
 
 def _check_root_gradients(func, args, kwargs) -> None:
-    outputs, grads, argument = _root_gradients(func, args, kwargs)
+    operation, outputs, argument, position = _ROOTS[func]
+    outputs = args[0] if args else kwargs.get(outputs)
+    grads = args[position] if len(args) > position else kwargs.get(argument)
+    outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+    grads = (grads,) if isinstance(grads, torch.Tensor) else () if grads is None else tuple(grads)
     for index, (output, grad) in enumerate(zip(outputs, grads, strict=False)):
         if not isinstance(output, torch.Tensor) or not isinstance(grad, torch.Tensor) or grad.dim() == 0:
             continue
@@ -219,7 +216,7 @@ def _check_root_gradients(func, args, kwargs) -> None:
             raise SimulatedDeviceError(
                 f"invalid gradient at index {index} - expected device {expected} but got {got}",
                 kind="root gradient",
-                operation=_NAMES[func],
+                operation=operation,
                 devices=(expected, got),
                 argument=argument,
                 culprit=grad,
@@ -243,7 +240,7 @@ def _backward(mode, func, args, kwargs):
     return result
 
 
-_ENGINE_RUN = getattr(torch.autograd, "_engine_run_backward", None)
+_ENGINE_RUN = torch.autograd._engine_run_backward
 
 
 def _engine_run_checked(*args, **kwargs):
@@ -317,8 +314,6 @@ _HANDLERS = {
     torch.Tensor.to: _moves,
     torch.Tensor.cpu: _moves,
 }
-_NAMES = {torch.Tensor.backward: "Tensor.backward", torch.autograd.backward: "torch.autograd.backward"}
-_NAMES[torch.autograd.grad] = "torch.autograd.grad"
 
 
 def _check_generator(operation: str, args, kwargs) -> None:
@@ -416,8 +411,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
     torch.Generator, torch.compile = _Generator, _as_written
     BackwardHook.__init__ = _module_backward_hooks
     torch.autograd.Function.apply = _apply_checked
-    if _ENGINE_RUN is not None:
-        torch.autograd._engine_run_backward = _engine_run_checked
+    torch.autograd._engine_run_backward = _engine_run_checked
     discard()  # nothing of an earlier run is raised in this one
     try:
         # torch.compile cannot trace these tensors: code compiled before runs as written too. Backward
@@ -443,8 +437,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
         torch.Generator, torch.compile = _RealGenerator, _compile
         BackwardHook.__init__ = _BackwardHookInit
         torch.autograd.Function.apply = _APPLY
-        if _ENGINE_RUN is not None:
-            torch.autograd._engine_run_backward = _ENGINE_RUN
+        torch.autograd._engine_run_backward = _ENGINE_RUN
         _state.index, _state.is_user_code, _state.answering, _state.user_files = previous
 
 

@@ -44,11 +44,9 @@ class NotSimulatedError(RuntimeError):
 
 
 def cannot_run(operation: Any, err: BaseException) -> NotSimulatedError:
-    """``NotSimulatedError`` for an exception of the simulated GPU's own machinery while it ran ``operation``."""
-    reason = first_line(err, typed=True)
-    made = NotSimulatedError(str(operation), reason)
-    made.__cause__ = err
-    return made
+    """``NotSimulatedError`` for an exception of the simulated GPU's own machinery while it ran ``operation``
+    (raised ``from err``)."""
+    return NotSimulatedError(str(operation), first_line(err, typed=True))
 
 
 class SimulatedDeviceError(RuntimeError):

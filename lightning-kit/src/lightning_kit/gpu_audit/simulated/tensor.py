@@ -173,16 +173,13 @@ def _direct(plan: "_Plan", args, kwargs):
         elif isinstance(value, torch.Tensor):
             return _CHECK  # a CPU tensor, or a tensor of a subclass of the device's
         cpu_args.append(value)
-    if kwargs:
-        cpu_kwargs = {}
-        for name, value in kwargs.items():
-            if type(value) is SimulatedTensor:
-                value, simulated = value.elem, True
-            elif isinstance(value, torch.Tensor | list | tuple) or (name == "device" and value is not None):
-                return _CHECK
-            cpu_kwargs[name] = value
-    else:
-        cpu_kwargs = {}
+    cpu_kwargs = {}
+    for name, value in (kwargs or {}).items():
+        if type(value) is SimulatedTensor:
+            value, simulated = value.elem, True
+        elif isinstance(value, torch.Tensor | list | tuple) or (name == "device" and value is not None):
+            return _CHECK
+        cpu_kwargs[name] = value
     if not simulated:
         return _CHECK
     out = _computed(plan, plan.compute, cpu_args, cpu_kwargs)
@@ -204,13 +201,11 @@ def _computed(plan: "_Plan", compute, cpu_args, cpu_kwargs):
 
 def _results(plan: "_Plan", out):
     """The results computed on the CPU, on the simulated GPU (in memory of their own, counted, unless views)."""
-    if plan.view:
-        if torch.is_inference_mode_enabled():
-            # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
-            with _NOT_INFERENCE(False):
-                return _wrap(out, False)
-        return _wrap(out, False)
-    return _wrap(out)
+    if plan.view and torch.is_inference_mode_enabled():
+        # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
+        with _NOT_INFERENCE(False):
+            return _wrap(out, False)
+    return _wrap(out, not plan.view)
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -271,9 +266,7 @@ class _Plan:
     """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
 
     __slots__ = ("_rule", "alert", "compute", "convolution", "func", "host", "inplace_view", "metadata", "path")
-    __slots__ += ("position",)
-    __slots__ += ("simple",)
-    __slots__ += ("single", "view", "written")
+    __slots__ += ("position", "simple", "single", "view", "written")
 
     def __init__(self, func) -> None:
         self.func = func
@@ -305,8 +298,7 @@ class _Plan:
         return self._rule
 
 
-# By the operation's id, with the operation itself to tell a reused id: OpOverload hashes in Python, and
-# this lookup is made once for each operation run.
+# By the operation's id, with the operation itself to tell a reused id: OpOverload hashes in Python.
 _plans: dict[int, _Plan] = {}
 
 
