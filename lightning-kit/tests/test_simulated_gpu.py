@@ -428,7 +428,6 @@ def test_the_audit_module_names_each_private_api_it_uses():
         "_engine_run_backward",
         "swap_tensors",
         "_foreach_supported_types",
-        "FakeTensorMode",
     ):
         assert api in doc, api
 

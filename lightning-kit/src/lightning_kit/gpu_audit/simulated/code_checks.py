@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import torch
 import torch._dynamo
@@ -37,7 +38,7 @@ from .devices import (
     told,
     users_line,
 )
-from .hooks import _APPLY, _apply_checked, _BackwardHookInit, _contained_hook, _module_backward_hooks
+from .hooks import _apply_checked, _contained_hook, _module_backward_hooks
 from .lazy import is_lazy
 from .tensor import SimulatedTensor, to_cpu
 
@@ -408,10 +409,6 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
     if is_user_code is not None:
         _state.is_user_code = is_user_code
     _state.user_files = {}
-    torch.Generator, torch.compile = _Generator, _as_written
-    BackwardHook.__init__ = _module_backward_hooks
-    torch.autograd.Function.apply = _apply_checked
-    torch.autograd._engine_run_backward = _engine_run_checked
     discard()  # nothing of an earlier run is raised in this one
     try:
         # torch.compile cannot trace these tensors: code compiled before runs as written too. Backward
@@ -420,6 +417,11 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
         with (
             torch._dynamo.config.patch(disable=True),
             torch.autograd.set_multithreading_enabled(False),
+            mock.patch.object(torch, "Generator", _Generator),
+            mock.patch.object(torch, "compile", _as_written),
+            mock.patch.object(BackwardHook, "__init__", _module_backward_hooks),
+            mock.patch.object(torch.autograd.Function, "apply", _apply_checked),
+            mock.patch.object(torch.autograd, "_engine_run_backward", _engine_run_checked),
             _CodeChecks(),
             own_indices(),
             _foreach_paths(),
@@ -434,14 +436,8 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
                 raise
             raise_kept()  # one kept in a backward pass that no call of ours saw return
     finally:
-        torch.Generator, torch.compile = _RealGenerator, _compile
-        BackwardHook.__init__ = _BackwardHookInit
-        torch.autograd.Function.apply = _APPLY
-        torch.autograd._engine_run_backward = _ENGINE_RUN
         _state.index, _state.is_user_code, _state.answering, _state.user_files = previous
 
-
-_compile = torch.compile
 
 # PyTorch's lists of the tensor types whose operations may take its foreach (multi-tensor) kernels: optimizers
 # (torch.optim.optimizer) and gradient clipping (torch.utils._foreach_utils). A GPU's tensors are plain tensors

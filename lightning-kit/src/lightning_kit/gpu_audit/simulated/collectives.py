@@ -1,22 +1,17 @@
 """A process group for a simulated DDP rank: ``torch.distributed`` in this one process, with NCCL's device rules.
 
-While the audit plays the second process of a two-GPU DDP run, ``process_group(1, 2)`` makes
-``torch.distributed`` initialized (``is_initialized()``, ``get_rank()`` 1, ``get_world_size()``
-2), with a process group of the backend ``simnccl``: every collective (``all_reduce``,
-``all_gather``, ``broadcast``, ``reduce_scatter``, ``all_to_all``, ``barrier``, the object
-collectives, ...) first checks what NCCL, CUDA's collective backend, checks: that every tensor
-is on this process's GPU. A tensor on the CPU stops there with ``SimulatedDeviceError`` (NCCL:
-"No backend type associated with device type cpu"). Otherwise it completes at once, as if
-every process held the same values (a sum is ``world_size`` times the tensor, a gather
-``world_size`` copies). Groups made with ``new_group`` (Lightning makes a ``gloo`` one around
-``prepare_data``) are simulated too: ``gloo`` ones take CPU tensors as well, as Gloo does.
-Nothing listens on the network: the store is an in-memory ``HashStore``, and no other process
-is involved, so nothing can wait for one (``TORCH_DIST_INIT_BARRIER`` is off inside).
+``process_group(1, 2)`` makes ``torch.distributed`` initialized as rank 1 of 2 with a process group of the
+backend ``simnccl``: every collective first checks what NCCL checks, that every tensor is on this process's
+GPU (a CPU tensor stops with ``SimulatedDeviceError``, NCCL's "No backend type associated with device type
+cpu"), then completes at once, as if every process held the same values (a sum is ``world_size`` times the
+tensor, a gather ``world_size`` copies). Groups made with ``new_group`` are simulated too, ``gloo`` ones
+taking CPU tensors as Gloo does (Lightning makes one around ``prepare_data``). Nothing listens on the
+network: the store is an in-memory ``HashStore`` and no other process can be waited for
+(``TORCH_DIST_INIT_BARRIER`` is off inside).
 
-Private PyTorch APIs: ``torch.distributed._Work`` (the result of a collective), a Python
-subclass of ``torch.distributed.ProcessGroup`` with the overrides PyTorch's own
-``test_c10d_pypg.py`` uses, and its ``_device_types`` (the device of object collectives);
-``torch.distributed.new_group`` is replaced inside ``process_group()``.
+Private PyTorch APIs: ``torch.distributed._Work``, a Python ``torch.distributed.ProcessGroup`` with the
+overrides PyTorch's own ``test_c10d_pypg.py`` uses, and its ``_device_types`` (the device of object
+collectives); ``torch.distributed.new_group`` is replaced inside ``process_group()``.
 """
 
 import functools

@@ -16,6 +16,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.backends.cuda
@@ -374,12 +375,7 @@ def replaced() -> Iterator[None]:
     replacements += [(nvtx, name, answer) for name, answer in NVTX.items() if nvtx is not None and hasattr(nvtx, name)]
     replacements += [(module, name, answer) for (module, name), answer in BACKENDS.items() if hasattr(module, name)]
     told = [(module, name, _told(getattr(module, name), answer)) for module, name, answer in replacements]
-    everyone = _autocast_replacements()
-    originals = [(module, name, vars(module)[name]) for module, name, _ in (*told, *everyone)]
-    try:
-        for module, name, replacement in (*told, *everyone):
-            setattr(module, name, replacement)
+    with contextlib.ExitStack() as stack:
+        for module, name, replacement in (*told, *_autocast_replacements()):
+            stack.enter_context(mock.patch.object(module, name, replacement))
         yield
-    finally:
-        for module, name, original in originals:
-            setattr(module, name, original)

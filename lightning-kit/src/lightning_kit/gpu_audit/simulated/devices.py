@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -221,11 +222,5 @@ def own_indices() -> Iterator[None]:
             ("_accelerator_setDeviceIndex", "_accelerator_exchangeDevice", "_accelerator_maybeExchangeDevice"),
             _exchange,
         )
-    originals = {name: getattr(torch._C, name) for name in replaced if hasattr(torch._C, name)}
-    for name in originals:
-        setattr(torch._C, name, replaced[name])
-    try:
+    with mock.patch.multiple(torch._C, **{name: new for name, new in replaced.items() if hasattr(torch._C, name)}):
         yield
-    finally:
-        for name, function in originals.items():
-            setattr(torch._C, name, function)

@@ -23,6 +23,7 @@ without that check, since the audit gives those references up with the pass they
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from unittest import mock
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin
@@ -76,11 +77,11 @@ def _apply_in_place(module: torch.nn.Module, fn, recurse: bool = True):
 @contextmanager
 def moves_in_place() -> Iterator[None]:
     """Inside the block, a module's move keeps its parameters' objects, attributes and hooks (see above)."""
-    torch.nn.Module._apply, torch.utils.swap_tensors = _apply_in_place, swap
-    try:
+    with (
+        mock.patch.object(torch.nn.Module, "_apply", _apply_in_place),
+        mock.patch.object(torch.utils, "swap_tensors", swap),
+    ):
         yield
-    finally:
-        torch.nn.Module._apply, torch.utils.swap_tensors = _APPLY, _SWAP
 
 
 @contextmanager
