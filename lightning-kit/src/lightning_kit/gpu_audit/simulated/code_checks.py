@@ -122,19 +122,13 @@ def _ordinary(func) -> bool:
     try:
         return _ORDINARY[func]
     except KeyError:
-        ordinary = _ORDINARY[func] = not (
-            func in _HANDLERS
-            or func in _PINNING
-            or func in _TO_NUMPY
-            or func in _MAKERS
-            or getattr(func, "__name__", None) in _NAMED
-        )
+        ordinary = _ORDINARY[func] = not (func in _SPECIAL or getattr(func, "__name__", None) in _NAMED)
         return ordinary
     except TypeError:  # a function that cannot be hashed: checked as any other
         return False
 
 
-_NAMED = ("cuda", "to")  # the names _check looks for
+_NAMED = ("cuda", "to")  # the names _placed looks for
 
 
 def _checked(func, args, kwargs):
@@ -315,6 +309,7 @@ _HANDLERS = {
     torch.Tensor.to: _moves,
     torch.Tensor.cpu: _moves,
 }
+_SPECIAL = {*_HANDLERS, *_PINNING, *_TO_NUMPY, *_MAKERS}  # the functions this mode does more than place devices for
 
 
 def _check_generator(operation: str, args, kwargs) -> None:

@@ -91,6 +91,10 @@ def _on_device(device: Any) -> Iterator[None]:
     yield
 
 
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """What the simulated GPU does for this: nothing (its work runs at once; it caches no memory)."""
+
+
 class _Stream:
     """A CUDA stream of the simulated GPU: its work runs at once, so there is never anything to wait for."""
 
@@ -101,14 +105,7 @@ class _Stream:
     def query(self) -> bool:
         return True
 
-    def synchronize(self) -> None:
-        pass
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
+    synchronize = wait_stream = wait_event = _nothing
 
     def record_event(self, event: Any = None) -> "_Event":
         event = event if event is not None else _Event()
@@ -138,11 +135,7 @@ class _Event:
     def query(self) -> bool:
         return True
 
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
+    wait = synchronize = _nothing
 
     def elapsed_time(self, end_event: "_Event") -> float:
         """Milliseconds from this event to ``end_event``, both recorded, as CUDA's."""
@@ -179,10 +172,6 @@ def _on_own(value: Callable[[], Any]) -> Callable[..., Any]:
         return value() if _index(device) == _state.index else 0
 
     return answer
-
-
-def _nothing(*args: Any, **kwargs: Any) -> None:
-    """What the simulated GPU does for this: nothing (its work runs at once; it caches no memory)."""
 
 
 # torch.cuda's functions and the answers its user's code gets about the simulated GPU.
