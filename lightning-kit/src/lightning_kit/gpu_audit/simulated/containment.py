@@ -133,19 +133,17 @@ def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def entry(*args: Any, **kwargs: Any) -> Any:
-            if torch._C._current_autograd_node() is None:
-                if _kept:
-                    raise_kept()  # back in Python after a backward pass that kept one
-                try:
-                    with _OWN_CODE():
-                        return function(*args, **kwargs)
-                except BaseException as err:
-                    _raised[0] = err  # where C++ keeps only its message, or none (see last_raised)
-                    raise
+            backward = torch._C._current_autograd_node() is not None
+            if _kept and not backward:
+                raise_kept()  # back in Python after a backward pass that kept one
             try:
                 with _OWN_CODE():
                     return function(*args, **kwargs)
-            except BaseException as err:  # nothing may leave for C++ here: it is raised later
+            except BaseException as err:
+                if not backward:
+                    _raised[0] = err  # where C++ keeps only its message, or none (see last_raised)
+                    raise
+                # Nothing may leave for C++ here: it is raised later.
                 with contextlib.suppress(BaseException):  # keeping it must not raise either
                     keep(err)
                 if benign is None:

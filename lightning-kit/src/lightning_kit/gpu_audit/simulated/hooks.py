@@ -48,17 +48,21 @@ def _check_hook_result(hook, args, result) -> None:
     for was, got in zip(given or (), result or (), strict=False):
         if isinstance(was, torch.Tensor) and isinstance(got, torch.Tensor) and was.device != got.device:
             name = getattr(hook, "__name__", repr(hook))
-            err = SimulatedDeviceError(
-                f"hook '{name}' has changed the type of value (was {_type_name(was)} got {_type_name(got)})",
-                kind="mixed devices",
-                operation="a backward hook",
-                devices=(as_cuda(was.device), as_cuda(got.device)),
-            )
-            code = getattr(hook, "__code__", None)
-            if code is not None:  # the hook has returned: its line is where it is defined
-                where = (code.co_filename, code.co_firstlineno, name, None)
-                err._audit_stack = traceback.StackSummary.from_list([where])
-            raise err
+            message = f"hook '{name}' has changed the type of value (was {_type_name(was)} got {_type_name(got)})"
+            devices = (as_cuda(was.device), as_cuda(got.device))
+            error = SimulatedDeviceError(message, kind="mixed devices", operation="a backward hook", devices=devices)
+            raise _defined_at(error, hook)
+
+
+def _defined_at(err: SimulatedDeviceError, function) -> SimulatedDeviceError:
+    """``err`` at the ``def`` line of ``function``, which has returned (``co_firstlineno`` is its first decorator's)."""
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        lines = range(code.co_firstlineno, code.co_firstlineno + 20)
+        defs = (n for n in lines if linecache.getline(code.co_filename, n).lstrip().startswith(("def ", "async def ")))
+        where = (code.co_filename, next(defs, code.co_firstlineno), function.__name__, None)
+        err._audit_stack = traceback.StackSummary.from_list([where])
+    return err
 
 
 _APPLY = torch.autograd.Function.__dict__["apply"]
@@ -94,19 +98,7 @@ def _check_function_gradients(cls, node, devices, gradients, _outputs) -> None:
                 operation=f"{cls.__name__}.backward",
                 devices=(as_cuda(was), as_cuda(got.device)),
             )
-            code = getattr(cls.backward, "__code__", None)
-            if code is not None:  # backward has returned: its line is where it is defined
-                where = (code.co_filename, _def_line(code), "backward", None)
-                err._audit_stack = traceback.StackSummary.from_list([where])
-            raise err
-
-
-def _def_line(code) -> int:
-    """The line of the ``def`` of ``code``'s function (``co_firstlineno`` is its first decorator's)."""
-    for lineno in range(code.co_firstlineno, code.co_firstlineno + 20):
-        if linecache.getline(code.co_filename, lineno).lstrip().startswith(("def ", "async def ")):
-            return lineno
-    return code.co_firstlineno
+            raise _defined_at(err, cls.backward)
 
 
 def _type_name(tensor: torch.Tensor) -> str:
