@@ -46,19 +46,16 @@ def in_backward() -> bool:
     return torch._C._current_autograd_node() is not None
 
 
-def keep(err: BaseException, depth: int = 1) -> None:
+def keep(err: BaseException) -> None:
     """Keep ``err`` (the first of this backward pass) to raise once back in Python.
 
     Records on it the Python code, inside the backward pass, that called into the simulated GPU
-    (``_audit_stack``, from ``depth`` frames above the caller: a user's hook, where it was one; none
-    where the engine called in from C++) and the node being run (``_audit_backward_of``, e.g.
-    ``"MmBackward0"``).
+    (``_audit_stack``, from the caller's caller: a user's hook, where it was one; none where the engine
+    called in from C++) and the node being run (``_audit_backward_of``, e.g. ``"MmBackward0"``).
     """
     node = torch._C._current_autograd_node()
     err._audit_backward_of = node.name() if node is not None else None
-    frame = sys._getframe(1)
-    for _ in range(depth):
-        frame = frame.f_back if frame is not None else None
+    frame = sys._getframe(2)
     inside = []  # the frames running inside the backward pass, innermost first: not those that started it
     while frame is not None and frame.f_code.co_name not in PASS_STARTS:
         inside.append((frame, frame.f_lineno))

@@ -37,12 +37,9 @@ from .rules import (
 class SimulatedTensor(torch.Tensor):
     """A tensor on the simulated GPU: its values live in ``self.elem``, an ordinary CPU tensor.
 
-    A process has one GPU, so every simulated tensor is on the current device: ``simgpu:0``,
-    or ``simgpu:1`` while playing the second process of a DDP run. (Inside PyTorch they are
-    all on index 0: its autograd engine serves Python devices one index only.) While simulating,
-    the user's code is told CUDA's answers: ``.device`` is ``cuda:0`` (or ``cuda:1``), ``.is_cuda``
-    is True, ``.type()`` is ``torch.cuda.FloatTensor``; PyTorch, Lightning and other libraries are
-    told the simulated device's own.
+    It is on the current device, ``simgpu:0`` or ``simgpu:1`` (inside PyTorch always index 0: its autograd
+    engine serves a Python device one index only). While simulating, the user's code is told CUDA's answers
+    (``.device``, ``.is_cuda``, ``.type()``); PyTorch and the other libraries the simulated device's own.
     """
 
     elem: torch.Tensor
