@@ -438,11 +438,9 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
 # (torch.optim.optimizer) and gradient clipping (torch.utils._foreach_utils). A GPU's tensors are plain tensors
 # and take them by default, so a GPU runs Adam, SGD or clip_grad_norm_ as one operation over the list of
 # parameters: the simulated GPU's tensors take the same path (PyTorch counts the PrivateUse1 device among
-# those with foreach kernels, but no tensor subclass among the types).
+# those with foreach kernels, but no tensor subclass among the types). torch.optim deletes its submodules' names.
 _FOREACH_TYPES = [
-    types
-    for module in ("torch.optim.optimizer", "torch.utils._foreach_utils")
-    if isinstance(types := getattr(sys.modules.get(module), "_foreach_supported_types", None), list)
+    sys.modules[name]._foreach_supported_types for name in ("torch.optim.optimizer", "torch.utils._foreach_utils")
 ]
 
 

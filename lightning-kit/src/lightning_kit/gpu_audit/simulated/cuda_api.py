@@ -257,8 +257,6 @@ NVTX = {
     **dict.fromkeys(("range_push", "range_pop", "range_start", "range_end", "mark"), _nothing),
     "range": lambda *args, **kwargs: contextlib.nullcontext(),
 }
-# Questions about the installation the user's code asks to choose a GPU path: CUDA's answers.
-BACKENDS = {(torch.backends.cuda, "is_built"): lambda: True}
 
 
 def _refused(name: str) -> Callable[..., Any]:
@@ -321,20 +319,15 @@ def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name:
 
 # Autocast's and the gradient scaler's device types, for every caller: nothing runs on CUDA while simulating, so
 # what code asks or sets of CUDA's autocast is the simulated GPU's.
-_AUTOCAST_FUNCTIONS = ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled", "set_autocast_dtype")
+_AUTOCAST = ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled", "set_autocast_dtype")
 
 
 def _autocast_replacements() -> list[tuple[Any, str, Any]]:
-    replacements: list[tuple[Any, str, Any]] = [
-        (torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True))
-        for name in _AUTOCAST_FUNCTIONS
-        if hasattr(torch, name)
-    ]
+    replacements = [(torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True)) for name in _AUTOCAST]
     autocast, scaler = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler
     replacements.append((autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1)))
     replacements.append((scaler, "__init__", _of_the_simulated_gpu(scaler.__init__, 1, "device", default=True)))
-    if hasattr(torch, "get_autocast_gpu_dtype"):
-        replacements.append((torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)))
+    replacements.append((torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)))
     is_available = torch.amp.autocast_mode.is_autocast_available
     replacements.append((torch.amp.autocast_mode, "is_autocast_available", _of_the_simulated_gpu(is_available)))
     return replacements
@@ -357,12 +350,10 @@ def _answered(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) 
 @contextlib.contextmanager
 def replaced() -> Iterator[None]:
     """Inside the block, ``torch.cuda`` and ``torch.accelerator`` answer the user's code for the simulated GPU."""
-    replacements = _answered(torch.cuda, ANSWERS)
-    if hasattr(torch, "accelerator"):
-        replacements += _answered(torch.accelerator, ACCELERATOR)
-    nvtx = getattr(torch.cuda, "nvtx", None)
-    replacements += [(nvtx, name, answer) for name, answer in NVTX.items() if nvtx is not None and hasattr(nvtx, name)]
-    replacements += [(module, name, answer) for (module, name), answer in BACKENDS.items() if hasattr(module, name)]
+    replacements = [*_answered(torch.cuda, ANSWERS), *_answered(torch.accelerator, ACCELERATOR)]
+    replacements += [(torch.cuda.nvtx, name, answer) for name, answer in NVTX.items()]
+    # Asked of the installation to choose a GPU path: CUDA's answer.
+    replacements.append((torch.backends.cuda, "is_built", lambda: True))
     told = [(module, name, _told(getattr(module, name), answer)) for module, name, answer in replacements]
     with contextlib.ExitStack() as stack:
         for module, name, replacement in (*told, *_autocast_replacements()):

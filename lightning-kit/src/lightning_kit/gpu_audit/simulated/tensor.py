@@ -321,17 +321,11 @@ def _mixed(args, kwargs) -> bool:
 
 # What the wrapper of a compressed sparse tensor asks __torch_dispatch__ about itself.
 _METADATA = frozenset(
-    getattr(namespace, name).default
-    for namespace, name in (
-        (torch.ops.prim, "layout"),
-        (torch.ops.aten, "stride"),
-        (torch.ops.aten, "sym_stride"),
-        (torch.ops.aten, "is_contiguous"),
-        (torch.ops.aten, "is_strides_like_format"),
-        (torch.ops.aten, "is_non_overlapping_and_dense"),
-        (torch.ops.aten, "sym_storage_offset"),
-    )
-    if hasattr(namespace, name)
+    [torch.ops.prim.layout.default, torch.ops.aten.sym_storage_offset.default]
+    + [
+        getattr(torch.ops.aten, name).default
+        for name in ("stride", "sym_stride", "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense")
+    ]
 )
 
 
