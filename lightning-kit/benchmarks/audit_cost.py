@@ -71,8 +71,7 @@ def measure(name: str, kind: str) -> dict:
         plain_run(model, data)
         operations = None
     else:
-        counter = simulated.count_operations()
-        with counter:
+        with simulated.count_operations() as counter:
             verdict = run_audit(model, data)
         if verdict.errors or verdict.gaps:
             said = verdict.errors[0] if verdict.errors else f"{verdict.gaps[0].where}: {verdict.gaps[0].gap}"

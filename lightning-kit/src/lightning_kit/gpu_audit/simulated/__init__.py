@@ -50,8 +50,10 @@ package (tested with torch 2.13.0, the lowest declared, and 2.14.1; the library 
   device's index (``devices.py``);
 - ``torch/include/ATen/autocast_mode.h``, read as text, kernels for the ``AutocastPrivateUse1``
   key, ``torch._C._ExcludeDispatchKeyGuard`` and ``torch.autograd.Function`` (``autocast.py``);
-- ``torch.distributed._Work``, a Python ``torch.distributed.ProcessGroup`` and its
-  ``_device_types``, ``torch.distributed.Backend.register_backend`` (``collectives.py``);
+- ``torch.distributed._Work``, a Python ``torch.distributed.ProcessGroup`` (with the overrides of PyTorch's
+  ``test_c10d_pypg.py``) and its ``_device_types`` (the device of object collectives),
+  ``torch.distributed.Backend.register_backend``; ``torch.distributed.new_group`` is replaced inside
+  ``process_group()`` (``collectives.py``);
 - ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
   generators of its own in Python), and so is ``torch.compile``, with
   ``torch._dynamo.config.disable`` set: compiled code runs as written, since TorchDynamo

@@ -8,10 +8,6 @@ tensor, a gather ``world_size`` copies). Groups made with ``new_group`` are simu
 taking CPU tensors as Gloo does (Lightning makes one around ``prepare_data``). Nothing listens on the
 network: the store is an in-memory ``HashStore`` and no other process can be waited for
 (``TORCH_DIST_INIT_BARRIER`` is off inside).
-
-Private PyTorch APIs: ``torch.distributed._Work``, a Python ``torch.distributed.ProcessGroup`` with the
-overrides PyTorch's own ``test_c10d_pypg.py`` uses, and its ``_device_types`` (the device of object
-collectives); ``torch.distributed.new_group`` is replaced inside ``process_group()``.
 """
 
 import functools
@@ -230,10 +226,7 @@ def note(operation: str, tensors: Any, depth: int = 1) -> None:
 
 
 def _creator(backend: str):
-    def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> SimulatedProcessGroup:
-        return SimulatedProcessGroup(rank, world_size, backend)
-
-    return create
+    return lambda store, rank, world_size, timeout: SimulatedProcessGroup(rank, world_size, backend)
 
 
 def _new_group(original, *args: Any, **kwargs: Any):

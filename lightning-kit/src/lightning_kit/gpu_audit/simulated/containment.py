@@ -18,8 +18,6 @@ exception is raised in Python as soon as control is back there outside the backw
 (``raise_kept``): when ``backward()`` or ``torch.autograd.grad`` returns, at the next operation,
 or at the end of ``simulating()``. What a GPU would refuse is then reported at the user's line:
 the hook's where it was in one, else the line that started the backward pass.
-
-Private PyTorch API: ``torch._C._current_autograd_node`` (the node the engine runs, or None).
 """
 
 import contextlib

@@ -1,6 +1,9 @@
 """The tensor on the simulated GPU: an ordinary CPU tensor inside, checked by CUDA's rules at every operation."""
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -245,18 +248,14 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = Tr
 _operations = [0]
 
 
-class count_operations:  # noqa: N801 (a context manager, used as a function is)
+@contextmanager
+def count_operations() -> Iterator[SimpleNamespace]:
     """``with count_operations() as counted:`` ... ``counted.count``: the operations run on the device inside."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __enter__(self) -> "count_operations":
-        self._start = _operations[0]
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.count = _operations[0] - self._start
+    counted, start = SimpleNamespace(count=0), _operations[0]
+    try:
+        yield counted
+    finally:
+        counted.count = _operations[0] - start
 
 
 class _Plan:
