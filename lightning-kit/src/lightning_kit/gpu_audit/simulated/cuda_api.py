@@ -83,12 +83,19 @@ def own(device: Any, operation: str) -> None:
         )
 
 
-@contextlib.contextmanager
-def _on_device(device: Any) -> Iterator[None]:
-    """``torch.cuda.device(d)``, ``device_of(t)``: the block runs on GPU ``d``, which must be the process's own."""
-    if device is not None:
-        own(device, "torch.cuda.device")
-    yield
+class _DeviceContext:
+    """``torch.cuda.device(d)``, ``device_of(t)``: the block runs on GPU ``d``, which must be the process's own (a
+    class, as CUDA's, so that one context is entered again)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def __enter__(self) -> None:
+        if self.device is not None:
+            own(self.device, "torch.cuda.device")
+
+    def __exit__(self, *exc_info: Any) -> None:
+        pass
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
@@ -182,8 +189,8 @@ ANSWERS: dict[str, Callable[..., Any]] = {
     "device_count": lambda: DEVICE_COUNT,
     "current_device": lambda: _state.index,
     "set_device": lambda device: own(device, "torch.cuda.set_device"),
-    "device": _on_device,
-    "device_of": lambda tensor: _on_device(tensor.get_device() if tensor.get_device() >= 0 else None),
+    "device": _DeviceContext,
+    "device_of": lambda tensor: _DeviceContext(tensor.get_device() if tensor.get_device() >= 0 else None),
     "get_device_name": _of_any_gpu(lambda: GPU.name),
     "get_device_capability": _of_any_gpu(lambda: (GPU.major, GPU.minor)),
     "get_device_properties": _of_any_gpu(GPU),
@@ -237,7 +244,7 @@ ACCELERATOR: dict[str, Callable[..., Any]] = {
     "current_device_idx": ANSWERS["current_device"],
     "set_device_index": lambda device: own(device, "torch.accelerator.set_device_index"),
     "set_device_idx": lambda device: own(device, "torch.accelerator.set_device_index"),
-    "device_index": _on_device,
+    "device_index": _DeviceContext,
     "synchronize": ANSWERS["synchronize"],
     "empty_cache": _nothing,
     "empty_host_cache": _nothing,
