@@ -74,8 +74,7 @@ class _GeneratorType(type(_RealGenerator)):
         return issubclass(subclass, _RealGenerator)
 
 
-class _Generator(_RealGenerator, metaclass=_GeneratorType):
-    pass
+_Generator = _GeneratorType("Generator", (_RealGenerator,), {})
 
 
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}

@@ -114,18 +114,12 @@ class SimulatedProcessGroup(dist.ProcessGroup):
                 tensor.mul_(self._world_size)
         return _Done(tensors)
 
-    def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
-
     def allgather(self, output_tensors, input_tensors, opts=None):
         self._checked("all_gather", output_tensors, input_tensors)
         for outputs, tensor in zip(output_tensors, input_tensors, strict=True):
             for output in outputs:
                 output.copy_(tensor)
         return _Done(output_tensors)
-
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
 
     def all_gather_single(self, output, tensor, opts=None):
         self._checked("all_gather_into_tensor", output, tensor)
@@ -175,6 +169,7 @@ class SimulatedProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         return self.recv(tensors, 0, tag)
 
+    allreduce_coalesced, allgather_coalesced = allreduce, allgather
     # The names torch 2.10 calls them by.
     _allgather_base = all_gather_single
     allgather_into_tensor_coalesced = all_gather_single_coalesced

@@ -14,11 +14,6 @@ moves its own way (``lazy.py``).
 Inside ``swaps_undone()``, every tensor swapped is given back, at the block's end, the contents it had
 before its first swap: each parameter is again the object it was, with its values and hooks on the CPU
 (the audit trains the model itself and gives it back unchanged).
-
-Private PyTorch API: ``torch._C._swap_tensor_impl``, where ``swap_tensors`` refuses a tensor referenced
-elsewhere (a weak reference, an autograd graph that still holds it): the swap is made the same way
-without that check, since the audit gives those references up with the pass they belong to;
-``torch.__future__.set_swap_module_params_on_conversion``, set while a module moves.
 """
 
 from collections.abc import Iterator
@@ -38,7 +33,9 @@ def _swap(first: torch.Tensor, second: torch.Tensor) -> None:
     """Swap the two tensors' types, attributes and contents, keeping each Python object where it is held."""
     try:
         _SWAP(first, second)
-    except RuntimeError:  # referenced elsewhere: the same swap, without PyTorch's check of references
+    except RuntimeError:
+        # Referenced elsewhere (a weak reference, an autograd graph that still holds it): the same swap without
+        # PyTorch's check of references, since the audit gives those up with the pass they belong to.
         first.__class__, second.__class__ = second.__class__, first.__class__
         first.__dict__, second.__dict__ = second.__dict__, first.__dict__
         torch._C._swap_tensor_impl(first, second)
