@@ -61,9 +61,22 @@ class KitArgumentParser(LightningArgumentParser):
     """LightningCLI's parser, with shorter help and one-line errors; a configuration it writes out (``--print_config``,
     the run's ``config.yaml``) holds no password of a URL in it (``passwords.scrubbed``: ``me:***@host``)."""
 
+    #: Arguments whose default is a class by its path alone (``KitCLI.default_classes``).
+    class_defaults: tuple[str, ...] = ()
+
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def get_defaults(self, *args, **kwargs) -> Namespace:
+        """The defaults, a default class by its path alone: a class chosen in its place (``--data their.Data``) starts
+        from its own defaults, filled in once parsed. jsonargparse would keep the default class's values for the
+        arguments the chosen class also takes (``batch_size``), as it keeps values given before a class changes."""
+        defaults = super().get_defaults(*args, **kwargs)
+        for key in self.class_defaults:
+            if isinstance(defaults.get(key), Namespace) and "class_path" in defaults[key]:
+                defaults[key] = Namespace(class_path=defaults[key].class_path)
+        return defaults
 
     def dump(self, *args, **kwargs) -> str:
         return scrubbed(super().dump(*args, **kwargs))
