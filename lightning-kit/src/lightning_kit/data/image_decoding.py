@@ -17,7 +17,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ConfigError, DataUnavailableError, first_line
 from ..files import NotAFileError, open_regular
-from .image_files import SHOWN_UNREADABLE, report_once
+from .image_files import first_few, report_once
 
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
 CACHE_FORMAT = 2
@@ -245,13 +245,12 @@ def _decode_all(
 
 
 def _unreadable_message(files: list[Path], skipped: list[tuple[int, str]], skip_unreadable: bool) -> str:
-    named = ", ".join(str(files[index]) for index, _ in skipped[:SHOWN_UNREADABLE])
-    more = f" and {len(skipped) - SHOWN_UNREADABLE} more" if len(skipped) > SHOWN_UNREADABLE else ""
+    named = first_few([str(files[index]) for index, _ in skipped])
     first = f"{files[skipped[0][0]]}: {skipped[0][1]}"
     if skip_unreadable:
-        return f"none of the {len(files)} images can be read: {named}{more} ({first})"
+        return f"none of the {len(files)} images can be read: {named} ({first})"
     return (
-        f"{len(skipped)} of {len(files)} images cannot be read: {named}{more} ({first}). "
+        f"{len(skipped)} of {len(files)} images cannot be read: {named} ({first}). "
         "Replace or remove them, or leave them out with --data.skip_unreadable true"
     )
 
