@@ -122,6 +122,7 @@ def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
         (["--steps", "-3"], "argument --steps: expected a positive number of timed steps, got '-3'"),
         (["--steps", "1.5"], "argument --steps: expected a positive number of timed steps, got '1.5'"),
         (["--warmup", "-1"], "argument --warmup: expected a number of untimed steps, 0 or more, got '-1'"),
+        (["--repeats", "0"], "argument --repeats: expected a positive number of runs, got '0'"),
     ],
 )
 def test_a_wrong_count_of_steps_is_one_line_before_anything_is_built(capsys, arguments, said):

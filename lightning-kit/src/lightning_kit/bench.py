@@ -184,12 +184,11 @@ def data_pipeline(make, batches: int) -> tuple[float, int]:
         torch.set_num_threads(threads)
 
 
-def _whole_number(least: int, what: str, most: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``least`` (and at most ``most``) ``what``, else argparse's
-    one-line error."""
+def _whole_number(least: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` ``what``, else argparse's one-line error."""
 
     def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < least or (most is not None and int(text) > most):
+        if not text.isdigit() or int(text) < least:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return int(text)
 
@@ -246,10 +245,9 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--steps", type=steps, default=100, help="timed training steps per run (default 100)")
     warmup = _whole_number(0, "a number of untimed steps, 0 or more")
     parser.add_argument("--warmup", type=warmup, default=10, help="untimed steps before them (default 10)")
-    parser.add_argument("--repeats", type=int, default=7, help="alternating runs of each contender (default 7)")
+    repeats = _whole_number(1, "a positive number of runs")
+    parser.add_argument("--repeats", type=repeats, default=7, help="alternating runs of each contender (default 7)")
     options, train_args = parser.parse_known_args(args)
-    if options.repeats < 1:
-        parser.error(f"--repeats: expected a positive number of runs, got {options.repeats}")
     with errors_as_messages():  # a missing data folder, say: one line
         training_benchmark(options, train_args, cli_class, prog)
 
