@@ -115,7 +115,6 @@ class KitCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs) -> None:
         trust_modules(type(self).trusted())
-        self._subcommand_parser: dict[str, LightningArgumentParser] = {}  # filled as LightningCLI makes them
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -154,7 +153,6 @@ class KitCLI(LightningCLI):
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         # Private (upstream.lightning.OVERRIDES): the one point where each subcommand's parser is made on its own.
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        self._subcommand_parser[subcommand] = parser  # jsonargparse keeps it under a private name only
         if subcommand in EVALUATIONS:
             parser.add_argument(
                 UNTRAINED_FLAG,
