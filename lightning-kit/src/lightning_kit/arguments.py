@@ -19,7 +19,7 @@ from typing import Any
 
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, restricted_number_type
 
-from .errors import ConfigError
+from .errors import ConfigError, byte_size
 
 # The seeds NumPy takes, and so Lightning's seed_everything.
 SEED_MAX = 2**32 - 1
@@ -121,17 +121,9 @@ def check_memory(
         return
     given = ", ".join(f"{flag} {value!r}" for flag, value in zip(flags, values, strict=True))
     raise error(
-        f"{what} would need about {_size(needed)} of memory at {given}, "
-        f"more than the {_size(available)} available: lower {' or '.join(flags)}"
+        f"{what} would need about {byte_size(needed)} of memory at {given}, "
+        f"more than the {byte_size(available)} available: lower {' or '.join(flags)}"
     )
-
-
-def _size(count: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
 
 
 class Arguments:

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from .errors import UserError
+from .errors import UserError, byte_size
 from .run_record import pid_alive
 from .trust import check_trusted
 
@@ -157,18 +157,9 @@ def check_file(path: str | Path) -> None:
         raise CheckpointError(f"checkpoint {path} cannot be read (truncated?): {err}") from err
     if inflated > INFLATION_LIMIT * size:
         raise CheckpointError(
-            f"checkpoint {path} would inflate from {_size(size)} on disk to {_size(inflated)}, more than "
+            f"checkpoint {path} would inflate from {byte_size(size)} on disk to {byte_size(inflated)}, more than "
             f"{INFLATION_LIMIT} times its size: refused unread (torch.save stores checkpoints uncompressed)"
         )
-
-
-def _size(count: float) -> str:
-    """``count`` bytes for people: ``1.9 MB``."""
-    for unit in ("B", "kB", "MB"):
-        if count < 1000:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 # The lines of PyTorch's refusal of an unsafe file (``weights_only=True``) that say nothing about the file: the first
