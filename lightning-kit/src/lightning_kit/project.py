@@ -61,10 +61,8 @@ class ProjectFile:
 
 
 def find_project(start: str | Path | None = None) -> ProjectFile | None:
-    """The project whose ``pyproject.toml`` is in ``start`` (default: the working folder) or the nearest folder above.
-
-    None where there is none, or where it cannot be read (``read_project`` says why, for a command that needs it).
-    """
+    """The project of ``project_file(start)``; None where there is none, or where it cannot be read (``read_project``
+    says why, for a command that needs it)."""
     path = project_file(start)
     if path is None:
         return None
@@ -75,11 +73,8 @@ def find_project(start: str | Path | None = None) -> ProjectFile | None:
 
 
 def project_file(start: str | Path | None = None) -> Path | None:
-    """The path of the nearest ``pyproject.toml`` at or above ``start`` (default: the working folder).
-
-    One inside a project's folder of runs or data (``runs/``, ``data/`` beside the project's own
-    ``pyproject.toml``) was not written by the project: it is passed over, for the project's own.
-    """
+    """The path of the nearest ``pyproject.toml`` at or above ``start`` (default: the working folder), passing over
+    one inside a project's folder of runs or data (``runs/``, ``data/`` beside its own), which it did not write."""
     try:
         folder = Path(start if start is not None else os.getcwd()).resolve()
     except OSError:  # the working folder was removed
