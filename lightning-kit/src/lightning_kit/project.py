@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, first_line
+from .files import NotAFileError, open_regular
 
 FILE = "pyproject.toml"
 TABLE = "lightning-kit"  # [tool.lightning-kit]
@@ -102,8 +103,10 @@ def read_project(path: Path) -> ProjectFile:
     except ModuleNotFoundError:  # Python 3.10: the library requires tomli there
         import tomli as tomllib
     try:
-        with path.open("rb") as file:
+        with open_regular(path) as file:  # a FIFO put in its place since it was found is refused, never waited on
             data = file.read(MAX_BYTES + 1)
+    except NotAFileError as err:
+        raise ConfigError(str(err)) from err
     except OSError as err:
         raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from err
     if len(data) > MAX_BYTES:
