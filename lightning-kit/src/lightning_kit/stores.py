@@ -24,6 +24,8 @@ from .errors import ConfigError, UserError, exception_chain, first_line
 from .files import kind_of, open_regular
 from .passwords import hidden, remember, scrubbed
 
+# A sweep's folder holds these: what the dashboard reads to find its study, and the study's SQLite file by default.
+STUDY_FILE, STUDY_DB = "study.json", "study.db"
 SQLITE_HEADER = b"SQLite format 3\x00"
 # The files SQLite keeps beside a database: its rollback journal, its write-ahead log and that log's index.
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
@@ -155,7 +157,7 @@ def opened(url: str, flag: str = "--storage") -> None:
 
 def failure_line(err: BaseException) -> str | None:
     """One line for a store's failure behind ``err``, naming the store last opened; None for any other error."""
-    reason = _database_reason(err)
+    reason = database_reason(err)
     if reason is None or not _opened:
         return None
     shown, flag = _opened[-1]
@@ -212,7 +214,7 @@ _MEANINGS = (
 )
 
 
-def _database_reason(err: BaseException) -> str | None:
+def database_reason(err: BaseException) -> str | None:
     """The message of the database error (SQLAlchemy's, the driver's, Optuna's storage's) behind ``err``, if any."""
     for current in exception_chain(err):
         module = type(current).__module__ or ""

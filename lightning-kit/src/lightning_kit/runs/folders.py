@@ -29,8 +29,9 @@ from ..files import open_regular
 from ..metric_logs import epoch_columns, read_metric_log
 from ..passwords import scrubbed
 from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
+from ..stores import STUDY_FILE
 
-CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.json"
+CONFIG_FILE, METRICS_FILE = "config.yaml", "metrics.csv"
 EVALUATIONS = ("validate", "test", "predict")
 FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # what fit ending well left, before run.json
 # run.json and study.json are a few lines; metrics.csv grows a row per logging call. (config.yaml: config_files.)

@@ -189,7 +189,7 @@ def sweep(
             report(f"study {name} was started with {differs.what}: --new_study: trying study {given}-{attempt + 1}")
             continue
         break
-    write_study_file(folder, study, url, monitor)
+    write_study_file(folder, study, url, monitor, options.folds)
     plan = Plan(cli_class, study, space, train_args, fixed, folder, monitor)
     report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
     trials_started = time.perf_counter()

@@ -39,10 +39,8 @@ from .. import stores
 from ..checkpoints import written_whole
 from ..errors import ConfigError, first_line
 from ..passwords import hidden, scrubbed, unescaped_at
+from ..stores import STUDY_DB, STUDY_FILE
 
-STUDY_DB = "study.db"
-# What the table of runs reads to find a sweep's study: its name, store, monitored metric and direction.
-STUDY_FILE = "study.json"
 # A worker records that its trial is alive this often; one silent for the grace period has died.
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 60
@@ -164,13 +162,15 @@ def put_back(storage: RDBStorage, trial: Trial) -> None:
     storage.set_trial_state_values(trial_id(trial), optuna.trial.TrialState.WAITING)
 
 
-def write_study_file(folder: Path, study: optuna.Study, url: str, monitor: str) -> None:
-    """Write ``study.json`` into ``folder``, whole or not at all: the study's name, store, metric and direction."""
+def write_study_file(folder: Path, study: optuna.Study, url: str, monitor: str, folds: int | None) -> None:
+    """Write ``study.json`` into ``folder``, whole or not at all: the study's name, store, metric and direction, and
+    a cross-validation's number of folds (the dashboard finds the study by it, the table of runs sums up the folds)."""
     record = {
         "study_name": study.study_name,
         "storage": shown(url),
         "monitor": monitor,
         "direction": study.direction.name.lower(),
+        "folds": folds,
     }
     folder.mkdir(parents=True, exist_ok=True)
     with written_whole(folder / STUDY_FILE) as temporary:
