@@ -1,15 +1,9 @@
-"""Database stores (a study's SQLite file, a server's URL) as the sweep and the table of runs open them.
+"""Database stores (a study's SQLite file, a server's URL) as the sweep and the dashboard open them.
 
-An SQLite file a person names or finds is checked before SQLite opens it: a folder, a FIFO
-(which SQLite would wait on for ever) or a device is refused, and so is a file that is not
-an SQLite database at all. Each connection carries a time bound on every statement (SQLite's
-progress handler, measured from the statement's start), so a schema that loops (a recursive
-view in place of a table) ends in a line instead of hanging; a file only read is opened
-read-only (``mode=ro``). Every failure of a store (corrupt, read-only, full, past the file
-size limit, locked, unreachable, a wrong password) becomes one line naming the store,
-without its password, and what to do: ``failure_line``.
-
-Only the standard library at import: the table of runs uses it without loading PyTorch.
+An SQLite file is checked before SQLite opens it (``check_sqlite_file``), every statement on it is time-bound
+(``sqlite_connector``: a schema that loops ends in a line instead of a hang), and every failure of a store becomes
+one line naming the store, without its password, and what to do (``failure_line``). Only the standard library at
+import: the table of runs takes its names without loading PyTorch.
 """
 
 import errno

@@ -3,14 +3,9 @@
     python -m lightning_kit.views dashboard runs/sweeps/lr    # a sweep's study: trials, values, importances
     python -m lightning_kit.views dashboard --storage postgresql://user@host/db --study lr
 
-What it adds to ``optuna-dashboard STORAGE_URL``: it finds the store from the sweep's folder (its
-study.json), opens it read-only (the dashboard's buttons that delete a study or edit a trial's note
-cannot change a sweep, and a mistyped SQLite path is not made into an empty database), checks the
-study is there, and serves on 127.0.0.1 (``--host``, ``--port``) until Ctrl-C or SIGTERM. A study
-that is not there, a store that cannot be reached and a port in use are each one line. A store's
-password is never printed; the dashboard runs in this process, so the password is not on the command
-line of another either. TensorBoard and MLflow's UI need no such help: ``tensorboard --logdir runs``,
-``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``.
+What it adds to ``optuna-dashboard STORAGE_URL`` (lightning-kit's README says more): the store found from the
+sweep's folder, opened read-only with every query time-bound, each failure one line, and the password on no command
+line, since the dashboard runs in this process.
 """
 
 import argparse
@@ -66,10 +61,12 @@ def _dashboard(options: argparse.Namespace) -> None:
         raise UserError("give a sweep's FOLDER (runs/sweeps/<study>), or --storage URL (and --study NAME)")
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise UserError("Optuna's dashboard is not installed: pip install 'lightning-kit[dashboard]'")
-    url, name = options.storage, options.study
-    named = f"--storage {hidden(url)}" if url else ""
+    url, name, named = options.storage, options.study, ""
     if options.folder is not None:
-        folder = _folder(options.folder, "FOLDER", "a sweep's folder (runs/sweeps/<study>)")
+        folder = Path(options.folder)
+        if not folder.is_dir():
+            problem = "is not a folder" if folder.exists() else "does not exist"
+            raise UserError(f"FOLDER {folder} {problem}: give a sweep's folder (runs/sweeps/<study>)")
         if not (folder / STUDY_FILE).is_file():
             raise UserError(f"FOLDER {folder} holds no {STUDY_FILE}: give a sweep's folder (runs/sweeps/<study>)")
         named = f"the sweep in {folder} cannot be shown"
@@ -172,15 +169,6 @@ def _unreadable(err: BaseException, database: str | None) -> str:
         )
     # Optuna writes to a study that lacks what it writes: this view never does.
     return f"it lacks what Optuna writes into every study (and studies are opened read-only here: {reason})"
-
-
-def _folder(given: str, flag: str, what: str) -> Path:
-    folder = Path(given)
-    if not folder.exists():
-        raise UserError(f"{flag} {folder} does not exist: give {what}")
-    if not folder.is_dir():
-        raise UserError(f"{flag} {folder} is not a folder: give {what}")
-    return folder
 
 
 def _port(text: str) -> int:

@@ -57,11 +57,6 @@ def default_url(folder: Path) -> str:
     return f"sqlite:///{folder.resolve() / STUDY_DB}"
 
 
-def shown(url: str) -> str:
-    """``url`` without its password, for messages and ``study.json`` (``passwords.hidden``)."""
-    return hidden(url)
-
-
 def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStorage:
     """The storage at ``url``; ``on_stale(study, trial)`` is called for each trial its heartbeat finds dead.
 
@@ -73,7 +68,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
     stores.opened(url)
     if unescaped_at(url):
         raise ConfigError(
-            f"--storage {shown(url)}: the URL holds more than one '@': write an '@' in the user name or password "
+            f"--storage {hidden(url)}: the URL holds more than one '@': write an '@' in the user name or password "
             "as %40 (and ':' as %3A, '/' as %2F, '%' as %25)"
         )
     try:
@@ -81,7 +76,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         backend = parsed.get_backend_name()
     except Exception:  # ArgumentError, a port that is no number: ValueError, ...
         raise ConfigError(
-            f"--storage {shown(url)!r} is not a database URL: "
+            f"--storage {hidden(url)!r} is not a database URL: "
             "give e.g. postgresql+psycopg://user@host/db or sqlite:///file.db"
         ) from None
     sqlite = backend == "sqlite"
@@ -89,8 +84,8 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
     if sqlite:
         database = stores.sqlite_database(url)
         if database is None:
-            raise ConfigError(f"--storage {shown(url)}: an SQLite study needs a file: give sqlite:///<file>.db")
-        named = f"{database} (the study's file beside its trials)" if beside_trials else f"--storage {shown(url)}"
+            raise ConfigError(f"--storage {hidden(url)}: an SQLite study needs a file: give sqlite:///<file>.db")
+        named = f"{database} (the study's file beside its trials)" if beside_trials else f"--storage {hidden(url)}"
         stores.check_sqlite_file(database, named, writing=True, no_link=beside_trials)
         try:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +97,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         connect = stores.sqlite_connector(database, read_only=False, lock_wait_s=SQLITE_LOCK_WAIT_S)
         engine_kwargs = {"creator": connect}
     else:
-        named = f"--storage {shown(url)}"
+        named = f"--storage {hidden(url)}"
         engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
     for attempt in range(3):
         try:
@@ -119,7 +114,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         except (ImportError, NoSuchModuleError) as err:
             driver = parsed.drivername
             raise ConfigError(
-                f"--storage {shown(url)}: the database driver for {driver} is not installed "
+                f"--storage {hidden(url)}: the database driver for {driver} is not installed "
                 f"({scrubbed(_reason(err))}); for PostgreSQL: pip install -e '.[postgres]' and postgresql+psycopg://..."
             ) from None
         except (IntegrityError, ProgrammingError, OperationalError, DatabaseError, StorageInternalError) as err:
@@ -167,7 +162,7 @@ def write_study_file(folder: Path, study: optuna.Study, url: str, monitor: str, 
     a cross-validation's number of folds (the dashboard finds the study by it, the table of runs sums up the folds)."""
     record = {
         "study_name": study.study_name,
-        "storage": shown(url),
+        "storage": hidden(url),
         "monitor": monitor,
         "direction": study.direction.name.lower(),
         "folds": folds,
