@@ -142,9 +142,7 @@ def _begin_immediately(connection) -> None:
 
 
 def _reason(err: BaseException) -> str:
-    """The first line of what ``err`` (or the error behind it) says."""
-    cause = err.__cause__ or err.__context__ or err
-    return first_line(getattr(cause, "orig", None) or cause)
+    return stores.database_reason(err) or first_line(err.__cause__ or err)
 
 
 def trial_id(trial: Trial | FrozenTrial) -> int:
