@@ -161,15 +161,17 @@ def identities(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> 
     for trial in trials:
         if grid:
             found[trial.number] = grid_key({**trial.system_attrs.get("fixed_params", {}), **trial.params}, names)
-            continue
-        number, seen = trial.number, set()
-        while isinstance(retried := trials[number].user_attrs.get(RETRY_OF), int) and 0 <= retried < number:
-            if retried in seen:
-                break
-            seen.add(retried)
-            number = retried
-        found[trial.number] = number
+        else:
+            found[trial.number] = [trial, *_retried(trials, trial)][-1].number
     return found
+
+
+def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[FrozenTrial]:
+    """The trials that ``trial`` retries, newest first: each records the one before it (always of a smaller number)."""
+    number = trial.number
+    while isinstance(retried := trials[number].user_attrs.get(RETRY_OF), int) and 0 <= retried < number:
+        number = retried
+        yield trials[number]
 
 
 def _groups(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dict[Any, list[FrozenTrial]]:
@@ -205,18 +207,12 @@ def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: b
 
 def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
     """The checkpoint a retried trial resumes from: the newest its predecessor saved, or that one resumed from."""
-    trials = study.get_trials(deepcopy=False)
-    number = trial.user_attrs.get(RETRY_OF)
-    seen = set()
-    while isinstance(number, int) and 0 <= number < len(trials) and number not in seen:
-        seen.add(number)
-        earlier = trials[number]
+    for earlier in _retried(study.get_trials(deepcopy=False), trial):
         folder = earlier.user_attrs.get(RUN_FOLDER)
         if folder is not None and (newest := newest_checkpoint(folder)) is not None:
             return newest
         if earlier.user_attrs.get(RESUMED_FROM):
             return earlier.user_attrs[RESUMED_FROM]
-        number = earlier.user_attrs.get(RETRY_OF)
     return None
 
 
