@@ -15,6 +15,7 @@ import yaml
 from conftest import HANG_GUARD_S, PROJECT
 from image_project.cli import main as train
 
+from lightning_kit.files import TEMPORARY_PREFIX
 from lightning_kit.run_record import RUN_FILE, process_token, write_record
 from lightning_kit.runs.command import main as runs
 
@@ -213,7 +214,7 @@ def test_the_record_is_replaced_whole_and_never_written_through_a_link(tmp_path)
     write_record(path, {"status": "running", "padding": "x" * 10_000})
     victim = tmp_path / "victim"
     victim.write_text("untouched")
-    (tmp_path / f".writing.{os.getpid()}.{RUN_FILE}").symlink_to(victim)
+    (tmp_path / f"{TEMPORARY_PREFIX}{os.getpid()}.{RUN_FILE}").symlink_to(victim)
     write_record(path, {"status": "finished"})
     assert json.loads(path.read_text()) == {"status": "finished"}
     assert victim.read_text() == "untouched" and sorted(p.name for p in tmp_path.iterdir()) == [RUN_FILE, "victim"]

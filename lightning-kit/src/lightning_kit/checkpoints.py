@@ -4,8 +4,7 @@ import os
 import re
 import stat
 import zipfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import UserError, byte_size
-from .run_record import pid_alive
+from .files import written_whole
 from .trust import check_trusted
 
 # What `--ckpt_path last` may resume from: the end of an epoch, or an interrupted step.
@@ -58,35 +57,6 @@ class RunClasses(L.Callback):
             "model": class_path(type(pl_module)),
             "data": class_path(type(data)) if data else None,
         }
-
-
-@contextmanager
-def written_whole(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to: renamed to ``path`` when the block ends, removed if it fails; one
-    a killed process left is removed by the next write in that folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_files(path.parent)
-    temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
-    # Whatever stands at that name (a link planted there, a reused pid's leftover) is removed,
-    # not written through: the bytes go to a new file beside ``path`` and nowhere else.
-    temporary.unlink(missing_ok=True)
-    try:
-        yield temporary
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-TEMPORARY_PREFIX = ".saving."
-
-
-def _remove_abandoned_files(folder: Path) -> None:
-    """Remove temporary files of saves that were killed: those of processes that no longer exist."""
-    for path in folder.glob(f"{TEMPORARY_PREFIX}*"):
-        pid = path.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            path.unlink(missing_ok=True)
 
 
 def latest_checkpoint(runs_root: str | Path, report=print) -> Path:

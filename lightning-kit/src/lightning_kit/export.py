@@ -55,11 +55,11 @@ import yaml
 from torch import nn
 
 from .building import build
-from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint, written_whole
+from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint
 from .cli import GenericCLI, KitCLI, expand_shortcuts
 from .errors import ConfigError, OneLineParser, UserError, command, invoked_as
 from .example_inputs import Example, example_inputs, free_axes, real_batch, reason
-from .files import check_output_file
+from .files import check_output_file, written_whole
 from .installation import check_installation
 from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size
 from .stores import DISK_ERRORS

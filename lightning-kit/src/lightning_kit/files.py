@@ -7,6 +7,8 @@ each is refused by name, from ``os.stat``, before it is opened.
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -115,3 +117,40 @@ def check_folder_path(path: str | Path, what: str, flag: str) -> None:
             raise ConfigError(
                 f"{what} {path} cannot be made: {part} is {kind}, not a folder: move it away, or give another {flag}"
             )
+
+
+# The temporary files of writes in progress (``written_whole``): hidden, and named by the writing process.
+TEMPORARY_PREFIX = ".saving."
+
+
+@contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to: renamed to ``path`` when the block ends, removed if it fails, so
+    a reader never sees half a file (a checkpoint, a run's record); one a killed process left is removed by the next
+    write in that folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for left in path.parent.glob(f"{TEMPORARY_PREFIX}*"):
+        pid = left.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            left.unlink(missing_ok=True)
+    temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
+    # Whatever stands at that name (a link planted there, a reused pid's leftover) is removed,
+    # not written through: the bytes go to a new file beside ``path`` and nowhere else.
+    temporary.unlink(missing_ok=True)
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this host (any process, another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # another user's process
+    except (OSError, OverflowError):  # ProcessLookupError among them
+        return False
+    return True

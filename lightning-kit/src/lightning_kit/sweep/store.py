@@ -36,8 +36,8 @@ from sqlalchemy.exc import (
 )
 
 from .. import stores
-from ..checkpoints import written_whole
 from ..errors import ConfigError, first_line
+from ..files import written_whole
 from ..passwords import hidden, scrubbed, unescaped_at
 from ..stores import STUDY_DB, STUDY_FILE
 
