@@ -169,17 +169,14 @@ def _check_claims(path: Path, program: ExportedProgram, info: ModelInfo, dtype: 
             f"{path}: its program takes batches of {inputs.shape[0]} inputs only (exported without a batch dimension "
             "that varies), and the server batches requests: refused"
         )
-    fixed = [(axis, constant_size(size)) for axis, size in enumerate(inputs.shape) if constant_size(size) is not None]
-    wrong = [(axis, size) for axis, size in fixed if axis > 0 and shape[axis] != size]
     if info.kind == IMAGES:
         side = claimed.get("image_size", info.image_size)
-        if wrong or side != info.image_size or len(fixed) < 3:
-            program_shape = tuple(
-                constant_size(size) if constant_size(size) is not None else "any" for size in inputs.shape[1:]
-            )
+        sizes = [constant_size(size) for size in inputs.shape[1:]]
+        if sizes != shape[1:] or side != info.image_size:
+            program_shape = ", ".join("any" if size is None else str(size) for size in sizes)
             raise ModelFileError(
                 f"{path}: {said} {side}x{side} images (shape {tuple(shape)}), but its program takes inputs of shape "
-                f"(batch, {', '.join(map(str, program_shape))}): refused"
+                f"(batch, {program_shape}): refused"
             )
     else:
         fewest, most = info.lengths
