@@ -106,11 +106,8 @@ def _read_archive(path: Path, export_command: str) -> io.BytesIO:
 def _check_operations(path: Path, program: ExportedProgram) -> None:
     """Refuse a graph that calls anything but ATen operations and ``operator.getitem``."""
     for node in program.graph.nodes:
-        target = node.target
-        if node.op != "call_function" or target is operator.getitem:
-            continue
-        if not is_aten_operation(target):
-            raise ModelFileError(f"{path} calls {target}, not a PyTorch tensor operation: refused")
+        if node.op == "call_function" and node.target is not operator.getitem and not is_aten_operation(node.target):
+            raise ModelFileError(f"{path} calls {node.target}, not a PyTorch tensor operation: refused")
 
 
 def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
