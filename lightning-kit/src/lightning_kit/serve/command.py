@@ -113,12 +113,8 @@ def _bounded(kind, low, high=None, low_open=False):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text}: {expected}") from None
-        if (
-            not math.isfinite(value)
-            or value < low
-            or (low_open and value == low)
-            or (high is not None and value > high)
-        ):
+        above_low = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above_low and (high is None or value <= high)):
             raise argparse.ArgumentTypeError(f"{text}: {expected}")
         return value
 
