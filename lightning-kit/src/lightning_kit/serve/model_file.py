@@ -42,6 +42,8 @@ from ..upstream.torch import is_aten_operation
 from .archive import ModelFileError, stored_copy
 from .tensor_claims import check_tensor_claims, embedding_rows
 
+WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -69,12 +71,10 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
     # What torch.export logs is kept, not printed (a traceback, for a damaged file refused in one line): PyTorch's
     # loggers have handlers of their own, so those are set aside too, not only the propagation.
     logger, kept = logging.getLogger("torch.export"), logging.handlers.BufferingHandler(capacity=sys.maxsize)
+    forced = os.environ.get(WEIGHTS_ONLY)
+    os.environ[WEIGHTS_ONLY] = "1"  # one variable set and put back: mock.patch.dict would rewrite the whole environment
     try:
-        with (
-            mock.patch.dict(os.environ, TORCH_FORCE_WEIGHTS_ONLY_LOAD="1"),
-            mock.patch.object(logger, "handlers", [kept]),
-            mock.patch.object(logger, "propagate", False),
-        ):
+        with mock.patch.object(logger, "handlers", [kept]), mock.patch.object(logger, "propagate", False):
             program = torch.export.load(stored, extra_files=extra)
     except Exception as err:  # a damaged archive makes the deserializer raise almost any type
         # PyTorch logs what the archive reader refused and raises "check the warnings above": that is the reason.
@@ -82,6 +82,10 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
         raise ModelFileError(f"{path} cannot be loaded as an exported model ({first_line(cause)})") from err
     finally:
         stored.close()
+        if forced is None:
+            del os.environ[WEIGHTS_ONLY]
+        else:
+            os.environ[WEIGHTS_ONLY] = forced
     _check_operations(path, program)
     return program, _model_info(path, program, extra, export_command)
 

@@ -115,8 +115,8 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
     fewest, most = size_range(program, sizes[0])
     if fewest > 1 or most is not None:
         raise ModelFileError(
-            f"{path}: its program takes batches of {fewest} to {most or 'any number of'} examples, and the server "
-            "batches any number from 1: refused"
+            f"{path}: its program takes batches of {fewest} to {'any number of' if most is None else most} "
+            "examples, and the server batches any number from 1: refused"
         )
     return batch, taken, tuple(ranged)
 
