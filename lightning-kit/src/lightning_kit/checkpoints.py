@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from .errors import UserError, byte_size
+from .errors import UserError, byte_size, first_few
 from .files import written_whole
 from .trust import check_trusted
 
@@ -212,10 +212,6 @@ def check_architecture(path: str | Path, trained: Trained, model: L.LightningMod
     now = list(getattr(model, "class_names", None) or [])
     if trained.class_names is not None and now and now != trained.class_names:
         raise CheckpointError(
-            f"{path} was trained on the classes {_listed(trained.class_names)}, but the data now has "
-            f"{_listed(now)}: its predictions would be named wrongly. Use the data it was trained on."
+            f"{path} was trained on the classes {first_few(trained.class_names, 6)}, but the data now has "
+            f"{first_few(now, 6)}: its predictions would be named wrongly. Use the data it was trained on."
         )
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")

@@ -11,7 +11,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 try:
@@ -76,6 +76,12 @@ def byte_size(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
         count /= 1024
     return f"{count:.1f} TiB"
+
+
+def first_few(names: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names`` and how many more, for a line: ``a, b, c and 4 more``."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def invoked_as(default: str) -> str:

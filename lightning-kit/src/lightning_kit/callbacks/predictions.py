@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from ..errors import UserError
+from ..errors import UserError, first_few
 from ..files import check_output_file
 
 # Columns of values a predictions CSV holds at most, beside the input's name and label: more is no table to read.
@@ -112,8 +112,9 @@ class CSVPredictionWriter(BasePredictionWriter):
             self._write_rows([["file" if self._names is not None else "index", *header]])
         elif header != self._header:
             raise UserError(
-                f"predict_step's output for batch {batch_idx} makes the columns {_few(header)}, unlike the first "
-                f"batch's {_few(self._header)}: return the same keys and shapes (but the batch size) for every batch"
+                f"predict_step's output for batch {batch_idx} makes the columns {first_few(header, 6)}, unlike the "
+                f"first batch's {first_few(self._header, 6)}: return the same keys and shapes (but the batch size) for "
+                "every batch"
             )
         if batch_indices is None or len(batch_indices) != size:
             batch_indices = range(self._rows, self._rows + size)  # no indices from the sampler: in order
@@ -266,9 +267,3 @@ def _labels(batch: Any, size: int, classes: list[str] | None, where: Any = True)
     if classes is not None and labels.ndim == 1 and not labels.is_floating_point():
         return [("label", [classes[k] if 0 <= k < len(classes) else str(k) for k in labels.tolist()])]
     return _outputs(labels, "label", "the labels")[1]
-
-
-def _few(names: list[str]) -> str:
-    """A header as a short text: its first names and how many more."""
-    shown = ", ".join(names[:6])
-    return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ConfigError, DataUnavailableError, first_line
+from ..errors import ConfigError, DataUnavailableError, first_few, first_line
 from ..files import NotAFileError, open_regular
-from .image_files import first_few, report_once
+from .image_files import report_once
 
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
 CACHE_FORMAT = 2

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-from ..errors import DataUnavailableError
+from ..errors import DataUnavailableError, first_few
 from ..files import kind_of, open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LIST_SUFFIX = ".txt"
 # Bad files named in full in an error; the rest are counted.
-SHOWN_UNREADABLE = 3
 
 _LAYOUT = "root/<class>/<images>"
 
@@ -266,12 +265,6 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
             f"{list_file} lists no images: write one path per line (relative to its folder); '#' starts a comment"
         )
     return tuple(files)
-
-
-def first_few(names: Sequence[str]) -> str:
-    """The first ``SHOWN_UNREADABLE`` of ``names``, and how many more."""
-    more = len(names) - SHOWN_UNREADABLE
-    return ", ".join(names[:SHOWN_UNREADABLE]) + (f" and {more} more" if more > 0 else "")
 
 
 def report_once(line: str) -> None:
