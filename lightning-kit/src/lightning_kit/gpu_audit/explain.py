@@ -228,7 +228,7 @@ def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[s
         code = frame.f_code
         passed = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         for name, value in frame.f_locals.items():
-            if not _same_memory(value, tensor):
+            if value is not tensor and not (_cpu(value) and batches.same_memory(value, tensor)):
                 continue
             made = simulated.made_at(value)
             if made is None and name not in passed:
@@ -246,18 +246,6 @@ def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[s
 
 def _cpu(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0
-
-
-def _same_memory(value: Any, tensor: torch.Tensor) -> bool:
-    """Whether ``value`` is ``tensor``, or a dense CPU tensor whose values are in the same memory."""
-    if value is tensor:
-        return True
-    return (
-        _cpu(value)
-        and value.layout == torch.strided
-        and tensor.layout == torch.strided
-        and value.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
-    )
 
 
 def _assigned(code: Any, name: str, before: int) -> int | None:
@@ -528,23 +516,11 @@ def _batch_hint(err: SimulatedDeviceError, model: L.LightningModule | None) -> l
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
-def _storage(tensor: torch.Tensor) -> int | None:
-    """The address of a CPU tensor's storage; None for other devices and for sparse layouts, which have none."""
-    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
-        return None
-    return tensor.untyped_storage().data_ptr()
-
-
 def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
     """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
-    storage = _storage(tensor)
 
     def same(value: Any) -> bool:
-        if not isinstance(value, torch.Tensor):
-            return False
-        if value is tensor:
-            return True
-        return storage is not None and _storage(value) == storage
+        return batches.same_memory(value, tensor)
 
     def holds(value: Any) -> bool:
         if isinstance(value, torch.nn.Module):

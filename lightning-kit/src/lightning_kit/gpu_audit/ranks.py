@@ -12,7 +12,7 @@ line of the user's code where they differ, and ``hang`` says it as a bug.
 from ..guide import cite
 from .explain import _shown
 from .simulated.collectives import Call
-from .verdict import DevicePlacementError
+from .verdict import DevicePlacementError, Verdict
 
 FIX = (
     "call every collective on every process, with tensors of the same shape: log with sync_dist=True on every rank "
@@ -20,6 +20,18 @@ FIX = (
     "torchmetrics metric on every rank, and pad a tensor whose size depends on the data before all_gather (or "
     "gather Python objects with torch.distributed.all_gather_object)"
 )
+
+
+def compare(verdict: Verdict) -> None:
+    """Mark, as a bug on the second process's stage, each stage of the DDP run whose processes part."""
+    ran = {(outcome.stage, outcome.rank): outcome for outcome in verdict.outcomes if outcome.world_size > 1}
+    for (stage, rank), second in ran.items():
+        first = ran.get((stage, 0))
+        if rank != 1 or first is None or first.error or first.gap or second.error or second.gap:
+            continue
+        parted = parting(first.collectives, second.collectives)
+        if parted is not None:
+            second.error = hang(parted, stage)
 
 
 def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | None] | None:
