@@ -239,15 +239,11 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
         "",
     ]
     if rows:
-        lines += [f"| {' | '.join(COLUMNS)} |", f"|{' --- |' * len(COLUMNS)}"]
-        lines += [f"| {' | '.join(_cell(row.get(column, '-')) for column in COLUMNS)} |" for row in rows]
-        lines += ["", f"{sum(row['agrees'] == 'yes' for row in rows)} of {len(rows)} agree."]
+        lines += [*_table(COLUMNS, rows), "", f"{sum(row['agrees'] == 'yes' for row in rows)} of {len(rows)} agree."]
     else:
         lines.append("No agreement rows were recorded (see the tests' step).")
     if memory:
-        lines += ["", "## GPU memory: the audit's count beside CUDA's", ""]
-        lines += [f"| {' | '.join(MEMORY_COLUMNS)} |", f"|{' --- |' * len(MEMORY_COLUMNS)}"]
-        lines += [f"| {' | '.join(_cell(row.get(column, '-')) for column in MEMORY_COLUMNS)} |" for row in memory]
+        lines += ["", "## GPU memory: the audit's count beside CUDA's", "", *_table(MEMORY_COLUMNS, memory)]
     for step in steps_run:
         if not step.passed:
             tail = step.output.strip().splitlines()[-OUTPUT_LINES:]
@@ -255,8 +251,13 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
     return "\n".join(lines) + "\n"
 
 
-def _cell(value: str) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")[:120]
+def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
+    """A Markdown table of ``rows``, each cell on one line, short."""
+    lines = [f"| {' | '.join(columns)} |", f"|{' --- |' * len(columns)}"]
+    for row in rows:
+        cells = (str(row.get(column, "-")).replace("|", "\\|").replace("\n", " ")[:120] for column in columns)
+        lines.append(f"| {' | '.join(cells)} |")
+    return lines
 
 
 @command
