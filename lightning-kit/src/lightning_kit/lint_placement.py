@@ -380,10 +380,18 @@ def _index_variable(node: ast.expr) -> bool:
 
 
 def manual_placements(source: str) -> list[Finding]:
-    """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there."""
-    tree = ast.parse(source)
-    finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
-    finder.visit(tree)
+    """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there.
+
+    A source nested past Python's parser (``x = 1+1+...+1`` a hundred thousand times, which Python cannot compile
+    either) is ``UnreadableError``, not the parser's RecursionError."""
+    try:
+        tree = ast.parse(source)
+        finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
+        finder.visit(tree)
+    except (RecursionError, MemoryError):
+        raise UnreadableError(
+            "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
+        ) from None
     first = {}  # the outermost call of a line: `.to(torch.device("cuda"))` once, not twice
     for finding in finder.findings:
         first.setdefault(finding.line, finding)
@@ -451,7 +459,7 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
         if is_exempt(path):
             continue
         try:
-            findings = _placements_in(read_source(path))
+            findings = manual_placements(read_source(path))
         except UnreadableError as why:
             if errors is None:
                 raise UnreadableError(f"{path} {why}") from None
@@ -462,17 +470,6 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
             continue
         lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
     return lines
-
-
-def _placements_in(source: str) -> list[Finding]:
-    """``manual_placements``; a source nested past Python's parser (``x = 1+1+...+1`` a hundred thousand times,
-    which Python cannot compile either) is ``UnreadableError``, not the parser's RecursionError."""
-    try:
-        return manual_placements(source)
-    except (RecursionError, MemoryError):
-        raise UnreadableError(
-            "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
-        ) from None
 
 
 def python_files(folder: Path) -> list[Path]:

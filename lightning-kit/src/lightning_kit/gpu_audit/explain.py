@@ -36,12 +36,6 @@ FIXES = {
         "never .cpu() or .to('cpu') inside a step",
         "rules 2 to 9",
     ),
-    "unmoved batch": (
-        "give the batch's class a to(self, device) method that returns it with its tensors moved (or make it a "
-        "dataclass or a NamedTuple), or override the LightningModule's "
-        "transfer_batch_to_device(self, batch, device, dataloader_idx) hook to move it",
-        "rule 1",
-    ),
     "another GPU": (
         "every DDP process has its own GPU: take the device from the data or the module (x.device, self.device), "
         "never a fixed one such as cuda:0 or device index 0",
@@ -110,7 +104,15 @@ FIXES = {
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
     ),
+    "collective mismatch": (  # ranks.py
+        "call every collective on every process, with tensors of the same shape: log with sync_dist=True on every "
+        "rank (never inside `if self.trainer.is_global_zero:`; rank_zero_only is for files and prints), compute a "
+        "torchmetrics metric on every rank, and pad a tensor whose size depends on the data before all_gather (or "
+        "gather Python objects with torch.distributed.all_gather_object)",
+        "rule 22",
+    ),
 }
+# The fix of an "unmoved batch" (a tensor of the batch that Lightning could not move) is its own: batches.Unmoved.fix.
 
 
 def explain(
@@ -165,9 +167,7 @@ def explain(
             lines.append(culprit)
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
-    fix, rule = FIXES[kind]
-    if unmoved is not None:
-        fix = unmoved.fix()
+    fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
     at_line = f" at {_shown(made[0])}:{made[1]}" if made is not None and frame and made != _place(frame) else ""
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(

@@ -10,16 +10,9 @@ line of the user's code where they differ, and ``hang`` says it as a bug.
 """
 
 from ..guide import cite
-from .explain import _shown
+from .explain import FIXES, _shown
 from .simulated.collectives import Call
 from .verdict import DevicePlacementError, Verdict
-
-FIX = (
-    "call every collective on every process, with tensors of the same shape: log with sync_dist=True on every rank "
-    "(never inside `if self.trainer.is_global_zero:`; rank_zero_only is for files and prints), compute a "
-    "torchmetrics metric on every rank, and pad a tensor whose size depends on the data before all_gather (or "
-    "gather Python objects with torch.distributed.all_gather_object)"
-)
 
 
 def compare(verdict: Verdict) -> None:
@@ -69,7 +62,8 @@ def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacement
         "On GPUs: no error. Each process waits for the other's matching call, and NCCL's watchdog stops both after "
         "its timeout (30 minutes by default), with nothing printed until then."
     )
-    lines.append(f"Fix: {FIX}. See rule 22 of the placement guide: {cite('rule 22')}.")
+    fix, rule = FIXES["collective mismatch"]
+    lines.append(f"Fix: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
         kind="collective mismatch",

@@ -17,8 +17,8 @@ class DevicePlacementError(RuntimeError):
     """An operation that would fail on a GPU.
 
     Attributes:
-        kind: A key of ``explain.FIXES`` (``"mixed devices"``, ``"unmoved batch"``, ``"another GPU"``, ...), or
-            ``"collective mismatch"`` (the processes of a DDP run call different collectives: a hang on GPUs).
+        kind: A key of ``explain.FIXES`` (``"mixed devices"``, ``"another GPU"``, ``"collective mismatch"``, ...),
+            or ``"unmoved batch"`` (a tensor of the batch that Lightning could not move, ``batches.py``).
         stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
         rank: 0 on the first simulated GPU (alone, or the first process of a DDP run); 1 for the second process.
         hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.
