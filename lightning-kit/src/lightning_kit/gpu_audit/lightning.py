@@ -96,13 +96,11 @@ class SimulatedGPUAccelerator(Accelerator):
     def name(cls) -> str:
         return SIMULATED
 
-    @classmethod
-    def register_accelerators(cls, accelerator_registry) -> None:
-        accelerator_registry.register(SIMULATED, cls, description="A CUDA GPU simulated on the CPU (the device audit)")
-
 
 if SIMULATED not in AcceleratorRegistry:
-    SimulatedGPUAccelerator.register_accelerators(AcceleratorRegistry)
+    AcceleratorRegistry.register(
+        SIMULATED, SimulatedGPUAccelerator, description="A CUDA GPU simulated on the CPU (the device audit)"
+    )
 
 
 class SimulatedGPUStrategy(ParallelStrategy):
