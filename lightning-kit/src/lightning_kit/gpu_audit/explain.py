@@ -519,22 +519,17 @@ _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
     """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
 
-    def same(value: Any) -> bool:
-        return batches.same_memory(value, tensor)
-
     def holds(value: Any) -> bool:
-        if isinstance(value, torch.nn.Module):
-            return any(same(t) for t in (*value.parameters(), *value.buffers())) or any(
-                same(t) for t in vars(value).values()
-            )
-        return same(value)
+        module = isinstance(value, torch.nn.Module)
+        inside = (*value.parameters(), *value.buffers(), *vars(value).values()) if module else (value,)
+        return any(batches.same_memory(held, tensor) for held in inside)
 
     for prefix, module in model.named_modules():
         for name, value in vars(module).items():
             if name in _MODULE_INTERNALS:
                 continue  # parameters, buffers and submodules: Lightning moves those
             path = f"{prefix}.{name}" if prefix else name
-            if same(value):
+            if batches.same_memory(value, tensor):
                 return path, "attribute"
             items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
             for key, item in items:
