@@ -183,3 +183,35 @@ def test_a_network_argument_given_as_the_data_has_it_is_accepted(in_tmp_path, ta
     _, cli_class, config = PROJECTS[task]
     model, _ = kit_cli.build(cli_class, ["--config", config, *flags])
     assert getattr(model.net, name) == value
+
+
+class DefaultData(L.LightningDataModule):
+    num_classes, class_names, image_size = 2, ["a", "b"], 32
+
+    def __init__(self, batch_size: int = 32, seed: int = 1) -> None:
+        super().__init__()
+        self.batch_size, self.seed = batch_size, seed
+
+
+class ChosenData(DefaultData):
+    def __init__(self, batch_size: int = 4, workers: int = 0) -> None:
+        super().__init__(batch_size)
+
+
+class DefaultClassCLI(ImageCLI):
+    default_classes: typing.ClassVar = {**ImageCLI.default_classes, "data": DefaultData}
+
+
+@pytest.mark.parametrize(
+    ("flags", "batch_size"),
+    [
+        ([], 32),
+        (["--data", f"{__name__}.ChosenData"], 4),  # its own default, not the default class's 32
+        (["--data", f"{__name__}.ChosenData", "--data.batch_size", "5"], 5),
+        (["--data.batch_size", "5", "--data", f"{__name__}.ChosenData"], 5),  # given, so kept as the class changes
+    ],
+)
+def test_a_class_chosen_in_place_of_the_default_starts_from_its_own_defaults(in_tmp_path, flags, batch_size):
+    """One parse: the default class is named by its path alone, so the class chosen takes its own defaults."""
+    _, datamodule = kit_cli.build(DefaultClassCLI, ["--accelerator", "cpu", *flags])
+    assert datamodule.batch_size == batch_size

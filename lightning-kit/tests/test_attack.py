@@ -481,7 +481,6 @@ CASES = {
     "runs-folder-a-file": Case("runs", ["f"], "is not a folder", 1, file("f", "x")),
     "runs-folder-a-fifo": Case("runs", ["f"], "is not a folder", 1, fifo("f")),
     "runs-sort-unknown": Case("runs", ["--sort", "bogus"], "--sort bogus", 1, run=True),
-    "runs-storage-without-a-sweep": Case("runs", ["--storage", "sqlite:///x.db"], "--storage", 1, run=True),
     "runs-status-unknown": Case("runs", ["--status", "bogus"], "--status", 2, run=True),
     "runs-markdown-into-a-folder": Case("runs", ["--markdown", "out/"], "--markdown", 1, run=True),
     "runs-markdown-over-a-file": Case("runs", ["--markdown", "t.md"], "exists", 1, file("t.md", VICTIM_TEXT), run=True),

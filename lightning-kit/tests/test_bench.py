@@ -3,6 +3,7 @@
 import math
 import pickle
 import re
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from image_project.data import cifar10
 from sequence_project.cli import ProjectCLI as SequenceCLI
 
 from lightning_kit import bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import image_folder  # the maintainers' benchmark of the image folder reader, not installed
 
 # Each project's benchmark: the library's command with the project's command line.
 BENCH = {"image": partial(bench.main, cli_class=ImageCLI), "sequence": partial(bench.main, cli_class=SequenceCLI)}
@@ -30,7 +34,7 @@ def write_the_data_of_every_config(folder: Path, task: str) -> None:
         for name in cifar10.CIFAR10_BATCHES:
             labels, data = rng.integers(0, 10, 8).tolist(), rng.integers(0, 256, (8, 3072), dtype=np.uint8)
             (cifar / name).write_bytes(pickle.dumps({"labels": labels, "data": data}, protocol=2))
-        bench.write_image_folder(folder / "data" / "images", count=40)
+        image_folder.write_image_folder(folder / "data" / "images", count=40)
     else:
         tokens, labels = rng.integers(0, 16, (64, 32)), rng.integers(0, 2, 64)
         (folder / "data").mkdir()
@@ -101,7 +105,7 @@ def test_a_model_without_a_net_is_one_line(in_tmp_path):
 
 
 def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
-    bench.main(["--image_folder", "40"])
+    image_folder.main(["40"])
     out = capsys.readouterr().out
     assert out.startswith("image folder: 40 images (20 JPEG, 20 PNG)"), out
     [(first, rate)] = re.findall(r"^first load: .*? ([\d.]+) s +([\d,]+) images/s$", out, re.M)
@@ -118,9 +122,7 @@ def test_image_folder_benchmark_reports_the_first_and_the_cached_load(capsys):
         (["--steps", "-3"], "argument --steps: expected a positive number of timed steps, got '-3'"),
         (["--steps", "1.5"], "argument --steps: expected a positive number of timed steps, got '1.5'"),
         (["--warmup", "-1"], "argument --warmup: expected a number of untimed steps, 0 or more, got '-1'"),
-        (["--image_folder", "0"], "argument --image_folder: expected a positive number of images, at most 1,000,000"),
-        # Written to disk before they are timed: a count past the bound filled the disk, and the queue the memory.
-        (["--image_folder", "100000000000"], "at most 1,000,000, got '100000000000'"),
+        (["--repeats", "0"], "argument --repeats: expected a positive number of runs, got '0'"),
     ],
 )
 def test_a_wrong_count_of_steps_is_one_line_before_anything_is_built(capsys, arguments, said):
@@ -128,3 +130,18 @@ def test_a_wrong_count_of_steps_is_one_line_before_anything_is_built(capsys, arg
         bench.main([*arguments, "--config", "nowhere.yaml"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "count, said",
+    [
+        ("0", "argument count: expected a positive number of images, at most 1,000,000"),
+        # Written to disk before they are timed: a count past the bound filled the disk, and the queue the memory.
+        ("100000000000", "at most 1,000,000, got '100000000000'"),
+    ],
+)
+def test_a_wrong_count_of_images_is_one_line(capsys, count, said):
+    with pytest.raises(SystemExit) as stop:
+        image_folder.main([count])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and said in err, err

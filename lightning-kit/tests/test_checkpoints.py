@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader
 
 from lightning_kit.checkpoints import (
     INFLATION_LIMIT,
-    TEMPORARY_PREFIX,
     AtomicCheckpointIO,
     CheckpointError,
     RunClasses,
@@ -28,6 +27,7 @@ from lightning_kit.checkpoints import (
     latest_checkpoint,
     read_checkpoint,
 )
+from lightning_kit.files import TEMPORARY_PREFIX
 
 
 def _digest(path: Path) -> str:

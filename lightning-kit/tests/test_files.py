@@ -7,9 +7,9 @@ import sys
 import pytest
 from image_project.cli import main
 
-from lightning_kit.checkpoints import TEMPORARY_PREFIX, AtomicCheckpointIO
+from lightning_kit.checkpoints import AtomicCheckpointIO
 from lightning_kit.errors import ConfigError, UserError
-from lightning_kit.files import NotAFileError, check_output_file, open_regular
+from lightning_kit.files import TEMPORARY_PREFIX, NotAFileError, check_output_file, open_regular
 
 FLAGS = {"flag": "--out", "overwrite_flag": "--force"}
 needs_fifos = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")

@@ -7,6 +7,7 @@ adds what cuBLAS and cuDNN allocate for themselves. The largest batch that fits 
 against the peak measured at twice the batch.
 """
 
+import gc
 import json
 
 import lightning as L
@@ -65,6 +66,7 @@ def _steps(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, 
 def _simulated_peak(build, shape: tuple[int, ...], optimizer: type[torch.optim.Optimizer]) -> int:
     """The audit's count of the peak of two training steps of ``build()`` on a batch of ``shape``."""
     simulated.enable()
+    gc.collect()  # earlier tests' simulated tensors held in cycles: freed now, not inside the count (which they lower)
     with simulated.simulating(0):
         torch.manual_seed(0)
         memory.start_stage()
@@ -134,9 +136,15 @@ class Wide(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit_outcome(batch_size: int, world_size: int = 1) -> Outcome:
+class CollectingWide(Wide):
+    def training_step(self, batch, batch_idx):
+        gc.collect()  # the collector may run at any allocation of a stage: here, for certain
+        return super().training_step(batch, batch_idx)
+
+
+def _fit_outcome(batch_size: int, world_size: int = 1, model: type[Wide] = Wide) -> Outcome:
     """The audit of ``Wide`` on one batch of ``batch_size``: its fit on one simulated GPU (or as DDP's rank 0)."""
-    verdict = audit(Wide(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,))))
+    verdict = audit(model(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,))))
     return next(o for o in verdict.outcomes if (o.stage, o.rank, o.world_size) == ("fit", 0, world_size))
 
 
@@ -150,6 +158,23 @@ def test_each_stage_reports_its_peak_what_it_holds_and_its_batch_size():
     # Under DDP, DistributedDataParallel's gradient buckets besides: the gradients' size again.
     ddp = _fit_outcome(64, world_size=2)
     assert 3 * parameters <= ddp.held <= 3 * parameters + 64 * 1024, (ddp.held, parameters)
+
+
+def test_garbage_left_before_a_stage_and_freed_in_it_does_not_lower_its_peak():
+    """Simulated tensors that only the collector frees (held in a cycle), left by earlier work, are freed before a
+    stage's count starts: freed inside it, they would lower the peak by their size."""
+    clean = _fit_outcome(64, model=CollectingWide)
+    simulated.enable()
+    gc.disable()  # the garbage stays until the stage, whatever the collector's thresholds
+    try:
+        with simulated.simulating(0):
+            left = [torch.zeros(4 * MIB, device=simulated.device(0))]  # 16 MiB
+            left.append(left)
+        del left
+        littered = _fit_outcome(64, model=CollectingWide)
+    finally:
+        gc.enable()
+    assert littered.peak == clean.peak, (littered.peak, clean.peak)
 
 
 def test_the_largest_batch_estimate_holds_at_twice_the_batch():

@@ -48,7 +48,6 @@ def test_the_path_is_the_file_the_guide_is_read_from(tmp_path):
 
 def test_every_rule_a_fix_cites_is_in_the_guide():
     """The audit's fixes and the linter's name rules by number, with the command that prints them."""
-    assert lint_placement.GUIDE == guide.COMMAND  # the linter, a script of its own, writes the command out
     cited = [rules for _, rules in explain.FIXES.values()]
     cited += [fix for fix in lint_placement.FIXES.values()]
     numbers = {int(n) for text in cited for n in re.findall(r"\d+", text.split("guide")[-1])}

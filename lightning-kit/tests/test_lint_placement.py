@@ -300,12 +300,10 @@ def test_without_files_it_checks_src_and_train_py_of_the_current_folder(in_tmp_p
     assert [line.split(": ")[0] for line in lines] == _found_in(in_tmp_path), lines
 
 
-@pytest.mark.parametrize("how", ["module", "script"])
-def test_it_runs_as_python_m_lightning_kit_lint_placement_and_as_a_script(in_tmp_path, how):
-    """``python -m lightning_kit.lint_placement`` (a project's hook), or the file itself, standard library only."""
+def test_it_runs_as_python_m_lightning_kit_lint_placement(in_tmp_path):
+    """``python -m lightning_kit.lint_placement``: a project's pre-commit hook."""
     _project_with_placements(in_tmp_path)
-    # -I: the script alone, without this folder or PYTHONPATH on the import path.
-    command = ["-m", "lightning_kit.lint_placement"] if how == "module" else ["-I", lint_placement.__file__]
+    command = ["-m", "lightning_kit.lint_placement"]
     checked = subprocess.run(
         [sys.executable, *command],
         cwd=in_tmp_path,

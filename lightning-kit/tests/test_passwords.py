@@ -6,6 +6,7 @@ the one that logs in; the failures are a wrong password, a closed port, a missin
 parse, and SQLite with a secret in its query."""
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from lightning_kit import passwords
 from lightning_kit.run_record import started_record
 from lightning_kit.runs.command import main as runs_main
 from lightning_kit.sweep.command import main as sweep_main
+from lightning_kit.views import main as views_main
 
 # A password with each character a URL treats specially; either token gives it away, in any encoding.
 PASSWORD = "Hush@42:/%Kx9q"
@@ -117,8 +119,9 @@ def short_trials(fast_args) -> list[str]:
 
 @pytest.mark.slow
 def test_a_sweep_and_its_table_show_and_store_no_password(password_server, tmp_path, short_trials):
-    """A sweep whose --storage logs in with the planted password, then the table of runs reading that study (printed,
-    and written as CSV and Markdown), then a sweep stopped in a failure: the password is in no output and no file."""
+    """A sweep whose --storage logs in with the planted password, then the table of runs (printed, and written as
+    CSV and Markdown) and the dashboard reading that study, then a sweep stopped in a failure: the password is in no
+    output and no file."""
     url, _ = password_server
     (tmp_path / "lr.yaml").write_text("model.lr: [0.001]\n")
     sweep = run_module(
@@ -126,18 +129,22 @@ def test_a_sweep_and_its_table_show_and_store_no_password(password_server, tmp_p
     )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert "1 trials complete" in sweep.stdout
-    table = run_module(
-        tmp_path, "lightning_kit.runs", "runs", "--storage", url, "--csv", "runs.csv", "--markdown", "runs.md"
-    )
+    table = run_module(tmp_path, "lightning_kit.runs", "runs", "--csv", "runs.csv", "--markdown", "runs.md")
     assert table.returncode == 0, table.stderr
-    assert "1 complete" in table.stdout, table.stdout  # the study was read, through the password
+    with socket.socket() as taken:  # the study read whole, through the password; then the port stops the server
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        view = run_module(tmp_path, "lightning_kit.views", "dashboard", "runs/sweeps/lr", "--storage", url,
+                          "--port", str(port))  # fmt: skip
+    assert view.returncode == 1 and view.stderr == f"error: --port {port} is in use on 127.0.0.1: give another --port\n"
     # A study started with other settings is refused, naming the store.
     (tmp_path / "lr.yaml").write_text("model.lr: [0.01]\n")
     refused = run_module(
         tmp_path, "image_project.sweep", "--space", "lr.yaml", "--trials", "1", "--storage", url, *short_trials
     )
     assert refused.returncode == 1 and "postgresql+psycopg://postgres:***@127.0.0.1" in refused.stderr
-    for process in (sweep, table, refused):
+    for process in (sweep, table, view, refused):
         assert not leaked(process.stdout + process.stderr), process.stdout + process.stderr
         assert "Traceback" not in process.stderr
     assert files_leaking(tmp_path) == []
@@ -193,16 +200,17 @@ def test_a_store_that_fails_ends_in_one_line_without_the_password(
     assert "\n" not in message and printed.strip() == "", (message, printed)
     assert not leaked(message), message
     assert files_leaking(in_tmp_path) == []
-    # The table of a sweep folder whose study is in that store: a note, the password hidden.
+    # The dashboard of a sweep folder whose study is in that store: one line, the password hidden.
     listed = in_tmp_path / "listed" / "sweeps" / "lr"
     (listed / "trial_0000").mkdir(parents=True)
     (listed / "study.json").write_text('{"study_name": "lr", "storage": "the team\'s server"}')
     (listed / "trial_0000" / "config.yaml").write_text("model:\n  lr: 0.001\n")
     (listed / "trial_0000" / "run.json").write_text('{"status": "finished", "started": "2026-12-01T10:00:00+00:00"}')
-    code, printed = run_in_process(runs_main, ["listed", "--storage", storage, "--csv", "listed.csv"], capfd)
-    assert code == 0 and "Traceback" not in printed, printed
-    assert "note: " in printed and "postgresql+" in printed, printed
+    code, printed = run_in_process(views_main, ["dashboard", "listed/sweeps/lr", "--storage", storage], capfd)
+    assert code == 1 and printed.startswith("error: ") and printed.count("\n") == 1, printed
     assert not leaked(printed), printed
+    code, printed = run_in_process(runs_main, ["listed", "--csv", "listed.csv"], capfd)
+    assert code == 0 and "Traceback" not in printed and not leaked(printed), printed
     assert files_leaking(in_tmp_path / "listed") == [] and not leaked((in_tmp_path / "listed.csv").read_text())
 
 

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import lightning as L
-import optuna
 import pytest
 import yaml
 from conftest import HANG_GUARD_S, PROJECT
 from image_project.cli import main as train
 
+from lightning_kit.files import TEMPORARY_PREFIX
 from lightning_kit.run_record import RUN_FILE, process_token, write_record
 from lightning_kit.runs.command import main as runs
 
@@ -186,49 +186,25 @@ def test_sorting_filtering_and_the_files_written(tmp_path, capsys):
     assert len((out / "t.csv").read_text().splitlines()) == 2
 
 
-def make_sweep(sweep: Path, database: Path) -> None:
-    """A sweep folder as the sweep writes it: study.json, 5 trials (the last pruned) in ``database``, their runs."""
-    sweep.mkdir(parents=True)
-    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{database}", direction="maximize")
-    space = {
-        "model.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
-        "data.batch_size": optuna.distributions.IntDistribution(16, 128),
-    }
-    for number, (lr, batch) in enumerate([(1e-4, 16), (1e-3, 64), (1e-2, 32), (5e-2, 128), (1e-1, 16)]):
-        state = optuna.trial.TrialState.PRUNED if number == 4 else optuna.trial.TrialState.COMPLETE
-        value = None if number == 4 else 0.5 + lr
-        params = {"model.lr": lr, "data.batch_size": batch}
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=value, state=state))
+def make_sweep(sweep: Path) -> None:
+    """A sweep folder as the sweep writes it: study.json and 5 trials' run folders (its study.db is not read)."""
+    for number, lr in enumerate([1e-4, 1e-3, 1e-2, 5e-2, 1e-1]):
         hand_made(sweep / f"trial_{number:04d}", lr=lr, accuracies=(0.4, 0.5 + lr))
-    storage = {"study_name": "lr", "storage": f"sqlite:///{database}", "monitor": "val/acc"}
-    (sweep / "study.json").write_text(json.dumps({**storage, "direction": "maximize"}))
+    info = {"study_name": "lr", "storage": "sqlite:///elsewhere.db", "monitor": "val/acc", "direction": "maximize"}
+    (sweep / "study.json").write_text(json.dumps({**info, "folds": None}))
 
 
-@pytest.mark.slow
-def test_a_sweep_shows_its_trials_and_importances(tmp_path, capsys):
-    """A sweep folder's runs carry their trial's number and state; below the table, each parameter's importance."""
+def test_a_sweep_is_summed_up_below_the_table_and_its_study_is_the_dashboards(tmp_path, capsys):
+    """A sweep folder's trials are rows like any run's; below the table, the sweep's trials by status, and the
+    command that shows its study (each trial's state, each parameter's importance): Optuna's dashboard."""
     sweep = tmp_path / "runs" / "sweeps" / "lr"
-    make_sweep(sweep, sweep / "study.db")
+    make_sweep(sweep)
     rows = table(capsys, str(tmp_path / "runs"))
-    states = [(str(k), "complete") for k in range(4)] + [("4", "pruned")]
-    assert [(row["trial"], row["state"]) for row in rows] == states
+    assert [row["run"] for row in rows] == [f"sweeps/lr/trial_{k:04d}" for k in range(5)]
     runs([str(tmp_path / "runs")])
     out = capsys.readouterr().out
-    assert "sweep sweeps/lr (study lr, maximize val/acc): 5 trials, 4 complete, 1 pruned" in out
-    assert "  importance (" in out and "model.lr 0." in out and "data.batch_size 0." in out
-
-
-def test_a_study_stored_elsewhere_is_read_from_the_storage_given(tmp_path, capsys):
-    """A sweep whose study is not in its folder is read from --storage; without it, the URL that study.json
-    records is not connected to, and a note says to give --storage."""
-    sweep = tmp_path / "runs" / "sweeps" / "lr"
-    make_sweep(sweep, tmp_path / "shared.db")
-    rows = table(capsys, str(sweep))
-    assert {row["state"] for row in rows} == {"?"}
-    runs([str(sweep)])
-    assert "note: the study is in sqlite:///" in capsys.readouterr().out
-    rows = table(capsys, str(sweep), "--storage", f"sqlite:///{tmp_path / 'shared.db'}")
-    assert [row["state"] for row in rows] == ["complete"] * 4 + ["pruned"]
+    assert "sweep sweeps/lr (study lr, maximize val/acc): 5 trials, 5 finished" in out
+    assert f"  its study, trial by trial: python -m lightning_kit.views dashboard {sweep}" in out
 
 
 def test_the_record_is_replaced_whole_and_never_written_through_a_link(tmp_path):
@@ -238,7 +214,7 @@ def test_the_record_is_replaced_whole_and_never_written_through_a_link(tmp_path)
     write_record(path, {"status": "running", "padding": "x" * 10_000})
     victim = tmp_path / "victim"
     victim.write_text("untouched")
-    (tmp_path / f".writing.{os.getpid()}.{RUN_FILE}").symlink_to(victim)
+    (tmp_path / f"{TEMPORARY_PREFIX}{os.getpid()}.{RUN_FILE}").symlink_to(victim)
     write_record(path, {"status": "finished"})
     assert json.loads(path.read_text()) == {"status": "finished"}
     assert victim.read_text() == "untouched" and sorted(p.name for p in tmp_path.iterdir()) == [RUN_FILE, "victim"]
@@ -260,8 +236,9 @@ def test_mistakes_are_one_line(tmp_path, capsys):
 
 
 def test_the_command_reads_runs_without_pytorch(tmp_path):
-    """python -m ...runs lists runs without importing PyTorch, Lightning or Optuna (no sweep listed)."""
+    """python -m ...runs lists runs without importing PyTorch, Lightning or Optuna (a sweep listed too)."""
     hand_made(tmp_path / "run")
+    make_folds(tmp_path / "sweeps" / "folds")
     check = "import sys; from lightning_kit.runs.command import main; main(sys.argv[1:]); "
     check += "print(sorted(name for name in ('torch', 'lightning', 'optuna') if name in sys.modules))"
     done = subprocess.run(
@@ -295,36 +272,28 @@ def test_the_command_names_itself_in_a_mistake(tmp_path, capsys):
 def make_folds(sweep: Path, values=(0.6, 0.7, 0.8), tests=(0.55, 0.65, 0.75), failed: int | None = None) -> None:
     """A cross-validation's folder as ``sweep --folds 3`` writes it: trials that differ only in data.fold, each
     fold's run folder with a test of its checkpoint; fold ``failed`` failed."""
-    sweep.mkdir(parents=True)
-    database = sweep / "study.db"
-    study = optuna.create_study(study_name="folds", storage=f"sqlite:///{database}", direction="maximize")
-    space = {"data.fold": optuna.distributions.CategoricalDistribution([0, 1, 2])}
     for fold, (value, test) in enumerate(zip(values, tests, strict=True)):
-        state = optuna.trial.TrialState.FAIL if fold == failed else optuna.trial.TrialState.COMPLETE
-        trial = optuna.trial.create_trial(
-            params={"data.fold": fold}, distributions=space, value=None if fold == failed else value, state=state
-        )
-        study.add_trial(trial)
-        run = hand_made(sweep / f"trial_{fold:04d}", accuracies=(0.4, value))
+        record = {"status": "failed", "error": "ValueError: fold"} if fold == failed else None
+        run = hand_made(sweep / f"trial_{fold:04d}", accuracies=(0.4, value), record=record)
         config = yaml.safe_load((run / "config.yaml").read_text())
         config["data"]["init_args"].update(folds=3, fold=fold)
         (run / "config.yaml").write_text(yaml.safe_dump(config))
         (run / "test" / "version_0").mkdir(parents=True)
         (run / "test" / "version_0" / "metrics.csv").write_text(f"epoch,step,test/acc\n0,0,{test}\n")
-    info = {"study_name": "folds", "storage": f"sqlite:///{database}", "monitor": "val/acc", "direction": "maximize"}
-    (sweep / "study.json").write_text(json.dumps(info))
+    info = {"study_name": "folds", "storage": "sqlite:///study.db", "monitor": "val/acc", "direction": "maximize"}
+    (sweep / "study.json").write_text(json.dumps({**info, "folds": 3}))
 
 
 def test_a_cross_validation_shows_its_folds_mean_and_spread_not_importances(tmp_path, capsys):
-    """A study whose trials differ only in data.fold is a cross-validation: below the table, the monitored and the
-    test metrics' mean and standard deviation over the folds, each fold's value; no importance of data.fold."""
+    """A sweep of ``--folds`` (its study.json says how many) is a cross-validation: below the table, the monitored and
+    the test metrics' mean and standard deviation over the folds, each fold's value; no importance of data.fold."""
     make_folds(tmp_path / "runs" / "sweeps" / "folds")
     rows = table(capsys, str(tmp_path / "runs"))
     assert [row["data.fold"] for row in rows] == ["0", "1", "2"]
     runs([str(tmp_path / "runs")])
     out = capsys.readouterr().out
     study = "sweep sweeps/folds (study folds, cross-validation over 3 folds, maximize val/acc)"
-    assert f"{study}: 3 trials, 3 complete" in out, out
+    assert f"{study}: 3 trials, 3 finished" in out, out
     assert "  folds complete: 3 of 3\n" in out
     assert (
         "  val/acc (monitored): mean 0.7000, standard deviation 0.1000 over 3 folds (min 0.6000, max 0.8000; "
@@ -342,19 +311,6 @@ def test_a_cross_validation_with_a_fold_missing_gives_no_mean(tmp_path, capsys):
     assert "  folds complete: 2 of 3; no mean until folds 2 complete" in out, out
     assert "  val/acc (monitored) by fold: 0: 0.6000, 1: 0.7000 (over 2 of 3 folds: no mean)" in out, out
     assert "mean 0." not in out
-
-
-@pytest.mark.slow
-def test_importances_from_few_trials_are_flagged_as_weak(tmp_path, capsys):
-    """Four complete trials: the importances are printed with their weight, and the threshold it falls short of."""
-    from lightning_kit.runs.sweeps import FIRM_IMPORTANCE_TRIALS
-
-    sweep = tmp_path / "runs" / "sweeps" / "lr"
-    make_sweep(sweep, sweep / "study.db")
-    runs([str(tmp_path / "runs")])
-    out = capsys.readouterr().out
-    weak = f"; from 4 complete trials: weak evidence, {FIRM_IMPORTANCE_TRIALS} or more are firmer): "
-    assert FIRM_IMPORTANCE_TRIALS == 20 and weak in out and "model.lr 0." in out.partition(weak)[2], out
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""A study's store under faults (``lightning_kit.stores``, ``sweep/store.py``, the table's reading of it): every store
-and file-system error ends in one line naming the file or URL and what to do, never a traceback or a hang; a study's
-file is never written through a link, and a file the table only reads is opened read-only, each query time-bound.
+"""A study's store under faults (``lightning_kit.stores``, ``sweep/store.py``, the dashboard's reading of it): every
+store and file-system error ends in one line naming the file or URL and what to do, never a traceback or a hang; a
+study's file is never written through a link, and a file the dashboard only reads is opened read-only, each query
+time-bound.
 
 Read-only folders and full disks are real: a small tmpfs mounted for the test (root only, else skipped) or, as
 another user, permissions; the file size limit is the process's own (``RLIMIT_FSIZE``, as ``ulimit -f`` sets it)."""
@@ -9,6 +10,7 @@ import contextlib
 import json
 import os
 import resource
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,8 +22,8 @@ import pytest
 from conftest import HANG_GUARD_S, exit_message, refused
 from image_project.cli import ProjectCLI
 
-from lightning_kit.runs.command import main as runs_main
 from lightning_kit.sweep.command import main as sweep_main
+from lightning_kit.views import main as views_main
 
 STUDY = Path("runs/sweeps/lr")
 
@@ -257,7 +259,7 @@ def test_devices_for_gpus_on_the_cpu_end_in_one_line(in_tmp_path, fast_args, dev
     assert message.startswith("error: --devices on the CPU is a number of processes"), message
 
 
-# The table of runs, reading a sweep folder's study.db.
+# The dashboard (views dashboard FOLDER), reading a sweep folder's study.db.
 
 
 def sweep_folder(root: Path) -> Path:
@@ -274,38 +276,46 @@ def sweep_folder(root: Path) -> Path:
     return folder
 
 
-def listed(root: Path, capsys) -> tuple[str, str]:
-    runs_main([str(root)])
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err
-    return captured.out, captured.err
+def refused_view(folder: Path, capsys) -> str:
+    """What ``views dashboard FOLDER`` says refusing a sweep's study it cannot read: one line, no traceback."""
+    with pytest.raises(SystemExit) as stop:
+        views_main(["dashboard", str(folder)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
 
 
 def untouched(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
 
 
-def test_the_table_reads_a_study_without_writing_to_its_folder(tmp_path, capsys):
+def test_the_dashboard_reads_a_study_without_writing_to_its_folder(tmp_path, capsys):
+    """The whole study read (then a port in use stops it before serving): the folder's files as they were."""
     folder = sweep_folder(tmp_path / "runs")
     before = untouched(folder)
-    out, _ = listed(tmp_path / "runs", capsys)
-    assert "3 trials, 3 complete" in out, out
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit):
+            views_main(["dashboard", str(folder), "--port", str(port)])
+    assert f"--port {port} is in use" in capsys.readouterr().err
     assert untouched(folder) == before
 
 
-def test_the_table_opens_a_study_read_only(tmp_path, capsys):
-    """A study.db lacking what Optuna would add (its version row) is not written to: a note, the file as it was."""
+def test_the_dashboard_opens_a_study_read_only(tmp_path, capsys):
+    """A study.db lacking what Optuna would add (its version row) is not written to: one line, the file as it was."""
     folder = sweep_folder(tmp_path / "runs")
     with contextlib.closing(sqlite3.connect(folder / "study.db")) as connection, connection:
         connection.execute("DELETE FROM version_info")
     before = untouched(folder)
-    out, _ = listed(tmp_path / "runs", capsys)
-    assert "note: study lr cannot be read from sqlite:///" in out and "opens studies read-only" in out, out
+    err = refused_view(folder, capsys)
+    assert "cannot be shown" in err and "opened read-only" in err, err
     assert untouched(folder) == before
 
 
-def test_a_study_whose_schema_loops_cannot_hang_the_table(tmp_path):
-    """A recursive view in place of one of Optuna's tables: each query is time-bound, and the study becomes a note."""
+def test_a_study_whose_schema_loops_cannot_hang_the_dashboard(tmp_path):
+    """A recursive view in place of one of Optuna's tables: each query is time-bound, and the study is one line."""
     folder = sweep_folder(tmp_path / "runs")
     with contextlib.closing(sqlite3.connect(folder / "study.db")) as connection:
         connection.executescript(
@@ -314,17 +324,15 @@ def test_a_study_whose_schema_loops_cannot_hang_the_table(tmp_path):
             "1.0 AS value, 'FINITE' AS value_type FROM r;"
         )
     # In a process of its own: a hang fails the test at the guard instead of stopping the suite.
-    table = subprocess.run(
-        [sys.executable, "-m", "lightning_kit.runs", str(tmp_path / "runs")],
+    view = subprocess.run(
+        [sys.executable, "-m", "lightning_kit.views", "dashboard", str(folder)],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
     )
-    out = table.stdout
-    assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
-    assert "note: study lr cannot be read" in out and "time bound" in out, out
-    assert "sweeps/lr/trial_0000" in out
+    assert view.returncode == 1 and "Traceback" not in view.stderr, view.stderr
+    assert "study lr cannot be read" in view.stderr and "time bound" in view.stderr, view.stderr
 
 
 _HALF_WRITTEN = """
@@ -338,33 +346,33 @@ os.kill(os.getpid(), 9)
 """
 
 
-def test_a_study_left_half_written_by_a_killed_sweep_is_a_note_saying_what_to_do(tmp_path, capsys):
-    """kill -9 in the middle of a write leaves a journal that only a writer can undo: the table, which only reads,
+def test_a_study_left_half_written_by_a_killed_sweep_is_one_line_saying_what_to_do(tmp_path, capsys):
+    """kill -9 in the middle of a write leaves a journal that only a writer can undo: the dashboard, which only reads,
     says so, and leaves the file and its journal as they were."""
     folder = sweep_folder(tmp_path / "runs")
     subprocess.run([sys.executable, "-c", _HALF_WRITTEN, str(folder / "study.db")], timeout=HANG_GUARD_S)
     assert (folder / "study.db-journal").stat().st_size > 0
     before = untouched(folder)
-    out, _ = listed(tmp_path / "runs", capsys)
-    assert "note: study lr cannot be read" in out and "run the sweep again" in out, out
+    err = refused_view(folder, capsys)
+    assert "run the sweep again" in err, err
     assert untouched(folder) == before
 
 
 @pytest.mark.parametrize("kind", ["random bytes", "truncated", "a text file"])
-def test_a_corrupt_study_is_a_note_in_the_table(tmp_path, capsys, kind):
+def test_a_corrupt_study_is_one_line_of_the_dashboard(tmp_path, capsys, kind):
     folder = sweep_folder(tmp_path / "runs")
     (folder / "study.db").unlink()
     _corrupt(kind, folder / "study.db")
     (folder / "whole.db").unlink(missing_ok=True)
     before = untouched(folder)
-    out, _ = listed(tmp_path / "runs", capsys)
-    assert "note: " in out and "SQLite database" in out, out
+    err = refused_view(folder, capsys)
+    assert "SQLite database" in err, err
     assert untouched(folder) == before
 
 
-def test_a_study_db_that_is_a_fifo_is_not_read_by_the_table(tmp_path, capsys, make_fifo):
+def test_a_study_db_that_is_a_fifo_is_not_read_by_the_dashboard(tmp_path, capsys, make_fifo):
     folder = sweep_folder(tmp_path / "runs")
     (folder / "study.db").unlink()
     make_fifo(folder / "study.db")
-    out, _ = listed(tmp_path / "runs", capsys)
-    assert "not study.db here" in out, out
+    err = refused_view(folder, capsys)
+    assert "not in study.db there" in err, err

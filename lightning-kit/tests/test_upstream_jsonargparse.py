@@ -13,7 +13,7 @@ from jsonargparse.typing import OpenUnitInterval, PositiveInt
 from lightning import LightningDataModule
 
 from lightning_kit.arguments import BatchSize, PositiveFloat32
-from lightning_kit.parser import one_line
+from lightning_kit.parser import KitArgumentParser, one_line
 from lightning_kit.upstream import jsonargparse as said
 
 
@@ -100,3 +100,21 @@ def test_only_jsonargparse_bounded_numbers_are_made_plain():
     assert said.is_bounded_number(BatchSize(8)) and said.is_bounded_number(PositiveFloat32(0.1))
     assert said.is_bounded_number(PositiveInt(3))
     assert not any(said.is_bounded_number(value) for value in (8, 0.1, True, Mode.FAST, "8"))
+
+
+class Other(LightningDataModule):
+    def __init__(self, batch_size: PositiveInt = 4) -> None:
+        super().__init__()
+
+
+@pytest.mark.parametrize("by_path_alone", [True, False])
+def test_a_class_chosen_in_place_of_a_default_class_takes_its_own_defaults(by_path_alone):
+    """jsonargparse keeps a default class's values for the arguments a class chosen in its place also takes: with
+    the default named by its path alone (``KitArgumentParser.class_defaults``), the chosen class's are filled in."""
+    parser = KitArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningDataModule, "data")
+    parser.set_defaults({"data": {"class_path": f"{__name__}.Data"}})
+    parser.class_defaults = ("data",) if by_path_alone else ()
+    assert parser.parse_args([]).data.init_args.batch_size == 64
+    chosen = parser.parse_args(["--data", f"{__name__}.Other"]).data
+    assert (chosen.class_path, chosen.init_args.batch_size) == (f"{__name__}.Other", 4 if by_path_alone else 64)

@@ -7,19 +7,11 @@ import torch
 from .errors import ConfigError, UserError
 
 
-class NoGPUError(UserError):
-    """A GPU was asked for on a machine that has none."""
-
-
-class SimulatedGPUError(UserError):
-    """The simulated GPU was asked for with settings it cannot run."""
-
-
 def check_accelerator(trainer) -> None:
     """The accelerator of the Trainer's arguments is present here, with its software, and the settings it can run."""
     accelerator = trainer.accelerator
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise NoGPUError(
+        raise UserError(
             f"--accelerator {accelerator} was requested but no CUDA GPU was found on this machine. "
             "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
         )
@@ -44,13 +36,13 @@ def check_accelerator(trainer) -> None:
             f"--accelerator {accelerator} needs {needs}, which is not installed: use cpu, gpu, mps, auto or simgpu"
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
-        raise NoGPUError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
+        raise UserError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
 
 
 def _check_simulated(trainer) -> None:
     """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
     if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
-        raise SimulatedGPUError(
+        raise ConfigError(
             f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
             "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
         )

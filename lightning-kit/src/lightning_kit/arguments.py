@@ -13,15 +13,13 @@ Lightning's Trainer cannot carry bounds of its own, so its arguments, and Lightn
 import math
 import numbers
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, restricted_number_type
 
-from .errors import ConfigError
+from .errors import ConfigError, byte_size
 
 # The seeds NumPy takes, and so Lightning's seed_everything.
 SEED_MAX = 2**32 - 1
@@ -30,59 +28,11 @@ INT64_MAX = 2**63 - 1
 # What a float32 (the precision a model computes in) holds: a value past these becomes infinity, or zero.
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
-# An argument named in a rule's requirement: <num_heads>.
-_NAMED = re.compile(r"<(\w+)>")
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """The values an argument accepts: a test, and how the message describes them (``a positive integer``).
-
-    ``a | b`` accepts what either accepts.
-    """
-
-    test: Callable[[Any], bool]
-    description: str
-    alternatives: tuple[str, ...] = ()
-
-    def __or__(self, other: "Accepted") -> "Accepted":
-        alternatives = (*(self.alternatives or (self.description,)), *(other.alternatives or (other.description,)))
-        return Accepted(
-            lambda value: self.test(value) or other.test(value),
-            f"{', '.join(alternatives[:-1])} or {alternatives[-1]}",
-            alternatives,
-        )
 
 
 def is_integer(value) -> bool:
     """An int or NumPy integer, not a bool (which Python counts as an int)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def integer(minimum: int, maximum: int | None = None) -> Accepted:
-    """Integers from ``minimum`` (to ``maximum``)."""
-    if maximum is not None:
-        description = f"an integer from {minimum} to {maximum}"
-    else:
-        description = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
-    return Accepted(
-        lambda value: is_integer(value) and value >= minimum and (maximum is None or value <= maximum), description
-    )
-
-
-def number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Accepted:
-    """Finite real numbers between ``low`` and ``high``, each bound included unless open."""
-
-    def test(value) -> bool:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            return False
-        return (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-
-    if high == math.inf:
-        description = "a positive number" if low == 0 and low_open else f"a number of at least {low}"
-    else:
-        description = f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    return Accepted(test, description)
 
 
 def number_refusal(value) -> str | None:
@@ -118,19 +68,6 @@ def range_refusal(low, high, step=None) -> str | None:
     return None
 
 
-def one_of(*choices) -> Accepted:
-    return Accepted(lambda value: value in choices, f"one of {', '.join(map(str, choices))}")
-
-
-def kind(*types: type, description: str) -> Accepted:
-    """Any value of these types (checked by the library that takes it)."""
-    return Accepted(lambda value: isinstance(value, types), description)
-
-
-NULL = Accepted(lambda value: value is None, "null")
-BOOLEAN = kind(bool, description="true or false")
-SEED = integer(0, SEED_MAX)
-
 # The bounds of single values that the library's classes and the projects' take, as types jsonargparse checks where
 # the value is parsed. A value it parsed is an instance of the type (an int or float still): KitArgumentParser gives
 # the classes plain numbers, which a checkpoint's weights_only load reads back.
@@ -155,63 +92,6 @@ Fold = NonNegativeInt
 NumClasses = AtLeastTwo
 # The height and width of square images: a smaller one leaves a network's three poolings (/8) nothing to pool.
 ImageSize = restricted_number_type("ImageSize", int, [(">=", 8)])
-
-
-@dataclass(frozen=True)
-class Together:
-    """A rule over several arguments: ``test`` takes their values in the order of ``names``.
-
-    ``requirement`` names arguments in angle brackets, ``"<num_heads> must divide <d_model>"``; the
-    message shows each as its flag, then the values given of those in ``shown`` (by default,
-    all). Where the requirement depends on the values, it is a function of them returning such a text.
-    """
-
-    names: tuple[str, ...]
-    test: Callable[..., bool]
-    requirement: str | Callable[..., str]
-    shown: tuple[str, ...] | None = None
-
-
-class Arguments:
-    """A class's table of accepted values, and its rules over several arguments at once.
-
-    Args:
-        prefix: How a flag is written before the argument's name: ``--data.``.
-        table: Each argument's accepted values. Arguments not in a values mapping are not checked.
-        rules: Checked, in order, once every argument in the table is accepted.
-        flags: Flags for arguments written otherwise than ``prefix + name`` (``{"devices": "--devices"}``).
-    """
-
-    def __init__(
-        self,
-        prefix: str,
-        table: Mapping[str, Accepted],
-        rules: Sequence[Together] = (),
-        flags: Mapping[str, str] | None = None,
-    ) -> None:
-        self.prefix, self.table, self.rules, self.flags = prefix, dict(table), tuple(rules), dict(flags or {})
-
-    def flag(self, name: str) -> str:
-        return self.flags.get(name, f"{self.prefix}{name}")
-
-    def check(self, values: Mapping[str, Any]) -> None:
-        """Raise a ``ConfigError`` naming the first argument in ``values`` that is not accepted, or rule not met."""
-        for name, accepted in self.table.items():
-            if name in values and is_integer(values[name]) and abs(values[name]) > INT64_MAX:
-                raise ConfigError(
-                    f"{self.flag(name)} {values[name]} is beyond what a 64-bit integer holds ({INT64_MAX})"
-                )
-            if name in values and not accepted.test(values[name]):
-                raise ConfigError(f"{self.flag(name)} must be {accepted.description}, got {values[name]!r}")
-        for rule in self.rules:
-            if not all(name in values for name in rule.names):
-                continue
-            given = [values[name] for name in rule.names]
-            if not rule.test(*given):
-                requirement = rule.requirement if isinstance(rule.requirement, str) else rule.requirement(*given)
-                named = _NAMED.sub(lambda found: self.flag(found[1]), requirement)
-                got = [repr(values[name]) for name in rule.shown or rule.names]
-                raise ConfigError(f"{named}, got {' and '.join(got)}")
 
 
 def available_memory() -> int | None:
@@ -241,30 +121,76 @@ def check_memory(
         return
     given = ", ".join(f"{flag} {value!r}" for flag, value in zip(flags, values, strict=True))
     raise error(
-        f"{what} would need about {_size(needed)} of memory at {given}, "
-        f"more than the {_size(available)} available: lower {' or '.join(flags)}"
+        f"{what} would need about {byte_size(needed)} of memory at {given}, "
+        f"more than the {byte_size(available)} available: lower {' or '.join(flags)}"
     )
 
 
-def _size(count: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
+class Arguments:
+    """A table of the values each argument accepts (a test, and its words in the message: ``a positive integer``),
+    and a check of the rules over several; an argument not in ``values`` is not checked.
+
+    ``flags``: arguments written otherwise than ``prefix + name`` (``{"devices": "--devices"}``).
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        table: Mapping[str, tuple[Callable[[Any], bool], str]],
+        rules: Callable[[Mapping[str, Any], Callable[[str], str]], str | None] = lambda values, flag: None,
+        flags: Mapping[str, str] | None = None,
+    ) -> None:
+        self.prefix, self.table, self.rules, self.flags = prefix, dict(table), rules, dict(flags or {})
+
+    def flag(self, name: str) -> str:
+        return self.flags.get(name, f"{self.prefix}{name}")
+
+    def check(self, values: Mapping[str, Any]) -> None:
+        """Raise a ``ConfigError`` naming the first argument in ``values`` that is not accepted, or rule not met."""
+        for name, (test, description) in self.table.items():
+            if name not in values:
+                continue
+            value = values[name]
+            if is_integer(value) and abs(value) > INT64_MAX:
+                raise ConfigError(f"{self.flag(name)} {value} is beyond what a 64-bit integer holds ({INT64_MAX})")
+            if not test(value):
+                raise ConfigError(f"{self.flag(name)} must be {description}, got {value!r}")
+        if (broken := self.rules(values, self.flag)) is not None:
+            raise ConfigError(broken)
 
 
 # Lightning's Trainer: the arguments it divides by, counts with or treats specially. Lightning
 # checks some of these itself, others only deep inside a run (a division by zero), and names
 # none as the flag a person typed.
-# Lightning takes a float with an integer value (3.0) as that many batches.
-_BATCHES = Accepted(
-    lambda value: (is_integer(value) or (isinstance(value, float) and value.is_integer())) and value >= 0,
-    "a whole number of batches",
-)
-_BATCH_LIMIT = NULL | _BATCHES | number(0, 1)
-_NO_LIMIT = Accepted(lambda value: is_integer(value) and value == -1, "-1 (no limit)")
-_ALL = Accepted(lambda value: is_integer(value) and value == -1, "-1 (all)")
+
+
+def _at_least(least: int) -> Callable[[Any], bool]:
+    return lambda value: is_integer(value) and value >= least
+
+
+def _null_or(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or test(value)
+
+
+def _positive_or_all(value) -> bool:
+    """1 or more, or -1: no limit (epochs, steps), or all (devices)."""
+    return is_integer(value) and (value >= 1 or value == -1)
+
+
+def _batches(value) -> bool:
+    """A whole number of batches (Lightning takes a float with an integer value, 3.0, as that many), or a share of
+    them in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    whole = is_integer(value) or (isinstance(value, float) and value.is_integer())
+    return value >= 0 if whole else 0 <= value <= 1
+
+
+def _val_check_interval(value) -> bool:
+    """A number of batches, a share of the epoch in (0, 1], or a duration (checked by Lightning)."""
+    if isinstance(value, str | dict | timedelta) or _at_least(1)(value):
+        return True
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and 0 < value <= 1
 
 
 def _devices(value) -> bool:
@@ -276,7 +202,7 @@ def _devices(value) -> bool:
     if isinstance(value, list | tuple):
         indices = list(value)
         return bool(indices) and all(is_integer(i) and i >= 0 for i in indices) and len(set(indices)) == len(indices)
-    return is_integer(value) and (value == -1 or value >= 1)
+    return _positive_or_all(value)
 
 
 def _on_cpu(accelerator) -> bool:
@@ -297,60 +223,68 @@ def _cpu_devices(accelerator, devices) -> bool:
     if isinstance(devices, str):
         text = devices.strip()
         return text == "auto" or (text.isdigit() and int(text) >= 1)
-    return is_integer(devices) and devices >= 1
+    return _at_least(1)(devices)
 
 
+def _trainer_rules(values: Mapping[str, Any], flag: Callable[[str], str]) -> str | None:
+    for least, most in (("min_epochs", "max_epochs"), ("min_steps", "max_steps")):
+        low, high = values.get(least), values.get(most)
+        if low is not None and high not in (None, -1) and low > high:
+            return f"{flag(least)} must be at most {flag(most)}, got {low!r} and {high!r}"
+    if "accelerator" in values and "devices" in values and not _cpu_devices(values["accelerator"], values["devices"]):
+        return (
+            f"{flag('devices')} on the CPU is a number of processes, 1 or more (or auto): -1 (all) and lists of "
+            f"indices are for GPUs, got {values['devices']!r}"
+        )
+    return None
+
+
+_BATCH_LIMIT = (_null_or(_batches), "null, a whole number of batches or a number in [0, 1]")
 TRAINER = Arguments(
     "--trainer.",
     {
         # Any accelerator Lightning knows, checked by it (and accelerators.check_accelerator); here for the rules.
-        "accelerator": Accepted(lambda value: True, "an accelerator"),
-        "devices": Accepted(
-            _devices, "a positive number of devices, -1 for all, auto, or a list of distinct device indices"
+        "accelerator": (lambda value: True, "an accelerator"),
+        "devices": (_devices, "a positive number of devices, -1 for all, auto, or a list of distinct device indices"),
+        "num_nodes": (_at_least(1), "a positive integer"),
+        "fast_dev_run": (
+            lambda value: isinstance(value, bool) or _at_least(0)(value),
+            "true, false or an integer of at least 0",
         ),
-        "num_nodes": integer(1),
-        "fast_dev_run": BOOLEAN | integer(0),
-        "max_epochs": NULL | integer(1) | _NO_LIMIT,
-        "min_epochs": NULL | integer(0),
-        "max_steps": integer(1) | _NO_LIMIT,
-        "min_steps": NULL | integer(0),
+        "max_epochs": (_null_or(_positive_or_all), "null, a positive integer or -1 (no limit)"),
+        "min_epochs": (_null_or(_at_least(0)), "null or an integer of at least 0"),
+        "max_steps": (_positive_or_all, "a positive integer or -1 (no limit)"),
+        "min_steps": (_null_or(_at_least(0)), "null or an integer of at least 0"),
         "limit_train_batches": _BATCH_LIMIT,
         "limit_val_batches": _BATCH_LIMIT,
         "limit_test_batches": _BATCH_LIMIT,
         "limit_predict_batches": _BATCH_LIMIT,
-        "overfit_batches": _BATCHES | number(0, 1),
-        "val_check_interval": NULL
-        | integer(1)
-        | number(0, 1, low_open=True)
-        | kind(str, dict, timedelta, description="a duration DD:HH:MM:SS"),
-        "check_val_every_n_epoch": NULL | integer(1),
-        "num_sanity_val_steps": NULL | integer(0) | _ALL,
-        "log_every_n_steps": NULL | integer(1),
-        "accumulate_grad_batches": integer(1),
-        "gradient_clip_val": NULL | number(0),
-        "gradient_clip_algorithm": NULL | one_of("value", "norm"),
-        "reload_dataloaders_every_n_epochs": integer(0),
+        "overfit_batches": (_batches, "a whole number of batches or a number in [0, 1]"),
+        "val_check_interval": (
+            _null_or(_val_check_interval),
+            "null, a positive integer, a number in (0, 1] or a duration DD:HH:MM:SS",
+        ),
+        "check_val_every_n_epoch": (_null_or(_at_least(1)), "null or a positive integer"),
+        "num_sanity_val_steps": (_null_or(_at_least(-1)), "null, 0 or more, or -1 (all)"),
+        "log_every_n_steps": (_null_or(_at_least(1)), "null or a positive integer"),
+        "accumulate_grad_batches": (_at_least(1), "a positive integer"),
+        "gradient_clip_val": (
+            _null_or(lambda v: not isinstance(v, bool) and isinstance(v, numbers.Real) and 0 <= v < math.inf),
+            "null or a finite number of at least 0",
+        ),
+        "gradient_clip_algorithm": (lambda value: value in (None, "value", "norm"), "null, value or norm"),
+        "reload_dataloaders_every_n_epochs": (_at_least(0), "an integer of at least 0"),
     },
-    rules=(
-        Together(
-            ("min_epochs", "max_epochs"),
-            lambda least, most: least is None or most in (None, -1) or least <= most,
-            "<min_epochs> must be at most <max_epochs>",
-        ),
-        Together(
-            ("accelerator", "devices"),
-            _cpu_devices,
-            "<devices> on the CPU is a number of processes, 1 or more (or auto): -1 (all) and lists of indices "
-            "are for GPUs",
-            shown=("devices",),
-        ),
-        Together(
-            ("min_steps", "max_steps"),
-            lambda least, most: least is None or most == -1 or least <= most,
-            "<min_steps> must be at most <max_steps>",
-        ),
-    ),
+    rules=_trainer_rules,
     # The shortcuts people type (cli.TRAINER_SHORTCUTS).
     flags={name: f"--{name}" for name in ("accelerator", "devices", "num_nodes", "max_epochs")},
 )
-RUN = Arguments("--", {"seed_everything": BOOLEAN | SEED})
+RUN = Arguments(
+    "--",
+    {
+        "seed_everything": (
+            lambda value: isinstance(value, bool) or (_at_least(0)(value) and value <= SEED_MAX),
+            f"true, false or an integer from 0 to {SEED_MAX}",
+        )
+    },
+)

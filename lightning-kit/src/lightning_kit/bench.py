@@ -3,7 +3,6 @@
     python -m my_project.bench --config configs/synthetic.yaml --accelerator cpu   # a project's own command line
     python -m my_project.bench --config configs/synthetic.yaml --accelerator gpu
     python -m lightning_kit.bench --model their.Module --data their.DataModule --accelerator cpu
-    python -m lightning_kit.bench --image_folder 10000
 
 Measured in one process, on the same batches, alternating the contenders, because
 timings on a shared machine drift between runs. Each contender's figure is its best run:
@@ -31,12 +30,7 @@ the device itself, as a hand-written loop must. It runs with any configuration
 ``batch_size``; callbacks that would end training before the timed steps (`EarlyStopping`,
 `Timer`) are left out, as validation is.
 
-With `--image_folder N` it measures reading an image folder instead: N generated
-JPEG and PNG images of 48-128 px, like small photos, are listed, decoded and
-resized to 32x32 with the cache written, then read again from the cache. The
-files were just written, so the operating system has them in memory: this times
-decoding and the cache, not the disk. It needs no project: it times the library's image
-folder reader (``lightning_kit.data``), which any data module of image files may use.
+The image folder reader's own benchmark is the maintainers' ``benchmarks/image_folder.py``, not installed.
 """
 
 import argparse
@@ -45,25 +39,18 @@ import functools
 import gc
 import itertools
 import math
-import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, Timer
-from PIL import Image
 from torch import nn
 
 from .building import build_all
 from .cli import GenericCLI, KitCLI
-from .data.image_decoding import load_images
-from .data.image_files import list_labelled_images
 from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
 from .loggers import CSVAndTensorBoardLogger
@@ -71,9 +58,6 @@ from .messages import errors_as_messages
 
 # Callbacks that end training early: they would stop a run before its timed steps.
 STOPPING_CALLBACKS = (EarlyStopping, Timer)
-IMAGE_FOLDER_CLASSES = 10
-IMAGE_FOLDER_SIDES = (48, 128)  # smallest and largest side, in pixels
-IMAGE_FOLDER_SIZE = 32  # the side the images are resized to, as CIFAR-10's
 
 
 class NearZeroNet(nn.Module):
@@ -167,15 +151,10 @@ def hand_written_loop(make, warmup: int, steps: int, net: nn.Module | None = Non
     net = (net if net is not None else model.net).to(device)
     model.net = net
     optimizer = model.configure_optimizers()
-    augment = getattr(datamodule, "augment", None)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    batches = _forever(datamodule.train_dataloader())
+    batches = _training_batches(datamodule, device)
     gc.collect()
     for step in range(warmup + steps):
-        inputs, targets = (tensor.to(device, non_blocking=True) for tensor in next(batches))
-        if augment is not None:
-            inputs, targets = augment((inputs, targets), step=step)
+        inputs, targets = next(batches)
         if step == warmup:
             synchronize()
             start = time.perf_counter()
@@ -192,91 +171,28 @@ def data_pipeline(make, batches: int) -> tuple[float, int]:
     _, datamodule, trainer = make()
     device = trainer.strategy.root_device
     synchronize = _synchronizer(device)
-    augment = getattr(datamodule, "augment", None)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    loader = _forever(datamodule.train_dataloader())
+    loader = _training_batches(datamodule, device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         synchronize()
-        start, samples = time.perf_counter(), 0
-        for step in range(batches):
-            batch = tuple(tensor.to(device, non_blocking=True) for tensor in next(loader))
-            if augment is not None:
-                batch = augment(batch, step=step)
-            samples += len(batch[0])
+        start = time.perf_counter()
+        samples = sum(len(next(loader)[0]) for _ in range(batches))
         synchronize()
         return time.perf_counter() - start, samples
     finally:
         torch.set_num_threads(threads)
 
 
-def write_image_folder(root: Path, count: int, seed: int = 0) -> None:
-    """Write ``count`` images like small photos into ``root/<class>/``: half JPEG, half PNG, each its own size.
-
-    Each is a smooth random colour field with fine grain, so that both formats
-    compress it about as much as they would a photograph. Threads write them, as
-    creating many small files is slow on some file systems; each image has its own
-    random numbers, so the folder is the same however the threads take turns.
-    """
-    folders = [root / f"class_{label}" for label in range(IMAGE_FOLDER_CLASSES)]
-    for folder in folders:
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def write(index: int) -> None:
-        rng = np.random.default_rng([seed, index])
-        width, height = (int(side) for side in rng.integers(IMAGE_FOLDER_SIDES[0], IMAGE_FOLDER_SIDES[1] + 1, 2))
-        field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))
-        field = np.asarray(field.resize((width, height), Image.Resampling.BILINEAR))
-        pixels = (field + rng.normal(0, 12, field.shape)).clip(0, 255).astype(np.uint8)
-        path = folders[index // 2 % IMAGE_FOLDER_CLASSES] / f"{index:06d}{'.jpg' if index % 2 else '.png'}"
-        Image.fromarray(pixels).save(path, quality=90)
-
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(write, range(count)))
-
-
-def image_folder_benchmark(count: int) -> None:
-    """Time listing and decoding ``count`` generated images with the cache written, then reading them from it."""
-    with tempfile.TemporaryDirectory() as scratch:
-        root, cache = Path(scratch, "images"), Path(scratch, "cache")
-        write_image_folder(root, count)
-        seconds, results = [], []
-        for _ in ("first", "cached"):
-            start = time.perf_counter()
-            results.append(load_images(list_labelled_images(root).files, IMAGE_FOLDER_SIZE, cache_dir=cache))
-            seconds.append(time.perf_counter() - start)
-    (first, _), (cached, _) = results
-    if not torch.equal(first, cached):
-        raise RuntimeError("the images read from the cache differ from the decoded ones")
-    jpeg = count // 2
-    print(
-        f"image folder: {count:,} images ({jpeg:,} JPEG, {count - jpeg:,} PNG) of {IMAGE_FOLDER_SIDES[0]}-"
-        f"{IMAGE_FOLDER_SIDES[1]} px in {IMAGE_FOLDER_CLASSES} classes, resized to "
-        f"{IMAGE_FOLDER_SIZE}x{IMAGE_FOLDER_SIZE} in {os.cpu_count()} threads, torch {torch.__version__}"
-    )
-    print(f"first load: list, decode, resize, write cache {seconds[0]:>9.3f} s {count / seconds[0]:>12,.0f} images/s")
-    print(f"cached load: list, check, read cache          {seconds[1]:>9.3f} s")
-    print(f"    ratio first/cached                        {seconds[0] / seconds[1]:>9.1f}")
-
-
-def _whole_number(least: int, what: str, most: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``least`` (and at most ``most``) ``what``, else argparse's
-    one-line error."""
+def _whole_number(least: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` ``what``, else argparse's one-line error."""
 
     def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < least or (most is not None and int(text) > most):
+        if not text.isdigit() or int(text) < least:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return int(text)
 
     return parse
-
-
-# The images are written to a temporary folder first (about 20 kB each): a count without bound filled the disk,
-# and the writers' queue, the memory.
-MOST_IMAGES = 1_000_000
-_positive_int = _whole_number(1, f"a positive number of images, at most {MOST_IMAGES:,}", MOST_IMAGES)
 
 
 def _measured_sizes(model: L.LightningModule, datamodule: L.LightningDataModule) -> tuple[int, int]:
@@ -294,9 +210,20 @@ def _measured_sizes(model: L.LightningModule, datamodule: L.LightningDataModule)
     return batch_size, num_classes
 
 
-def _forever(loader) -> Iterator:
-    while True:
-        yield from loader
+def _training_batches(datamodule: L.LightningDataModule, device: torch.device) -> Iterator[tuple]:
+    """The data module set up for ``fit`` now; then its training batches for ever, moved to ``device`` and
+    augmented as the data module augments them (its ``augment``, if it has one)."""
+    augment = getattr(datamodule, "augment", None)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+
+    def batches() -> Iterator[tuple]:
+        for step, batch in enumerate(itertools.chain.from_iterable(itertools.repeat(loader))):
+            batch = tuple(tensor.to(device, non_blocking=True) for tensor in batch)
+            yield augment(batch, step=step) if augment is not None else batch
+
+    return batches()
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:
@@ -308,7 +235,7 @@ def _synchronizer(device: torch.device) -> Callable[[], None]:
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Benchmark the training that ``cli_class`` (the project's ``KitCLI``; by default ``GenericCLI``, which takes
-    ``--model`` and ``--data``) builds from ``args``, or the image folder reader; ``prog`` names the command."""
+    ``--model`` and ``--data``) builds from ``args``; ``prog`` names the command."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as("python -m lightning_kit.bench")
     parser = OneLineParser(
@@ -318,21 +245,9 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--steps", type=steps, default=100, help="timed training steps per run (default 100)")
     warmup = _whole_number(0, "a number of untimed steps, 0 or more")
     parser.add_argument("--warmup", type=warmup, default=10, help="untimed steps before them (default 10)")
-    parser.add_argument("--repeats", type=int, default=7, help="alternating runs of each contender (default 7)")
-    parser.add_argument(
-        "--image_folder",
-        type=_positive_int,
-        metavar="N",
-        help="instead, time reading a folder of N generated JPEG and PNG images, then reading them from the cache",
-    )
+    repeats = _whole_number(1, "a positive number of runs")
+    parser.add_argument("--repeats", type=repeats, default=7, help="alternating runs of each contender (default 7)")
     options, train_args = parser.parse_known_args(args)
-    if options.repeats < 1:
-        parser.error(f"--repeats: expected a positive number of runs, got {options.repeats}")
-    if options.image_folder is not None:
-        if train_args:
-            parser.error(f"--image_folder takes no training arguments, got {' '.join(train_args)}")
-        image_folder_benchmark(options.image_folder)
-        return
     with errors_as_messages():  # a missing data folder, say: one line
         training_benchmark(options, train_args, cli_class, prog)
 

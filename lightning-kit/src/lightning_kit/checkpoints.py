@@ -4,8 +4,7 @@ import os
 import re
 import stat
 import zipfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,8 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from .errors import UserError
-from .run_record import pid_alive
+from .errors import UserError, byte_size, first_few
+from .files import written_whole
 from .trust import check_trusted
 
 # What `--ckpt_path last` may resume from: the end of an epoch, or an interrupted step.
@@ -31,12 +30,10 @@ class CheckpointError(UserError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to a temporary file beside it, then rename it into place.
+    """Write each checkpoint through ``written_whole``: a run killed while saving leaves the previous checkpoint whole.
 
-    A run killed while saving leaves the previous checkpoint whole, never a truncated
-    one; its temporary file is removed when the next save in that folder finds it.
-    (Lightning's own writer goes through a temporary file in ``$TMPDIR``, which is
-    copied, not renamed, when it is on another file system.)
+    (Lightning's own writer goes through a temporary file in ``$TMPDIR``, which is copied, not renamed, when it is on
+    another file system.)
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
@@ -47,7 +44,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def class_path(cls: type) -> str:
-    """The import path of ``cls``: ``my_project.classifier.Classifier``."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -63,45 +59,9 @@ class RunClasses(L.Callback):
         }
 
 
-@contextmanager
-def written_whole(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to: renamed to ``path`` when the block ends, removed if it fails.
-
-    A process killed while writing leaves ``path`` as it was; its temporary file is removed
-    by the next write in that folder.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_files(path.parent)
-    temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
-    # Whatever stands at that name (a link planted there, a reused pid's leftover) is removed,
-    # not written through: the bytes go to a new file beside ``path`` and nowhere else.
-    temporary.unlink(missing_ok=True)
-    try:
-        yield temporary
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-TEMPORARY_PREFIX = ".saving."
-
-
-def _remove_abandoned_files(folder: Path) -> None:
-    """Remove temporary files of saves that were killed: those of processes that no longer exist."""
-    for path in folder.glob(f"{TEMPORARY_PREFIX}*"):
-        pid = path.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            path.unlink(missing_ok=True)
-
-
 def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
-    """The newest run's ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root``, of a run that trained: the run
-    Lightning numbered last (``version_N``), whatever the files' times say.
-
-    Checkpoints that cannot be read, or that hold no training step, are passed over,
-    and ``report`` is told about each; a FIFO or device by that name is never opened.
-    """
+    """The newest run's ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root``, of a run that trained; those that
+    cannot be read (a FIFO or device is never opened) or hold no training step are passed over, told to ``report``."""
     candidates = {}
     for path in (path for name in RESUMABLE for path in Path(runs_root).glob(f"*/checkpoints/{name}")):
         try:
@@ -130,7 +90,6 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
 
 
 def _run_number(checkpoint: Path) -> int:
-    """The number of the run folder a checkpoint is in (``version_3``: 3), or -1 for a folder named otherwise."""
     found = _VERSION.fullmatch(checkpoint.parent.parent.name)
     return int(found[1]) if found else -1
 
@@ -142,11 +101,8 @@ INFLATION_LIMIT = 10
 
 
 def check_file(path: str | Path) -> None:
-    """Raise ``CheckpointError`` unless ``path`` is a regular, non-empty file that reading cannot blow up.
-
-    Decided from the file's metadata and its zip archive's directory alone: a FIFO, a device or
-    a folder is never opened, and no record is inflated.
-    """
+    """Raise ``CheckpointError`` unless ``path`` is a regular, non-empty file that reading cannot blow up: decided from
+    its metadata and its zip archive's directory alone (no FIFO or device is opened, no record inflated)."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -171,18 +127,9 @@ def check_file(path: str | Path) -> None:
         raise CheckpointError(f"checkpoint {path} cannot be read (truncated?): {err}") from err
     if inflated > INFLATION_LIMIT * size:
         raise CheckpointError(
-            f"checkpoint {path} would inflate from {_size(size)} on disk to {_size(inflated)}, more than "
+            f"checkpoint {path} would inflate from {byte_size(size)} on disk to {byte_size(inflated)}, more than "
             f"{INFLATION_LIMIT} times its size: refused unread (torch.save stores checkpoints uncompressed)"
         )
-
-
-def _size(count: float) -> str:
-    """``count`` bytes for people: ``1.9 MB``."""
-    for unit in ("B", "kB", "MB"):
-        if count < 1000:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 # The lines of PyTorch's refusal of an unsafe file (``weights_only=True``) that say nothing about the file: the first
@@ -213,13 +160,9 @@ class Trained:
 
 
 def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
-    """Check that ``path`` is a readable Lightning checkpoint of this project; return what it holds.
-
-    The file is checked by ``check_file`` first, then read with ``weights_only=True``:
-    tensors and plain data only, so a tampered checkpoint cannot run code. Its
-    hyperparameters may name classes: each must be one ``trust.check_trusted`` admits for
-    the command line ``args``, decided before anything is imported.
-    """
+    """What the Lightning checkpoint ``path`` holds, read with ``weights_only=True`` (a tampered checkpoint cannot run
+    code) after ``check_file``; the classes its hyperparameters name are held to ``trust.check_trusted`` for the
+    command line ``args`` before anything is imported."""
     path = Path(path)
     check_file(path)
     try:
@@ -269,10 +212,6 @@ def check_architecture(path: str | Path, trained: Trained, model: L.LightningMod
     now = list(getattr(model, "class_names", None) or [])
     if trained.class_names is not None and now and now != trained.class_names:
         raise CheckpointError(
-            f"{path} was trained on the classes {_listed(trained.class_names)}, but the data now has "
-            f"{_listed(now)}: its predictions would be named wrongly. Use the data it was trained on."
+            f"{path} was trained on the classes {first_few(trained.class_names, 6)}, but the data now has "
+            f"{first_few(now, 6)}: its predictions would be named wrongly. Use the data it was trained on."
         )
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")

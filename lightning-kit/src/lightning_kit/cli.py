@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
-from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -116,7 +115,6 @@ class KitCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs) -> None:
         trust_modules(type(self).trusted())
-        self._subcommand_parser: dict[str, LightningArgumentParser] = {}  # filled as LightningCLI makes them
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -143,6 +141,7 @@ class KitCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
+        parser.class_defaults = tuple(self.default_classes)
         # `predict` writes its probabilities here: --predictions.path out.csv
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
         # The data decides the class count, its names and the input size, so the network and
@@ -154,7 +153,6 @@ class KitCLI(LightningCLI):
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         # Private (upstream.lightning.OVERRIDES): the one point where each subcommand's parser is made on its own.
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        self._subcommand_parser[subcommand] = parser  # jsonargparse keeps it under a private name only
         if subcommand in EVALUATIONS:
             parser.add_argument(
                 UNTRAINED_FLAG,
@@ -177,7 +175,7 @@ class KitCLI(LightningCLI):
             run_configs = run_config_of_checkpoint(args)
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
         rest = args[len(subcommand_given) :]
-        self._parse_with_class_defaults(parser, [*subcommand_given, *config_flags(run_configs), *rest])
+        super().parse_arguments(parser, [*subcommand_given, *config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         check_parsed_text(config)
@@ -188,36 +186,11 @@ class KitCLI(LightningCLI):
         settings = checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args, run_configs) if ckpt_path else []
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.
-            self._parse_with_class_defaults(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
+            super().parse_arguments(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
         if subcommand in EVALUATIONS:
             check_evaluation(subcommand, config, args)
         check_run_arguments(config)  # before LightningCLI seeds with them
-
-    def _parse_with_class_defaults(self, parser: LightningArgumentParser, args) -> None:
-        """Parse ``args``; a class chosen for ``--data`` or ``--model.net`` starts from its own defaults.
-
-        jsonargparse keeps the default class's values for the arguments that the chosen class
-        also takes (``--data my_project.data.digits.Digits`` got ImageDataModule's batch size,
-        not its own). Parsed again with the chosen classes as the defaults, it does not.
-        """
-        printing = _without_print_config(args)
-        super().parse_arguments(parser, printing or args)  # --print_config would print before the second parse
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        target = self._subcommand_parser[subcommand] if subcommand else parser
-        chosen = {}
-        for key in ("data", "model", "model.net"):
-            if not isinstance(config.get(key), Namespace) or "class_path" not in config.get(key):
-                continue
-            class_path = config.get(key).class_path
-            default = target.get_default(key)
-            if getattr(default, "class_path", class_path) != class_path:
-                chosen[key] = {"class_path": class_path}
-        if chosen:
-            target.set_defaults(chosen)
-        if chosen or printing:
-            super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         """Private (upstream.lightning.OVERRIDES), and not LightningCLI's: there the checkpoint's hyperparameters
@@ -347,12 +320,6 @@ class KitCLI(LightningCLI):
 def _no_model(args: CommandLine) -> bool:
     """Whether ``args`` name no model: neither ``--model`` nor a ``--config`` (which may name one)."""
     return not args.gives("--model", "--config", "-c")
-
-
-def _without_print_config(args: CommandLine) -> list[str] | None:
-    """``args`` without ``--print_config[=flags]``; None when it is not there."""
-    kept = [arg for arg in args if arg != "--print_config" and not arg.startswith("--print_config=")]
-    return kept if len(kept) < len(args) else None
 
 
 def _class_path(cls: type) -> str:

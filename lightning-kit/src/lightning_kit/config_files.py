@@ -1,11 +1,8 @@
 """Configuration files read as data with bounds: a file too large, not text, or expanding without end is refused.
 
-A YAML document can name a value once and repeat it by alias: nine aliases of nine
-aliases, a few lines deep, stand for billions of values ("billion laughs"), which the
-command line would copy and print without end. Every YAML text the command line loads
-(``--config`` files, a run's ``config.yaml``, a value given on the command line) goes
-through ``load_yaml``, which counts the values a document stands for before anything
-expands it; files are checked, with their names, before they are read.
+Nine YAML aliases of nine aliases, a few lines deep, stand for billions of values ("billion laughs"), which the
+command line would copy and print without end: every YAML text jsonargparse loads goes through ``load_yaml``, which
+counts the values a document stands for before anything expands it.
 """
 
 from collections.abc import Callable, Iterable
@@ -49,12 +46,8 @@ def read_config_file(path: Path) -> str:
 
 
 def check_files_given(args: Iterable[str]) -> None:
-    """Check each configuration file the command line gives before jsonargparse reads it.
-
-    That is the value of ``--config`` or ``-c``, of a flag that takes a whole group or class
-    (``--trainer``, ``--data``: no dot), and any ``.yaml``, ``.yml`` or ``.json`` file given,
-    when it names a file. ``--ckpt_path`` names a checkpoint, not a configuration.
-    """
+    """Check each configuration file the command line gives before jsonargparse reads it: the value of ``--config``,
+    of a flag that takes a whole group or class (``--data``: no dot), and any ``.yaml``, ``.yml`` or ``.json``."""
     for flag, value in CommandLine.of(args).pairs:
         if flag == "--ckpt_path":
             continue
@@ -74,8 +67,8 @@ def _is_file(value: str) -> bool:
 def check_yaml(text: str, source: str) -> None:
     """Refuse YAML ``text`` (from ``source``) that is too large, nests too deep, or whose aliases expand too far.
 
-    The document is composed (parsed into nodes, aliases kept as references), never constructed:
-    counting the values each node stands for, each node once, takes time in the size of the text.
+    The document is composed (aliases kept as references), never constructed: counting the values each node stands
+    for, each node once, takes time in the size of the text.
     """
     if len(text) > MAX_BYTES:
         raise ConfigError(f"{source} is over {MAX_BYTES >> 20} MiB, more than a configuration holds")

@@ -11,7 +11,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 try:
@@ -43,15 +43,15 @@ class NotBuiltError(UserError):
     the command then did not do it says in its status (1; the audit's: 3, not audited)."""
 
 
-def exception_chain(err: BaseException | None) -> list[BaseException]:
-    """``err`` and the exceptions it was raised from (``__cause__``) or during (``__context__``), outermost first;
-    each once, however the chain loops back on itself."""
+def exception_chain(err: BaseException | None, context: bool = True) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from (``__cause__``) or, unless not ``context``, during
+    (``__context__``), outermost first; each once, however the chain loops back on itself."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         chain.append(err)
-        err = err.__cause__ or err.__context__
+        err = err.__cause__ or (err.__context__ if context else None)
     return chain
 
 
@@ -61,8 +61,7 @@ LONGEST_LINE = 300
 
 def first_line(err: BaseException, typed: bool = False) -> str:
     """What ``err`` says, as one line: the first line of its message, cut at ``LONGEST_LINE`` characters (its type's
-    name where it says nothing); ``typed``: after its type's name (``ValueError: ...``, ``(no message)`` for none).
-    The one way the library says an exception in a line of its own."""
+    name where it says nothing); ``typed``: after its type's name (``ValueError: ...``, ``(no message)`` for none)."""
     lines = str(err).strip().splitlines()
     text = lines[0].strip()[:LONGEST_LINE] if lines else ""
     if typed:
@@ -70,9 +69,24 @@ def first_line(err: BaseException, typed: bool = False) -> str:
     return text or type(err).__name__
 
 
+def byte_size(count: float) -> str:
+    """``count`` bytes for people: ``512 bytes``, ``1.9 MiB``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def first_few(names: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names`` and how many more, for a line: ``a, b, c and 4 more``."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def invoked_as(default: str) -> str:
-    """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``
-    (a project's ``python -m my_project.placement``), else ``default``."""
+    """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``, else
+    ``default``."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
 
@@ -95,9 +109,8 @@ def printable(text: str) -> str:
 
 
 def nul_refusal(name: str, value: object) -> str | None:
-    """What is wrong with ``value`` given for ``name`` when it is text holding a NUL character, which no file name,
-    URL or name can hold (the system refuses it in a path, where it surfaced as ValueError's traceback); None
-    otherwise. A list's items are looked at one by one."""
+    """What is wrong with ``value`` (or an item of it) given for ``name`` when it is text holding a NUL character,
+    which the system refuses in a path (it surfaced as ValueError's traceback); None otherwise."""
     values = value if isinstance(value, list | tuple) else [value]
     if any(isinstance(one, str | os.PathLike) and "\0" in str(one) for one in values):
         return f"{name} holds a NUL character (\\0), which no file name, URL or name can hold: give it without"
@@ -105,12 +118,9 @@ def nul_refusal(name: str, value: object) -> str | None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``argparse`` parser whose every mistake is one line, ``error: <what> (options: <prog> --help)``, exit 2:
-    not the usage and the message.
-
-    A value holding a NUL character, and an empty value for an option whose default is not empty (an empty path,
-    URL or column is never meant: it was not silently taken for the default), are mistakes like any other.
-    """
+    """An ``argparse`` parser whose every mistake is one line, ``error: <what> (options: <prog> --help)``, exit 2;
+    a value holding a NUL character, and an empty value for an option whose default is not empty (an empty path, URL
+    or column is never meant), are mistakes like any other."""
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (options: {self.prog} --help)\n")

@@ -1,29 +1,12 @@
 """What a model's forward takes, found for its export: an example of its inputs, checked by calling forward, and
 what the exported file records of them (``model_format.INPUT_FILE``).
 
-The export holds the model's own ``forward`` (a ``LightningModule``'s, or any ``nn.Module``'s): what it
-takes and what it answers are forward's, whatever network it holds inside. Its inputs are the first of
-these that applies:
-
-1. the model's ``example_input_array``, Lightning's own convention: a tensor (``forward(x)``), a
-   tuple of positional arguments (``forward(*inputs)``) or a dict of keyword arguments
-   (``forward(**inputs)``). A model of ``TENSORS``.
-2. the data module's ``image_size`` (``IMAGES``: uint8 ``(B, 3, S, S)``), or its ``seq_len`` and
-   ``vocab_size`` (``TOKENS``: int64 ``(B, T)``, from 2 to ``seq_len`` tokens). A classifier: the
-   export answers the softmax of forward's logits, by class name.
-3. one batch of the data module: the first of ``predict_dataloader``, else of the test, validation or
-   training one, whichever it has (``setup`` is called for that stage), made what forward takes: a
-   dict by forward's parameters' names (passed by keyword), a tuple or list by its first elements, as
-   many as forward has required positional parameters (``(x, y)`` -> ``x``), a tensor as the one
-   argument. A model of ``TENSORS``.
-
-A model of ``TENSORS`` takes each input with a batch dimension first, which varies (one
-``torch.export.Dim`` shared by all); each of its other dimensions varies too wherever forward lets it
-(``Dim.AUTO``: a clip's length, a sequence's), and is the example's where forward needs that size. It
-answers forward's outputs as they are: a tensor, a tuple, a list or a dict of tensors (nested or not),
-each with a row per example. The example is cut or repeated to ``EXAMPLE_ROWS`` rows, so that
-torch.export does not make the batch dimension a constant (as it does sizes of 0 and 1).
-``real_batch`` gives a batch of the data as forward takes it, on which the export checks its file.
+The inputs are the first of these that applies (the README's ``export``): the model's ``example_input_array``
+(``TENSORS``); the data module's ``image_size`` (``IMAGES``) or ``seq_len`` and ``vocab_size`` (``TOKENS``), a
+classifier; one batch of the data module's first loader of ``LOADERS``, made what forward takes (``TENSORS``). A
+model of tensors takes each input with one ``torch.export.Dim`` batch dimension first, and each other dimension
+free wherever forward lets it vary (``Dim.AUTO``). The example is cut or repeated to ``EXAMPLE_ROWS`` rows, as
+torch.export makes a batch dimension of 0 or 1 a constant.
 """
 
 import inspect
@@ -36,13 +19,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 from .model_format import DTYPES, IMAGES, KEYWORD, POSITIONAL, TENSORS, TOKENS, TensorInput
 
-# The rows of every example exported: torch.export makes a dimension of 0 or 1 a constant.
 EXAMPLE_ROWS = 2
-# The fewest tokens an exported sequence model takes, for the same reason.
-FEWEST_TOKENS = 2
+FEWEST_TOKENS = 2  # the fewest tokens an exported sequence model takes, for the same reason
 # The data module's loaders, in the order a batch is taken from them, and the stage ``setup`` is called for.
 LOADERS = (
     ("predict", "predict_dataloader"),
@@ -50,8 +31,6 @@ LOADERS = (
     ("validate", "val_dataloader"),
     ("fit", "train_dataloader"),
 )
-# How long a reason quoted from an error may be, in a one-line message.
-REASON_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -75,12 +54,8 @@ class Example:
 
 
 def example_inputs(model: nn.Module, datamodule: Any) -> Example:
-    """An example of what ``model``'s forward takes, checked by calling it: from the model's
-    ``example_input_array``, else the data module's sizes, else one of its batches (this module's docstring).
-
-    Raises ``ConfigError`` in one line, naming the model and ``example_input_array``, where none of them gives
-    inputs its forward runs on.
-    """
+    """An example of what ``model``'s forward takes, checked by calling it (the module's docstring); else
+    ``ConfigError``, naming the model and ``example_input_array``."""
     net, named = model, type(model).__name__
     given = getattr(model, "example_input_array", None)
     if given is not None:
@@ -118,13 +93,6 @@ def example_inputs(model: nn.Module, datamodule: Any) -> Example:
     )
 
 
-def reason(err: BaseException) -> str:
-    """An error as a short line: its type and the first line of its message."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    said = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-    return said if len(said) <= REASON_CHARS else said[: REASON_CHARS - 3] + "..."
-
-
 def _classifier_inputs(net: nn.Module, named: str, datamodule: Any) -> Example | None:
     """Images of the data module's ``image_size``, or token ids up to its ``seq_len``; None where it has neither."""
     batch = torch.export.Dim("batch")
@@ -153,13 +121,12 @@ def _classifier_inputs(net: nn.Module, named: str, datamodule: Any) -> Example |
 
 
 def _called(net: nn.Module, args: tuple, kwargs: dict, failed: str) -> Any:
-    """``net(*args, **kwargs)`` in eval mode without gradients; ``ConfigError`` saying ``failed`` and why, if it
-    raises."""
+    """``net(*args, **kwargs)`` in eval mode without gradients; ``ConfigError`` saying ``failed`` and why."""
     try:
         with torch.no_grad():
             return net.eval()(*args, **kwargs)
     except Exception as err:  # the user's forward: any error is theirs to read, in one line
-        raise ConfigError(f"{failed}: its forward raised {reason(err)}") from err
+        raise ConfigError(f"{failed}: its forward raised {first_line(err, typed=True)}") from err
 
 
 def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str) -> tuple[Example | None, str]:
@@ -230,10 +197,8 @@ def _rows(value: torch.Tensor) -> torch.Tensor:
 
 
 def _wrong_output(outputs: Any) -> str:
-    """What is wrong with a network's outputs for a server to answer them; empty where nothing is.
-
-    A tensor, or a tuple, a list or a dict (of names) of them, nested or not, each with a row per example.
-    """
+    """What is wrong with a network's outputs for a server to answer them (a tensor, or a tuple, a list or a dict
+    of names of them, nested or not, each with a row per example); empty where nothing is."""
     if isinstance(outputs, torch.Tensor):
         if outputs.dim() == 0 or outputs.shape[0] != EXAMPLE_ROWS:
             return f"a tensor of shape {tuple(outputs.shape)} for {EXAMPLE_ROWS} examples, not one row per example"
@@ -290,7 +255,7 @@ def _first_batch(datamodule: Any) -> tuple[Any, str]:
         except StopIteration:
             failures.append(f"{name}.{loader_name}() is empty")
         except Exception as err:  # the user's data module: why it gave no batch, in one line
-            failures.append(f"{name}.{loader_name}() gave no batch ({reason(err)})")
+            failures.append(f"{name}.{loader_name}() gave no batch ({first_line(err, typed=True)})")
     return None, failures[0] if failures else f"the data module {name} has no dataloader"
 
 

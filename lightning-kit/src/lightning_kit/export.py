@@ -4,35 +4,11 @@
     python -m my_project.export --ckpt_path last    # a project's own command line (its KitCLI)
     python -m my_project.export --ckpt_path runs/lightning_logs/version_3/checkpoints/last.ckpt --output model.pt2
 
-writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and
-``model.onnx`` when the ``onnx`` and ``onnxscript`` packages are installed (where torch.onnx
-cannot export the program, a line says why, and the ``.pt2`` is written all the same). The
-file holds the model's own ``forward``: what it takes and answers are forward's. What it takes
-is found by ``example_inputs`` (which calls forward on it before the export):
-
-- the model's ``example_input_array`` (a tensor, a tuple of positional or a dict of keyword
-  arguments of forward): a model of **tensors**;
-- the data module's ``image_size``: raw ``uint8`` **images** ``(B, 3, S, S)`` (the network
-  normalises them inside); or its ``seq_len`` and ``vocab_size``: **token** ids ``(B, T)``,
-  ``int64``, of 2 to ``seq_len`` tokens;
-- else one batch of the data module (of its predict, test, validation or training loader),
-  made what forward takes: a dict by forward's parameters' names, a tuple ``(x, y)`` by its
-  first elements (``x``), a tensor as the one argument: a model of **tensors**.
-
-A model of images or tokens answers class probabilities ``(B, classes)`` (the softmax of
-forward's logits), its class names in the file. A model of tensors takes each of forward's
-inputs, by position or by keyword as the example passed them, of the example's dtype, with a
-batch dimension that varies and every other dimension free wherever forward lets it vary (a
-clip's length, a sequence's) and the example's size where forward needs it; and answers
-forward's outputs as they are (a tensor, a tuple or a dict of tensors, a row per example), with
-no softmax and no class names. What the inputs are travels in the file (``input.json``: their
-kind, names, dtypes, sizes and the ranges of those that vary), which is what a server
-(``python -m lightning_kit.serve``) decodes requests by.
-
-Before a file is written, the program it holds is loaded back from its bytes and run on a batch
-of the data (the example where there is no data) beside the model's forward: a file that answers
-otherwise than forward, or cannot take what forward takes, is refused in one line, and nothing is
-written. Loading needs PyTorch alone::
+writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and ``model.onnx`` when the ``onnx``
+and ``onnxscript`` packages are installed. The file holds the model's own ``forward``, on inputs ``example_inputs``
+finds; what it takes travels in ``input.json`` (``model_format``), which a server decodes requests by. Before a file
+is written, its program is loaded back from its bytes and run on a batch of the data beside forward (the README's
+``export`` says what is refused). Loading needs PyTorch alone::
 
     import json, torch
     extra = {"class_names.json": "", "input.json": ""}
@@ -55,13 +31,13 @@ import yaml
 from torch import nn
 
 from .building import build
-from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint, written_whole
+from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint
 from .cli import GenericCLI, KitCLI, expand_shortcuts
-from .errors import ConfigError, OneLineParser, UserError, command, invoked_as
-from .example_inputs import Example, example_inputs, free_axes, real_batch, reason
-from .files import check_output_file
+from .errors import ConfigError, OneLineParser, UserError, command, first_line, invoked_as
+from .example_inputs import Example, example_inputs, free_axes, real_batch
+from .files import check_output_file, written_whole
 from .installation import check_installation
-from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size
+from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size, size_range
 from .stores import DISK_ERRORS
 from .trust import check_trusted, read_config, trust_modules
 
@@ -74,8 +50,7 @@ RNN_WEIGHTS_WARNING = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\](, )?
 
 
 class Probabilities(nn.Module):
-    """What the file of a classifier (of images or tokens) holds: the trained network, then a softmax over its
-    logits."""
+    """What the file of a classifier (of images or tokens) holds: the network, then a softmax over its logits."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
@@ -87,7 +62,7 @@ class Probabilities(nn.Module):
 
 @dataclass(frozen=True)
 class Exported:
-    """What ``export`` wrote, and why it wrote no ``.onnx`` where it would have (torch.onnx could not export)."""
+    """What ``export`` wrote, and why no ``.onnx`` where torch.onnx could not export it."""
 
     files: list[Path]
     no_onnx: str | None = None
@@ -120,12 +95,9 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
 def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> Exported:
     """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written.
 
-    The file holds the model's forward; what it takes is found by ``example_inputs``. A model that torch.export
-    cannot export, or whose program answers a batch of the data otherwise than its forward, is ``UserError``, in
-    one line naming the model, and nothing is written; one that torch.onnx cannot export has its ``.pt2`` written
-    all the same, and ``Exported.no_onnx`` says why.
-    Each file is written beside its name and renamed into place: a link at that name is replaced, not written
-    through.
+    A model that torch.export cannot export, or whose program answers a batch of the data otherwise than its
+    forward, is ``UserError`` and nothing is written; one that torch.onnx cannot export has its ``.pt2`` written all
+    the same, and ``Exported.no_onnx`` says why. Each file is written beside its name and renamed into place.
     """
     targets = check_outputs(output, overwrite, onnx)
     if onnx == "yes" and not _has_onnx():
@@ -174,7 +146,7 @@ def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProg
                 return torch.export.export(network, example.args, example.kwargs, dynamic_shapes=dynamic_shapes)
         except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
             first = first or err
-    raise UserError(f"torch.export cannot export {example.named} ({reason(first)})") from first
+    raise UserError(f"torch.export cannot export {example.named} ({first_line(first, typed=True)})") from first
 
 
 def _described(program: torch.export.ExportedProgram, example: Example) -> dict:
@@ -185,25 +157,14 @@ def _described(program: torch.export.ExportedProgram, example: Example) -> dict:
     for entry, name in zip(example.described["inputs"], program.graph_signature.user_inputs, strict=True):
         sizes = placeholders[name].shape[1:]
         shape = tuple(constant_size(size) for size in sizes)
-        ranges = tuple(
-            None if known is not None else _range(program, size) for known, size in zip(shape, sizes, strict=True)
-        )
+        ranges = tuple(size_range(program, size) for size in sizes)
         inputs.append(TensorInput(entry["name"], entry["dtype"], shape, ranges).described())
     return {**example.described, "inputs": inputs}
 
 
-def _range(program: torch.export.ExportedProgram, size: torch.SymInt) -> tuple[int, int | None]:
-    """The sizes the program takes for an axis that varies: its symbol's range (the most None where unbounded)."""
-    bounds = program.range_constraints.get(size.node.expr)
-    if bounds is None:
-        return 0, None
-    most = None if bool(bounds.upper > sys.maxsize) else int(bounds.upper)  # sympy's infinity, or a number
-    return int(bounds.lower), most
-
-
 def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Example, datamodule) -> None:
-    """Refuse, as ``UserError``, a file whose program answers a batch of the data (the example where there is no
-    data) otherwise than the model's forward, or cannot take it: the file loaded back from ``archive``'s bytes."""
+    """Refuse (``UserError``) a file, loaded back from ``archive``'s bytes, that answers a batch of the data (else
+    the example) otherwise than the model's forward, or cannot take it."""
     batch = example.batch or real_batch(example.network, datamodule)
     args, kwargs, where = batch if batch is not None else (example.args, example.kwargs, "the example")
     loaded = torch.export.load(io.BytesIO(archive.getvalue())).module()
@@ -214,7 +175,7 @@ def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Exa
         except Exception as err:  # a guard of the program: the data holds what the export made a constant
             raise UserError(
                 f"the exported file of {example.named} cannot take {where}, which its forward takes "
-                f"({reason(err)}): nothing was written"
+                f"({first_line(err, typed=True)}): nothing was written"
             ) from err
     differs = _difference(expected, answered)
     if differs:
@@ -279,7 +240,7 @@ def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_n
                 verbose=False,
             )
     except Exception as err:  # a network torch.onnx has no conversion for: the .pt2 is there all the same
-        said = f"torch.onnx cannot export {example.named} ({reason(err)})"
+        said = f"torch.onnx cannot export {example.named} ({first_line(err, typed=True)})"
         if (
             path.is_file() and not path.is_symlink()
         ):  # --overwrite: an .onnx of another export would pass for this one's
@@ -294,9 +255,8 @@ def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_n
 
 
 def _output_names(outputs, name: str | None = None) -> list[str]:
-    """The names of an ONNX file's outputs, flat, in the order torch.export flattens them: a dict's keys and a
-    tuple's positions (``output_0``), joined where they nest (``pair_1``, ``stats.mean``); ``output`` for one
-    tensor."""
+    """The names of an ONNX file's outputs, flat, as torch.export flattens them: ``output`` for one tensor, else a
+    dict's keys and a tuple's positions (``output_0``), joined where they nest (``pair_1``, ``stats.mean``)."""
     if isinstance(outputs, torch.Tensor):
         return [name or "output"]
     if isinstance(outputs, dict):
@@ -332,8 +292,7 @@ def _has_onnx() -> bool:
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
     """Export the checkpoint that ``args`` name, its model and data built by ``cli_class`` (the project's
-    ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the command in
-    messages."""
+    ``KitCLI``); ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.export"),

@@ -1,15 +1,14 @@
 """Files a user names: read only when they are plain files, written only where a file can go.
 
-Opening a FIFO for reading waits for a writer that may never come, a device may never
-end, and a folder is no file: each is refused by name, from ``os.stat``, before it is
-opened. An output is written beside its name and renamed into place, so a link at that
-name is replaced, never written through; ``check_output_file`` refuses what cannot be
-written before the long work that would produce it starts.
+Opening a FIFO for reading waits for a writer that may never come, a device may never end, and a folder is no file:
+each is refused by name, from ``os.stat``, before it is opened.
 """
 
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -41,12 +40,9 @@ def kind_of(mode: int) -> str | None:
 
 
 def open_regular(path: str | Path) -> BinaryIO:
-    """``path`` opened for binary reading, links followed, when it is a plain file; else ``NotAFileError``.
-
-    The type is checked with ``os.stat`` before opening, and again on the open file: a FIFO
-    put in its place between the two is opened without waiting (``O_NONBLOCK``) and refused.
-    A missing or unreadable file raises the ``OSError`` that says so.
-    """
+    """``path`` opened for binary reading, links followed, when it is a plain file; else ``NotAFileError`` (or the
+    ``OSError`` of a missing or unreadable file). The type is checked again on the open file: a FIFO put in its place
+    meanwhile is opened without waiting (``O_NONBLOCK``) and refused."""
     kind = kind_of(os.stat(path).st_mode)
     if kind is not None:
         raise NotAFileError(path, kind)
@@ -65,13 +61,13 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 
 def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite_flag: str) -> None:
-    """Refuse, in one line naming ``flag``, an output ``path`` (as the user wrote it) that could not be written whole.
+    """Refuse, in one line naming ``flag``, an output ``path`` that could not be written, before the long work that
+    would produce it starts.
 
-    Accepted: a path that is not a folder (nor ends in a separator), in a folder that
-    exists or can be made and in which a file can be created; where something is there
-    already, only a file or a link, and only with ``overwrite``. A link is then replaced
-    by the new file, and what it points to is left alone. Nothing is made or left behind:
-    whether a file can be created is tried with a temporary file, removed at once.
+    Accepted: a path that is not a folder, in a folder that exists or can be made and in which a file can be created
+    (tried with a temporary file, removed at once); where something is there already, only a file or a link, and only
+    with ``overwrite``: the output is written beside it and renamed into place, so a link is replaced, never written
+    through.
     """
     text = os.fspath(path)
     path = Path(text)
@@ -121,3 +117,40 @@ def check_folder_path(path: str | Path, what: str, flag: str) -> None:
             raise ConfigError(
                 f"{what} {path} cannot be made: {part} is {kind}, not a folder: move it away, or give another {flag}"
             )
+
+
+# The temporary files of writes in progress (``written_whole``): hidden, and named by the writing process.
+TEMPORARY_PREFIX = ".saving."
+
+
+@contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to: renamed to ``path`` when the block ends, removed if it fails, so
+    a reader never sees half a file (a checkpoint, a run's record); one a killed process left is removed by the next
+    write in that folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for left in path.parent.glob(f"{TEMPORARY_PREFIX}*"):
+        pid = left.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            left.unlink(missing_ok=True)
+    temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
+    # Whatever stands at that name (a link planted there, a reused pid's leftover) is removed,
+    # not written through: the bytes go to a new file beside ``path`` and nowhere else.
+    temporary.unlink(missing_ok=True)
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this host (any process, another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # another user's process
+    except (OSError, OverflowError):  # ProcessLookupError among them
+        return False
+    return True

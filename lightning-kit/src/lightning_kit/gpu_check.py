@@ -3,27 +3,10 @@
     python -m lightning_kit.gpu_check                  # in the project's folder (where train.py is): gpu-check.md
     python -m lightning_kit.gpu_check --project ~/my_project --package my_project --out FILE --overwrite
 
-Run it on a machine with a CUDA GPU. Each step runs in a process of its own, with the project's
-``src/`` importable and a time limit (under 10 minutes in all):
-
-1. the library's tests marked ``gpu`` (``pytest -m gpu`` in lightning-kit's folder, where the
-   library is a checkout of its repository, with its tests): among them, every placement rule's
-   wrong and right version trained on the GPU next to the device audit's verdict;
-2. the project's own tests marked ``gpu`` (``pytest -m gpu`` in its folder, when it has ``tests/``);
-3. one epoch of its ``train.py`` (``python -m lightning_kit`` for a project without one, whose
-   ``--config`` then names ``--model`` and ``--data``) with ``--accelerator gpu --precision bf16-mixed``
-   on ``--config`` (by default the project's ``configs/synthetic.yaml``);
-4. its benchmark (``python -m <package>.bench``; ``python -m lightning_kit.bench`` for a project
-   without one) with ``--accelerator gpu``, short.
-
-The project's package is ``--package``, else the package of the command line the check was started
-with (a project's thin module calls ``main(cli_class=ProjectCLI)``), else the one package in the
-project's ``src/`` with a ``bench`` module. The summary (Markdown) names the GPU and PyTorch, each
-step's result and time, the agreement table (rule, the audit's verdict, the GPU's and FakeTensor's
-for each version), the audit's count of GPU memory beside ``torch.cuda.max_memory_allocated`` for
-the same training steps, and the end of the output of a step that failed. Exit status: 0 every step passed, 1 one
-failed, 2 no CUDA GPU here (one line, nothing written), a summary that exists already (without
-``--overwrite``), or a project folder or configuration that is not there.
+Its steps, summary and exit statuses are the placement guide's "The GPU check" (``python -m lightning_kit.guide``).
+The project's package is ``--package``, else the package of the command line the check was started with (a
+project's thin module calls ``main(cli_class=ProjectCLI)``), else the one package in the project's ``src/`` with a
+``bench`` module; a project without a train.py trains with ``python -m lightning_kit``.
 """
 
 import json
@@ -42,6 +25,7 @@ import torch
 from .cli import GenericCLI, KitCLI
 from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
+from .run_record import write_whole
 
 # The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
 LIBRARY = Path(__file__).resolve().parents[2]
@@ -255,15 +239,11 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
         "",
     ]
     if rows:
-        lines += [f"| {' | '.join(COLUMNS)} |", f"|{' --- |' * len(COLUMNS)}"]
-        lines += [f"| {' | '.join(_cell(row.get(column, '-')) for column in COLUMNS)} |" for row in rows]
-        lines += ["", f"{sum(row['agrees'] == 'yes' for row in rows)} of {len(rows)} agree."]
+        lines += [*_table(COLUMNS, rows), "", f"{sum(row['agrees'] == 'yes' for row in rows)} of {len(rows)} agree."]
     else:
         lines.append("No agreement rows were recorded (see the tests' step).")
     if memory:
-        lines += ["", "## GPU memory: the audit's count beside CUDA's", ""]
-        lines += [f"| {' | '.join(MEMORY_COLUMNS)} |", f"|{' --- |' * len(MEMORY_COLUMNS)}"]
-        lines += [f"| {' | '.join(_cell(row.get(column, '-')) for column in MEMORY_COLUMNS)} |" for row in memory]
+        lines += ["", "## GPU memory: the audit's count beside CUDA's", "", *_table(MEMORY_COLUMNS, memory)]
     for step in steps_run:
         if not step.passed:
             tail = step.output.strip().splitlines()[-OUTPUT_LINES:]
@@ -271,14 +251,13 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
     return "\n".join(lines) + "\n"
 
 
-def _cell(value: str) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")[:120]
-
-
-def write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
+    """A Markdown table of ``rows``, each cell on one line, short."""
+    lines = [f"| {' | '.join(columns)} |", f"|{' --- |' * len(columns)}"]
+    for row in rows:
+        cells = (str(row.get(column, "-")).replace("|", "\\|").replace("\n", " ")[:120] for column in columns)
+        lines.append(f"| {' | '.join(cells)} |")
+    return lines
 
 
 @command
@@ -316,7 +295,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
             print(f"  {step.result} ({step.seconds:.0f} s)", flush=True)
         rows = [row for name in ("gpu.xml", "project-gpu.xml") for row in agreement_rows(Path(folder) / name)]
         memory = agreement_rows(Path(folder) / "gpu.xml", "memory")
-    write_atomically(options.out, summary(device, done, rows, memory))
+    write_whole(options.out, summary(device, done, rows, memory))
     print(f"summary: {options.out}")
     sys.exit(0 if all(step.passed for step in done) else 1)
 

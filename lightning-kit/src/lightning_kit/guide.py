@@ -17,7 +17,7 @@ from .errors import command
 
 FILE = "device-placement.md"
 COMMAND = "python -m lightning_kit.guide"
-_RULE = re.compile(r"^## (\d+)\. ", re.MULTILINE)
+_RULE = re.compile(r"## (\d+)\. ")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
@@ -28,17 +28,13 @@ def text() -> str:
 
 def rules(first: int, last: int | None = None) -> str:
     """Rules ``first`` to ``last`` (or ``first`` alone) of the guide; ValueError names the rules there are."""
-    guide = text()
     last = first if last is None else last
-    starts = [(int(found[1]), found.start()) for found in _RULE.finditer(guide)]
-    chosen = []
-    for position, (number, start) in enumerate(starts):
-        # A rule ends where the next heading of its level starts: the next rule's, or the section after the rules.
-        end = starts[position + 1][1] if position + 1 < len(starts) else guide.find("\n## ", start + 1)
-        if first <= number <= last:
-            chosen.append(guide[start : end if end >= 0 else len(guide)].rstrip())
+    # A rule runs to the next heading of its level: the next rule's, or the section after the rules.
+    sections = re.split(r"(?m)^(?=## )", text())
+    numbered = [(int(found[1]), section.rstrip()) for section in sections if (found := _RULE.match(section))]
+    chosen = [section for number, section in numbered if first <= number <= last]
     if not chosen:
-        raise ValueError(f"the guide has rules 1 to {starts[-1][0]}")
+        raise ValueError(f"the guide has rules 1 to {numbered[-1][0]}")
     return "\n\n".join(chosen) + "\n"
 
 

@@ -1,14 +1,5 @@
-"""Whether the library installed is the one the project names, and has what it needs: said at start-up, in one line.
-
-A project names the library in its ``pyproject.toml``: the template's repository at a commit
-(``lightning-kit @ git+https://...@<commit>#subdirectory=lightning-kit``), a folder
-(``lightning-kit @ file:///...``) or a version specifier. The library's version comes from git
-(``0.1.1.devN+g<commit>``), so pip replaces an installed library whenever the requirement names
-another commit; what is installed can still differ from what the project names: a ``cruft update``
-not followed by ``pip install``, two projects at different commits in one environment, a folder
-installed as a copy that has moved on since. Every command of the library (``train.py`` and
-``python -m <package>.<command>`` of a project, ``python -m lightning_kit...``) and its pytest
-plugin then say so in one line: what is installed, what is named, and the command that installs it.
+"""Whether the library installed is the one the project names, and has what it needs: said at start-up, in one line
+(README: "The library installed is the one the project names").
 
 The standard library only: a project's package imports this first, so that a library installed
 without its requirements (``pip install --no-deps``) is one line too, not an ImportError.
@@ -98,25 +89,13 @@ def missing_requirements() -> list[str]:
         if "extra" in marker:
             continue  # an extra's
         name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", text)
-        if name is None or not _library_marker_applies(marker):
+        if name is None or not marker_applies(marker):
             continue
         try:
             importlib.metadata.distribution(name[1])
         except importlib.metadata.PackageNotFoundError:
             missing.append(name[1])
     return missing
-
-
-def _library_marker_applies(marker: str) -> bool:
-    """Whether a marker of the library's own requirements applies here: ``packaging``'s reading, where it is
-    installed; else the one kind the library writes, Python's version."""
-    if not marker.strip():
-        return True
-    found = re.fullmatch(r"\s*python_version\s*(<|<=|>=|>)\s*['\"](\d+)\.(\d+)['\"]\s*", marker)
-    if found is None:
-        return marker_applies(marker)
-    here, there = sys.version_info[:2], (int(found[2]), int(found[3]))
-    return {"<": here < there, "<=": here <= there, ">=": here >= there, ">": here > there}[found[1]]
 
 
 def difference(library: Installed | None, project: ProjectFile) -> str | None:
@@ -194,11 +173,8 @@ def _file_path(url: str) -> Path:
 
 
 def _head_commit(folder: Path) -> str | None:
-    """The commit checked out in the git repository ``folder`` lies in, read from its files as data (no git run);
-    None where it cannot be told.
-
-    Each file is read only where it is a plain file, and only so far (``_small``): a FIFO, a device or a file of
-    megabytes in its place tells nothing, and never blocks. HEAD's ``ref:`` is followed only to a ref inside the
+    """The commit checked out in the git repository ``folder`` lies in, read from its files as data (no git run, each
+    file through ``_small``); None where it cannot be told. HEAD's ``ref:`` is followed only to a ref inside the
     repository (``refs/...``), and what is read is a commit only where it is one (hex digits).
     """
     for candidate in [folder, *folder.parents][:8]:
@@ -264,12 +240,8 @@ def without_credentials(text: str) -> str:
 
 def check_installation(module: str | None = None) -> None:
     """At a command's start: stop in one line where the library lacks what it needs; say in one line (on stderr)
-    where it is not the library the project names. ``module`` is one of the project's (its ``KitCLI``'s, or its
-    package): its ``pyproject.toml`` is found from its folder; without one, or for the library's own, the project
-    is the working folder's.
-
-    Said once for a project, by the first process of a run: not again by the processes it starts (which inherit
-    ``CHECKED``, naming the project's file), nor by a distributed run's others.
+    where it is not the library the project names, once for a project, by the first process of a run. ``module``,
+    one of the project's, finds its ``pyproject.toml`` from its folder; else the working folder's is the project's.
     """
     project = find_project(_folder_of(module))
     missing = missing_requirements()

@@ -1,11 +1,7 @@
 """Find manual device placement in Python files: calls that move tensors or modules, and devices written in.
 
-Lightning places the model and the batches; the placement guide that ships with the library
-(``python -m lightning_kit.guide``) gives the rules for the rest. This check reads the source
-(nothing is imported or run), prints ``path:line: <what> — <the fix>`` for each placement it
-finds and exits 1, or exits 0 when there is none. A project runs it on its own files (its
-pre-commit hook ``no-manual-placement`` on every changed file in ``src/`` and ``train.py``, its
-tests on all of them)::
+It reads the source (nothing is imported or run), prints ``path:line: <what> — <the fix>`` for each
+placement, citing the placement guide's rule (``python -m lightning_kit.guide``), and exits 1; else 0::
 
     python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py of the current folder
 
@@ -37,50 +33,43 @@ the GPU faster, and on a machine without one it does nothing. Reading alone cann
 device from a dtype in a variable of any other name (``.to(d)``), or in another tensor
 (``.to(other)``): the device audit finds what those do wrong.
 
-Three parts of this library stand in for Lightning and are exempt, as the library's own files
-only: the simulated GPU (``lightning_kit/gpu_audit/simulated/``) and its Lightning side
-(``lightning_kit/gpu_audit/lightning.py``, and ``gpu_audit/batches.py``, which follows Lightning's
-moves of a batch), which play Lightning's part on a GPU, and the
-benchmark's hand-written loop (``lightning_kit/bench.py``). A project's files are never exempt.
-It needs the standard library only, so that it also runs as a script (``python .../lint_placement.py``)
-where lightning_kit's dependencies are not installed.
+The library's own files that play Lightning's part on a GPU (``EXEMPT``) are skipped; a project's never are.
 """
 
 import ast
-import contextlib
-import errno
 import io
 import os
 import re
-import stat
 import sys
 import tokenize
 from pathlib import Path
 from typing import NamedTuple
 
-# Within this library's package: the simulated GPU and its Lightning side (and its model of Lightning's batch moves).
+from .errors import command
+from .files import NotAFileError, open_regular
+from .guide import cite
+
+# The simulated GPU, its Lightning side (and its model of Lightning's batch moves), and the benchmark's own loop.
 EXEMPT = ("gpu_audit/simulated", "gpu_audit/lightning.py", "gpu_audit/batches.py", "bench.py")
 LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
-# The command that prints the placement guide's rules (``guide.py``; this script imports nothing of the library).
-GUIDE = "python -m lightning_kit.guide"
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
 # The fix of each kind of placement, and the rules of the guide that explain it.
 _FIXES_AND_RULES = {
-    "cuda": (MOVED, "1-2"),
-    "cpu": ("keep tensors where Lightning put them: log them with self.log", "6"),
-    "to": (f"{MOVED}, and constants as registered buffers", "1-3"),
-    "device": ("take the device from the data or the module: x.device, self.device, pl_module.device", "11"),
-    "default": ("delete it: Lightning gives each process its device; a default moves every tensor", "11"),
-    "legacy": ("name a dtype, not a CUDA tensor type: .float(), torch.float16; .type_as(x) follows x", "11"),
-    "non_blocking": ("delete the transfer: Lightning moves the batches, overlapping the copies", "1"),
-    "map_location": ('load onto the CPU (map_location="cpu"): Lightning moves the model afterwards', "1"),
-    "made": ("give it the data's device: device=x.device, x.new_zeros(...); a constant as a registered buffer", "2-3"),
-    "attribute": ('register it as a buffer, which moves with the module: self.register_buffer("name", ...)', "3"),
+    "cuda": (MOVED, "rules 1 to 2"),
+    "cpu": ("keep tensors where Lightning put them: log them with self.log", "rule 6"),
+    "to": (f"{MOVED}, and constants as registered buffers", "rules 1 to 3"),
+    "device": ("take the device from the data or the module: x.device, self.device, pl_module.device", "rule 11"),
+    "default": ("delete it: Lightning gives each process its device; a default moves every tensor", "rule 11"),
+    "legacy": ("name a dtype, not a CUDA tensor type: .float(), torch.float16; .type_as(x) follows x", "rule 11"),
+    "non_blocking": ("delete the transfer: Lightning moves the batches, overlapping the copies", "rule 1"),
+    "map_location": ('load onto the CPU (map_location="cpu"): Lightning moves the model afterwards', "rule 1"),
+    "made": (
+        "give it the data's device: device=x.device, x.new_zeros(...); a constant as a registered buffer",
+        "rules 2 to 3",
+    ),
+    "attribute": ('register it as a buffer, which moves with the module: self.register_buffer("name", ...)', "rule 3"),
 }
-FIXES = {
-    kind: f"{fix} ({'rules ' + rules.replace('-', ' to ') if '-' in rules else 'rule ' + rules}: {GUIDE} {rules})"
-    for kind, (fix, rules) in _FIXES_AND_RULES.items()
-}
+FIXES = {kind: f"{fix} ({rules}: {cite(rules)})" for kind, (fix, rules) in _FIXES_AND_RULES.items()}
 
 # Methods that move a tensor or module to a device, and the fix for each.
 MOVES = {"cuda": "cuda", "cpu": "cpu", "xpu": "cuda", "mps": "cuda", "hpu": "cuda", "ipu": "cuda", "mtia": "cuda"}
@@ -194,7 +183,6 @@ class _Finder(ast.NodeVisitor):
     def __init__(self, parents: dict[ast.AST, ast.AST]) -> None:
         self.findings: list[Finding] = []
         self._parents = parents  # each node's parent in the tree
-        self._hook_arguments: list[set[str]] = []  # parameters of enclosing transfer_batch_to_device hooks
         self._functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []  # the enclosing functions, innermost last
         self._classes: list[ast.ClassDef] = []  # the enclosing classes, innermost last
 
@@ -202,15 +190,9 @@ class _Finder(ast.NodeVisitor):
         self.findings.append(Finding(node.lineno, what, FIXES[kind]))
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        hook = node.name == "transfer_batch_to_device"
-        if hook:
-            arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
-            self._hook_arguments.append({argument.arg for argument in arguments})
         self._functions.append(node)
         self.generic_visit(node)
         self._functions.pop()
-        if hook:
-            self._hook_arguments.pop()
 
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
         self.visit_FunctionDef(node)
@@ -377,7 +359,8 @@ class _Finder(ast.NodeVisitor):
 
     def _handed_over(self, node: ast.Call) -> bool:
         """Whether every device of a ``.to(...)`` is a parameter of the ``transfer_batch_to_device`` it is in."""
-        hook = self._hook_arguments[-1] if self._hook_arguments else set()
+        hooks = [function.args for function in self._functions if function.name == "transfer_batch_to_device"]
+        hook = {given.arg for args in hooks[-1:] for given in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
         return all(isinstance(device, ast.Name) and device.id in hook for device in self._devices(node))
 
 
@@ -397,10 +380,18 @@ def _index_variable(node: ast.expr) -> bool:
 
 
 def manual_placements(source: str) -> list[Finding]:
-    """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there."""
-    tree = ast.parse(source)
-    finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
-    finder.visit(tree)
+    """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there.
+
+    A source nested past Python's parser (``x = 1+1+...+1`` a hundred thousand times, which Python cannot compile
+    either) is ``UnreadableError``, not the parser's RecursionError."""
+    try:
+        tree = ast.parse(source)
+        finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
+        finder.visit(tree)
+    except (RecursionError, MemoryError):
+        raise UnreadableError(
+            "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
+        ) from None
     first = {}  # the outermost call of a line: `.to(torch.device("cuda"))` once, not twice
     for finding in finder.findings:
         first.setdefault(finding.line, finding)
@@ -431,31 +422,18 @@ class UnreadableError(Exception):
 
 
 def read_source(path: Path) -> str:
-    """The text of the Python file at ``path``, read as data: a regular file (a link to one is followed),
-    at most ``MAX_SOURCE_BYTES``, decoded as Python decodes it (UTF-8 or its coding declaration).
-
-    Raises ``UnreadableError`` for anything else: a FIFO or a device is never opened for reading, so that
-    neither can block or run without end.
-    """
+    """The text of the Python file at ``path``, read as data: a regular file (a link to one is followed; a FIFO or
+    a device is never opened for reading, ``files.open_regular``), at most ``MAX_SOURCE_BYTES``, decoded as Python
+    decodes it (UTF-8 or its coding declaration); else ``UnreadableError``."""
     try:
-        # O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then tells what was opened.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with open_regular(path) as handle:
+            data = handle.read(MAX_SOURCE_BYTES + 1)
     except FileNotFoundError:
         raise UnreadableError("does not exist") from None
-    except IsADirectoryError:
-        raise UnreadableError("is a folder") from None
+    except NotAFileError as err:
+        raise UnreadableError(f"is {err.kind}, not a regular file: nothing read") from None
     except OSError as err:
         raise UnreadableError(f"cannot be read ({err.strerror or err})") from None
-    with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise UnreadableError("is a folder")
-        if not stat.S_ISREG(mode):
-            raise UnreadableError("is not a regular file (a FIFO, a socket or a device): nothing read")
-        try:
-            data = handle.read(MAX_SOURCE_BYTES + 1)
-        except OSError as err:
-            raise UnreadableError(f"cannot be read ({err.strerror or err})") from None
     if len(data) > MAX_SOURCE_BYTES:
         raise UnreadableError(f"is over {MAX_SOURCE_BYTES >> 20} MiB: not a source file this check reads")
     if b"\0" in data:
@@ -481,7 +459,7 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
         if is_exempt(path):
             continue
         try:
-            findings = _placements_in(read_source(path))
+            findings = manual_placements(read_source(path))
         except UnreadableError as why:
             if errors is None:
                 raise UnreadableError(f"{path} {why}") from None
@@ -494,17 +472,6 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
     return lines
 
 
-def _placements_in(source: str) -> list[Finding]:
-    """``manual_placements``; a source nested past Python's parser (``x = 1+1+...+1`` a hundred thousand times,
-    which Python cannot compile either) is ``UnreadableError``, not the parser's RecursionError."""
-    try:
-        return manual_placements(source)
-    except (RecursionError, MemoryError):
-        raise UnreadableError(
-            "cannot be checked: it nests deeper than Python's parser goes, so Python cannot run it"
-        ) from None
-
-
 def python_files(folder: Path) -> list[Path]:
     """The ``.py`` files under ``folder``, in order; links to folders are not followed (nor loop)."""
     found = []
@@ -514,6 +481,7 @@ def python_files(folder: Path) -> list[Path]:
     return found
 
 
+@command
 def main(args: list[str] | None = None) -> int:
     """Exit status 1 where a placement was found or a file named could not be read, else 0.
 
@@ -529,51 +497,11 @@ def main(args: list[str] | None = None) -> int:
         print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
     paths = [file for files in found.values() for file in files]
     lines = check(paths, errors)
-    if not _printed(lines):
-        return 1
+    for line in lines:
+        print(line)
     for line in errors:
         print(line, file=sys.stderr)
     return 1 if lines or errors else 0
-
-
-def _printed(lines: list[str]) -> bool:
-    """Print ``lines``; False, after a line on standard error, where standard output cannot take them (a full disk,
-    past ``ulimit -f``) or its reader has gone (``| head``). Text its encoding cannot hold is written escaped.
-
-    (``errors.command`` does this for the library's other commands; this script imports nothing of the library.)
-    """
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
-    try:
-        for line in lines:
-            print(line)
-        sys.stdout.flush()
-        if _cut_short(sys.stdout):  # the system wrote a write past `ulimit -f` only up to it, and Python took that
-            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-    except OSError as err:
-        with contextlib.suppress(OSError):  # what is still buffered must not fail again at the interpreter's exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        if not isinstance(err, BrokenPipeError):
-            print(f"error: the standard output cannot be written: {err.strerror or err}", file=sys.stderr)
-        return False
-    return True
-
-
-def _cut_short(stream) -> bool:
-    """Whether what was written to ``stream``, a file, stopped at the file-size limit (errors.cut_short's test)."""
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        descriptor = stream.fileno()
-        return (
-            limit != resource.RLIM_INFINITY
-            and stat.S_ISREG(os.fstat(descriptor).st_mode)
-            and os.lseek(descriptor, 0, os.SEEK_CUR) >= limit
-        )
-    except (ImportError, OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return False
 
 
 if __name__ == "__main__":

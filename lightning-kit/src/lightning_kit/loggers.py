@@ -1,16 +1,5 @@
-"""The default logger of a run: Lightning's CSV files, and TensorBoard's event files beside them.
-
-One logger, one run folder (``runs/lightning_logs/version_3``): ``metrics.csv`` and ``hparams.yaml``
-as ``CSVLogger`` writes them (the runs table reads them), and the ``events.out.tfevents.*``
-file that Lightning's ``TensorBoardLogger`` writes of the same metrics and hyperparameters, so that
-
-    tensorboard --logdir runs
-
-shows every run's curves with no second configuration. It is a ``CSVLogger`` (its flags are
-``--trainer.logger.init_args.save_dir``, ``name``, ``version``, ...) that hands each call on to a
-``TensorBoardLogger`` of the same folder; ``--trainer.logger.init_args.tensorboard false`` leaves
-the event files out.
-"""
+"""The default logger of a run: Lightning's CSV files, which the runs table reads, and TensorBoard's event files
+of the same metrics in the same run folder, so that ``tensorboard --logdir runs`` shows every run's curves."""
 
 from argparse import Namespace
 from collections.abc import Mapping
@@ -21,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 
 class CSVAndTensorBoardLogger(CSVLogger):
-    """Lightning's ``CSVLogger``, writing TensorBoard's event file of the same metrics into its run folder.
+    """Lightning's ``CSVLogger``, handing each call on to a ``TensorBoardLogger`` of the same run folder.
 
     Args:
         save_dir: the folder of the runs (``runs``), as ``CSVLogger``'s.

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .arguments import TRAINER
 from .callbacks import InterruptCheckpoint
-from .errors import NotBuiltError, RefusedArgumentError, UserError
+from .errors import NotBuiltError, RefusedArgumentError, UserError, exception_chain
 from .gpu_audit.explain import explain
 from .gpu_audit.lightning import simulated_run
 from .gpu_audit.verdict import DevicePlacementError
@@ -24,32 +24,21 @@ from .supervision import ProcessWatch, lost_a_process, lost_process_line
 
 
 def report(line: str) -> None:
-    """Print ``line`` with one write: lines from DDP processes sharing a log (or a SLURM output file) never split.
-
-    Every URL in it is shown without its password, and every remembered password is hidden (``passwords``).
-    """
+    """Print ``line``, every password hidden, with one write: lines from DDP processes sharing a log (or a SLURM
+    output file) never split."""
     sys.stdout.write(f"{scrubbed(line)}\n")
     sys.stdout.flush()
 
 
 def _user_error_behind(err: BaseException) -> UserError | None:
-    """The user's mistake that caused ``err``, if one did."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, UserError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__
-    return None
+    """The user's mistake that ``err`` was raised from, if one was."""
+    return next((link for link in exception_chain(err, context=False) if isinstance(link, UserError)), None)
 
 
 def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
-    """The Trainer flag that Lightning's own check of it against the data refused, if ``err`` is that.
-
-    Some Trainer arguments can only be checked once the data's size is known (a
-    ``val_check_interval`` longer than the epoch): Lightning raises a ValueError naming the
-    argument in backticks, from its own code. Anything else stays a traceback: a bug to report.
-    """
+    """The Trainer flag that Lightning's own check of it against the data refused (a ``val_check_interval`` longer
+    than the epoch), if ``err`` is that: a ValueError raised in Lightning's code naming the argument in backticks.
+    Anything else stays a traceback: a bug to report."""
     if not isinstance(err, ValueError) or err.__traceback__ is None:
         return None
     innermost = err.__traceback__
@@ -62,10 +51,8 @@ def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
 
 
 def disk_line(err: BaseException) -> str | None:
-    """One line for a write the disk or file system refused (full, past ``ulimit -f``, read-only), or None.
-
-    ``err`` is the ``OSError`` itself, or PyTorch's ``RuntimeError`` for a checkpoint it could not write whole.
-    """
+    """One line for a write the disk or file system refused (full, past ``ulimit -f``, read-only), or None: ``err`` is
+    the ``OSError`` itself, or PyTorch's ``RuntimeError`` for a checkpoint it could not write whole."""
     if isinstance(err, OSError) and err.errno in DISK_ERRORS:
         name = err.filename or _file_being_written(err)
         where = f" {name}" if name else ""
@@ -112,11 +99,8 @@ def _file_being_written(err: BaseException) -> str | None:
 
 @contextmanager
 def errors_as_messages(not_built: int = 1) -> Iterator[None]:
-    """Stop with one line, not a traceback, for errors the user can fix from the command line; a class that could
-    not be built (``NotBuiltError``) with the status ``not_built``.
-
-    No line shows a password: each goes through ``passwords.scrubbed``.
-    """
+    """Stop with one line, not a traceback and no password shown, for errors the user can fix from the command line;
+    a class that could not be built (``NotBuiltError``) with the status ``not_built``."""
     try:
         yield
     except RefusedArgumentError as err:  # a value the user's classes refused: a usage error, as the parser's are
@@ -167,14 +151,13 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
 
 
 def _usage_error(err: RefusedArgumentError) -> None:
-    """Exit with 2, as for a mistake on the command line (the parser's own), after one line naming the argument."""
+    """Exit with 2, as the parser does for a mistake on the command line."""
     sys.stderr.write(scrubbed(f"error: {err}") + "\n")
     sys.stderr.flush()
     sys.exit(2)
 
 
-# What Lightning prints that a user of this project cannot act on, silenced here and nowhere
-# else, each by its message (and category), with the reason. Every other warning still shows.
+# What Lightning prints that a user of this project cannot act on, silenced here and nowhere else, with the reason.
 _UNACTIONABLE_WARNINGS = (
     # train.py hands LightningCLI the arguments after expanding --accelerator & co: intended.
     ("LightningCLI's args parameter is intended to run from within Python", UserWarning),

@@ -12,6 +12,7 @@ any) ``ranges`` gives; the program answers forward's outputs as they are (a tens
 tensors, each of a row per example), and ``CLASS_NAMES_FILE`` is an empty list.
 """
 
+import sys
 from dataclasses import dataclass
 
 # The extra files of a ``.pt2``: the class names (a JSON list) and what the inputs are (JSON: their kind and sizes).
@@ -38,6 +39,18 @@ def constant_size(size: object) -> int | None:
         return size
     expr = getattr(getattr(size, "node", None), "expr", None)
     return int(expr) if getattr(expr, "is_number", False) else None
+
+
+def size_range(program: object, size: object) -> tuple[int, int | None] | None:
+    """The sizes an exported ``program`` takes along an axis of ``size``: None where it is fixed, else its symbol's
+    range, the most None where unbounded (``(0, None)`` where the program records none: it checks them itself)."""
+    if constant_size(size) is not None:
+        return None
+    bounds = program.range_constraints.get(size.node.expr)
+    if bounds is None:
+        return 0, None
+    # Not `upper.is_finite`: sympy says it of PyTorch's integer infinity too (torch.utils._sympy.numbers).
+    return int(bounds.lower), None if bool(bounds.upper > sys.maxsize) else int(bounds.upper)
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,22 @@ class KitArgumentParser(LightningArgumentParser):
     """LightningCLI's parser, with shorter help and one-line errors; a configuration it writes out (``--print_config``,
     the run's ``config.yaml``) holds no password of a URL in it (``passwords.scrubbed``: ``me:***@host``)."""
 
+    #: Arguments whose default is a class by its path alone (``KitCLI.default_classes``).
+    class_defaults: tuple[str, ...] = ()
+
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def get_defaults(self, *args, **kwargs) -> Namespace:
+        """The defaults, a default class by its path alone: a class chosen in its place (``--data their.Data``) starts
+        from its own defaults, filled in once parsed. jsonargparse would keep the default class's values for the
+        arguments the chosen class also takes (``batch_size``), as it keeps values given before a class changes."""
+        defaults = super().get_defaults(*args, **kwargs)
+        for key in self.class_defaults:
+            if isinstance(defaults.get(key), Namespace) and "class_path" in defaults[key]:
+                defaults[key] = Namespace(class_path=defaults[key].class_path)
+        return defaults
 
     def dump(self, *args, **kwargs) -> str:
         return scrubbed(super().dump(*args, **kwargs))
@@ -249,7 +262,7 @@ def constructor_failure(err: BaseException, config, model_class: type | None = N
     Which class raised is read from the traceback of what it raised: the outermost ``__init__`` of a class the
     configuration names.
     """
-    root = _root_cause(err)
+    root = exception_chain(err, context=False)[-1]
     if isinstance(root, UserError):
         return None  # said in one line already (a constructor's check of its arguments)
     built = _class_being_built(root, config, model_class)
@@ -278,7 +291,7 @@ def run_refusal(err: BaseException, config, stage: str, model_class: type | None
     """One line for a run that stopped on a value given to the model or the data, once running (a DataLoader's
     ``batch_size`` 0, an optimizer's negative learning rate, a negative size): the error's message names the
     argument, or its value where that cannot be a coincidence (a negative number, a word). None otherwise."""
-    root = _root_cause(err)
+    root = exception_chain(err, context=False)[-1]
     if not isinstance(root, REFUSALS) or isinstance(root, UserError) or _DEVICES.search(str(root)):
         return None
     named = _named_in(_reason(root), given_arguments(config, model_class))
@@ -320,14 +333,6 @@ def named_refusal(stage: str, reason: str, given: dict[str, Any]) -> RefusedArgu
     if not named:
         return None
     return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {'it' if len(named) == 1 else 'them'}: {reason}")
-
-
-def _root_cause(err: BaseException) -> BaseException:
-    seen = set()
-    while err.__cause__ is not None and id(err) not in seen:
-        seen.add(id(err))
-        err = err.__cause__
-    return err
 
 
 def _class_being_built(root: BaseException, config, model_class: type | None) -> tuple[str, type] | None:

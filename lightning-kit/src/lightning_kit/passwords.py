@@ -1,19 +1,12 @@
 """URLs and command lines as a person or a file may see them: with every password hidden.
 
-A database URL given on the command line (``--storage postgresql+psycopg://me:pw@host/db``)
-carries its password into every message, record and table that shows it. Everything that
-shows a URL or a command line goes through ``hidden`` (one URL), ``hidden_command`` (a
-command line) or ``scrubbed`` (any text, such as a driver's error message), here and
-nowhere else.
-
-A URL is rendered by SQLAlchemy (``render_as_string(hide_password=True)``: note that
-``URL.set(password=None)`` leaves the password as it was) when it parses; one that does not
-parse, whose driver is missing or whose password holds an unescaped ``@`` is masked by
-pattern: everything between the user name and the last ``@`` of its authority. Query
-parameters that carry secrets (``password=``, ``sslpassword=``, ``token=`` ...) are masked
-too. ``remember`` notes a URL's password, so ``scrubbed`` also hides it wherever else it
-appears (a driver's message quoting it). Only the standard library at import: the table of
-runs uses it without loading SQLAlchemy unless a URL must be parsed.
+Everything that shows a URL (``--storage postgresql+psycopg://me:pw@host/db``) or a command line goes through
+``hidden``, ``hidden_command`` or ``scrubbed`` (any text, such as a driver's error message), here and nowhere else.
+A URL is rendered by SQLAlchemy (``render_as_string(hide_password=True)``: ``URL.set(password=None)`` leaves the
+password as it was) when it parses; else, and where its password holds an unescaped ``@``, everything between the
+user name and the last ``@`` of its authority is masked. ``remember`` notes a password, which ``scrubbed`` then
+hides anywhere (a driver's message quoting it). The standard library only at import: SQLAlchemy is loaded only when
+a URL must be parsed.
 """
 
 import re
@@ -50,10 +43,8 @@ def hidden(url: str) -> str:
 
 
 def unescaped_at(url: str) -> bool:
-    """Whether ``url`` has more than one ``@`` before its query: a password with an ``@`` not written ``%40``.
-
-    SQLAlchemy and the drivers read such a URL's host from inside the password.
-    """
+    """Whether ``url`` has more than one ``@`` before its query: a password with an ``@`` not written ``%40``, from
+    inside which SQLAlchemy and the drivers read the host."""
     _, separator, rest = str(url).partition("://")
     return bool(separator) and not rest.startswith("/") and rest.partition("?")[0].count("@") > 1
 
@@ -66,10 +57,8 @@ def remember(url: str) -> None:
 
 
 def scrubbed(text: str) -> str:
-    """``text`` with every URL in it hidden, and every remembered password replaced by ``***``.
-
-    In time linear in the text: URLs are found from each ``://``, never by trying every position.
-    """
+    """``text`` with every URL in it hidden, and every remembered password replaced by ``***``; in time linear in the
+    text: URLs are found from each ``://``, never by trying every position."""
     text = str(text)
     if "://" in text:
         pieces, done = [], 0

@@ -1,16 +1,9 @@
 """The device audit's command: audit what ``train.py`` builds from the same arguments.
 
-The audit itself lives in ``gpu_audit/``, below the command line (in tests: ``from lightning_kit import audit``);
-this module, beside the other commands, runs it on what the command line builds.
-
-``python -m lightning_kit.placement --model their.Module --data their.DataModule`` for any
-Lightning project; a project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as
-``python -m <package>.placement``.
-``--gpu_memory 24GB`` (or a GPU's name) says whether each stage fits that GPU (``gpu_audit/gpu_memory.py``).
-Exit status: 0 every stage passed; 1 a placement bug was found, or a stage does not fit ``--gpu_memory``;
-2 the command line or configuration is wrong; 3 no bug was found but part of the run could not be audited (among them, a
-stage during which the audit's process died: the stages run in a forked copy of this one, see
-``gpu_audit/isolation.py``).
+``python -m lightning_kit.placement --model their.Module --data their.DataModule`` for any Lightning project; a
+project with a ``KitCLI`` of its own runs ``main(args, ProjectCLI)`` as ``python -m <package>.placement``. The audit
+itself is ``gpu_audit/``; its exit statuses are ``gpu_audit.verdict``'s, and a stage that does not fit
+``--gpu_memory`` (``gpu_audit/gpu_memory.py``) is 1, as a GPU's out-of-memory error would be.
 """
 
 import sys

@@ -1,29 +1,21 @@
 """The project a command runs for: its ``pyproject.toml``, read as data, and what it says to the library.
 
-A project names the library it runs on among its requirements (``lightning-kit @ ...``, or a version
-specifier), which ``installation`` holds against what is installed. A project without a ``KitCLI`` of its
-own (any Lightning project, run with ``python -m lightning_kit ...``) tells the library's commands about
-itself once, in a table of its ``pyproject.toml``::
-
-    [tool.lightning-kit]
-    packages = ["forecaster"]   # its own code: the classes its runs' config.yaml and checkpoints may name
-    monitor = "val/mae"         # the metric that chooses the best checkpoint (and judges a sweep's trials)
-    mode = "min"                # "min" or "max" (default "max")
-
-A project's file is the first ``pyproject.toml`` found from a folder up (the folder a command runs in,
-or the folder of a project's package); one in a project's folder of runs or data is not the project's. The file
-is read with bounds, as data: the standard library only, so that ``installation`` can read it where
-the library's own requirements are missing.
+A project names the library among its requirements, which ``installation`` holds against what is installed; a
+project without a ``KitCLI`` of its own configures the library's commands in ``[tool.lightning-kit]`` (README). Its
+file is the first ``pyproject.toml`` found from a folder up, read with bounds and with the standard library only, so
+that ``installation`` can read it where the library's own requirements are missing.
 """
 
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, first_line
+from .files import NotAFileError, open_regular
 
 FILE = "pyproject.toml"
 TABLE = "lightning-kit"  # [tool.lightning-kit]
@@ -70,10 +62,8 @@ class ProjectFile:
 
 
 def find_project(start: str | Path | None = None) -> ProjectFile | None:
-    """The project whose ``pyproject.toml`` is in ``start`` (default: the working folder) or the nearest folder above.
-
-    None where there is none, or where it cannot be read (``read_project`` says why, for a command that needs it).
-    """
+    """The project of ``project_file(start)``; None where there is none, or where it cannot be read (``read_project``
+    says why, for a command that needs it)."""
     path = project_file(start)
     if path is None:
         return None
@@ -84,11 +74,8 @@ def find_project(start: str | Path | None = None) -> ProjectFile | None:
 
 
 def project_file(start: str | Path | None = None) -> Path | None:
-    """The path of the nearest ``pyproject.toml`` at or above ``start`` (default: the working folder).
-
-    One inside a project's folder of runs or data (``runs/``, ``data/`` beside the project's own
-    ``pyproject.toml``) was not written by the project: it is passed over, for the project's own.
-    """
+    """The path of the nearest ``pyproject.toml`` at or above ``start`` (default: the working folder), passing over
+    one inside a project's folder of runs or data (``runs/``, ``data/`` beside its own), which it did not write."""
     try:
         folder = Path(start if start is not None else os.getcwd()).resolve()
     except OSError:  # the working folder was removed
@@ -116,8 +103,10 @@ def read_project(path: Path) -> ProjectFile:
     except ModuleNotFoundError:  # Python 3.10: the library requires tomli there
         import tomli as tomllib
     try:
-        with path.open("rb") as file:
+        with open_regular(path) as file:  # a FIFO put in its place since it was found is refused, never waited on
             data = file.read(MAX_BYTES + 1)
+    except NotAFileError as err:
+        raise ConfigError(str(err)) from err
     except OSError as err:
         raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from err
     if len(data) > MAX_BYTES:
@@ -155,13 +144,17 @@ def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:
 
 def marker_applies(marker: str) -> bool:
     """Whether a requirement's environment marker (``python_version < "3.11"``) holds here: by ``packaging``'s
-    reading of it where that is installed; a marker that cannot be read (or without ``packaging``) is taken to."""
-    if not marker:
+    reading of it; a marker that cannot be read is taken to."""
+    if not marker.strip():
         return True
     try:
         from packaging.markers import InvalidMarker, Marker
-    except ModuleNotFoundError:
-        return True
+    except ModuleNotFoundError:  # installed with --no-deps: Python's version, the one kind the library writes, is read
+        found = re.fullmatch(r"\s*python_version\s*(<|<=|>=|>)\s*['\"](\d+)\.(\d+)['\"]\s*", marker)
+        if found is None:
+            return True
+        here, there = sys.version_info[:2], (int(found[2]), int(found[3]))
+        return {"<": here < there, "<=": here <= there, ">=": here >= there, ">": here > there}[found[1]]
     try:
         return Marker(marker).evaluate()
     except (InvalidMarker, ValueError, TypeError):

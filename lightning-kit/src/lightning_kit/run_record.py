@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .files import pid_alive, written_whole
 from .passwords import hidden_command, scrubbed
 
 RUN_FILE = "run.json"
@@ -61,17 +62,9 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole: to a file beside it, then renamed into place, so a reader never sees half
-    of it (the runs table reads a record while its run writes it)."""
-    temporary = path.with_name(f".writing.{os.getpid()}.{path.name}")
-    temporary.unlink(missing_ok=True)  # a leftover, or a link planted there: replaced, never written through
-    try:
-        with temporary.open("x") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` whole (``files.written_whole``): the runs table reads records as runs write them."""
+    with written_whole(path) as temporary, temporary.open("x") as file:
+        file.write(text)
 
 
 def process_token(pid: int) -> str | None:
@@ -98,14 +91,3 @@ def process_alive(record: dict[str, Any]) -> bool | None:
     recorded = record.get("process")
     # Without a token (not Linux), a live process with that id is taken to be the run's.
     return recorded is None or process_token(pid) == recorded
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with id ``pid`` exists on this host (any process: see ``process_token``)."""
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # another user's process
-    except (OSError, OverflowError):  # ProcessLookupError among them
-        return False
-    return True

@@ -1,15 +1,9 @@
-"""Database stores (a study's SQLite file, a server's URL) as the sweep and the table of runs open them.
+"""Database stores (a study's SQLite file, a server's URL) as the sweep and the dashboard open them.
 
-An SQLite file a person names or finds is checked before SQLite opens it: a folder, a FIFO
-(which SQLite would wait on for ever) or a device is refused, and so is a file that is not
-an SQLite database at all. Each connection carries a time bound on every statement (SQLite's
-progress handler, measured from the statement's start), so a schema that loops (a recursive
-view in place of a table) ends in a line instead of hanging; a file only read is opened
-read-only (``mode=ro``). Every failure of a store (corrupt, read-only, full, past the file
-size limit, locked, unreachable, a wrong password) becomes one line naming the store,
-without its password, and what to do: ``failure_line``.
-
-Only the standard library at import: the table of runs uses it without loading PyTorch.
+An SQLite file is checked before SQLite opens it (``check_sqlite_file``), every statement on it is time-bound
+(``sqlite_connector``: a schema that loops ends in a line instead of a hang), and every failure of a store becomes
+one line naming the store, without its password, and what to do (``failure_line``). Only the standard library at
+import: the table of runs takes its names without loading PyTorch.
 """
 
 import errno
@@ -24,6 +18,8 @@ from .errors import ConfigError, UserError, exception_chain, first_line
 from .files import kind_of, open_regular
 from .passwords import hidden, remember, scrubbed
 
+# A sweep's folder holds these: what the dashboard reads to find its study, and the study's SQLite file by default.
+STUDY_FILE, STUDY_DB = "study.json", "study.db"
 SQLITE_HEADER = b"SQLite format 3\x00"
 # The files SQLite keeps beside a database: its rollback journal, its write-ahead log and that log's index.
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
@@ -155,7 +151,7 @@ def opened(url: str, flag: str = "--storage") -> None:
 
 def failure_line(err: BaseException) -> str | None:
     """One line for a store's failure behind ``err``, naming the store last opened; None for any other error."""
-    reason = _database_reason(err)
+    reason = database_reason(err)
     if reason is None or not _opened:
         return None
     shown, flag = _opened[-1]
@@ -212,7 +208,7 @@ _MEANINGS = (
 )
 
 
-def _database_reason(err: BaseException) -> str | None:
+def database_reason(err: BaseException) -> str | None:
     """The message of the database error (SQLAlchemy's, the driver's, Optuna's storage's) behind ``err``, if any."""
     for current in exception_chain(err):
         module = type(current).__module__ or ""

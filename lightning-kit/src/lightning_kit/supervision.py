@@ -16,13 +16,11 @@ from .upstream.lightning import other_rank_processes
 
 
 class ProcessWatch(L.Callback):
-    """End every process of a DDP run on one machine when one of them dies, with one line.
+    """End every process of a DDP run on one machine when one of them dies, with one line: otherwise the others wait
+    for the dead one in their next collective until the process group's timeout, half an hour.
 
-    Otherwise the others wait for the dead one in their next collective operation until
-    the process group's timeout, half an hour. Lightning starts the processes of
-    ``--devices N --strategy ddp`` itself: the first watches the others' exit codes,
-    the others watch for the first to go. (torchrun and SLURM watch their processes
-    themselves.)
+    Of the processes Lightning starts (``--devices N --strategy ddp``), the first watches the others' exit codes, the
+    others watch for the first to go (torchrun and SLURM watch their processes themselves).
     """
 
     POLL_SECONDS = 1.0
@@ -53,11 +51,9 @@ class ProcessWatch(L.Callback):
 
     @staticmethod
     def _watch_child(done: threading.Event, rank: int, child) -> None:
-        """In the first process: learn the moment another rank's process ends.
-
-        Waiting, not polling: Lightning's own watch polls every 5 seconds and then kills this
-        process without a word, and while this thread waits its polls see nothing.
-        """
+        """In the first process: learn the moment another rank's process ends, waiting, not polling: Lightning's own
+        watch polls every 5 seconds and then kills this process without a word, and while this thread waits its polls
+        see nothing."""
         code = child.wait()
         if code != 0 and not done.is_set():
             _leave_at_once(f"the process of rank {rank} ended with exit code {code}")
@@ -107,12 +103,9 @@ def lost_a_process(err: BaseException) -> bool:
 
 
 def leave_process_group() -> None:
-    """Shut DDP's process group down while Python is still whole.
-
-    Lightning does this at exit for NCCL only. A gloo group (DDP on CPUs) left to interpreter
-    shutdown can abort a finished run with "terminate called without an active exception",
-    and a non-zero exit code that fails the job (pytorch/pytorch#179291).
-    """
+    """Shut DDP's process group down while Python is still whole; Lightning does this at exit for NCCL only. A gloo
+    group (DDP on CPUs) left to interpreter shutdown can abort a finished run with "terminate called without an
+    active exception", and a non-zero exit code that fails the job (pytorch/pytorch#179291)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

@@ -1,17 +1,10 @@
 """Which code a configuration or a checkpoint may make this project import: decided here, before anything is imported.
 
-A run folder (its ``config.yaml``, its checkpoints) and a data folder are data. The class
-paths they name are imported only when the code is
-
-- the project's own package (the package of its ``KitCLI``), this library, or a library it is
-  built on (``BUILT_ON``);
-- named by the person on the current command line (``--data mymodule.MyData``), or in a
-  configuration file they pass with ``--config`` that is not itself in a run folder;
-- in a module the project trusts (``KitCLI.trusted_modules``): a team's shared code, trusted once there.
-
-Code that lives in a run folder or a data folder is never imported, even when named: a
-shared run folder must not be able to run code by being evaluated. Where a module lives is
-found without importing it or the packages above it (no ``__init__.py`` runs).
+A run folder (its ``config.yaml``, its checkpoints) and a data folder are data. The class paths they name are
+imported only when the code is the project's own package, this library or one it is built on (``BUILT_ON``); named
+on the current command line or in a ``--config`` file that is not in a run folder; or in a module the project trusts
+(``KitCLI.trusted_modules``). Code in a run or data folder is never imported, even when named: a shared run folder
+must not run code by being evaluated. Where a module lives is found without importing it (no ``__init__.py`` runs).
 """
 
 import importlib.util
@@ -29,12 +22,10 @@ from .command_line import CommandLine
 from .config_files import read_config_file
 from .errors import UserError, first_line
 
-# Modules whose classes a run's config.yaml or a checkpoint may name beyond this library and those it is
-# built on: the package of the command line running and its KitCLI.trusted_modules (trust_modules); each
-# entry also admits the modules below it.
+# The package of the command line running and its KitCLI.trusted_modules (trust_modules).
 _trusted: list[str] = []
 
-# The libraries this project is built on: their classes (loggers, callbacks, optimizers) appear in every run's config.
+# Their classes (loggers, callbacks, optimizers) appear in every run's config.
 BUILT_ON = ("lightning", "torch", "torchvision", "torchmetrics")
 
 # Folders that hold runs and data (relative to where the command runs): never code.
@@ -51,13 +42,9 @@ class UntrustedCodeError(UserError):
 
 
 def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), folders: Iterable[Path] = ()) -> None:
-    """Raise ``UntrustedCodeError`` unless every module ``settings`` would make us import may be imported.
-
-    ``settings`` is what was read, as data, from ``source`` (a run's config.yaml, a
-    checkpoint's hyperparameters); ``args`` is the current command line, whose named
-    classes are trusted; ``folders`` are further run or data folders (the checkpoint's run).
-    Every command that builds objects from a file it did not get from the person calls this.
-    """
+    """Raise ``UntrustedCodeError`` unless every module ``settings`` (read as data from ``source``) would make us
+    import may be imported; ``args``, the command line, names trusted classes; ``folders`` are further run or data
+    folders (the checkpoint's run)."""
     kept_out = _kept_out_folders([*folders, *_folder_values(settings)])
     named = named_modules(args, kept_out)
     for keys, name in _dotted_strings(settings):
@@ -81,17 +68,14 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
 
 
 def trust_modules(modules: Iterable[str]) -> None:
-    """Trust ``modules`` (and the modules below each), and no others beyond the library and those it is built on:
-    the own package of the command line now starting and its ``KitCLI.trusted_modules``. Each command line sets its
-    own, so what one trusted is not trusted by the next one in the same process (a test's, another project's)."""
+    """Trust ``modules`` (and those below each) instead of what was trusted before: what one command line trusted is
+    not trusted by the next one in the same process (a test's, another project's)."""
     _trusted[:] = dict.fromkeys(modules)
 
 
 def check_command_line(args: Iterable[str]) -> None:
-    """Check, before it is parsed, the classes the command line names and the files it passes with --config.
-
-    A configuration file passed from a run folder is data like any other file of the run.
-    """
+    """Check, before it is parsed, the classes the command line names and the files it passes with --config (one
+    from a run folder is data like any other file of the run)."""
     kept_out = _kept_out_folders([])
     check_trusted(_flag_values(CommandLine.of(args)), "the command line", args)
     for config in config_files(args):
@@ -114,7 +98,6 @@ def config_files(args: Iterable[str]) -> list[Path]:
 
 
 def is_config_file(value: str) -> bool:
-    """Whether the value ``value`` of ``--config`` names a file (else it is YAML text, typed by the person)."""
     return "\n" not in value and _exists(value)
 
 
@@ -126,7 +109,7 @@ def _exists(path: str) -> bool:
 
 
 def read_config(path: Path) -> Any:
-    """A configuration file as data (``yaml.safe_load``); a FIFO or device is refused unopened."""
+    """A configuration file as data; a FIFO or device is refused unopened."""
     mode = path.stat().st_mode
     if not stat.S_ISREG(mode):
         raise UserError(f"--config {path} is not a regular file: give a .yaml file")
@@ -181,10 +164,8 @@ def _locate(name: str) -> tuple[str, list[Path]] | None:
 
 
 def _find_in(name: str, locations: list[str]) -> ModuleSpec | None:
-    """The spec of the module ``name`` in a package's ``locations``, as ``PathFinder`` finds it, without importing.
-
-    (``PathFinder.find_spec`` itself needs the parent package imported when ``name`` is a namespace package.)
-    """
+    """The spec of the module ``name`` in a package's ``locations``, as ``PathFinder`` finds it, without importing
+    (``PathFinder.find_spec`` itself needs the parent package imported when ``name`` is a namespace package)."""
     portions = []
     for location in locations:
         finder = pkgutil.get_importer(location)
@@ -208,19 +189,17 @@ def _within(module: str, packages: Iterable[str]) -> bool:
     return any(module == package or module.startswith(f"{package}.") for package in packages)
 
 
-def _dotted_strings(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
-    """Each ``(keys, string)`` in ``value`` that jsonargparse could import: class paths and any other dotted name.
+def _walk(value: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Each value inside ``value``, with the keys that lead to it (a class's ``init_args`` and class keys not counted).
 
-    Shared objects (YAML anchors) are visited once, so a file of nested aliases cannot make this walk explode.
+    Shared objects (YAML anchors) are entered once, so a file of nested aliases cannot make this walk explode.
     """
     seen: set[int] = set()
-    stack: list[tuple[tuple[str, ...], Any]] = [(keys, value)]
+    stack: list[tuple[tuple[str, ...], Any]] = [((), value)]
     while stack:
         keys, value = stack.pop()
-        if isinstance(value, str):
-            if _DOTTED.fullmatch(value.strip()):
-                yield keys, value.strip()
-        elif isinstance(value, dict | list | tuple) and id(value) not in seen:
+        yield keys, value
+        if isinstance(value, dict | list | tuple) and id(value) not in seen:
             seen.add(id(value))
             items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
             for key, item in items:
@@ -228,17 +207,18 @@ def _dotted_strings(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tu
                 stack.append((inner, item))
 
 
+def _dotted_strings(value: Any) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Each ``(keys, string)`` in ``value`` that jsonargparse could import: class paths and any other dotted name."""
+    for keys, found in _walk(value):
+        if isinstance(found, str) and _DOTTED.fullmatch(found.strip()):
+            yield keys, found.strip()
+
+
 def _folder_values(settings: Any) -> list[Path]:
     """Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir or root)."""
-    found, seen, stack = [], set(), [settings]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict | list | tuple) and id(value) not in seen:
-            seen.add(id(value))
-            if isinstance(value, dict):
-                found += [Path(value[key]) for key in _FOLDER_KEYS if isinstance(value.get(key), str) and value[key]]
-            stack.extend(value.values() if isinstance(value, dict) else value)
-    return found
+    tables = {id(value): value for _, value in _walk(settings) if isinstance(value, dict)}.values()
+    named = (table.get(key) for table in tables for key in _FOLDER_KEYS)
+    return [Path(value) for value in named if isinstance(value, str) and value]
 
 
 def _flag(keys: tuple[str, ...]) -> str:

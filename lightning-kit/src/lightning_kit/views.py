@@ -3,33 +3,33 @@
     python -m lightning_kit.views dashboard runs/sweeps/lr    # a sweep's study: trials, values, importances
     python -m lightning_kit.views dashboard --storage postgresql://user@host/db --study lr
 
-What it adds to ``optuna-dashboard STORAGE_URL``: it finds the store from the sweep's folder (its
-study.json), opens it read-only (the dashboard's buttons that delete a study or edit a trial's note
-cannot change a sweep, and a mistyped SQLite path is not made into an empty database), checks the
-study is there, and serves on 127.0.0.1 (``--host``, ``--port``) until Ctrl-C or SIGTERM. A study
-that is not there, a store that cannot be reached and a port in use are each one line. A store's
-password is never printed; the dashboard runs in this process, so the password is not on the command
-line of another either. TensorBoard and MLflow's UI need no such help: ``tensorboard --logdir runs``,
-``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``.
+What it adds to ``optuna-dashboard STORAGE_URL`` (lightning-kit's README says more): the store found from the
+sweep's folder, opened read-only with every query time-bound, each failure one line, and the password on no command
+line, since the dashboard runs in this process.
 """
 
 import argparse
 import contextlib
 import importlib.util
+import json
+import os
 import signal
 import socket
+import stat
 import sys
-import warnings
 from pathlib import Path
 
 from . import stores
-from .errors import OneLineParser, UserError, command, invoked_as
+from .errors import OneLineParser, UserError, command, first_line, invoked_as
 from .installation import check_installation
 from .passwords import hidden, unescaped_at
-from .runs.folders import STUDY_FILE
-from .runs.sweeps import failure_reason, open_read_only, read_sweep
+from .runs.folders import read_text
+from .stores import STUDY_DB, STUDY_FILE
 
 PORT = 8080
+# Reading a study: how long to wait for a worker's write lock, and for any one query (a schema may loop).
+READ_LOCK_WAIT_S = 5
+READ_STATEMENT_LIMIT_S = 5
 
 
 @command
@@ -61,67 +61,114 @@ def _dashboard(options: argparse.Namespace) -> None:
         raise UserError("give a sweep's FOLDER (runs/sweeps/<study>), or --storage URL (and --study NAME)")
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise UserError("Optuna's dashboard is not installed: pip install 'lightning-kit[dashboard]'")
+    url, name, named = options.storage, options.study, ""
     if options.folder is not None:
-        folder = _folder(options.folder, "FOLDER", "a sweep's folder (runs/sweeps/<study>)")
+        folder = Path(options.folder)
+        if not folder.is_dir():
+            problem = "is not a folder" if folder.exists() else "does not exist"
+            raise UserError(f"FOLDER {folder} {problem}: give a sweep's folder (runs/sweeps/<study>)")
         if not (folder / STUDY_FILE).is_file():
             raise UserError(f"FOLDER {folder} holds no {STUDY_FILE}: give a sweep's folder (runs/sweeps/<study>)")
-        with warnings.catch_warnings():  # what Optuna says of the importances it computes for the table
-            warnings.simplefilter("ignore")
-            sweep = read_sweep(folder, folder.name, folder, options.storage)
-        if sweep.study is None:
-            raise UserError(f"the sweep in {folder} cannot be shown: {'; '.join(sweep.notes)}")
-        if options.study is not None and options.study != sweep.study_name:
-            raise UserError(f"--study {options.study}: the sweep in {folder} is study {sweep.study_name}")
-        storage, name, where = sweep.storage, sweep.study_name, sweep.url
-    else:
-        storage, name, where = _study_in_store(options.storage, options.study)
+        named = f"the sweep in {folder} cannot be shown"
+        found = _study_of(folder, named)
+        if options.study is not None and options.study != found:
+            raise UserError(f"--study {options.study}: the sweep in {folder} is study {found}")
+        database = folder / STUDY_DB
+        if _plain_file_inside(database, folder):
+            url = f"sqlite:///{database.resolve()}"
+        elif url is None:  # a URL in a folder is data: it never makes this command connect anywhere
+            raise UserError(f"{named}: its study is not in {STUDY_DB} there: give --storage URL")
+        name = found
+    storage, name, database = _open(url, name, named)
     try:
         study_id = storage.get_study_id_from_name(name)
         trials = len(storage.get_all_trials(study_id, deepcopy=False))
-    except Exception as err:  # the store lost since it was read, say
-        reason = stores.explained(failure_reason(err))
-        raise UserError(f"study {name} cannot be read from {hidden(where)}: {reason}") from None
+    except Exception as err:  # a store's failures are many (SQLAlchemy's, Optuna's, the driver's)
+        raise UserError(f"study {name} cannot be read from {hidden(url)}: {_unreadable(err, database)}") from None
     _check_port(options.host, options.port)
     import optuna_dashboard
 
-    print(f"Optuna's dashboard of study {name} ({trials} trials) in {hidden(where)}, read-only:", flush=True)
+    print(f"Optuna's dashboard of study {name} ({trials} trials) in {hidden(url)}, read-only:", flush=True)
     print(f"  http://{_address(options.host)}:{options.port}/dashboard/studies/{study_id}", flush=True)
     with _stopped_by_sigterm():
         optuna_dashboard.run_server(storage, host=options.host, port=options.port)
 
 
-def _study_in_store(url: str, name: str | None):
-    """The store ``url``, read-only, and the study ``name`` in it (its only one when None)."""
+def _study_of(folder: Path, named: str) -> str:
+    """The study's name that the sweep's ``study.json`` records (a file read as data, bounded)."""
+    try:
+        name = json.loads(read_text(folder / STUDY_FILE, folder)).get("study_name")
+    except (OSError, ValueError, AttributeError, RecursionError, UserError) as err:
+        raise UserError(f"{named}: {STUDY_FILE} unreadable: {first_line(err)}") from None
+    if not isinstance(name, str):
+        raise UserError(f"{named}: {STUDY_FILE} names no study_name")
+    return name
+
+
+def _plain_file_inside(path: Path, folder: Path) -> bool:
+    try:
+        plain = stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+    return plain and Path(os.path.realpath(path)).is_relative_to(folder.resolve())
+
+
+def _open(url: str, name: str | None, named: str):
+    """The store ``url``, opened read-only with every query time-bound, the study ``name`` in it (its only one when
+    None), and the store's SQLite file (None for a server)."""
+    import optuna
+
     stores.opened(url)
+    named = named or f"--storage {hidden(url)}"
     if unescaped_at(url):
-        raise UserError(f"--storage {hidden(url)} holds more than one '@': write an '@' in its password as %40")
+        raise UserError(f"{named}: {hidden(url)} holds more than one '@': write an '@' in its password as %40")
     database = stores.sqlite_database(url)
     if database is not None:
-        stores.check_sqlite_file(database, f"--storage {hidden(url)}", writing=False)
-        if not Path(database).is_file():
-            raise UserError(f"--storage {hidden(url)}: there is no such file: give the study.db of a sweep")
+        stores.check_sqlite_file(database, named, writing=False)
+        if not Path(database).is_file():  # SQLite would make an empty file there
+            raise UserError(f"{named}: there is no such file: give the study.db of a sweep")
+        connect = stores.sqlite_connector(
+            database, read_only=True, lock_wait_s=READ_LOCK_WAIT_S, statement_limit_s=READ_STATEMENT_LIMIT_S
+        )
+        engine_kwargs: dict = {"creator": connect}
+    elif url.startswith("postgres"):
+        limit = f"-c statement_timeout={READ_STATEMENT_LIMIT_S * 1000} -c default_transaction_read_only=on"
+        engine_kwargs = {"connect_args": {"connect_timeout": READ_LOCK_WAIT_S, "options": limit}}
+    else:
+        engine_kwargs = {}
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a store it cannot read is our one line, not its warnings
     try:
-        storage = open_read_only(url, database)
+        # No tables made in a file that has none; no Alembic schema check (a second to import): a store Optuna
+        # cannot read fails at its first query.
+        storage = optuna.storages.RDBStorage(
+            url, engine_kwargs=engine_kwargs, skip_compatibility_check=True, skip_table_creation=True
+        )
         names = [study.study_name for study in storage.get_all_studies()]
     except Exception as err:  # SQLAlchemy's, Optuna's or the driver's: the reason in words
-        raise UserError(f"--storage {hidden(url)} cannot be read: {stores.explained(failure_reason(err))}") from None
+        raise UserError(f"{named}: {_unreadable(err, database)}") from None
+    held = f"it holds {', '.join(sorted(names))}" if names else "it holds no study"
     if name is None and len(names) != 1:
-        held = f"it holds {', '.join(sorted(names))}" if names else "it holds no study"
-        raise UserError(f"--storage {hidden(url)}: give --study NAME ({held})")
+        raise UserError(f"{named}: give --study NAME ({held})")
     name = names[0] if name is None else name
     if name not in names:
-        held = f"it holds {', '.join(sorted(names))}" if names else "it holds no study"
-        raise UserError(f"--study {name} is not in {hidden(url)}: {held}")
-    return storage, name, url
+        asked = f"{named}: study {name}" if named.startswith("the sweep") else f"--study {name}"
+        raise UserError(f"{asked} is not in {hidden(url)}: {held}")
+    return storage, name, database
 
 
-def _folder(given: str, flag: str, what: str) -> Path:
-    folder = Path(given)
-    if not folder.exists():
-        raise UserError(f"{flag} {folder} does not exist: give {what}")
-    if not folder.is_dir():
-        raise UserError(f"{flag} {folder} is not a folder: give {what}")
-    return folder
+def _unreadable(err: BaseException, database: str | None) -> str:
+    """Why a store could not be read, and what to do, in words."""
+    reason = stores.database_reason(err) or first_line(err)
+    journal = Path(f"{database}-journal") if database is not None else None
+    if "readonly" not in reason.lower():
+        return stores.explained(reason)
+    if journal is not None and journal.is_file() and journal.stat().st_size:
+        return (
+            f"a sweep stopped in the middle of a write, and its {journal.name} is there to undo it: run the "
+            f"sweep again (it recovers the file), then look; this only reads ({reason})"
+        )
+    # Optuna writes to a study that lacks what it writes: this view never does.
+    return f"it lacks what Optuna writes into every study (and studies are opened read-only here: {reason})"
 
 
 def _port(text: str) -> int:

@@ -2,6 +2,7 @@
 
 import contextlib
 import csv
+import itertools
 import math
 import os
 import sys
@@ -13,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from ..errors import UserError
+from ..errors import UserError, first_few
 from ..files import check_output_file
 
 # Columns of values a predictions CSV holds at most, beside the input's name and label: more is no table to read.
@@ -25,22 +26,15 @@ MAX_DEPTH = 8
 class CSVPredictionWriter(BasePredictionWriter):
     """Write ``predict``'s output to a CSV file, one row per input, in the order of the inputs.
 
-    The first column is ``file`` (or ``index`` for inputs that are not files). A classifier's
-    output, ``(batch, classes)`` where the class names are known (the module's ``class_names``,
-    else the data module's), is written as ``predicted`` (the class name), ``label`` (the true
-    class name, when the inputs have labels: the data module's ``predict_labelled``), then
-    ``p_<class>``, each class's probability. Any other output is written as it is: one
-    ``prediction`` column for a ``(batch,)`` tensor, ``prediction_0`` ... ``prediction_<K-1>``
-    for ``(batch, K)``, ``prediction_<i>_<j>`` for more dimensions; a dict's keys (a tuple's
-    ``prediction_<i>``) stand in for ``prediction``; then the labels, as they are (where the data module's
-    ``predict_labelled`` says they are: see ``_labels``). An output of more than ``MAX_COLUMNS`` values an input
-    is refused in one line before anything is written; a batch ``predict_step`` returned None for writes no row
-    (a run whose every batch did writes no file).
+    The first column is ``file`` (the data module's ``predict_names``) or ``index``. A classifier's output,
+    ``(batch, classes)`` where the class names are known (the module's ``class_names``, else the data module's), is
+    written as ``predicted``, ``label`` (where the data module's ``predict_labelled`` says the inputs have labels)
+    and ``p_<class>``; any other output as it is (``_outputs``), then the labels (``_labels``). A batch
+    ``predict_step`` returned None for writes no row (a run whose every batch did writes no file).
 
-    The file is written beside its final name and renamed when complete, so a run that fails
-    leaves no partial file; an existing file is replaced only when asked to. A path that names
-    a folder, a FIFO or a device, or that cannot be written, is refused in one line before
-    predicting (by the command line, before the data is read).
+    The file is written beside its final name and renamed when complete, so a run that fails leaves no partial
+    file; an existing file is replaced only when asked to. A path that cannot be written is refused in one line
+    before predicting (by the command line, before the data is read).
 
     Args:
         path: The CSV file to write. Under several processes, each writes its own
@@ -118,8 +112,9 @@ class CSVPredictionWriter(BasePredictionWriter):
             self._write_rows([["file" if self._names is not None else "index", *header]])
         elif header != self._header:
             raise UserError(
-                f"predict_step's output for batch {batch_idx} makes the columns {_few(header)}, unlike the first "
-                f"batch's {_few(self._header)}: return the same keys and shapes (but the batch size) for every batch"
+                f"predict_step's output for batch {batch_idx} makes the columns {first_few(header, 6)}, unlike the "
+                f"first batch's {first_few(self._header, 6)}: return the same keys and shapes (but the batch size) for "
+                "every batch"
             )
         if batch_indices is None or len(batch_indices) != size:
             batch_indices = range(self._rows, self._rows + size)  # no indices from the sampler: in order
@@ -193,7 +188,8 @@ def _outputs(output: Any, prefix: str, what: str) -> tuple[int, list[tuple[str, 
         if tensor.ndim == 1:
             names = [name]
         else:
-            names = [f"{name}_{'_'.join(map(str, where))}" for where in _indices(tuple(tensor.shape[1:]))]
+            indices = itertools.product(*map(range, tensor.shape[1:]))  # in the values' order: the last fastest
+            names = [f"{name}_{'_'.join(map(str, where))}" for where in indices]
         texts = _texts(tensor.detach().reshape(len(tensor), -1))  # tolist() reads the values wherever they are
         columns += [(column, [row[k] for row in texts]) for k, column in enumerate(names)]
     return sizes.pop(), columns
@@ -221,16 +217,6 @@ def _leaves(output: Any, prefix: str, what: str, depth: int):
             f"{what} ({prefix}) is {type(output).__name__}, which a predictions CSV cannot hold: return a tensor "
             "(batch, ...), or a dict or tuple of them"
         )
-
-
-def _indices(shape: tuple[int, ...]):
-    """Every index into a tensor of ``shape``, in the order of its values (the last dimension fastest)."""
-    if not shape:
-        yield ()
-        return
-    for first in range(shape[0]):
-        for rest in _indices(shape[1:]):
-            yield (first, *rest)
 
 
 def _texts(values: torch.Tensor) -> list[list[str]]:
@@ -281,9 +267,3 @@ def _labels(batch: Any, size: int, classes: list[str] | None, where: Any = True)
     if classes is not None and labels.ndim == 1 and not labels.is_floating_point():
         return [("label", [classes[k] if 0 <= k < len(classes) else str(k) for k in labels.tolist()])]
     return _outputs(labels, "label", "the labels")[1]
-
-
-def _few(names: list[str]) -> str:
-    """A header as a short text: its first names and how many more."""
-    shown = ", ".join(names[:6])
-    return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")

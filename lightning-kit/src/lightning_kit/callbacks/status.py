@@ -12,13 +12,8 @@ from .divergence import DivergenceError
 
 
 class RunStatus(L.Callback):
-    """Write ``run.json`` into the run's folder: ``running`` when ``fit`` starts, and how it ended when it ends.
-
-    ``finished``; ``interrupted`` by Ctrl-C or SIGTERM (a first one, which saves
-    ``on_exception.ckpt``, or a second, which stops at once); ``diverged`` (``StopOnDivergence``);
-    ``failed``, with the error's message, for anything else. The record is described in
-    ``run_record.py``. Only the first process of a DDP run writes it; a run without a
-    logger has no folder of its own, and no record.
+    """Write ``run.json`` (``run_record``) into the run's folder: ``running`` when ``fit`` starts, and how it ended
+    when it ends. Only the first process of a DDP run writes it; a run without a logger has no folder, and no record.
     """
 
     def __init__(self) -> None:

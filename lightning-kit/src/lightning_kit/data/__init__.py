@@ -1,9 +1,5 @@
-"""Data module bases a project builds on: in-memory data, cross-validation folds, folders of images.
-
-- ``InMemoryDataModule``: a split held as tensors, batched without a worker process;
-- ``fold_split`` and ``check_folds``: stratified, disjoint folds chosen by the seed (``folds``);
-- ``ImageFolderDataModule``: a folder per class of your images, decoded once and cached (``folders``),
-  with the listing (``image_files``), decoding (``image_decoding``) and on-device augmentation (``augment``).
+"""Data module bases a project builds on: in-memory data (``memory``), cross-validation folds (``folds``), folders
+of images (``folders``, with ``image_files``, ``image_decoding`` and ``augment``).
 
 Each name here is imported when first used: a server decodes images with ``image_decoding`` without Lightning.
 """

@@ -20,20 +20,12 @@ VAL_FRACTION = 0.1
 class ImageFolderDataModule(ImageSplits):
     """Your own images: one folder per class of image files (torchvision's ``ImageFolder`` layout).
 
-    ``root`` is either ``root/<class>/*.jpg`` (validation images drawn from it with
-    ``val_fraction``; no test split), or ``root/train/<class>/...`` with optional
-    ``root/val/<class>/...`` and ``root/test/<class>/...``. Class names are the training
-    folder's subfolder names, sorted; label ``k`` is the ``k``-th. Files are taken by
-    extension (PNG, JPEG, BMP, GIF, WebP, TIFF); hidden files are skipped.
-
-    Images are decoded once, in parallel, converted to RGB and resized to ``image_size``
-    squared (the whole image, not a crop), then cached in ``cache_dir`` as the ``uint8``
-    tensors the loaders slice: the next run with the same files starts in seconds. The
-    per-channel mean and standard deviation of the training split become the network's
-    normalisation, saved in its checkpoints.
-
-    A file that cannot be decoded stops the run with a message naming it, unless
-    ``skip_unreadable`` is set: then each one skipped is reported by name.
+    ``root`` is either ``root/<class>/*.jpg`` (validation images drawn from it with ``val_fraction``; no test
+    split), or ``root/train/<class>/...`` with optional ``root/val/<class>/...`` and ``root/test/<class>/...``.
+    Class names are the training folder's subfolder names, sorted (``image_files``). Images are decoded once,
+    resized whole to ``image_size`` squared and cached in ``cache_dir`` as the ``uint8`` tensors the loaders
+    slice (``image_decoding``). The per-channel mean and standard deviation of the training split become the
+    network's normalisation, saved in its checkpoints.
 
     Args:
         root: The image folder (see above).
@@ -52,8 +44,6 @@ class ImageFolderDataModule(ImageSplits):
             set, the others train. ``val_fraction`` does not apply. By default (``None``) the
             ``val/`` folder, or ``val_fraction`` of the training images, validates.
         fold: The fold, from 0 to ``folds - 1``, that validates.
-
-    What each argument accepts is in its type; ``check_folds`` relates the fold arguments.
     """
 
     def __init__(
@@ -97,8 +87,7 @@ class ImageFolderDataModule(ImageSplits):
         self._listed: ImageFiles | None = None
 
     def has_data_for(self, stage: str) -> bool:
-        """Whether ``stage`` has images here: ``test`` (and ``predict`` without ``predict_path``) needs a ``test/``
-        folder. The device audit skips a stage that has none."""
+        """Whether ``stage`` has images here (``test`` needs a ``test/`` folder): the device audit skips it if not."""
         if stage == "predict" and self.predict_path:
             return True
         return "test" not in _SPLITS_OF[stage] or self.folders["test"] is not None
@@ -142,16 +131,14 @@ class ImageFolderDataModule(ImageSplits):
         self.normalization = channel_stats(self.splits["train"].tensors[0])
 
     def _training_folder(self) -> ImageFiles:
-        """Every file of the training folder, listed once: the train and val splits both draw from it."""
+        """Every file of the training folder, listed once for the splits that draw from it."""
         if self._listed is None:
             self._listed = list_labelled_images(self.folders["train"])
         return self._listed
 
     def _files(self, split: str) -> ImageFiles | None:
-        """The files of ``split`` with their labels; ``None`` for a test split the folder does not have.
-
-        With folds, train and val are the same files, all the folder has but its test split: setup divides them.
-        """
+        """The files of ``split`` with their labels; ``None`` for a test split the folder does not have. With folds,
+        train and val are the same files, which setup divides."""
         folder = self.folders[split]
         if self.hparams.folds is not None and split != "test":
             return self._fold_pool()
@@ -203,11 +190,8 @@ _SPLITS_OF = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), 
 
 
 def split_folders(root: Path) -> dict[str, Path | None]:
-    """Where ``root``'s splits are: ``{"train": ..., "val": ... or None, "test": ... or None}``.
-
-    ``root`` holds the splits when it has a ``train`` folder and no folders other than
-    ``train``, ``val`` and ``test``; otherwise its folders are the classes.
-    """
+    """Where ``root``'s splits are: in ``train``, ``val`` and ``test`` folders when it has ``train`` and no other
+    folders, else ``root`` itself trains."""
     if not root.is_dir():
         raise DataUnavailableError(
             f"--data.root {root} is not a folder: give a folder holding one folder of images per class"

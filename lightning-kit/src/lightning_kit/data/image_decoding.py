@@ -9,14 +9,15 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ConfigError, DataUnavailableError, first_line
+from ..errors import ConfigError, DataUnavailableError, first_few, first_line
 from ..files import NotAFileError, open_regular
-from .image_files import SHOWN_UNREADABLE, report_once
+from .image_files import report_once
 
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
 CACHE_FORMAT = 2
@@ -42,29 +43,19 @@ def load_images(
 ) -> tuple[torch.Tensor, tuple[int, ...]]:
     """Decode ``files`` into one ``uint8`` tensor ``(N, 3, size, size)``; also the indices of ``files`` it holds.
 
-    Each image is turned upright (EXIF orientation), made RGB (grayscale is repeated,
-    alpha dropped, palettes looked up, 16-bit scaled to 8) and resized whole to
-    ``size`` x ``size`` with antialiased bilinear filtering: it is squashed, never
-    cropped, so a non-square image changes its aspect ratio but loses nothing.
+    Each image is turned upright (EXIF orientation), made RGB (grayscale repeated, alpha dropped, palettes looked
+    up, 16-bit scaled to 8) and resized whole, squashed and never cropped, with antialiased bilinear filtering.
     ``workers`` threads decode (all CPUs when None).
 
-    A file that cannot be decoded stops everything with an ``UnreadableImageError``
-    naming the first few, unless ``skip_unreadable``: then each is left out with one
-    line on stdout, and the indices returned say which files remain. If none can be
-    read, the error comes anyway.
+    A file that cannot be decoded stops everything with an ``UnreadableImageError`` naming the first few, unless
+    ``skip_unreadable``: then each is left out with one line on stdout (an error still, if none can be read).
 
-    With ``cache_dir``, the result is kept there as one file named by a hash of
-    ``size``, ``skip_unreadable`` and each file's real path and content (BLAKE2b of its
-    bytes, read again on every call: about 15% of the time decoding takes), so a
-    later call with the same files reads that instead of decoding, and a file rewritten
-    in place, whatever its size and time, is decoded anew. Changing, adding or removing
-    a file makes a new cache file; the old ones stay until removed (they are all named
-    ``images-*.pt``). A cache folder that cannot be written is an error before any
-    decoding, not a silent slow run; a cache file that cannot be written once the
-    images are decoded (a full disk) is a warning, and this run goes on without it. A
-    damaged cache file is decoded again and replaced. Files are written whole (beside
-    their name, then renamed) or not at all, so processes sharing the folder (DDP
-    ranks) never read a partial one.
+    With ``cache_dir``, the result is kept there as one file ``images-<key>.pt``, keyed by ``size``,
+    ``skip_unreadable`` and each file's real path and content, so a later call with the same files reads it
+    instead of decoding; other files make another cache file, and the old ones stay until removed. A cache
+    folder that cannot be written is an error before any decoding; a cache file that cannot be written once the
+    images are decoded (a full disk), a warning. A damaged cache file is decoded again and replaced. Files are
+    written beside their name and renamed, so processes sharing the folder (DDP ranks) never read a partial one.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"the image size must be a positive integer, got {size!r}")
@@ -80,7 +71,7 @@ def load_images(
 
     cache_dir = Path(cache_dir)
     # Keyed by content, not by size and time: a file rewritten in place within the clock's resolution, or with
-    # its time set back, is not served stale. Hashing costs a read of each file, a fraction of decoding it.
+    # its time set back, is not served stale. Hashing (BLAKE2b) costs a read of each file, about 15% of decoding it.
     key = _cache_key(files, _fingerprints(files, workers), size, skip_unreadable)
     cached = _read_cache(_cache_file(cache_dir, key), len(files), size)
     if cached is not None:
@@ -151,9 +142,12 @@ def _fingerprint(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _decode(data: bytes, size: int) -> np.ndarray:
-    """One image file's bytes as ``uint8`` RGB ``(size, size, 3)``; raises whatever Pillow raises for a bad file."""
+def _decode(data: bytes, size: int, max_pixels: int | None = None) -> np.ndarray:
+    """One image file's bytes as ``uint8`` RGB ``(size, size, 3)``; raises whatever Pillow raises for a bad file,
+    and ``ImageTooLargeError`` for an image of more than ``max_pixels`` pixels, from its header."""
     with Image.open(io.BytesIO(data)) as opened:
+        if max_pixels is not None and opened.width * opened.height > max_pixels:
+            raise ImageTooLargeError(f"an image of {opened.width}x{opened.height} pixels, more than {max_pixels:,}")
         # A JPEG decodes at the smallest of 1/8, 1/4, 1/2 and full scale that is still at least size x size.
         opened.draft("RGB", (size, size))
         image = opened
@@ -187,11 +181,7 @@ def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
     that, and ``UnreadableImageError`` with the decoder's reason for bytes that are no image it reads.
     """
     try:
-        with Image.open(io.BytesIO(data)) as opened:
-            width, height = opened.size
-        if width * height > max_pixels:
-            raise ImageTooLargeError(f"an image of {width}x{height} pixels, more than {max_pixels:,}")
-        return _decode(data, size)
+        return _decode(data, size, max_pixels)
     except ImageTooLargeError:
         raise
     except Image.DecompressionBombError as err:  # over twice Pillow's own limit: refused by Image.open
@@ -200,25 +190,30 @@ def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
         raise UnreadableImageError(_reason(err)) from err
 
 
-def _in_threads(work: Callable[[int], list], count: int, workers: int) -> list:
-    """``work(first)`` in ``workers`` threads, each taking every ``workers``-th of ``count`` items; their results."""
+def _in_threads(work: Callable[[int], Any], count: int, workers: int) -> list:
+    """``work(index)`` for each of ``count`` items, in order, by ``workers`` threads that each take every
+    ``workers``-th item: one task a thread, not one an image, which would cost more than hashing a small one."""
     workers = min(workers, count)
+    results = [None] * count
+
+    def stride(first: int) -> None:
+        for index in range(first, count, workers):
+            results[index] = work(index)
+
     with ThreadPoolExecutor(workers, thread_name_prefix="images") as pool:
-        return [result for results in pool.map(work, range(workers)) for result in results]
+        list(pool.map(stride, range(workers)))
+    return results
 
 
 def _fingerprints(files: list[Path], workers: int) -> list[str | None]:
-    """Each file's content fingerprint, ``None`` for one that cannot be read."""
-    fingerprints: list[str | None] = [None] * len(files)
+    """Each file's content fingerprint, ``None`` for one that cannot be read (decoding it says why)."""
 
-    def work(first: int) -> list:
-        for index in range(first, len(files), workers):
-            with contextlib.suppress(OSError, NotAFileError):  # decoding it says why it cannot be read
-                fingerprints[index] = _fingerprint(_read(files[index]))
-        return []
+    def fingerprint(index: int) -> str | None:
+        with contextlib.suppress(OSError, NotAFileError):
+            return _fingerprint(_read(files[index]))
+        return None
 
-    _in_threads(work, len(files), workers)
-    return fingerprints
+    return _in_threads(fingerprint, len(files), workers)
 
 
 def _decode_all(
@@ -228,23 +223,21 @@ def _decode_all(
     pixels = np.empty((len(files), size, size, 3), dtype=np.uint8)
     fingerprints: list[str | None] = [None] * len(files)
 
-    def work(first: int) -> list[tuple[int, str]]:
-        failed = []
-        for index in range(first, len(files), workers):
-            try:
-                data = _read(files[index])
-                fingerprints[index] = _fingerprint(data)
-                pixels[index] = _decode(data, size)
-            except Exception as err:  # corrupt files make decoders raise almost any type; each is reported
-                failed.append((index, _reason(err)))
-        return failed
+    def decode(index: int) -> str | None:
+        try:
+            data = _read(files[index])
+            fingerprints[index] = _fingerprint(data)
+            pixels[index] = _decode(data, size)
+        except Exception as err:  # corrupt files make decoders raise almost any type; each is reported
+            return _reason(err)
+        return None
 
-    skipped = sorted(_in_threads(work, len(files), workers))
+    reasons = _in_threads(decode, len(files), workers)
+    skipped = [(index, reason) for index, reason in enumerate(reasons) if reason is not None]
     if skipped and (not skip_unreadable or len(skipped) == len(files)):
         raise UnreadableImageError(_unreadable_message(files, skipped, skip_unreadable))
     _report_skipped(files, skipped)
-    bad = {index for index, _ in skipped}
-    kept = tuple(index for index in range(len(files)) if index not in bad)
+    kept = tuple(index for index, reason in enumerate(reasons) if reason is None)
     if skipped:
         pixels = pixels[list(kept)]
     # One copy into the (N, 3, H, W) layout the models take, rather than one per image.
@@ -252,13 +245,12 @@ def _decode_all(
 
 
 def _unreadable_message(files: list[Path], skipped: list[tuple[int, str]], skip_unreadable: bool) -> str:
-    named = ", ".join(str(files[index]) for index, _ in skipped[:SHOWN_UNREADABLE])
-    more = f" and {len(skipped) - SHOWN_UNREADABLE} more" if len(skipped) > SHOWN_UNREADABLE else ""
+    named = first_few([str(files[index]) for index, _ in skipped])
     first = f"{files[skipped[0][0]]}: {skipped[0][1]}"
     if skip_unreadable:
-        return f"none of the {len(files)} images can be read: {named}{more} ({first})"
+        return f"none of the {len(files)} images can be read: {named} ({first})"
     return (
-        f"{len(skipped)} of {len(files)} images cannot be read: {named}{more} ({first}). "
+        f"{len(skipped)} of {len(files)} images cannot be read: {named} ({first}). "
         "Replace or remove them, or leave them out with --data.skip_unreadable true"
     )
 
@@ -309,12 +301,8 @@ def _read_cache(cache_file: Path, count: int, size: int):
 
 
 def _write_cache(scratch: Path, cache_file: Path, entry: dict) -> None:
-    """Write ``entry`` to ``scratch``, then rename it to ``cache_file``; a failure is a warning, not the run's end.
-
-    The images are decoded by now, and the run can go on without a cache, only the next
-    run decodes them again: stopping here would throw that work away for a speed-up.
-    A cache folder that cannot be written at all is refused before decoding instead.
-    """
+    """Write ``entry`` to ``scratch``, then rename it to ``cache_file``. A failure is a warning: the images are
+    decoded by now, and stopping would throw that work away for a speed-up."""
     try:
         with scratch.open("wb") as file:
             torch.save(entry, file)

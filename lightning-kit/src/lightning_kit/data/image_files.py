@@ -1,8 +1,6 @@
 """Image files: which files a folder, a list or a path names, with their labels, each listed once.
 
-The layout is torchvision's ``ImageFolder``: ``root/<class>/<images>``, with images at
-any depth inside a class folder. Everything here is a plain function, so the data
-module that uses them and the benchmark list exactly the same files.
+The layout is torchvision's ``ImageFolder``: ``root/<class>/<images>``, images at any depth in a class folder.
 """
 
 import os
@@ -10,17 +8,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-from ..errors import DataUnavailableError
+from ..errors import DataUnavailableError, first_few
 from ..files import kind_of, open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LIST_SUFFIX = ".txt"
 # Bad files named in full in an error; the rest are counted.
-SHOWN_UNREADABLE = 3
 
 _LAYOUT = "root/<class>/<images>"
 
@@ -35,12 +31,8 @@ class ImageFiles:
 
 
 def find_classes(root: Path) -> tuple[str, ...]:
-    """Sorted names of the class folders of ``root``, the way torchvision's ``ImageFolder`` orders them.
-
-    Hidden folders (``.ipynb_checkpoints``, ``.git``, ...) are not classes, and neither are
-    links: a link to a folder inside ``root`` would repeat its images, one leading out of it
-    is not followed (see ``list_labelled_images``).
-    """
+    """Sorted names of the class folders of ``root``, as torchvision's ``ImageFolder`` orders them; hidden folders
+    (``.git``) are not classes, and neither are links (see ``_Listing``)."""
     root = Path(root)
     if not root.exists():
         raise DataUnavailableError(f"{root} does not exist: expected a folder of class folders, {_LAYOUT}")
@@ -55,20 +47,13 @@ def find_classes(root: Path) -> tuple[str, ...]:
 def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -> ImageFiles:
     """Every image inside the class folders of ``root``, sorted, with the index of its class.
 
-    Files are images by their extension (any case, see ``IMAGE_EXTENSIONS``); other
-    files and hidden files and folders are ignored. Images directly in ``root`` are an
-    error rather than silently left out: they belong to no class.
+    Files are images by their extension, in any case; hidden files and folders are ignored. Images directly in
+    ``root`` are an error rather than silently left out: they belong to no class. Each file is listed once (see
+    ``_Listing``), so no image lands in both the training and the validation split.
 
-    Links are followed only to files inside ``root``, never to folders, so no link can
-    make the listing loop or leave ``root``; each file is listed once, under its own
-    path when it has one in ``root`` (a link to it is then a second name, left out), so
-    no image lands in both the training and the validation split. What was left out
-    is said in one line.
-
-    With ``class_names`` (the training split's classes, when reading ``val/`` or
-    ``test/``) labels index into it, so they mean the same in every split: a class
-    folder it does not name is an error, and one of its classes may have no folder. Without it, the classes are
-    ``find_classes(root)`` and each must hold at least one image.
+    With ``class_names`` (the training split's, when reading ``val/`` or ``test/``) labels index into it, so they
+    mean the same in every split: a class folder it does not name is an error, and one of its classes may have no
+    folder. Without it, the classes are ``find_classes(root)`` and each must hold at least one image.
     """
     root = Path(root)
     found = find_classes(root)
@@ -110,15 +95,11 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
 
 
 def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
-    """The files to predict on, given as one image, a ``.txt`` list of images, or a folder.
+    """The files to predict on, given as one image, a ``.txt`` list of images (``_read_list``), or a folder.
 
-    A list names one image per line, relative to the list's own folder unless absolute;
-    blank lines and lines starting with ``#`` are skipped, and files keep the list's order.
-    A folder whose subfolders are all classes of ``class_names``, and that holds no
-    images of its own, is read as labelled (labels from the folder names, as in
-    ``list_labelled_images``); any other folder gives every image under it, sorted,
-    without labels, following links as ``list_labelled_images`` does. A FIFO, device or
-    socket is refused by name without being opened.
+    A folder whose subfolders are all classes of ``class_names``, and that holds no images of its own, is read as
+    labelled (``list_labelled_images``); any other folder gives every image under it, sorted, without labels. A
+    FIFO, device or socket is refused by name without being opened.
     """
     path, classes = Path(path), tuple(class_names)
     accepted = f"give an image, a {LIST_SUFFIX} file listing images, or a folder of images"
@@ -155,13 +136,8 @@ def _entries(folder: Path) -> list[os.DirEntry]:
     try:
         with os.scandir(folder) as entries:
             return sorted(entries, key=lambda entry: entry.name)
-    except OSError as err:
-        _unreadable_folder(err)
-
-
-def _unreadable_folder(err: OSError) -> NoReturn:
-    """Stop on a folder that cannot be listed: its images would otherwise be silently missing."""
-    raise DataUnavailableError(f"{err.filename} cannot be listed ({err.strerror or err})") from err
+    except OSError as err:  # its images would otherwise be silently missing
+        raise DataUnavailableError(f"{err.filename} cannot be listed ({err.strerror or err})") from err
 
 
 def _is_image(name: str) -> bool:
@@ -177,10 +153,10 @@ class _Found:
 
 
 class _Listing:
-    """One listing of the folder ``root``: links are followed only to files inside it, each file is listed once.
-
-    Folders are entered only where they are, never through a link, so a listing cannot
-    loop (a folder reached twice, through a bind mount, is entered once) nor leave ``root``.
+    """One listing of the folder ``root``: links are followed only to files inside it, never to folders, so a
+    listing cannot loop (a folder reached twice, through a bind mount, is entered once) nor leave ``root``. Each file
+    is listed once, under its own path where it has one in ``root`` (a link to it is a second name, left out); what
+    was left out is said in one line (``report``).
     """
 
     def __init__(self, root: Path) -> None:
@@ -217,7 +193,7 @@ class _Listing:
 
     def _link(self, entry: os.DirEntry, label: int | None) -> None:
         target = os.path.realpath(entry.path)
-        if not _within(target, self.inside):
+        if not Path(target).is_relative_to(self.inside):
             if _is_image(entry.name) or os.path.isdir(target):
                 self.outside.append(f"{entry.path} -> {target}")
         elif _is_image(entry.name) and not os.path.isdir(target):
@@ -247,10 +223,9 @@ class _Listing:
         """One line saying what was left out, if anything."""
         parts = []
         if self.outside:
-            more = f" and {len(self.outside) - SHOWN_UNREADABLE} more" if len(self.outside) > SHOWN_UNREADABLE else ""
             parts.append(
-                f"{len(self.outside)} link(s) leading out of it, not followed "
-                f"({', '.join(self.outside[:SHOWN_UNREADABLE])}{more}); put what they point to inside it"
+                f"{len(self.outside)} link(s) leading out of it, not followed ({first_few(self.outside)}); "
+                "put what they point to inside it"
             )
         if self.repeats:
             parts.append(f"{self.repeats} more name(s) (links) of images it lists, each image listed once")
@@ -258,20 +233,11 @@ class _Listing:
             report_once(f"listing {self.root}: left out {'; '.join(parts)}")
 
 
-def _within(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or inside it (both resolved)."""
-    try:
-        return os.path.commonpath([folder, path]) == folder
-    except ValueError:  # on another drive
-        return False
-
-
 def _read_list(list_file: Path) -> tuple[Path, ...]:
-    """The images a ``.txt`` file names, in its order; a line naming a file that is not there is an error.
+    """The images a ``.txt`` file names, one a line, in its order (blank lines and ``#`` comments skipped).
 
-    Each line is a path as the command line would take it: absolute, relative to the list's
-    folder, through ``..`` or links. No folder is walked from a list, so it cannot loop; each
-    line must name a plain file (a FIFO or device would never finish reading).
+    Each line is a path as the command line would take it: absolute, or relative to the list's folder, through
+    ``..`` or links. Each must name a plain file (a FIFO or device would never finish reading).
     """
     try:
         with open_regular(list_file) as file:

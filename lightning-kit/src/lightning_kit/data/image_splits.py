@@ -1,5 +1,4 @@
-"""What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator, and predictions
-on image files."""
+"""The base of the image data modules."""
 
 from pathlib import Path
 
@@ -66,11 +65,8 @@ class ImageSplits(InMemoryDataModule):
         return batch
 
     def augment(self, batch: tuple[torch.Tensor, torch.Tensor], step: int, rank: int = 0):
-        """Random crops (padding of an eighth of the size: 4 pixels at 32) and flips of a training batch, where it is.
-
-        The random numbers are drawn from the seed, the process and the step, so a
-        resumed run augments exactly as one that never stopped.
-        """
+        """Random crops (padding of an eighth of the size) and flips of a training batch, where it is, drawn from the
+        seed, the process and the step: a resumed run augments exactly as one that never stopped."""
         images, labels = batch
         generator = torch.Generator(device=images.device)
         generator.manual_seed(hash((self.seed, rank, step)) % 2**63)

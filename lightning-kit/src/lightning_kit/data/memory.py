@@ -11,11 +11,8 @@ from ..arguments import BatchSize, Seed, Workers
 
 
 class InMemoryDataset(TensorDataset):
-    """Tensors indexed along their first dimension, a whole batch per call.
-
-    ``DataLoader`` hands ``__getitems__`` the batch's indices at once, so a batch is
-    one slice of each tensor instead of one Python call and one stack per item.
-    """
+    """Tensors indexed along their first dimension, a whole batch per call: ``DataLoader`` hands ``__getitems__`` the
+    batch's indices at once, so a batch is one slice of each tensor instead of one call and one stack per item."""
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         index = torch.tensor(indices)
@@ -23,12 +20,9 @@ class InMemoryDataset(TensorDataset):
 
 
 class EpochShuffle(RandomSampler):
-    """A shuffled order that depends only on ``seed`` and the epoch.
-
-    Lightning calls ``set_epoch`` at the start of every epoch, so a run resumed from
-    a checkpoint sees the same order as one that never stopped. Under DDP, Lightning
-    replaces it with a ``DistributedSampler``, which shuffles the same way.
-    """
+    """A shuffled order that depends only on ``seed`` and the epoch (Lightning calls ``set_epoch``), so a resumed run
+    sees the same order as one that never stopped. Under DDP, Lightning replaces it with a ``DistributedSampler``,
+    which shuffles the same way: it is a ``RandomSampler`` so that Lightning knows it shuffles."""
 
     def __init__(self, data_source: TensorDataset, seed: int) -> None:
         super().__init__(data_source)
@@ -103,12 +97,8 @@ class InMemoryDataModule(L.LightningDataModule, ABC):
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader that resumes mid-epoch: Lightning saves its position in each checkpoint.
-
-    With it, a run resumed from a checkpoint taken in the middle of an epoch goes on
-    with the batches the interrupted run had not yet seen, in the same order (the
-    order depends only on the seed and the epoch), instead of starting the epoch over.
-    """
+    """A DataLoader that resumes mid-epoch: Lightning saves its ``state_dict`` in each checkpoint, and a run resumed
+    from one goes on with the batches the interrupted run had not yet seen, instead of starting the epoch over."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,15 +1,12 @@
 """The audit's runner: the model trained on the simulated GPUs by Lightning's own ``Trainer``, stage by stage.
 
-``run_audit`` runs ``fit`` for two short epochs (sanity check, every hook and callback,
-backward, optimizer and LR scheduler steps, gradient clipping, checkpoint saving), then
-``validate``, ``test`` and ``predict``: once on one simulated GPU, and once as the second
-process of a two-GPU DDP run. It keeps the Trainer settings it is given (callbacks,
-clipping, accumulation, precision), writes only into a temporary folder, and returns the
-``Verdict``; ``audit`` raises ``DevicePlacementError`` for the first bug instead. A stage the
-data has nothing for is skipped, with a note.
+``run_audit`` runs ``fit`` for two short epochs, then ``validate``, ``test`` and ``predict``, once on one simulated
+GPU and once as each process of a two-GPU DDP run (``PASSES``), with the Trainer settings it is given, writing only
+into a temporary folder. A stage the data has nothing for is skipped, with a note.
 """
 
 import copy
+import gc
 import importlib.util
 import logging
 import os
@@ -30,7 +27,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ..errors import first_line
 from ..guide import cite
@@ -43,7 +40,6 @@ from .lightning import HookTracker, SimulatedGPUStrategy, StageMemory, mixed_pre
 from .restore import as_found
 from .simulated import SimulationUnavailableError
 from .simulated.collectives import note, process_group, recorded
-from .stages import LOADER_OF_STAGE, check_arguments, no_step, not_run, steps
 from .verdict import STAGES, STEP_OF_STAGE, AuditIncompleteError, DevicePlacementError, Outcome, Verdict
 
 PASSES = ((0, 1), (0, 2), (1, 2))  # one GPU; then each process of a two-GPU DDP run
@@ -62,6 +58,7 @@ SCHEDULE = {
     "enable_progress_bar": False,
     "enable_model_summary": False,
 }
+LOADER_OF_STAGE = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
 
 
 def audit(
@@ -70,15 +67,13 @@ def audit(
     """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
-        model: The LightningModule, as constructed. The audit trains it, as Lightning would (never a copy),
-            and gives it back as it was (``restore.py``).
-        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for
-            every stage), or None when ``model`` defines its own dataloaders.
-        trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping
-            and accumulation, and precision (mixed precision with CUDA's autocast rules).
-        isolate: Audit in a forked copy of this process, so that code that ends a process
-            (a C++ abort) ends that one, as a ``NOT AUDITED`` verdict naming the signal and the hook
-            (``isolation.py``); in this process where it cannot fork.
+        model: The LightningModule, as constructed: trained as Lightning would (never a copy), and given back as it
+            was (``restore.py``).
+        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for every stage), or None
+            when ``model`` defines its own dataloaders.
+        trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping and accumulation, and
+            precision (mixed precision with CUDA's autocast rules).
+        isolate: Audit in a forked copy of this process (``isolation.py``), where it can fork.
 
     Raises:
         DevicePlacementError: An operation would fail on a GPU.
@@ -108,7 +103,7 @@ def run_audit(
     naming the stage and pass when a stage has run for a few seconds (``isolation.LONG_STAGE_S``), and
     again every ``isolation.STILL_EVERY_S`` while it runs; nothing for shorter stages.
     """
-    check_arguments(model, data, trainer)
+    _check_arguments(model, data, trainer)
     simulated.enable()
     count_as_user_code(model, data)
 
@@ -158,7 +153,10 @@ def _run(
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
                 said = first_line(err, typed=True)
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({said})"
-                return not_run(verdict, stages, rank, world_size, why, report)
+                for stage in stages:  # every stage of this pass, not audited
+                    verdict.outcomes.append(Outcome(stage, rank, world_size, gap=why))
+                    report(verdict.outcomes[-1])
+                return verdict
             with as_found(model):
                 _check_logged_values(model, runner)
                 for stage in stages:
@@ -166,25 +164,12 @@ def _run(
                     verdict.outcomes.append(outcome)
                     report(outcome)
                     if outcome.error is not None and stop_at_bug:
-                        verdict.notes += _named_cuda_notes() + _warned_notes()
+                        verdict.notes += _notes()
                         return verdict
             verdict.hooks |= tracker.actions
-    _compare_ranks(verdict)
-    verdict.notes += _named_cuda_notes() + _warned_notes()
+    ranks.compare(verdict)
+    verdict.notes += _notes()
     return verdict
-
-
-def _compare_ranks(verdict: Verdict) -> None:
-    """Where the two processes of the DDP run part in the collectives they call (one calls what the other does not,
-    or with tensors of another shape): on GPUs, both wait there for ever. A bug on the second process's stage."""
-    ran = {(outcome.stage, outcome.rank): outcome for outcome in verdict.outcomes if outcome.world_size > 1}
-    for (stage, rank), second in ran.items():
-        first = ran.get((stage, 0))
-        if rank != 1 or first is None or first.error or first.gap or second.error or second.gap:
-            continue
-        parted = ranks.parting(first.collectives, second.collectives)
-        if parted is not None:
-            second.error = ranks.hang(parted, stage)
 
 
 def _stage(
@@ -201,7 +186,10 @@ def _stage(
     if progress is not None:
         progress.at_stage(stage, rank, world_size)
     start = time.perf_counter()
-    started = steps(runner, stage)
+    started = _steps(runner, stage)
+    # What earlier stages (or the caller's tests) left to the collector is freed now, not inside this stage's count,
+    # where it would lower the peak --gpu_memory is held against.
+    gc.collect()
     simulated.memory.start_stage()
     try:
         with process_group(rank, world_size), simulating(rank), recorded() as outcome.collectives:
@@ -219,8 +207,8 @@ def _stage(
         else:
             outcome.gap = explained
     else:
-        if steps(runner, stage) == started:
-            outcome.gap = no_step(stage, model, data)
+        if _steps(runner, stage) == started:
+            outcome.gap = _no_step(stage, model, data)
     outcome.seconds = time.perf_counter() - start
     outcome.peak = simulated.memory.stage_peak()
     measured = next(callback for callback in runner.callbacks if isinstance(callback, StageMemory))
@@ -228,20 +216,16 @@ def _stage(
     return outcome
 
 
-def _named_cuda_notes() -> list[str]:
-    """A note for each line of the user's code that named CUDA itself: right on a GPU, not everywhere."""
-    return [
+def _notes() -> list[str]:
+    """A note for each line of the user's code that named CUDA itself (right on a GPU, not everywhere), and for each
+    operation that deterministic mode's warn_only warned of (on a GPU it runs, and differs a little between runs)."""
+    named = [
         f"{_shown(filename)}:{lineno} names the GPU itself ({how}): that runs on a GPU, but fails with "
         "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
         f"self.device), rule 11 of the placement guide: {cite('rule 11')}"
         for filename, lineno, how in simulated.named_cuda()
     ]
-
-
-def _warned_notes() -> list[str]:
-    """A note for each operation that deterministic mode's warn_only warned of: on a GPU it runs, and differs a
-    little from run to run."""
-    return [
+    return named + [
         f"{f'{_shown(line[0])}:{line[1]}' if line else 'a backward pass'}: {kernel} has no deterministic CUDA "
         "implementation: with warn_only it runs, and its results may differ a little between runs; rule 20 of the "
         f"placement guide: {cite('rule 20')}"
@@ -394,25 +378,57 @@ def _data_arguments(stage: str, data: Any) -> dict[str, Any]:
     if isinstance(data, L.LightningDataModule):
         return {"datamodule": data, **quiet}
     # The one batch, as every batch of every stage.
-    loader = DataLoader(_Repeated(data), batch_size=None, collate_fn=_as_is)
+    loader = DataLoader([data] * BATCHES, batch_size=None, collate_fn=lambda batch: batch)
     if stage == "fit":
         return {"train_dataloaders": loader, "val_dataloaders": loader}
     return {"dataloaders": loader, **quiet}
 
 
-class _Repeated(Dataset):
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
+def _check_arguments(model: Any, data: Any, trainer: Any) -> None:
+    """Raise ``TypeError``, in one line saying what the audit takes, for arguments of the wrong kind."""
+    takes = "audit(model, data=None, trainer=None) takes a LightningModule instance"
+    if isinstance(model, L.LightningDataModule) and isinstance(data, L.LightningModule):
+        raise TypeError(f"{takes} first and the data second: the two are swapped (audit(model, data))")
+    if isinstance(model, type):
+        raise TypeError(f"{takes}, not the class {model.__name__}: construct it first, {model.__name__}(...)")
+    if isinstance(model, torch.nn.Module) and not isinstance(model, L.LightningModule):
+        raise TypeError(
+            f"{takes}, not a plain {type(model).__name__} (torch.nn.Module): wrap it in a LightningModule "
+            "with training_step and configure_optimizers, as Lightning trains it"
+        )
+    if not isinstance(model, L.LightningModule):
+        raise TypeError(f"{takes}, not {_kind(model)}")
+    if isinstance(data, type):
+        raise TypeError(f"audit()'s data is a LightningDataModule instance or one batch, not the class {data.__name__}")
+    if isinstance(data, L.LightningModule):
+        raise TypeError("audit()'s data is a LightningDataModule or one batch, not a second LightningModule")
+    if trainer is not None and not isinstance(trainer, L.Trainer):
+        raise TypeError(f"audit()'s trainer is a lightning.Trainer or None, not {_kind(trainer)}")
 
-    def __len__(self) -> int:
-        return BATCHES
 
-    def __getitem__(self, index: int) -> Any:
-        return self.batch
+def _kind(value: Any) -> str:
+    """``value``'s kind, in words: ``None``, ``a str``, ``the class X``, ``a Y``."""
+    if value is None:
+        return "None"
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    return f"a {type(value).__name__}"
 
 
-def _as_is(batch: Any) -> Any:
-    return batch
+def _steps(runner: L.Trainer, stage: str) -> int:
+    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit), all calls together."""
+    loop = runner.fit_loop.epoch_loop if stage == "fit" else getattr(runner, f"{stage}_loop")
+    return loop.batch_progress.total.ready
+
+
+def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
+    """Why a stage that ran no step is not audited."""
+    loader = "train_dataloader" if stage == "fit" else LOADER_OF_STAGE[stage]
+    owner = type(data if isinstance(data, L.LightningDataModule) else model).__name__
+    return (
+        f"{stage} ran no {STEP_OF_STAGE[stage]}: {owner}.{loader}() yielded no batch (an empty split?), "
+        "so nothing of it ran on the simulated GPU"
+    )
 
 
 @contextmanager

@@ -1,28 +1,18 @@
 """What Lightning leaves on the CPU in a batch: the tensors its move cannot reach, where they sit, why, and the fix.
 
-On a GPU, Lightning moves each batch with ``LightningModule.transfer_batch_to_device``, whose default is
-``lightning.fabric.utilities.apply_func.move_data_to_device``: it moves tensors, the tensors in lists,
-tuples, dicts (any ``Mapping``), namedtuples and dataclasses (the fields their ``__init__`` takes),
-however nested, and any object whose class has a ``to`` method, by calling it. Anything else it hands
-on as it is: a tensor held by a class of the user's (an attribute, a slot, a dict the object keeps)
-stays on the CPU, and the first operation that meets it with the model's weights fails on a GPU.
+On a GPU, Lightning moves each batch with ``LightningModule.transfer_batch_to_device`` (by default
+``lightning.fabric.utilities.apply_func.move_data_to_device``): tensors in lists, tuples, dicts, namedtuples and
+dataclasses (the fields their ``__init__`` takes), however nested, and objects with a ``to`` method, by calling it;
+anything else it hands on as it is. The simulated GPU's strategy (``lightning.py``) calls ``unreached`` before the
+move and ``record`` after it, which keeps what is still on the CPU as the batch in flight; ``left_on_cpu`` tells
+``explain`` whether the CPU tensor of an operation a GPU refuses is one of them. Such a tensor is no bug by itself
+(CUDA takes 0-dim CPU tensors in element-wise operations; ``pack_padded_sequence`` wants its lengths on the CPU):
+only an operation a GPU refuses is one, and then this names its cause.
 
-The simulated GPU's strategy (``lightning.py``) looks at each batch around its move: ``unreached``
-lists, before the move, the tensors where Lightning's move does not reach; ``record`` keeps those
-still on the CPU at the same place after it (after ``transfer_batch_to_device`` and
-``on_after_batch_transfer``) as the batch in flight. ``left_on_cpu`` tells ``explain`` whether the CPU
-tensor of an operation a GPU refuses is one of them (the same tensor, or a view of its memory), and
-``in_flight`` lists them. A batch that keeps a tensor on the CPU is no bug by itself (CUDA takes 0-dim
-CPU tensors in element-wise operations, ``pack_padded_sequence`` wants its lengths on the CPU, a
-tensor may be used on the CPU only): only an operation that a GPU refuses is one, and then this names
-its cause.
-
-The walk follows ``apply_to_collection`` of ``lightning_utilities`` as Lightning 2.6 calls it (the
-same order of tests: a ``to`` method, a dataclass, a ``Mapping``, a namedtuple or other ``Sequence``
-but ``str``), from Lightning's public behaviour, not its private names; where Lightning stops, it
-looks into objects' ``__dict__`` and ``__slots__``, and into the mappings, sequences and sets they hold;
-not into ``nn.Module``s, nor properties. It is bounded, to cost nothing a step would notice: ``DEPTH``
-containers deep, ``NODES`` objects, ``ITEMS`` items of one container.
+The walk follows ``apply_to_collection`` of ``lightning_utilities`` as Lightning 2.6 calls it (a ``to`` method, a
+dataclass, a ``Mapping``, a namedtuple or other ``Sequence`` but ``str``), from Lightning's public behaviour; where
+Lightning stops, it looks into objects' ``__dict__`` and ``__slots__`` and the containers they hold (not into
+``nn.Module``s, nor properties), bounded to cost nothing a step would notice (``DEPTH``, ``NODES``, ``ITEMS``).
 """
 
 import dataclasses
@@ -174,15 +164,18 @@ def left_on_cpu(tensor: torch.Tensor | None) -> Unmoved | None:
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
         return None
     same = next((spot for spot in _IN_FLIGHT if spot.tensor is tensor), None)
-    if same is not None:
-        return same
-    memory = _memory(tensor)
-    return next((spot for spot in _IN_FLIGHT if memory and _memory(spot.tensor) == memory), None)
+    return same or next((spot for spot in _IN_FLIGHT if same_memory(spot.tensor, tensor)), None)
 
 
-def _memory(tensor: torch.Tensor) -> int:
-    """Where a dense tensor's values start in memory (0 for a sparse one, which has no one storage)."""
-    return tensor.untyped_storage().data_ptr() if tensor.layout == torch.strided else 0
+def same_memory(value: Any, tensor: torch.Tensor) -> bool:
+    """Whether ``value`` is ``tensor``, or both are dense CPU tensors whose values are in the same memory."""
+    return value is tensor or _address(value) == _address(tensor) != 0
+
+
+def _address(value: Any) -> int:
+    """Where a dense CPU tensor's values start in memory; 0 for anything else (a sparse one has no one storage)."""
+    dense = isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.layout == torch.strided
+    return value.untyped_storage().data_ptr() if dense else 0
 
 
 def in_flight() -> list[Unmoved]:
@@ -213,20 +206,17 @@ def _walk(batch: Any) -> list[Unmoved]:
             for where, item in _parts(value, path):
                 yield from walk(item, where, depth + 1, left)
         elif callable(getattr(kind, "to", None)):  # Lightning calls its to(): what that leaves stays
-            for where, item in _attributes(value, path):
+            for where, item, _ in _named_attributes(value, path):
                 yield from walk(item, where, depth + 1, (kind, path, MOVED_BY_TO))
         elif dataclasses.is_dataclass(value):
             fields = {field.name for field in dataclasses.fields(value) if field.init}
             for where, item, name in _named_attributes(value, path):
                 yield from walk(item, where, depth + 1, None if name in fields else (kind, path, NOT_A_FIELD))
-        elif isinstance(value, Mapping):
-            for key, item in itertools.islice(value.items(), ITEMS):
-                yield from walk(item, f"{path}[{_key(key)}]", depth + 1, None)
-        elif isinstance(value, Sequence):  # tuples, namedtuples, lists (str is a leaf)
-            for where, item in _items(value, path):
+        elif isinstance(value, Mapping | Sequence):  # dicts, tuples, namedtuples, lists (str is a leaf)
+            for where, item in _parts(value, path):
                 yield from walk(item, where, depth + 1, None)
         else:
-            for where, item in _attributes(value, path):
+            for where, item, _ in _named_attributes(value, path):
                 yield from walk(item, where, depth + 1, (kind, path, PLAIN))
 
     found: list[Unmoved] = []
@@ -249,23 +239,15 @@ def _parts(value: Any, path: str) -> Iterator[tuple[str, Any]]:
         for key, item in itertools.islice(value.items(), ITEMS):
             yield f"{path}[{_key(key)}]", item
     elif isinstance(value, Sequence):
-        yield from _items(value, path)
+        fields = getattr(value, "_fields", None) if isinstance(value, tuple) else None  # a namedtuple's names
+        for index, item in enumerate(itertools.islice(value, ITEMS)):
+            yield (f"{path}.{fields[index]}" if fields and index < len(fields) else f"{path}[{index}]"), item
     elif isinstance(value, Set):
         for item in itertools.islice(value, ITEMS):
             yield f"{path}{{...}}", item
     else:
-        yield from _attributes(value, path)
-
-
-def _items(value: Sequence, path: str) -> Iterator[tuple[str, Any]]:
-    fields = getattr(value, "_fields", None) if isinstance(value, tuple) else None  # a namedtuple's names
-    for index, item in enumerate(itertools.islice(value, ITEMS)):
-        yield (f"{path}.{fields[index]}" if fields and index < len(fields) else f"{path}[{index}]"), item
-
-
-def _attributes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    for where, item, _ in _named_attributes(value, path):
-        yield where, item
+        for where, item, _ in _named_attributes(value, path):
+            yield where, item
 
 
 def _named_attributes(value: Any, path: str) -> Iterator[tuple[str, Any, str]]:

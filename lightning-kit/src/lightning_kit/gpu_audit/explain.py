@@ -36,12 +36,6 @@ FIXES = {
         "never .cpu() or .to('cpu') inside a step",
         "rules 2 to 9",
     ),
-    "unmoved batch": (
-        "give the batch's class a to(self, device) method that returns it with its tensors moved (or make it a "
-        "dataclass or a NamedTuple), or override the LightningModule's "
-        "transfer_batch_to_device(self, batch, device, dataloader_idx) hook to move it",
-        "rule 1",
-    ),
     "another GPU": (
         "every DDP process has its own GPU: take the device from the data or the module (x.device, self.device), "
         "never a fixed one such as cuda:0 or device index 0",
@@ -110,7 +104,15 @@ FIXES = {
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
     ),
+    "collective mismatch": (  # ranks.py
+        "call every collective on every process, with tensors of the same shape: log with sync_dist=True on every "
+        "rank (never inside `if self.trainer.is_global_zero:`; rank_zero_only is for files and prints), compute a "
+        "torchmetrics metric on every rank, and pad a tensor whose size depends on the data before all_gather (or "
+        "gather Python objects with torch.distributed.all_gather_object)",
+        "rule 22",
+    ),
 }
+# The fix of an "unmoved batch" (a tensor of the batch that Lightning could not move) is its own: batches.Unmoved.fix.
 
 
 def explain(
@@ -165,9 +167,7 @@ def explain(
             lines.append(culprit)
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
-    fix, rule = FIXES[kind]
-    if unmoved is not None:
-        fix = unmoved.fix()
+    fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
     at_line = f" at {_shown(made[0])}:{made[1]}" if made is not None and frame and made != _place(frame) else ""
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
@@ -228,7 +228,7 @@ def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[s
         code = frame.f_code
         passed = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         for name, value in frame.f_locals.items():
-            if not _same_memory(value, tensor):
+            if value is not tensor and not (_cpu(value) and batches.same_memory(value, tensor)):
                 continue
             made = simulated.made_at(value)
             if made is None and name not in passed:
@@ -246,18 +246,6 @@ def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[s
 
 def _cpu(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0
-
-
-def _same_memory(value: Any, tensor: torch.Tensor) -> bool:
-    """Whether ``value`` is ``tensor``, or a dense CPU tensor whose values are in the same memory."""
-    if value is tensor:
-        return True
-    return (
-        _cpu(value)
-        and value.layout == torch.strided
-        and tensor.layout == torch.strided
-        and value.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
-    )
 
 
 def _assigned(code: Any, name: str, before: int) -> int | None:
@@ -528,37 +516,20 @@ def _batch_hint(err: SimulatedDeviceError, model: L.LightningModule | None) -> l
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
-def _storage(tensor: torch.Tensor) -> int | None:
-    """The address of a CPU tensor's storage; None for other devices and for sparse layouts, which have none."""
-    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
-        return None
-    return tensor.untyped_storage().data_ptr()
-
-
 def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
     """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
-    storage = _storage(tensor)
-
-    def same(value: Any) -> bool:
-        if not isinstance(value, torch.Tensor):
-            return False
-        if value is tensor:
-            return True
-        return storage is not None and _storage(value) == storage
 
     def holds(value: Any) -> bool:
-        if isinstance(value, torch.nn.Module):
-            return any(same(t) for t in (*value.parameters(), *value.buffers())) or any(
-                same(t) for t in vars(value).values()
-            )
-        return same(value)
+        module = isinstance(value, torch.nn.Module)
+        inside = (*value.parameters(), *value.buffers(), *vars(value).values()) if module else (value,)
+        return any(batches.same_memory(held, tensor) for held in inside)
 
     for prefix, module in model.named_modules():
         for name, value in vars(module).items():
             if name in _MODULE_INTERNALS:
                 continue  # parameters, buffers and submodules: Lightning moves those
             path = f"{prefix}.{name}" if prefix else name
-            if same(value):
+            if batches.same_memory(value, tensor):
                 return path, "attribute"
             items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
             for key, item in items:

@@ -1,21 +1,11 @@
-"""Whether each stage the audit ran fits a GPU of a given size, and the largest batch that would.
+"""Whether each stage the audit ran fits a GPU of a given size, and the largest batch that would (guide, rule 21).
 
-The audit counts, for each stage, the most bytes its tensors held on the simulated GPU at once,
-as CUDA's caching allocator counts them (``torch.cuda.max_memory_allocated``: every block rounded
-up to 512 bytes; the tensors alive at once, the optimizer's state, autograd's saved tensors,
-temporaries), and what was held besides a batch's own (the model; in training its gradients and
-the optimizer's state). A GPU holds more than its tensors: the allocator reserves whole segments
-(2 MiB and up), and CUDA's context, cuBLAS's and cuDNN's workspaces take their share before the
-first tensor. Those are estimates (``CONTEXT``), said as such. The largest batch is a linear
-estimate: what a batch adds beyond what is held, scaled to the room left. What the count does not
-see: kernels a GPU runs of its own (cuDNN's recurrent layers and convolution workspaces, flash
-attention) are counted as the CPU computes them. Under DDP the gradient buckets (about the size of
-the gradients again) are counted: PyTorch's own ``DistributedDataParallel`` makes them on the
-simulated GPU in the audit's DDP passes.
-
-``python -m lightning_kit.placement ... --gpu_memory 24GB`` (or a GPU's name: ``A10G``, ``T4``,
-``H100``, ...) prints, per stage, whether it fits; one that does not is an exit status of 1, as a
-GPU's out-of-memory error would be. ``judged(verdict, capacity)`` gives the same lines.
+The audit counts, for each stage, the most bytes its tensors held on the simulated GPU at once, as
+``torch.cuda.max_memory_allocated`` counts them (``simulated/memory.py``), and what was held besides a batch's own.
+A GPU holds more: the allocator reserves whole segments, and CUDA's context and its libraries' workspaces take their
+share before the first tensor (``CONTEXT``, an estimate, said as such). The largest batch is a linear estimate: what
+a batch adds beyond what is held, scaled to the room left. Kernels a GPU runs of its own (cuDNN's recurrent layers
+and convolution workspaces, flash attention) are counted as the CPU computes them; DDP's gradient buckets are counted.
 """
 
 import re

@@ -18,6 +18,7 @@ thread (GNU OpenMP's thread pool does not survive a fork: its next parallel regi
 
 import contextlib
 import mmap
+import multiprocessing
 import os
 import pickle
 import signal
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from multiprocessing.connection import Connection
 
 import torch
 
@@ -128,18 +129,21 @@ def in_a_child(
     # The child's temporary files go in a folder the parent removes: a child that dies (killed, a crash in a
     # kernel) cannot remove its own.
     with tempfile.TemporaryDirectory(prefix="placement-audit-") as scratch:
-        reading, writing = os.pipe()
+        receiver, sender = multiprocessing.Pipe(duplex=False)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child
-            os.close(reading)
+            receiver.close()
             tempfile.tempdir = scratch
-            _child(run, progress, writing)
-        os.close(writing)
+            _child(run, progress, sender)
+        sender.close()
+        messages = []
         try:
-            with os.fdopen(reading, "rb") as pipe, announced(progress, say, describe):
-                messages = list(_messages(pipe))
+            # Read until the child's end closes (EOFError), or ends in the middle of a message (OSError): it died.
+            with receiver, announced(progress, say, describe), contextlib.suppress(EOFError, OSError):
+                while True:
+                    messages.append(receiver.recv())
             _, status = os.waitpid(pid, 0)
         except BaseException:  # Ctrl-C while waiting: the child goes too
             _end(pid)
@@ -155,26 +159,19 @@ def in_a_child(
     return _died(outcomes, progress.read(), status, describe)
 
 
-def _child(run, progress: Progress, writing: int) -> None:
+def _child(run, progress: Progress, sender: Connection) -> None:
     """The child's whole life: the audit, each message sent to the parent, and ``os._exit`` (nothing of the
     parent's is run on the way out: no atexit handlers, no test session's teardown)."""
     status = 0
     try:
-        with os.fdopen(writing, "wb") as pipe:
-
-            def send(kind: str, message: Any) -> None:
-                data = pickle.dumps((kind, message))
-                pipe.write(_HEADER.pack(len(data)) + data)
-                pipe.flush()
-
-            try:
-                torch.set_num_threads(1)
-                if not _backward_runs():
-                    status = _CANNOT_FORK
-                    return
-                send("verdict", run(progress, lambda outcome: send("outcome", outcome)))
-            except BaseException as err:  # the parent raises it
-                send("error", _picklable(err))
+        try:
+            torch.set_num_threads(1)
+            if not _backward_runs():
+                status = _CANNOT_FORK
+                return
+            sender.send(("verdict", run(progress, lambda outcome: sender.send(("outcome", outcome)))))
+        except BaseException as err:  # the parent raises it
+            sender.send(("error", _picklable(err)))
     except BaseException:  # the pipe itself failed: the parent reports a child without a verdict
         status = 1
     finally:
@@ -204,18 +201,6 @@ def _picklable(err: BaseException) -> BaseException:
     except Exception:
         return RuntimeError(f"{type(err).__name__}: {err}")
     return err
-
-
-def _messages(pipe) -> Iterator[tuple[str, Any]]:
-    while True:
-        header = pipe.read(_HEADER.size)
-        if len(header) < _HEADER.size:
-            return
-        (length,) = _HEADER.unpack(header)
-        data = pipe.read(length)
-        if len(data) < length:
-            return
-        yield pickle.loads(data)
 
 
 def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str], str]) -> Verdict:

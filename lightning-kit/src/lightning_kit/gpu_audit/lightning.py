@@ -18,7 +18,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
@@ -96,13 +96,11 @@ class SimulatedGPUAccelerator(Accelerator):
     def name(cls) -> str:
         return SIMULATED
 
-    @classmethod
-    def register_accelerators(cls, accelerator_registry) -> None:
-        accelerator_registry.register(SIMULATED, cls, description="A CUDA GPU simulated on the CPU (the device audit)")
-
 
 if SIMULATED not in AcceleratorRegistry:
-    SimulatedGPUAccelerator.register_accelerators(AcceleratorRegistry)
+    AcceleratorRegistry.register(
+        SIMULATED, SimulatedGPUAccelerator, description="A CUDA GPU simulated on the CPU (the device audit)"
+    )
 
 
 class SimulatedGPUStrategy(ParallelStrategy):
@@ -312,33 +310,20 @@ class StageMemory(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self.held[trainer.state.fn.value] = simulated.memory.stage_allocated()
 
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args) -> None:
+    def _batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
         if not trainer.training and not trainer.sanity_checking:  # fit's own are its training's
             self._saw(trainer, batch)
 
-    def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
-        self._saw(trainer, batch)
-
-    def on_predict_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args) -> None:
-        self._saw(trainer, batch)
+    on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _batch_start
 
 
-class HookTracker(Profiler):
+class HookTracker(PassThroughProfiler):
     """Lightning names every hook and loop step to its profiler: mark each exception with the innermost one."""
 
     def __init__(self, progress: Any = None) -> None:
         super().__init__()
         self.actions: set[str] = set()
         self.progress = progress  # told each action as it starts (where the audit is, for a forked audit)
-
-    def start(self, action_name: str) -> None:
-        pass
-
-    def stop(self, action_name: str) -> None:
-        pass
-
-    def summary(self) -> str:
-        return ""
 
     @contextmanager
     def profile(self, action_name: str) -> Iterator[str]:

@@ -10,16 +10,21 @@ line of the user's code where they differ, and ``hang`` says it as a bug.
 """
 
 from ..guide import cite
-from .explain import _shown
+from .explain import FIXES, _shown
 from .simulated.collectives import Call
-from .verdict import DevicePlacementError
+from .verdict import DevicePlacementError, Verdict
 
-FIX = (
-    "call every collective on every process, with tensors of the same shape: log with sync_dist=True on every rank "
-    "(never inside `if self.trainer.is_global_zero:`; rank_zero_only is for files and prints), compute a "
-    "torchmetrics metric on every rank, and pad a tensor whose size depends on the data before all_gather (or "
-    "gather Python objects with torch.distributed.all_gather_object)"
-)
+
+def compare(verdict: Verdict) -> None:
+    """Mark, as a bug on the second process's stage, each stage of the DDP run whose processes part."""
+    ran = {(outcome.stage, outcome.rank): outcome for outcome in verdict.outcomes if outcome.world_size > 1}
+    for (stage, rank), second in ran.items():
+        first = ran.get((stage, 0))
+        if rank != 1 or first is None or first.error or first.gap or second.error or second.gap:
+            continue
+        parted = parting(first.collectives, second.collectives)
+        if parted is not None:
+            second.error = hang(parted, stage)
 
 
 def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | None] | None:
@@ -57,7 +62,8 @@ def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacement
         "On GPUs: no error. Each process waits for the other's matching call, and NCCL's watchdog stops both after "
         "its timeout (30 minutes by default), with nothing printed until then."
     )
-    lines.append(f"Fix: {FIX}. See rule 22 of the placement guide: {cite('rule 22')}.")
+    fix, rule = FIXES["collective mismatch"]
+    lines.append(f"Fix: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
         kind="collective mismatch",

@@ -1,20 +1,10 @@
-"""The model the audit trains is the user's own object, given back as it was found.
+"""The model the audit trains is the user's own object (as Lightning trains it, never a copy), given back as found.
 
-Lightning trains the module it is given, never a copy: the audit does the same, so that everything the
-user built is audited as it is (hooks on parameters and modules, parametrizations, pruning masks, plain
-attributes, what ``copy.deepcopy`` cannot copy). ``as_found(model)`` notes, before a pass, what training
-changes, and puts it back after it, whatever stopped the pass:
-
-- every parameter, moved in place to and from the simulated GPU (``simulated/in_place.py``), is again the
-  same object with its CPU values, gradient and hooks (``simulated.swaps_undone``), and of its class (a lazy
-  module's uninitialised parameters are marked as on the device by theirs);
-- every submodule has its class again (a lazy module becomes another class once materialised) and the
-  attributes it had (Lightning's trainer, the device, a replaced ``log``, new layers, buffers and parameters
-  taken away), with the dicts, lists and sets they held refilled as they were, in place (the hooks of a
-  module, the lists a step appends to);
-- a plain CPU tensor attribute that the run changed in place has its values back.
-
-Python objects held deeper than that (an object of the user's holding a list) keep what the run did to them.
+``as_found(model)`` notes before a pass what training changes, and puts it back after it, whatever stopped the pass:
+every parameter, moved in place to and from the simulated GPU (``simulated/in_place.py``), is again the same object
+with its CPU values, gradient, hooks and class; every submodule has its class again (a lazy module changes class
+once materialised) and the attributes it had, with the dicts, lists and sets they held refilled in place; a plain
+CPU tensor attribute changed in place has its values back. Python objects held deeper keep what the run did to them.
 """
 
 from collections.abc import Iterator

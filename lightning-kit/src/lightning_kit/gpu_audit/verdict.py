@@ -17,16 +17,8 @@ class DevicePlacementError(RuntimeError):
     """An operation that would fail on a GPU.
 
     Attributes:
-        kind: ``"mixed devices"``, ``"unmoved batch"`` (a tensor of the batch that Lightning could not move to
-            the GPU, for the type of what holds it), ``"another GPU"`` (another DDP process's), ``"generator"``,
-            ``"numpy"``, ``"sync_dist"``, ``"collective"`` (a collective of
-            ``torch.distributed`` on a tensor off the process's GPU), ``"autocast"`` (an operation CUDA's
-            autocast refuses), ``"dtype"`` (a mix of dtypes an operation refuses, as under autocast),
-            ``"deterministic"`` (a kernel CUDA has no deterministic implementation of, in deterministic mode),
-            ``"unused parameters"`` (DDP's reducer: a trainable parameter no loss reached), ``"lazy modules"``
-            (an uninitialised parameter when DDP wraps the model), ``"DDP"`` (another refusal of DDP's as it wraps
-            the model: a sparse buffer, nothing to train) or ``"collective
-            mismatch"`` (the processes of a DDP run call different collectives: a hang on GPUs).
+        kind: A key of ``explain.FIXES`` (``"mixed devices"``, ``"another GPU"``, ``"collective mismatch"``, ...),
+            or ``"unmoved batch"`` (a tensor of the batch that Lightning could not move, ``batches.py``).
         stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
         rank: 0 on the first simulated GPU (alone, or the first process of a DDP run); 1 for the second process.
         hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.
@@ -116,10 +108,7 @@ class Outcome:
 
 @dataclass(repr=False)
 class Verdict:
-    """What the audit ran and found: an ``Outcome`` per stage and pass (``outcomes``), each bug once (``errors``),
-    what could not be audited (``gaps``), the hooks and loop steps that ran (``hooks``), ``notes`` and the stages
-    the data has nothing for (``skipped``); ``exit_code`` is the audit command's status, and ``report()`` its lines.
-    """
+    """What the audit ran and found; ``exit_code`` is the audit command's status, and ``report()`` its lines."""
 
     outcomes: list[Outcome] = field(default_factory=list)
     hooks: set[str] = field(default_factory=set)  # the hooks and loop steps that ran
@@ -156,10 +145,7 @@ class Verdict:
         )
 
     def report(self) -> list[str]:
-        """The audit's report, as its command prints it, a line an item: each stage of each pass (``ok``, ``FAILED``
-        or ``NOT AUDITED``, its seconds and the peak of its tensors' GPU memory), then each bug with its explanation,
-        each part not audited and why, and the notes (stages skipped, settings replaced, lines that name the GPU
-        themselves)."""
+        """The audit's report, as its command prints it: each stage of each pass, each bug, each gap, the notes."""
         lines = []
         for outcome in self.outcomes:
             status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"

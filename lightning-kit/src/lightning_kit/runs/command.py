@@ -1,10 +1,9 @@
 """The table of runs' command: a table of the runs below FOLDER (default ``runs/``).
 
-Every run, in folder order; a sweep's trials, best first; the finished runs into Markdown:
-``python -m lightning_kit.runs``, ``... runs/sweeps/lr --sort=-val/acc``,
-``... --status finished --markdown runs.md``. It reads run folders as data, whichever project wrote them,
-and imports no PyTorch (nor ``lightning_kit.cli``, which does). Curves are TensorBoard's:
-``tensorboard --logdir runs``.
+``python -m lightning_kit.runs``, ``... runs/sweeps/lr --sort=-val/acc``, ``... --status finished --markdown
+runs.md``. It reads run folders as data, whichever project wrote them, and imports no PyTorch (nor
+``lightning_kit.cli``, which does). Curves are TensorBoard's: ``tensorboard --logdir runs``; a sweep's study,
+Optuna's dashboard's: ``python -m lightning_kit.views dashboard runs/sweeps/<study>``.
 """
 
 import argparse
@@ -16,8 +15,8 @@ from ..errors import OneLineParser, UserError, command, invoked_as
 from ..files import check_output_file
 from ..installation import check_installation
 from ..run_record import ENDINGS, RUNNING, write_whole
-from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run, relative
-from .sweeps import read_sweep, trial_of
+from .folders import UNKNOWN, UNREADABLE, find_folders, link_resumed, read_run
+from .sweeps import summary
 from .table import FORMATS, Table, printable
 
 STATUSES = (RUNNING, *ENDINGS, UNKNOWN, UNREADABLE)
@@ -40,7 +39,6 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--csv", metavar="PATH", help="also write the table to this CSV file")
     parser.add_argument("--markdown", metavar="PATH", help="also write the table to this Markdown file")
     parser.add_argument("--overwrite", action="store_true", help="replace files that --csv and --markdown name")
-    parser.add_argument("--storage", metavar="URL", help="the database of a sweep whose study.db is not in its folder")
     options = parser.parse_args(_sort_values(sys.argv[1:] if args is None else list(args)))
     try:
         _list(options)
@@ -63,20 +61,13 @@ def _list(options: argparse.Namespace) -> None:
     for run in runs:
         read_run(run, root)
     link_resumed(runs)
-    if options.storage and not sweep_folders:  # a store given for nothing would be a silent no-op
-        raise UserError(
-            f"--storage names a sweep's database, and there is no sweep below {root} (runs/sweeps/<study>/) "
-            "to read it for: leave --storage out, or give the FOLDER that holds the sweep"
-        )
-    sweeps = [read_sweep(folder, relative(folder, root), root, options.storage) for folder in sweep_folders]
-    every_run = runs  # a cross-validation's summary is of all its folds, whichever --status is listed
+    below = "".join(f"{printable(line)}\n" for folder in sweep_folders for line in summary(folder, root, runs))
     if options.status:
         runs = [run for run in runs if run.status in options.status]
     if not runs:
         which = f" with status {' or '.join(options.status)}" if options.status else ""
         raise UserError(f"no runs{which} below {root} (a run folder holds config.yaml, and metrics.csv or run.json)")
-    trials = {id(run): trial for run in runs if (trial := trial_of(run, sweeps)) is not None}
-    table = Table(runs, trials)
+    table = Table(runs)
     sort = options.sort
     if sort:
         descending = options.desc or sort.startswith("-")
@@ -84,7 +75,6 @@ def _list(options: argparse.Namespace) -> None:
             table.sort(sort.removeprefix("-") if sort not in table.columns else sort, descending)
         except ValueError as err:
             raise UserError(str(err)) from None
-    below = "".join(f"{printable(line)}\n" for sweep in sweeps for line in sweep.summary(every_run))
     sys.stdout.write(FORMATS[options.format](table) + (f"\n{below}" if below and options.format != "csv" else ""))
     for name in ("csv", "markdown"):
         path = getattr(options, name)

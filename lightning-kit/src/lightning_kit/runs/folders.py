@@ -26,15 +26,18 @@ import yaml
 from ..config_files import read_config_file
 from ..errors import UserError, first_line
 from ..files import open_regular
-from ..metric_logs import epoch_columns, read_metric_log
+from ..metric_logs import epoch_columns
 from ..passwords import scrubbed
 from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
+from ..stores import STUDY_FILE
 
-CONFIG_FILE, METRICS_FILE, STUDY_FILE = "config.yaml", "metrics.csv", "study.json"
+CONFIG_FILE, METRICS_FILE = "config.yaml", "metrics.csv"
 EVALUATIONS = ("validate", "test", "predict")
 FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # what fit ending well left, before run.json
 # run.json and study.json are a few lines; metrics.csv grows a row per logging call. (config.yaml: config_files.)
 MAX_RECORD_BYTES, MAX_METRICS_BYTES = 1 << 20, 64 << 20
+# An epoch number above this is not one Lightning wrote (nor a float's 1e300, nor inf).
+MAX_EPOCH = 10**9
 # The best checkpoint of a project from before run.json named its monitor: the best validation accuracy.
 DEFAULT_MONITOR = ("val/acc", "max")
 # Settings that say where a run wrote, not how it trained: never a difference between runs.
@@ -281,9 +284,24 @@ def flatten(config: Any) -> dict[str, Any]:
 
 
 def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
-    """A ``metrics.csv`` by epoch, without a last line that has no newline yet (being written)."""
+    """A CSVLogger's ``metrics.csv`` (a row per logging call): each column's value at each epoch (its last there),
+    ``{column: {epoch: value}}``, without a last line that has no newline yet (being written). ValueError names the
+    line that is no metrics row."""
     text = read_text(path, root, MAX_METRICS_BYTES)
-    return read_metric_log(io.StringIO(text[: text.rfind("\n") + 1]))
+    epochs: dict[str, dict[int, float]] = {}
+    for line, row in enumerate(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])), start=2):
+        if not row.get("epoch"):
+            continue
+        try:
+            epoch = float(row["epoch"])
+            if not (math.isfinite(epoch) and epoch.is_integer() and 0 <= epoch <= MAX_EPOCH):
+                raise ValueError(f"epoch {row['epoch']!r} is not an epoch number, a whole number from 0 to {MAX_EPOCH}")
+            for column, value in row.items():
+                if value and isinstance(column, str) and column not in ("epoch", "step"):
+                    epochs.setdefault(column, {})[int(epoch)] = float(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"line {line} is not a metrics row ({err})") from None
+    return epochs
 
 
 def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import printable
 from .folders import Run, best_epoch, best_file, latest_file
 
-# Before the hyperparameters, and after them. A sweep's trials add "trial" and "state" after "run".
+# Before the hyperparameters, and after them.
 FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")
 _MISSING = object()
 
@@ -25,28 +25,24 @@ class Table:
     epoch (or, for a run that monitors no metric, the last validated one) and its validation metrics, the test
     metrics, the duration, the best (or latest) checkpoint and notes."""
 
-    def __init__(self, runs: Sequence[Run], trials: dict[int, tuple[int, str]] | None = None) -> None:
-        trials = trials or {}
+    def __init__(self, runs: Sequence[Run]) -> None:
         self.hyperparameters = differing(runs)
         rows, val, test = [], [], []
         for run in runs:
-            row, validation = self._row(run, trials.get(id(run)))
+            row, validation = self._row(run)
             rows.append(row)
             val += validation
             test += run.test
         val, test = _ordered(val), _ordered(test)
         self.metrics = set(val) | set(test)
-        sweep = ["trial", "state"] if trials else []
-        self.columns = [FIRST[0], *sweep, *FIRST[1:], *self.hyperparameters, "best_epoch", *val, *test, *LAST]
+        self.columns = [*FIRST, *self.hyperparameters, "best_epoch", *val, *test, *LAST]
         self.rows = rows
 
-    def _row(self, run: Run, trial: tuple[int, str] | None) -> tuple[dict[str, Any], list[str]]:
+    def _row(self, run: Run) -> tuple[dict[str, Any], list[str]]:
         """The run's row, and the names of its validation metrics."""
         epoch, val, last = best_epoch(run)
         shown = LastEpoch(epoch) if last is not None and epoch is not None else epoch
         row = {"run": run.name, "started": run.started, "status": run.status, "best_epoch": shown, **val, **run.test}
-        if trial is not None:
-            row["trial"], row["state"] = trial
         row.update({key: _setting(run.settings.get(key, _MISSING)) for key in self.hyperparameters})
         checkpoint = run.best_checkpoint or (best_file(run, epoch) if last is None else latest_file(run))
         notes = [*run.notes, *([last] if last else [])]

@@ -1,8 +1,5 @@
-"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked.
-
-``Classifier`` serves a model of images or tokens (its class probabilities); ``Tensors`` a model of tensors (its
-outputs as they are).
-"""
+"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked; inputs
+of different shapes (sequences or clips of different lengths) are run in one batch per shape."""
 
 import os
 from collections import defaultdict
@@ -16,7 +13,7 @@ from fastapi.responses import JSONResponse
 from torch.export.passes import move_to_device_pass
 
 from . import tensors
-from .model_file import ModelInfo, load_program
+from .model_file import ModelInfo, read_model
 from .stopping import ModelProcessGuard
 
 # The response header that says how many requests the model answered together with this one.
@@ -35,7 +32,7 @@ def cpu_threads(workers: int) -> int:
 
 
 class _Model(ls.LitAPI):
-    """The model of a file, loaded in each model process: what the kinds of model share."""
+    """The model of a file, loaded in each model process."""
 
     def __init__(
         self,
@@ -48,7 +45,7 @@ class _Model(ls.LitAPI):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.model_info = model
         self.cpu_threads = cpu_threads
-        self.guard = guard  # how the model process takes SIGTERM (see stopping); None: as by default
+        self.guard = guard  # how the model process takes SIGTERM (stopping)
 
     def setup(self, device: str) -> None:
         if self.guard is not None:
@@ -58,77 +55,56 @@ class _Model(ls.LitAPI):
             # threads that wait for a busy core: on 2 cores, a batch of 32 took 5x as long with 2 threads as with 1.
             torch.set_num_threads(self.cpu_threads)
         # LitServe hands each worker its device; torch.export's own pass moves the program's weights there.
-        self.model = move_to_device_pass(load_program(self.model_info.path), device).module()
+        self.model = move_to_device_pass(read_model(self.model_info.path)[0], device).module()
         self.device = device
 
     def decode_request(self, request: Annotated[np.ndarray, Depends(read_input)]) -> np.ndarray:
         return request  # read, checked and decoded by read_input, one request at a time
 
     def batch(self, inputs: list) -> list:
-        return inputs  # stacked in predict
+        return inputs  # stacked in predict, one batch per shape
 
     @torch.inference_mode()
-    def predict(self, inputs: list) -> list:
+    def predict(self, inputs: list) -> list[tuple[object, int]]:
+        """Each input's answer, and the size of the batch it was run in."""
         if not isinstance(inputs, list):  # max_batch_size 1: LitServe hands over one input, not a list
-            return self._predict([inputs])[0]
-        return self._predict(inputs)
+            return self.predict([inputs])[0]
+        by_shape = defaultdict(list)
+        for index, item in enumerate(inputs):
+            arrays = item.values() if isinstance(item, dict) else [item]  # a model of tensors: one per input
+            by_shape[tuple(array.shape for array in arrays)].append(index)
+        outputs: list[tuple[object, int]] = [(None, 0)] * len(inputs)
+        for indices in by_shape.values():
+            for index, answer in zip(indices, self._run([inputs[index] for index in indices]), strict=True):
+                outputs[index] = (answer, len(indices))
+        return outputs
 
     def unbatch(self, outputs: list) -> list:
         return outputs
 
-    def _predict(self, inputs: list) -> list:
-        """Each input's answer, and the size of the batch it was run in."""
-        raise NotImplementedError
+    def encode_response(self, output: tuple[object, int]) -> JSONResponse:
+        answer, batch_size = output
+        return JSONResponse(self._content(answer), headers={BATCH_SIZE_HEADER: str(batch_size)})
 
 
 class Classifier(_Model):
-    """Answers each input with the predicted class and every class's probability, by name.
+    """Answers each input of images or tokens with the predicted class and every class's probability, by name."""
 
-    Concurrent requests are batched by LitServe, up to ``max_batch_size`` of them or what
-    came within ``batch_timeout`` seconds of the first; inputs of different shapes (token
-    sequences of different lengths) are run in one batch per shape.
-    """
+    def _run(self, inputs: list[np.ndarray]) -> list[list[float]]:
+        return self.model(torch.as_tensor(np.stack(inputs), device=self.device)).tolist()
 
-    def encode_response(self, output: tuple[list[float], int]) -> JSONResponse:
-        probabilities, batch_size = output
+    def _content(self, probabilities: list[float]) -> dict:
         names = self.model_info.class_names
         best = max(range(len(names)), key=probabilities.__getitem__)
-        content = {"predicted": names[best], "probabilities": dict(zip(names, probabilities, strict=True))}
-        return JSONResponse(content, headers={BATCH_SIZE_HEADER: str(batch_size)})
-
-    def _predict(self, inputs: list[np.ndarray]) -> list[tuple[list[float], int]]:
-        """Each input's probabilities, and the size of the batch it was run in."""
-        by_shape = defaultdict(list)
-        for index, array in enumerate(inputs):
-            by_shape[array.shape].append(index)
-        outputs: list[tuple[list[float], int]] = [([], 0)] * len(inputs)
-        for indices in by_shape.values():
-            batch = torch.as_tensor(np.stack([inputs[index] for index in indices]), device=self.device)
-            for index, row in zip(indices, self.model(batch).tolist(), strict=True):
-                outputs[index] = (row, len(indices))
-        return outputs
+        return {"predicted": names[best], "probabilities": dict(zip(names, probabilities, strict=True))}
 
 
 class Tensors(_Model):
-    """Answers each example with the model's outputs for it, as they are: ``{"outputs": ...}`` (``tensors``).
+    """Answers each example with the model's outputs for it, as they are: ``{"outputs": ...}`` (``tensors``)."""
 
-    Concurrent requests are batched by LitServe as for ``Classifier``; examples of different shapes (clips
-    of different lengths, where a size varies) are run in one batch per shape.
-    """
+    def _run(self, inputs: list[dict[str, np.ndarray]]) -> list:
+        args, kwargs = tensors.arguments(inputs, self.model_info, self.device)
+        return tensors.answers(self.model(*args, **kwargs), len(inputs))
 
-    def encode_response(self, output: tuple[object, int]) -> JSONResponse:
-        outputs, batch_size = output
-        return JSONResponse({"outputs": outputs}, headers={BATCH_SIZE_HEADER: str(batch_size)})
-
-    def _predict(self, inputs: list[dict[str, np.ndarray]]) -> list[tuple[object, int]]:
-        """Each example's outputs, and the size of the batch it was run in."""
-        by_shape = defaultdict(list)
-        for index, example in enumerate(inputs):
-            by_shape[tuple(array.shape for array in example.values())].append(index)
-        outputs: list[tuple[object, int]] = [(None, 0)] * len(inputs)
-        for indices in by_shape.values():
-            args, kwargs = tensors.arguments([inputs[index] for index in indices], self.model_info, self.device)
-            answers = tensors.answers(self.model(*args, **kwargs), len(indices))
-            for index, answer in zip(indices, answers, strict=True):
-                outputs[index] = (answer, len(indices))
-        return outputs
+    def _content(self, outputs: object) -> dict:
+        return {"outputs": outputs}

@@ -1,11 +1,8 @@
 """A ``.pt2`` archive read within bounds: what ``torch.export.save`` writes for a plain program, and nothing more.
 
-The archive's directory is read first: an entry that a plain program does not have, an entry
-twice, encryption, an unknown compression, or sizes past their bounds are refused before
-anything is inflated. Each entry is then read as a stream that stops at its bound, whatever its
-header says, into a copy of the archive with every entry stored, so PyTorch inflates nothing.
-Weights and constants that only unpickling could load are refused (``model_file`` says what
-else a file must be to be served).
+The archive's directory is checked before anything is inflated (unknown entries, an entry twice, encryption, an
+unknown compression, sizes past their bounds); each entry is then read in chunks, which zipfile stops at the size
+the directory says (checking its CRC), into a copy with every entry stored, so PyTorch inflates nothing.
 """
 
 import io
@@ -26,11 +23,10 @@ _SAVED_ENTRIES = re.compile(
 )
 _PAYLOAD_CONFIGS = re.compile(r"[^/]+/data/(weights|constants)/[^/]+_config\.json")
 _TENSOR_CONSTANT = "tensor_"  # torch.export's TENSOR_CONSTANT_FILENAME_PREFIX: a tensor stored raw, not pickled
-# Bounds on what an archive's entries inflate to, checked in its directory before anything is read. Together: a few
-# times the file's size (torch.export.save stores them uncompressed, 1x), or MIN_TOTAL_BYTES for a small file.
+# Together the entries may inflate to a few times the file's size (torch.export.save stores them uncompressed, 1x),
+# or MIN_TOTAL_BYTES for a small file; each extra file, and each other record but the weights and constants, less.
 INFLATION = 4
 MIN_TOTAL_BYTES = 64 * 1024 * 1024
-# Each extra file (the class names, what the inputs are) and each other record but the weights and constants.
 MAX_EXTRA_BYTES = 4 * 1024 * 1024
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 100_000
@@ -44,8 +40,7 @@ class ModelFileError(UserError):
 
 
 def stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
-    """Refuse, unread, an archive that holds anything but a plain program, or whose entries inflate past their
-    bounds; else a copy of it with every entry stored, each read as a stream that stops at its bound."""
+    """The archive in ``file`` (``size`` bytes), checked as the module says, as a copy with every entry stored."""
     with zipfile.ZipFile(file) as archive:
         entries = archive.infolist()
         if len(entries) > MAX_ENTRIES:
@@ -62,7 +57,7 @@ def stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
         configs = {}
         with zipfile.ZipFile(copy, "w", zipfile.ZIP_STORED) as stored:
             for entry in entries:
-                data = _bounded_read(path, archive, entry, _total_bound(size))
+                data = _read(path, archive, entry)
                 if _PAYLOAD_CONFIGS.fullmatch(entry.filename):
                     configs[entry.filename] = data
                 stored.writestr(zipfile.ZipInfo(entry.filename, entry.date_time), data)
@@ -72,21 +67,9 @@ def stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
     return copy
 
 
-def _bound(entry: zipfile.ZipInfo, total: int) -> int:
-    """The most bytes ``entry`` may inflate to, by what it is, in an archive whose entries may hold ``total``."""
-    if _PAYLOAD.fullmatch(entry.filename) and not _PAYLOAD_CONFIGS.fullmatch(entry.filename):
-        return total  # weights and constants: as large as the model is
-    return min(total, MAX_EXTRA_BYTES if _EXTRA.fullmatch(entry.filename) else MAX_RECORD_BYTES)
-
-
-def _total_bound(size: int) -> int:
-    """The most bytes the entries of an archive of ``size`` bytes may inflate to, together."""
-    return max(INFLATION * size, MIN_TOTAL_BYTES)
-
-
 def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
     """Refuse an archive whose directory says its entries inflate past their bounds: nothing is read."""
-    total = _total_bound(size)
+    total = max(INFLATION * size, MIN_TOTAL_BYTES)
     for entry in entries:
         if entry.flag_bits & 0x1:
             raise ModelFileError(f"{path} holds {entry.filename} encrypted, as no exported program is: refused")
@@ -95,7 +78,10 @@ def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
                 f"{path} holds {entry.filename} compressed as no exported program is (method {entry.compress_type}): "
                 "refused"
             )
-        bound = _bound(entry, total)
+        if _PAYLOAD.fullmatch(entry.filename) and not _PAYLOAD_CONFIGS.fullmatch(entry.filename):
+            bound = total  # weights and constants: as large as the model is
+        else:
+            bound = min(total, MAX_EXTRA_BYTES if _EXTRA.fullmatch(entry.filename) else MAX_RECORD_BYTES)
         if entry.file_size > bound:
             raise ModelFileError(
                 f"{path} holds {entry.filename}, which inflates to {entry.file_size:,} bytes, more than the "
@@ -109,44 +95,33 @@ def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
         )
 
 
-def _bounded_read(path: Path, archive: zipfile.ZipFile, entry: zipfile.ZipInfo, total: int) -> bytes:
-    """``entry``'s bytes, read as a stream that stops once it holds more than its directory says (or its bound)."""
-    limit = min(entry.file_size, _bound(entry, total))
-    chunks, read = [], 0
+def _read(path: Path, archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> bytes:
+    """``entry``'s bytes: zipfile's stream inflates at most a chunk at a time and stops at the directory's size."""
+    chunks = []
     try:
         with archive.open(entry) as stream:
-            while read <= limit:
-                chunk = stream.read(min(_CHUNK, limit + 1 - read))
-                if not chunk:
-                    break
+            while chunk := stream.read(_CHUNK):
                 chunks.append(chunk)
-                read += len(chunk)
-    except (
-        zipfile.BadZipFile,
-        EOFError,
-        zlib.error,
-    ) as err:  # a checksum or a stream that disagrees with the directory
+    except (zipfile.BadZipFile, EOFError, zlib.error) as err:  # a CRC or a stream that disagrees with the directory
         raise ModelFileError(f"{path} is damaged: {entry.filename} cannot be read ({err}): refused") from err
-    if read != entry.file_size:
-        raise ModelFileError(
-            f"{path} is damaged: {entry.filename} holds {'more' if read > limit else 'fewer'} bytes than its "
-            f"directory says ({entry.file_size:,}): refused"
-        )
-    return b"".join(chunks)
+    data = b"".join(chunks)
+    if len(data) != entry.file_size:
+        raise ModelFileError(f"{path} is damaged: {entry.filename} is shorter than its directory says: refused")
+    return data
 
 
 def _check_payloads(path: Path, configs: dict[str, bytes]) -> None:
-    """Refuse weights and constants that only unpickling could load: nothing in the file is unpickled."""
+    """Refuse weights and constants that only unpickling could load (custom and opaque objects are pickles)."""
     for name, text in configs.items():
         try:
             entries = json.loads(text)["config"].values()
-            pickled = [entry for entry in entries if entry["use_pickle"] or not _raw(name, entry)]
+            pickled = [
+                entry
+                for entry in entries
+                if entry["use_pickle"]
+                or ("/data/weights/" not in name and not str(entry["path_name"]).startswith(_TENSOR_CONSTANT))
+            ]
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ModelFileError(f"{path} is damaged: {name} cannot be read ({err})") from err
         if pickled:
             raise ModelFileError(f"{path} stores objects that only unpickling can load: refused, nothing was loaded")
-
-
-def _raw(config_name: str, entry: dict) -> bool:
-    """Whether a weight or constant is stored as raw tensor bytes (custom and opaque objects are pickles)."""
-    return "/data/weights/" in config_name or str(entry["path_name"]).startswith(_TENSOR_CONSTANT)

@@ -3,25 +3,19 @@
     python -m lightning_kit.serve runs/lightning_logs/version_3/model.pt2
     python -m my_project.serve --ckpt_path last --port 8080     # a project's: exported by its command line
 
-``POST /predict`` takes what the model file says its model takes (the export records it):
+``POST /predict`` takes what the model file says its model takes:
 
-- a model of images: an image file (the body, or the one file of a multipart form); a model of
-  token sequences: JSON ``{"tokens": [token ids]}``. Either answers JSON ``{"predicted": name,
-  "probabilities": {name: p, ...}}``.
-- a model of tensors: JSON ``{"<input name>": one example, ...}``, each of forward's inputs by
-  name, as nested lists of its recorded shape (no batch dimension: the server batches requests)
-  and of numbers of its dtype, e.g. ``{"history": [[0.1, 0.5], ...]}`` for a ``(24, 2)`` float32
-  input. It answers ``{"outputs": ...}``: what forward returned for that example, nested lists
-  for a tensor, a list for a tuple, an object by name for a dict (``null`` for a number that
-  is not finite).
+- a model of images: an image file (the body, or the one file of a multipart form); of token sequences: JSON
+  ``{"tokens": [token ids]}``. Either answers ``{"predicted": name, "probabilities": {name: p, ...}}``.
+- a model of tensors: JSON ``{"<input name>": one example, ...}``, each of forward's inputs as nested lists of its
+  recorded shape (no batch dimension) and numbers of its dtype, e.g. ``{"history": [[0.1, 0.5], ...]}`` for a
+  ``(24, 2)`` float32 input. It answers ``{"outputs": ...}``: forward's outputs for that example, nested lists for a
+  tensor, a list for a tuple, an object for a dict (``null`` for a number that is not finite).
 
-Each answer has the batch it was run in as the ``X-Batch-Size`` header; ``GET /health`` answers
-``ok`` once the model is loaded. A bad request answers 4xx with a JSON ``detail`` (400 for what
-the model cannot take, 413 for a body over ``--max_body_bytes``, 415 for a wrong Content-Type)
-and never reaches the model. SIGTERM stops the server: it stops taking connections, answers every
-request it had taken (one that cannot be answered in time gets LitServe's 504), and exits 0.
-Until it is ready it says what it is doing (reading the model file, checking it, starting its
-workers), then prints ``ready``. Needs the ``serve`` extra: ``pip install -e ".[serve]"``.
+Each answer has its batch's size as the ``X-Batch-Size`` header; ``GET /health`` answers ``ok`` once the model is
+loaded. A bad request answers 4xx with a JSON ``detail`` (400 for what the model cannot take, 413 for a body over
+``--max_body_bytes``, 415 for a wrong Content-Type) and never reaches the model. SIGTERM: see ``stopping``. Needs the
+``serve`` extra: ``pip install -e ".[serve]"``.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ from ..upstream.litserve import accelerator as chosen_accelerator
 from .model_file import ModelInfo, read_model
 from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
 
-# Serving a model file needs PyTorch and LitServe, not Lightning, so it is not imported then: the server, and each
-# of its model processes, imports in about 4 CPU-s instead of 6.5. Lightning and a command line come with --ckpt_path.
+# Serving a model file imports no Lightning (about 4 CPU-s per process instead of 6.5); --ckpt_path does.
 if TYPE_CHECKING:
     from ..cli import KitCLI
 
@@ -72,8 +65,8 @@ MAX_SECONDS = 86_400
 def parser(
     prog: str | None = None, export_command: str = EXPORT_COMMAND, train_command: str = GENERIC_COMMAND
 ) -> argparse.ArgumentParser:
-    """The command's options; ``prog`` names it, ``export_command`` the command that writes its model files and
-    ``train_command`` the command line that builds the model of a checkpoint (``--ckpt_path``)."""
+    """The command's options; ``export_command`` writes its model files, ``train_command`` builds a checkpoint's
+    model (``--ckpt_path``)."""
     described = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.serve"),
         description=__doc__.split("\n\n")[0],
@@ -120,12 +113,8 @@ def _bounded(kind, low, high=None, low_open=False):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text}: {expected}") from None
-        if (
-            not math.isfinite(value)
-            or value < low
-            or (low_open and value == low)
-            or (high is not None and value > high)
-        ):
+        above_low = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above_low and (high is None or value <= high)):
             raise argparse.ArgumentTypeError(f"{text}: {expected}")
         return value
 
@@ -136,8 +125,7 @@ def _bounded(kind, low, high=None, low_open=False):
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, prog: str | None = None) -> None:
     """Serve the model file ``args`` name, or the checkpoint of ``--ckpt_path`` exported by ``cli_class`` (the
-    project's ``KitCLI``; by default ``GenericCLI``, which takes ``--model`` and ``--data``); ``prog`` names the
-    command in messages."""
+    project's ``KitCLI``; by default ``GenericCLI``); ``prog`` names the command in messages."""
     check_installation(cli_class.__module__ if cli_class is not None else None)
     export_command = EXPORT_COMMAND if cli_class is None else export_command_of(cli_class)
     train_command = GENERIC_COMMAND if cli_class is None else cli_class.command
@@ -178,8 +166,8 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
 
 @contextmanager
 def _one_line_errors() -> Iterator[None]:
-    """A mistake in the model file or the flags as one line, the password of none shown (``messages``'
-    ``errors_as_messages`` knows a run's errors too, and imports Lightning): the server's own errors are bugs."""
+    """A mistake in the model file or the flags as one line, no password shown (``messages.errors_as_messages``
+    imports Lightning): the server's own errors are bugs."""
     try:
         yield
     except UserError as err:
@@ -187,7 +175,7 @@ def _one_line_errors() -> Iterator[None]:
 
 
 def _size(path: Path) -> str:
-    """`` (12.3 MB)``: the size of the file at ``path``, or nothing where it cannot be told (then reading says why)."""
+    """`` (12.3 MB)``, or nothing where it cannot be told (then reading says why)."""
     try:
         size = path.stat().st_size
     except OSError:
@@ -232,8 +220,8 @@ def export_command_of(cli_class: type[KitCLI]) -> str:
 
 @contextmanager
 def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCLI] | None = None) -> Iterator[Path]:
-    """The model file to serve: the one given, or ``--ckpt_path`` exported (its model built by ``cli_class``, by
-    default ``GenericCLI``) into a temporary folder."""
+    """The model file to serve: the one given, or ``--ckpt_path`` exported by ``cli_class`` into a temporary
+    folder."""
     if known.model is not None:
         yield Path(known.model)
         return
@@ -254,7 +242,7 @@ def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCL
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Refuse, in one line, a port another program is answering at (before the model's workers start)."""
+    """Refuse, in one line, a port in use (before the model's workers start)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
         try:
@@ -289,7 +277,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     server.uvicorn_graceful_timeout = graceful_s
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
     server.app.state.lit_server = server  # the HTTP servers wait for its model workers (Stopper.http_server_class)
-    logging.getLogger("litserve.server").addFilter(stopper.shutdown_noise())
+    logging.getLogger("litserve.server").addFilter(stopper.shutdown_noise)
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
     server.app.state.ready_line = f"ready: serving {model.path} at {address}/predict"
     workers = len(server.devices) * known.workers_per_device

@@ -1,17 +1,12 @@
 """A request's input, read and checked in the HTTP server before it is queued for the model.
 
-Each request is checked on its own, before batching: LitServe fails a whole batch when
-``decode_request`` raises for one of its requests, so a bad request here answers its own
-4xx (with a JSON ``detail``) and never reaches the model or its batch-mates. Decoding here
-also runs beside the model, in threads, instead of before it in the model's process.
-
-What a request holds is what the model file says its model takes (``ModelInfo.kind``): an
-image file for a model of images, JSON token ids for a model of token sequences, a JSON object
-of one example of each named input for a model of tensors (``tensors`` decodes and checks it).
+Each request is checked on its own: LitServe fails a whole batch when ``decode_request`` raises for one of its
+requests, so a bad request here answers its own 4xx and never reaches the model or its batch-mates. Decoding here
+also runs beside the model, in threads, not before it in the model's process.
 """
 
-import json
 import os
+from dataclasses import replace
 from functools import partial
 
 import anyio
@@ -22,41 +17,29 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from ..data.image_decoding import ImageTooLargeError, UnreadableImageError, decode_image
-from ..model_format import IMAGES, TENSORS, TOKENS
+from ..model_format import IMAGES, TOKENS, TensorInput
 from . import tensors
 from .model_file import ModelInfo
 
-# What POST /predict takes, for each kind of model: an image file as the body, or a multipart form holding
-# one; or a JSON object with the token ids (a model of tensors: with its inputs, as ``tensors.accepted`` says).
-ACCEPTED = {
-    IMAGES: "an image file as the body (Content-Type image/... or application/octet-stream), or a form with one file",
-    TOKENS: 'JSON {"tokens": [token ids]} (Content-Type application/json)',
-}
+# What POST /predict takes for a model of images, as messages say it (of tokens or tensors: ``tensors.accepted``).
+IMAGE_FILE = "an image file as the body (Content-Type image/... or application/octet-stream), or a form with one file"
 # The size from which a JSON body of tensors is decoded in a thread, not in the event loop (a few milliseconds).
 DECODED_IN_THREAD = 64 * 1024
 
 
-def accepted(model: ModelInfo) -> str:
-    """What ``POST /predict`` takes for ``model``, as its messages say it."""
-    return tensors.accepted(model) if model.kind == TENSORS else ACCEPTED[model.kind]
-
-
 class InputReader:
-    """Reads the input of one request: the body, within ``max_body_bytes``, checked and made the model's input.
-
-    Args:
-        model: What the model takes: images, token ids or tensors (``model.kind``).
-        max_body_bytes: The largest body accepted; a larger one is refused (413) when its
-            ``Content-Length`` says so, before it is read, and otherwise once that much has come.
-        max_pixels: The most pixels an image may have; a larger one is refused from its header (413).
-            Only a model of images reads images.
-    """
+    """Reads the input of one request for ``model``: the body (refused, 413, past ``max_body_bytes``), checked and
+    made the model's input; an image of more than ``max_pixels`` is refused from its header (413)."""
 
     def __init__(self, model: ModelInfo, max_body_bytes: int, max_pixels: int) -> None:
         self.model = model
         self.max_body_bytes = max_body_bytes
         self.max_pixels = max_pixels
         self._decoders: anyio.CapacityLimiter | None = None  # made in the event loop, on the first image
+        # Token ids are checked as one int64 input of the lengths, and the ids below vocab_size, the model takes.
+        tokens = (TensorInput("tokens", "int64", (None,), (model.lengths,)),)
+        self._json = replace(model, inputs=tokens, index_rows=(model.vocab_size,)) if model.kind == TOKENS else model
+        self._accepted = IMAGE_FILE if model.kind == IMAGES else tensors.accepted(self._json)
 
     async def __call__(self, request: Request) -> np.ndarray | dict[str, np.ndarray]:
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -64,16 +47,15 @@ class InputReader:
         if self.model.kind == IMAGES:
             return await self._image(request, media_type, body)
         if media_type and media_type != "application/json":
-            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {accepted(self.model)}")
+            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {self._accepted}")
         if not body:
-            raise HTTPException(400, f"the body is empty: send {accepted(self.model)}")
-        if self.model.kind == TENSORS:
-            decode = partial(tensors.decode, body, self.model)
-            try:  # a large body in a thread, so that the others' requests are read meanwhile
-                return await anyio.to_thread.run_sync(decode) if len(body) > DECODED_IN_THREAD else decode()
-            except tensors.RequestError as err:
-                raise HTTPException(err.status, str(err)) from err
-        return self._tokens(body)
+            raise HTTPException(400, f"the body is empty: send {self._accepted}")
+        decode = partial(tensors.decode, body, self._json)
+        try:  # a large body in a thread, so that the others' requests are read meanwhile
+            decoded = await anyio.to_thread.run_sync(decode) if len(body) > DECODED_IN_THREAD else decode()
+        except tensors.RequestError as err:
+            raise HTTPException(err.status, str(err)) from err
+        return decoded["tokens"] if self.model.kind == TOKENS else decoded
 
     async def _body(self, request: Request) -> bytes:
         """The body, refused (413) once it is longer than ``max_body_bytes``: by its Content-Length, or as it comes."""
@@ -95,13 +77,12 @@ class InputReader:
 
     async def _image(self, request: Request, media_type: str, body: bytes) -> np.ndarray:
         """The pixels of an image file (the body, or a form's one file), ``(3, size, size)`` as the model takes them."""
-        shown = accepted(self.model)
         if media_type == "multipart/form-data":
             body = await self._form_file(request, body)
         elif media_type and media_type != "application/octet-stream" and not media_type.startswith("image/"):
-            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {shown}")
+            raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {self._accepted}")
         if not body:
-            raise HTTPException(400, f"the image is empty: send {shown}")
+            raise HTTPException(400, f"the image is empty: send {self._accepted}")
         if self._decoders is None:
             self._decoders = anyio.CapacityLimiter(os.cpu_count() or 1)  # a few large images at a time, not 40
         decode = partial(decode_image, body, self.model.image_size, self.max_pixels)
@@ -110,7 +91,9 @@ class InputReader:
         except ImageTooLargeError as err:
             raise HTTPException(413, f"{err}: send a smaller image") from err
         except UnreadableImageError as err:
-            raise HTTPException(400, f"the body is not an image that can be read ({err}): send {shown}") from err
+            raise HTTPException(
+                400, f"the body is not an image that can be read ({err}): send {self._accepted}"
+            ) from err
         return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
     async def _form_file(self, request: Request, body: bytes) -> bytes:
@@ -119,34 +102,14 @@ class InputReader:
         async def stream():
             yield body
 
-        shown = accepted(self.model)
         try:
             form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=100).parse()
         except MultiPartException as err:
-            raise HTTPException(400, f"the form cannot be read ({err.message}): send {shown}") from err
+            raise HTTPException(400, f"the form cannot be read ({err.message}): send {self._accepted}") from err
         files = [value for value in form.values() if isinstance(value, UploadFile)]
         if not files:
-            raise HTTPException(400, f"the form holds no file: send {shown}")
+            raise HTTPException(400, f"the form holds no file: send {self._accepted}")
         try:
             return await files[0].read()
         finally:
             await form.close()
-
-    def _tokens(self, body: bytes) -> np.ndarray:
-        """The token ids of a JSON body, checked against the model's vocabulary and lengths."""
-        shown = accepted(self.model)
-        try:
-            given = json.loads(body)
-        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-            raise HTTPException(400, f"the body is not JSON ({err}): send {shown}") from err
-        tokens = given.get("tokens") if isinstance(given, dict) else None
-        if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
-            raise HTTPException(400, f"expected {shown}, with whole numbers as the ids")
-        fewest, most = self.model.lengths
-        if not fewest <= len(tokens) <= most:
-            raise HTTPException(400, f"{len(tokens)} tokens: the model takes from {fewest} to {most} tokens")
-        vocab_size = self.model.vocab_size
-        outside = [token for token in tokens if not 0 <= token < vocab_size]
-        if outside:
-            raise HTTPException(400, f"token id {outside[0]} is outside the vocabulary: ids lie in [0, {vocab_size})")
-        return np.array(tokens, dtype=np.int64)

@@ -1,39 +1,26 @@
 """The exported model a server serves: its ``.pt2`` file read as data and checked before the server starts.
 
-``torch.export.load`` unpickles parts of a ``.pt2`` file: its sample inputs with
-``torch.load`` (falling back to ``weights_only=False`` when the safe load fails), weights
-and constants marked ``use_pickle`` with ``weights_only=False``, and custom and opaque
-objects with ``pickle.loads``; and the graph names the functions it calls. A file from
-elsewhere could run code through any of these, so a file is loaded only when
-
-- it holds nothing but what ``torch.export.save`` writes for a plain program (no compiled
-  AOTInductor libraries, no pickled weights, constants or objects: refused unread);
-- every ``torch.load`` it makes is forced to ``weights_only`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``);
-- its graph calls only PyTorch's tensor operations (ATen) and ``operator.getitem``.
-
-A file is read with bounds (``archive``): every entry's size is checked in the archive's
-directory before anything is inflated, and read as a stream that stops at its bound, into an
-archive of stored entries that PyTorch loads: PyTorch inflates nothing. What the extra files claim (the kind and
-size of the inputs, the class names; for a model of tensors, each input's name, dtype and shape
-and how it is passed) is checked against the program's own signature and output before a server
-is started.
-
-Tested with PyTorch 2.14 (``torch.export.pt2_archive``). What a model of tensors claims is checked
-in ``tensor_claims``.
+``torch.export.load`` unpickles parts of a ``.pt2`` file (its sample inputs with ``torch.load``, falling back to
+``weights_only=False``; weights and constants marked ``use_pickle``; custom and opaque objects with
+``pickle.loads``), and its graph names the functions it calls. So a file is loaded only when it holds nothing but
+what ``torch.export.save`` writes for a plain program (``archive``, which reads it within bounds), every
+``torch.load`` is forced to ``weights_only`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), and its graph calls only ATen
+operations and ``operator.getitem``. What its extra files claim is checked against the program's own signature and
+output (a model of tensors' in ``tensor_claims``). Tested with PyTorch 2.14 (``torch.export.pt2_archive``).
 """
 
 import io
 import json
 import logging
+import logging.handlers
 import operator
 import os
 import sys
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.export import ExportedProgram
@@ -49,22 +36,19 @@ from ..model_format import (
     TOKENS,
     TensorInput,
     constant_size,
+    size_range,
 )
 from ..upstream.torch import is_aten_operation
 from .archive import ModelFileError, stored_copy
-from .tensor_claims import check_tensor_claims
+from .tensor_claims import check_tensor_claims, embedding_rows
+
+WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the server needs to know of an exported model to check requests before they reach it.
-
-    ``kind`` says what a request holds: ``IMAGES`` (an image file, resized to ``image_size``),
-    ``TOKENS`` (token ids in ``[0, vocab_size)``, as many as ``lengths`` allows) or ``TENSORS``
-    (each of ``inputs`` by name, one example of its dtype and shape); the other kinds' fields are
-    None or empty. A model of images or tokens answers the probabilities of ``class_names``; one of
-    tensors its outputs as they are (``answers`` describes them), and has no class names.
-    """
+    """What the server needs to know of an exported model to check requests before they reach it: the fields of
+    its ``kind`` (``model_format``); the other kinds' are None or empty."""
 
     path: Path
     class_names: tuple[str, ...]
@@ -84,23 +68,26 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
     path = Path(path)
     stored = _read_archive(path, export_command)
     extra = {CLASS_NAMES_FILE: "", INPUT_FILE: ""}
+    # What torch.export logs is kept, not printed (a traceback, for a damaged file refused in one line): PyTorch's
+    # loggers have handlers of their own, so those are set aside too, not only the propagation.
+    logger, kept = logging.getLogger("torch.export"), logging.handlers.BufferingHandler(capacity=sys.maxsize)
+    forced = os.environ.get(WEIGHTS_ONLY)
+    os.environ[WEIGHTS_ONLY] = "1"  # one variable set and put back: mock.patch.dict would rewrite the whole environment
     try:
-        with _weights_only_loads(), _deserializer_log() as logged:
+        with mock.patch.object(logger, "handlers", [kept]), mock.patch.object(logger, "propagate", False):
             program = torch.export.load(stored, extra_files=extra)
     except Exception as err:  # a damaged archive makes the deserializer raise almost any type
-        # PyTorch logs what the archive reader refused (with its traceback) and raises "check the warnings above":
-        # what it logged is the reason, in the one line.
-        cause = next((record.exc_info[1] for record in logged if record.exc_info), err)
+        # PyTorch logs what the archive reader refused and raises "check the warnings above": that is the reason.
+        cause = next((record.exc_info[1] for record in kept.buffer if record.exc_info), err)
         raise ModelFileError(f"{path} cannot be loaded as an exported model ({first_line(cause)})") from err
     finally:
         stored.close()
+        if forced is None:
+            del os.environ[WEIGHTS_ONLY]
+        else:
+            os.environ[WEIGHTS_ONLY] = forced
     _check_operations(path, program)
     return program, _model_info(path, program, extra, export_command)
-
-
-def load_program(path: str | Path) -> ExportedProgram:
-    """The program of a ``.pt2`` file that ``read_model`` has accepted (the server's workers load it again)."""
-    return read_model(path)[0]
 
 
 def _read_archive(path: Path, export_command: str) -> io.BytesIO:
@@ -120,56 +107,16 @@ def _read_archive(path: Path, export_command: str) -> io.BytesIO:
         raise ModelFileError(f"{path} cannot be read ({err.strerror or err})") from err
 
 
-@contextmanager
-def _deserializer_log() -> Iterator[list[logging.LogRecord]]:
-    """What ``torch.export.load`` logs while it reads an archive, kept (not printed: a traceback in the log of a
-    command that answers a damaged file in one line) for the caller to give the reason of a refusal."""
-    logger, records = logging.getLogger("torch.export"), []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    # PyTorch's logging gives its loggers handlers of their own: they are set aside too, not only the propagation.
-    handlers, propagated = logger.handlers[:], logger.propagate
-    logger.handlers[:], logger.propagate = [Keep()], False
-    try:
-        yield records
-    finally:
-        logger.handlers[:], logger.propagate = handlers, propagated
-
-
-@contextmanager
-def _weights_only_loads() -> Iterator[None]:
-    """Every ``torch.load`` inside is ``weights_only``, whatever its caller asks for."""
-    before = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = before
-
-
 def _check_operations(path: Path, program: ExportedProgram) -> None:
     """Refuse a graph that calls anything but ATen operations and ``operator.getitem``."""
     for node in program.graph.nodes:
-        target = node.target
-        if node.op != "call_function" or target is operator.getitem:
-            continue
-        if not is_aten_operation(target):
-            raise ModelFileError(f"{path} calls {target}, not a PyTorch tensor operation: refused")
+        if node.op == "call_function" and node.target is not operator.getitem and not is_aten_operation(node.target):
+            raise ModelFileError(f"{path} calls {node.target}, not a PyTorch tensor operation: refused")
 
 
 def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
-    """The class names and the inputs the export wrote beside the program: images, token ids or tensors, each
-    checked against the program's own signature and output.
-
-    The kind of input is what the export recorded; a file without it (exported before it was
-    recorded) is read by its inputs' type and shape.
-    """
+    """The class names and the inputs the export wrote beside the program, checked against the program; a file
+    without a kind (exported before it was recorded) is read by its inputs' type and shape."""
     if not extra[CLASS_NAMES_FILE] or not extra[INPUT_FILE]:
         raise ModelFileError(
             f"{path} was not exported by {export_command}: it has no "
@@ -182,16 +129,7 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
         class_names = tuple(str(name) for name in names)
         described = json.loads(extra[INPUT_FILE])
         if isinstance(described, dict) and described.get("kind") == TENSORS:
-            claims = check_tensor_claims(path, program, described, class_names)
-            return ModelInfo(
-                path,
-                (),
-                TENSORS,
-                inputs=claims.inputs,
-                by_keyword=claims.by_keyword,
-                answers=claims.answers,
-                index_rows=claims.index_rows,
-            )
+            return ModelInfo(path, (), TENSORS, **check_tensor_claims(path, program, described, class_names))
         dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
         kind = described.get("kind", _kind_of(dtype, shape, described))
         vocab_size = int(described["vocab_size"]) if kind == TOKENS else None
@@ -232,17 +170,14 @@ def _check_claims(path: Path, program: ExportedProgram, info: ModelInfo, dtype: 
             f"{path}: its program takes batches of {inputs.shape[0]} inputs only (exported without a batch dimension "
             "that varies), and the server batches requests: refused"
         )
-    fixed = [(axis, constant_size(size)) for axis, size in enumerate(inputs.shape) if constant_size(size) is not None]
-    wrong = [(axis, size) for axis, size in fixed if axis > 0 and shape[axis] != size]
     if info.kind == IMAGES:
         side = claimed.get("image_size", info.image_size)
-        if wrong or side != info.image_size or len(fixed) < 3:
-            program_shape = tuple(
-                constant_size(size) if constant_size(size) is not None else "any" for size in inputs.shape[1:]
-            )
+        sizes = [constant_size(size) for size in inputs.shape[1:]]
+        if sizes != shape[1:] or side != info.image_size:
+            program_shape = ", ".join("any" if size is None else str(size) for size in sizes)
             raise ModelFileError(
                 f"{path}: {said} {side}x{side} images (shape {tuple(shape)}), but its program takes inputs of shape "
-                f"(batch, {', '.join(map(str, program_shape))}): refused"
+                f"(batch, {program_shape}): refused"
             )
     else:
         fewest, most = info.lengths
@@ -251,7 +186,7 @@ def _check_claims(path: Path, program: ExportedProgram, info: ModelInfo, dtype: 
                 f"{path}: {said} sequences of up to {claimed['seq_len']} tokens, but its program takes from "
                 f"{fewest} to {most}: refused"
             )
-        rows = _embedding_rows(program)
+        rows = embedding_rows(program, program.graph_signature.user_inputs[0])
         if info.vocab_size is None or info.vocab_size < 1 or (rows is not None and info.vocab_size > rows):
             raise ModelFileError(
                 f"{path}: {said} a vocabulary of {info.vocab_size} token ids, but its program embeds "
@@ -287,18 +222,6 @@ def _signature(path: Path, program: ExportedProgram) -> tuple[torch.Tensor, torc
     return values
 
 
-def _embedding_rows(program: ExportedProgram) -> int | None:
-    """How many token ids the program's embedding of its input has rows for; None where no embedding takes it."""
-    (name,) = program.graph_signature.user_inputs
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
-            weight, indices = node.args[0], node.args[1]
-            if getattr(indices, "name", None) == name and isinstance(weight.meta.get("val"), torch.Tensor):
-                rows = weight.meta["val"].shape[0]
-                return int(rows) if isinstance(rows, int) else None
-    return None
-
-
 def _kind_of(dtype: str, shape: list[int], described: dict) -> str | None:
     """The kind of input of a file whose ``INPUT_FILE`` does not say it: by the inputs' type and shape."""
     if dtype == "uint8" and len(shape) == 4:
@@ -313,11 +236,8 @@ def _lengths(path: Path, program: ExportedProgram, exported: int) -> tuple[int, 
     inputs, _ = _signature(path, program)
     if len(inputs.shape) != 2:
         return exported, exported  # refused by the check of the signature
-    length = inputs.shape[1]
-    if isinstance(length, int):
-        return length, length
-    bounds = program.range_constraints.get(length.node.expr)
-    # Not `upper.is_finite`: sympy says it of PyTorch's integer infinity too (torch.utils._sympy.numbers).
-    if bounds is None or bool(bounds.upper > sys.maxsize):
+    fixed = constant_size(inputs.shape[1])
+    fewest, most = size_range(program, inputs.shape[1]) or (fixed, fixed)
+    if most is None:
         raise ModelFileError(f"{path}: its program takes sequences of any length, with no most: refused")
-    return int(bounds.lower), int(bounds.upper)
+    return fewest, most

@@ -1,22 +1,16 @@
 """How the server runs and stops: SIGTERM answers every request taken, then ends every process the server started.
 
-LitServe (0.2.19) runs no handler of its own for SIGTERM, and on its normal shutdown closes the
-model's queues before the HTTP servers, so requests in flight would go unanswered. ``Stopper``
-runs ``LitServer.run`` in the main thread, and on SIGTERM a thread of its own stops the server:
+LitServe (0.2.19) runs no SIGTERM handler of its own, and its shutdown closes the model's queues before the HTTP
+servers, so requests in flight would go unanswered. ``Stopper`` runs ``LitServer.run`` in the main thread; on SIGTERM
+a thread of its own sends SIGTERM to the HTTP servers (LitServe's ``LitServer-<n>`` processes), on which uvicorn
+answers every request it took, waits for them, then sets LitServe's shutdown event: ``LitServer.run`` then stops the
+model's processes and returns. Should the server not have stopped ``stop_s`` seconds after SIGTERM, its processes
+are killed and it exits 1.
 
-- the HTTP servers (LitServe's ``LitServer-<n>`` processes) are sent SIGTERM, on which uvicorn
-  answers every request it took (``Stopper.http_server_class``), and are waited for;
-- then LitServe's shutdown event is set: the main thread, which waits on it, runs LitServe's
-  shutdown of the model's processes, and returns.
-
-The signal handler (``catch_sigterm``, from before a checkpoint is exported to be served) only
-sets an event. A handler runs wherever the main thread is, in LitServe's start-up too: an
-exception raised from it could land in a finalizer that drops it (the server then went on to
-serve, and ignored SIGTERM), or in the middle of starting a process. A SIGTERM during an export
-stops the command once the export is done, its folder removed; during LitServe's start-up, where
-LitServe creates its HTTP servers, before any has taken a request. Should the server not have
-stopped ``stop_s`` seconds after SIGTERM, its processes are killed and it exits with status 1.
-Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
+The signal handler (``catch_sigterm``) only sets an event: an exception raised from a handler lands wherever the
+main thread is, in LitServe's start-up too, where a finalizer could drop it (the server then served on, ignoring
+SIGTERM). A SIGTERM during an export stops the command once the export is done; during LitServe's start-up, where it
+creates its HTTP servers. Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
 """
 
 from __future__ import annotations
@@ -76,7 +70,6 @@ def sigterm_received() -> bool:
 
 
 def _on_sigterm(signum, frame) -> None:
-    """Set the event, and nothing else: see the module's docstring."""
     if os.getpid() != _PID:  # a process LitServe forked, which inherited this handler
         manager = not multiprocessing.current_process().name.startswith(HTTP_PROCESS_PREFIX)
         if manager and os.getppid() == _PID and not (_GUARD is not None and _GUARD.allowed()):
@@ -92,13 +85,9 @@ _GUARD: ModelProcessGuard | None = None
 
 
 class ModelProcessGuard:
-    """What a model process does on SIGTERM: it ends once the server allows it (``allow()``), or has gone.
-
-    A SIGTERM to the server's whole group (SLURM's ``scancel``, systemd's stop) reaches its model
-    processes too, which would end while the HTTP servers still wait for their answers, and
-    LitServe's manager, which the server's own shutdown uses. Until the HTTP servers have answered
-    what they took, these ignore it; the server then ends them.
-    """
+    """A model process (and LitServe's manager) ends on SIGTERM only once the server allows it, or has gone: a
+    SIGTERM to the server's whole group (SLURM's ``scancel``, systemd's stop) would otherwise end them while the
+    HTTP servers still wait for their answers."""
 
     def __init__(self) -> None:
         self._allowed = multiprocessing.get_context("spawn").Event()  # handed to the model processes it spawns
@@ -111,7 +100,7 @@ class ModelProcessGuard:
         return self._allowed.is_set()
 
     def install(self) -> None:
-        """In the model process (``LitAPI.setup``): take SIGTERM as the class says."""
+        """In the model process (``LitAPI.setup``)."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -125,9 +114,8 @@ class StopRequestedError(Exception):
 
 
 class WorkerEndedError(Exception):
-    """A model process failed to load the model (``exitcode`` None: it said so, its error in the log), or ended
-    while the server started (LitServe, which waits for one to be ready, would have waited for ever): ``exitcode``
-    is how it ended, negative for the signal that ended it."""
+    """A model process failed to load the model (``exitcode`` None: its error is in the log), or ended while the
+    server started (LitServe would have waited for ever): ``exitcode`` negative for the signal that ended it."""
 
     def __init__(self, exitcode: int | None) -> None:
         super().__init__(exitcode)
@@ -135,7 +123,7 @@ class WorkerEndedError(Exception):
 
 
 class Stopper:
-    """Runs a ``LitServer`` until SIGTERM or Ctrl-C, then stops it as the module's docstring says."""
+    """Runs a ``LitServer`` until SIGTERM or Ctrl-C, then stops it (the module's docstring)."""
 
     def __init__(self, stop_s: float) -> None:
         self.server, self.stop_s = None, stop_s
@@ -148,10 +136,8 @@ class Stopper:
         self.worker_ended: int | None = None  # the exit code of a model process that ended during the start-up
 
     def run(self, server, **options) -> None:
-        """``server.run(**options)``, in this (the main) thread, until the server has stopped.
-
-        Raises ``WorkerEndedError`` when a model process ended during the start-up, unless SIGTERM came first.
-        """
+        """``server.run(**options)`` in the main thread; ``WorkerEndedError`` where a model process ended during the
+        start-up, unless SIGTERM came first."""
         self.server = server
         catch_sigterm()
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
@@ -230,20 +216,13 @@ class Stopper:
                 child.kill()
             os._exit(1)
 
-    def shutdown_noise(self) -> logging.Filter:
-        """A filter of LitServe's log that drops what it logs while the server stops: its queues' connections
-        closing, its HTTP servers already gone."""
-        stopping = self.stopping
-
-        class ShutdownNoise(logging.Filter):
-            def filter(self, record: logging.LogRecord) -> bool:
-                if not stopping.is_set():
-                    return True
-                error = record.exc_info[1] if record.exc_info else None
-                closing = isinstance(error, ConnectionError | EOFError)
-                return not closing and "Already not alive" not in record.getMessage()
-
-        return ShutdownNoise()
+    def shutdown_noise(self, record: logging.LogRecord) -> bool:
+        """A filter of LitServe's log: what it logs while the server stops (its queues' connections closing, its HTTP
+        servers already gone) is dropped."""
+        if not self.stopping.is_set():
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, ConnectionError | EOFError) and "Already not alive" not in record.getMessage()
 
     def http_server_class(self):
         """uvicorn's server as LitServe runs it (``upstream.litserve``), which on SIGTERM answers every connection
@@ -252,16 +231,13 @@ class Stopper:
         stopper = self
 
         class DrainingServer(http_server_base()):
-            """Takes requests once every model worker is ready (the first of them then prints ``ready``).
+            """Takes requests once every model worker is ready (the first then prints ``ready``); not created once
+            SIGTERM has come (StopRequestedError: LitServe stops its model processes).
 
-            Created in the server's main thread, before LitServe forks the process that runs it: once
-            SIGTERM has come, it is not created (StopRequestedError), and LitServe stops its model processes.
-
-            On SIGTERM, stops answering new connections at the port (``drop_new_handshakes``), takes the
-            connections already queued there (the kernel completed their handshake, so their clients are
-            sending), stops the port for every process (connections later are refused, not reset), waits
-            until each connection taken has started its request (at most ``REQUEST_START_S``), then shuts
-            down as uvicorn does: each request started is answered, and idle connections are closed.
+            On SIGTERM it stops answering new connections (``drop_new_handshakes``), takes those already queued
+            (their clients are sending), shuts the port for every process (later ones are refused, not reset), waits
+            until each connection taken has started its request (at most ``REQUEST_START_S``), then shuts down as
+            uvicorn does: each request started is answered, idle connections are closed.
             """
 
             def __init__(self, *args, **kwargs) -> None:

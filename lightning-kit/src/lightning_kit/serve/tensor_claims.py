@@ -1,27 +1,28 @@
 """What the file of a model of tensors claims of its inputs and outputs, checked against its program's own signature.
 
-Its ``INPUT_FILE`` names each input, with a dtype and the shape of one example (``None`` where a size
-varies), and says whether they are passed by position or by keyword (``model_format``). The program
-must take exactly those, each with a batch dimension first that varies (one shared by all, from 1
-example up), and answer what a server can answer request by request: a tensor, a tuple, a list or a
-dict (of names) of tensors, each with that batch dimension first. Anything else is refused in one
-line, before a server is started. The sizes an axis that varies takes are the program's own (its
-range constraints), whatever the file claims; an integer input the program indexes an embedding with
-takes ids below its rows: the server refuses others (400) before they reach the model.
-
-The program's ``call_spec`` says how it takes its inputs and how its outputs nest: read with PyTorch's
-private pytree functions (``upstream.torch``).
+The program must take exactly the inputs its ``INPUT_FILE`` names (``model_format``), each with one batch dimension
+first that varies from 1 example up, and answer a tensor, a tuple, a list or a dict (of names) of tensors, each with
+that batch dimension first. The sizes an axis that varies takes are the program's own (its range constraints),
+whatever the file claims; an integer input that indexes an embedding takes ids below its rows. The ``call_spec``
+is read with PyTorch's private pytree functions (``upstream.torch``).
 """
 
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from ..model_format import CLASS_NAMES_FILE, DTYPES, INPUT_FILE, KEYWORD, POSITIONAL, TensorInput, constant_size
+from ..model_format import (
+    CLASS_NAMES_FILE,
+    DTYPES,
+    INPUT_FILE,
+    KEYWORD,
+    POSITIONAL,
+    TensorInput,
+    constant_size,
+    size_range,
+)
 from ..upstream.torch import tree_leaves, tree_unflatten
 from .archive import ModelFileError
 
@@ -31,21 +32,9 @@ BY = {POSITIONAL: "by position", KEYWORD: "by keyword"}
 INDEX_DTYPES = ("int32", "int64")
 
 
-@dataclass(frozen=True)
-class TensorClaims:
-    """What the file of a model of tensors says it takes, checked, and what its program answers."""
-
-    inputs: tuple[TensorInput, ...]  # in the order the program takes them
-    by_keyword: bool  # forward(**inputs), else forward(*inputs)
-    answers: str  # what the program answers per example, e.g. "a tensor (4,)", "a dict of mean (2,), spread ()"
-    index_rows: tuple[int | None, ...]  # for each input that indexes an embedding, its rows (ids lie below)
-
-
-def check_tensor_claims(
-    path: Path, program: ExportedProgram, described: dict, class_names: tuple[str, ...]
-) -> TensorClaims:
-    """What the ``INPUT_FILE`` of a model of tensors (``described``) says of its inputs, each checked against the
-    program's own signature and outputs; ``ModelFileError`` in one line where they disagree."""
+def check_tensor_claims(path: Path, program: ExportedProgram, described: dict, class_names: tuple[str, ...]) -> dict:
+    """The ``ModelInfo`` fields of a model of tensors: what ``described`` (its ``INPUT_FILE``) says, checked against
+    the program; else ``ModelFileError``."""
     passed, given = described.get("passed"), described.get("inputs")
     inputs = tuple(_tensor_input(path, entry) for entry in given) if isinstance(given, list) else ()
     if passed not in (POSITIONAL, KEYWORD) or not inputs or len({spec.name for spec in inputs}) != len(inputs):
@@ -59,14 +48,16 @@ def check_tensor_claims(
         )
     batch, taken, inputs = _check_inputs(path, program, inputs, passed)
     rows = tuple(
-        _embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
+        embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
         for spec, name in zip(inputs, taken, strict=True)
     )
-    return TensorClaims(inputs, passed == KEYWORD, _check_outputs(path, program, batch), rows)
+    answers = _check_outputs(path, program, batch)
+    return {"inputs": inputs, "by_keyword": passed == KEYWORD, "answers": answers, "index_rows": rows}
 
 
 def _tensor_input(path: Path, entry: object) -> TensorInput:
-    """One input as ``INPUT_FILE`` records it: a name, one of ``DTYPES``, a shape of sizes from 0."""
+    """One input as ``INPUT_FILE`` records it: a name, one of ``DTYPES``, a shape of sizes from 0 (the ranges of
+    the sizes that vary are the program's: ``_check_inputs``)."""
     if not isinstance(entry, dict):
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input that is not an object")
     name, dtype, shape = entry.get("name"), entry.get("dtype"), entry.get("shape")
@@ -76,12 +67,12 @@ def _tensor_input(path: Path, entry: object) -> TensorInput:
         raise ModelFileError(f"{path}: its {INPUT_FILE} says {name} is {dtype!r}, not one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(size is None or (type(size) is int and size >= 0) for size in shape):
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records no shape of whole sizes for {name}")
-    return TensorInput(name, dtype, tuple(shape))  # the ranges of the sizes that vary: the program's (_check_inputs)
+    return TensorInput(name, dtype, tuple(shape))
 
 
 def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInput, ...], passed: str):
-    """Refuse inputs the program does not take as ``INPUT_FILE`` says; the symbol of the batch dimension they share,
-    and the names of the program's inputs, in the order of ``inputs``."""
+    """Refuse inputs the program does not take as ``INPUT_FILE`` says; else the symbol of their batch dimension,
+    the program's names of them, and ``inputs`` with the program's ranges."""
     names = list(program.graph_signature.user_inputs)
     claimed = f"its {INPUT_FILE} says it takes {', '.join(map(str, inputs))} {BY[passed]}"
     try:
@@ -119,30 +110,18 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
             raise ModelFileError(f"{path}: its program's inputs do not share one batch dimension: refused")
         batch = sizes[0].node.expr
         ranged.append(
-            TensorInput(spec.name, spec.dtype, spec.shape, tuple(_range(program, size) for size in sizes[1:]))
+            TensorInput(spec.name, spec.dtype, spec.shape, tuple(size_range(program, size) for size in sizes[1:]))
         )
-    bounds = program.range_constraints.get(batch)
-    # Not `upper.is_finite`: sympy says it of PyTorch's integer infinity too (torch.utils._sympy.numbers).
-    if bounds is not None and (bool(bounds.lower > 1) or not bool(bounds.upper > sys.maxsize)):
+    fewest, most = size_range(program, sizes[0])
+    if fewest > 1 or most is not None:
         raise ModelFileError(
-            f"{path}: its program takes batches of {bounds.lower} to {bounds.upper} examples, and the server batches "
-            "any number from 1: refused"
+            f"{path}: its program takes batches of {fewest} to {'any number of' if most is None else most} "
+            "examples, and the server batches any number from 1: refused"
         )
     return batch, taken, tuple(ranged)
 
 
-def _range(program: ExportedProgram, size) -> tuple[int, int | None] | None:
-    """The sizes the program takes along an axis: None where it is fixed, else its symbol's range (``(0, None)``
-    where the program records none: the program checks what it takes itself)."""
-    if constant_size(size) is not None:
-        return None
-    bounds = program.range_constraints.get(size.node.expr)
-    if bounds is None:
-        return 0, None
-    return int(bounds.lower), None if bool(bounds.upper > sys.maxsize) else int(bounds.upper)
-
-
-def _embedding_rows(program: ExportedProgram, name: str) -> int | None:
+def embedding_rows(program: ExportedProgram, name: str) -> int | None:
     """The fewest rows of an embedding the program's input ``name`` indexes directly; None where it indexes none."""
     rows = []
     for node in program.graph.nodes:
@@ -155,8 +134,8 @@ def _embedding_rows(program: ExportedProgram, name: str) -> int | None:
 
 
 def _check_outputs(path: Path, program: ExportedProgram, batch) -> str:
-    """Refuse outputs the server cannot answer request by request: anything but a tensor, a tuple, a list or a dict
-    of names of tensors, each with the inputs' batch dimension first. What the program answers, described."""
+    """Refuse outputs the server cannot answer request by request (the module's docstring); else what the program
+    answers, described."""
     signature = program.graph_signature
     (output,) = [node for node in program.graph.nodes if node.op == "output"]
     returned = [
@@ -175,7 +154,7 @@ def _check_outputs(path: Path, program: ExportedProgram, batch) -> str:
 
 
 def _wrong_outputs(outputs, batch) -> str:
-    """What is wrong with a program's outputs (its fake tensors, nested as it returns them); empty where nothing is."""
+    """What is wrong with a program's outputs (fake tensors, nested as it returns them); empty where nothing is."""
     if isinstance(outputs, torch.Tensor):
         first = outputs.shape[0] if outputs.dim() else None
         if not isinstance(first, torch.SymInt) or first.node.expr != batch or outputs.is_complex():

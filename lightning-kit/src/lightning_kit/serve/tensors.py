@@ -1,16 +1,7 @@
-"""The requests and answers of a model of tensors: one example's JSON decoded and checked against what its file
-records, a batch of examples made the program's arguments, and its outputs made each request's answer.
-
-A request is a JSON object with one entry per input, by the input's name: one example (no batch
-dimension), as nested lists of the input's shape, of numbers of its dtype (``true``/``false`` for
-``bool``; whole numbers within range for an integer dtype; finite numbers within range for a
-floating dtype). Nothing else is taken: a missing or unknown name, a ragged or wrongly nested list,
-a string, ``NaN`` or ``Infinity`` is refused with the reason. An answer is ``{"outputs": ...}``:
-what the model answered for that example, nested lists for a tensor, a list for a tuple, an object
-for a dict; a number that is not finite is ``null``.
-
-NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
-(``api``), and the load test does both (``benchmarks/serve_load.py``, beside the library's ``src/``).
+"""The requests and answers of a model of tensors (the format is ``command``'s): one example's JSON decoded and
+checked against what its file records, a batch of examples made the program's arguments, and its outputs made each
+request's answer. NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
+(``api``), and the load test does both (``benchmarks/serve_load.py``).
 """
 
 import json
@@ -21,20 +12,6 @@ import torch
 
 from ..model_format import TensorInput
 from .model_file import ModelInfo
-
-# Each dtype a request's numbers are read as (bfloat16, which NumPy lacks, as float32 until PyTorch has them).
-NUMPY_DTYPES = {
-    "bool": np.bool_,
-    "uint8": np.uint8,
-    "int8": np.int8,
-    "int16": np.int16,
-    "int32": np.int32,
-    "int64": np.int64,
-    "float16": np.float16,
-    "bfloat16": np.float32,
-    "float32": np.float32,
-    "float64": np.float64,
-}
 
 
 class RequestError(ValueError):
@@ -53,15 +30,16 @@ def accepted(model: ModelInfo) -> str:
 
 def expected(spec: TensorInput) -> str:
     """What one example of ``spec`` is: ``24x2 nested lists of float32``, ``(2 to 4096)x80 nested lists of
-    float32`` (a size that varies), ``one int64 number``, ``true or false``."""
+    float32`` (a size that varies), ``a list of 4 int64``, ``one int64 number``, ``true or false``."""
     if not spec.shape:
         return "true or false" if spec.dtype == "bool" else f"one {spec.dtype} number"
+    if len(spec.shape) == 1:
+        return f"a list of {spec.size_said(0)} {spec.dtype}"
     return f"{str(spec).partition(', ')[2].removesuffix(')')} nested lists of {spec.dtype}"
 
 
 def decode(body: bytes, model: ModelInfo) -> dict[str, np.ndarray]:
-    """The inputs of one example from a JSON body, each checked against the model's dtype and shape; ``RequestError``
-    (400) saying what is wrong."""
+    """The inputs of one example from a JSON body, each checked against its dtype and shape; else ``RequestError``."""
     shown = accepted(model)
     try:
         given = json.loads(body, parse_constant=_not_a_number)
@@ -87,7 +65,7 @@ def _not_a_number(constant: str) -> float:
 
 def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
     """One example of ``spec``: ``value`` walked level by level (never deeper than its shape), then its numbers (ids
-    below ``rows``, where it indexes an embedding of so many)."""
+    below ``rows``, where it indexes an embedding)."""
     items, shape = [value], []
     for depth in range(len(spec.shape)):
         fewest, most = spec.range_of(depth)
@@ -110,7 +88,8 @@ def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
     if rows is not None and numbers.size and not (numbers.min() >= 0 and numbers.max() < rows):
         outside = next(item for item in items if not 0 <= item < rows)
         raise RequestError(400, f"{spec.name} holds {outside}: the model's embedding of it takes ids in [0, {rows})")
-    return numbers.astype(NUMPY_DTYPES[spec.dtype]).reshape(shape)
+    # bfloat16, which NumPy lacks, as float32 until PyTorch has them.
+    return numbers.astype("float32" if spec.dtype == "bfloat16" else spec.dtype).reshape(shape)
 
 
 def _numbers(items: list, spec: TensorInput) -> np.ndarray:
@@ -158,8 +137,7 @@ def _json_type(item: object) -> str:
 
 
 def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -> tuple[tuple, dict]:
-    """The program's arguments for a batch of decoded examples: each input stacked, on ``device``, positional or by
-    keyword as the model takes them."""
+    """The program's arguments for a batch of decoded examples, stacked on ``device``."""
     stacked = {
         spec.name: torch.as_tensor(np.stack([example[spec.name] for example in examples]), device=device).to(
             getattr(torch, spec.dtype)
@@ -172,9 +150,9 @@ def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -
 
 
 def answers(outputs, count: int) -> list:
-    """Each of ``count`` examples' share of the program's ``outputs``, as JSON holds it (see the docstring)."""
+    """Each of ``count`` examples' share of the program's ``outputs``, as JSON holds it."""
     if isinstance(outputs, torch.Tensor):
-        values = outputs.detach()  # tolist() reads the values wherever they are
+        values = outputs.detach()
         if values.dtype in (torch.float16, torch.bfloat16):
             values = values.float()
         rows = values.tolist()
@@ -189,7 +167,7 @@ def answers(outputs, count: int) -> list:
 
 
 def _finite_or_null(values):
-    """``values`` (nested lists of floats) with each number that is not finite made None (JSON's null)."""
+    """``values`` (nested lists of floats), each number that is not finite None (JSON's null)."""
     if isinstance(values, list):
         return [_finite_or_null(value) for value in values]
     return values if math.isfinite(values) else None

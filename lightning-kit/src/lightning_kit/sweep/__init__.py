@@ -4,7 +4,6 @@
 """
 
 from .space import SearchSpace
-from .store import STUDY_DB, STUDY_FILE
 from .trial import Plan, run_trial
 
-__all__ = ["STUDY_DB", "STUDY_FILE", "Plan", "SearchSpace", "run_trial"]
+__all__ = ["Plan", "SearchSpace", "run_trial"]

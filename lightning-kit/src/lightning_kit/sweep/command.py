@@ -16,7 +16,6 @@ import signal
 import statistics
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -31,12 +30,12 @@ from ..errors import ConfigError, OneLineParser, command, invoked_as
 from ..gpu_audit.lightning import simulated_run
 from ..installation import check_installation
 from ..messages import errors_as_messages, report
-from ..passwords import scrubbed, shown_command
+from ..passwords import hidden, scrubbed, shown_command
 from ..supervision import leave_process_group
 from .fingerprint import configuration, data_fingerprint
 from .queue import COUNTED, CROSS_VALIDATION, RUN_FOLDER, queue_retry, run_trials, signals_held
 from .space import SearchSpace, argument_names, refusal
-from .store import default_url, open_storage, shown, write_study_file
+from .store import default_url, open_storage, write_study_file
 from .study import StudyDiffersError, open_study
 from .trial import AFTER_IT, DISK_FULL, ONE_DEVICE, SIGNAL, InterruptionError, Plan, run_trial, stop_of_the_process
 
@@ -140,7 +139,6 @@ def sweep(
     options: argparse.Namespace, train_args: list[str], command: list[str], cli_class: type[KitCLI], prog: str
 ) -> None:
     """Run trials of ``options``' study until it has its number, then report the best (or the folds' spread)."""
-    started = time.perf_counter()
     if options.space is not None and options.sampler == "grid":
         combinations = len(_grid(SearchSpace.read(options.space)))  # before anything is built: the file's mistakes
         if options.trials is not None:
@@ -179,7 +177,7 @@ def sweep(
             if options.new_study:
                 continue
             raise ConfigError(
-                f"{folder} holds trials of a study not in {shown(url)}: give another --study or move it away"
+                f"{folder} holds trials of a study not in {hidden(url)}: give another --study or move it away"
             )
         try:
             study = open_study(name, storage, url, settings, grid, _sampler(options), _pruner(options))
@@ -189,12 +187,11 @@ def sweep(
             report(f"study {name} was started with {differs.what}: --new_study: trying study {given}-{attempt + 1}")
             continue
         break
-    write_study_file(folder, study, url, monitor)
+    write_study_file(folder, study, url, monitor, options.folds)
     plan = Plan(cli_class, study, space, train_args, fixed, folder, monitor)
     report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
-    trials_started = time.perf_counter()
     try:
-        ran = run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial), grid)
+        run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial), grid)
     except (InterruptionError, KeyboardInterrupt) as stop:
         again = f"run the same command again: {prog} {shown_command(command)}"
         if not isinstance(stop, InterruptionError):
@@ -214,12 +211,6 @@ def sweep(
         sys.exit(f"error: the sweep stopped: {stop[0]} ({scrubbed(stop[1])}): {fix} run the same command again: "
                  f"{prog} {shown_command(command)}")  # fmt: skip
     _summary(study, options.folds, monitor)
-    if ran:
-        # Outside trainer.fit: building each trial through the command line, and the study's bookkeeping.
-        outside = time.perf_counter() - trials_started - plan.fit_seconds
-        report(f"sweep overhead: {outside / ran:.2f} s a trial outside trainer.fit ({ran} trials run here: "
-               f"{plan.fit_seconds:.1f} s in fit, {outside:.1f} s outside it), after "
-               f"{trials_started - started:.1f} s of checks and setup")  # fmt: skip
 
 
 def _monitored(trainer) -> tuple[str, str]:

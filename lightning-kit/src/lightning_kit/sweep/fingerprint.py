@@ -1,16 +1,10 @@
 """What a study trains on and with, recorded when it is created: a re-run on other data or arguments is refused.
 
-``data_fingerprint`` sets the data module up once, as ``fit`` would, and digests its training and
-validation data: the bytes of every tensor of an in-memory data set (a ``TensorDataset``: every
-data module of this library decodes images, a folder's included, into one), the file listing
-with sizes and modification times of a data set that names its files (``samples``, ``imgs`` or
-``files``, as torchvision's folders do), and for any other data set its length and a bounded
-sample of its items. Images added to a folder, a file replaced, another seed or split: another
-fingerprint. The cost is bounded: past ``FULL_BYTES`` of a tensor, ``SAMPLES`` evenly spaced
-slices of it are digested, with its shape and type.
-
-``configuration`` is what train.py resolved from its arguments (``--config`` files included), as
-the ``config.yaml`` of each run records it.
+``data_fingerprint`` digests the training and validation data as ``fit`` sets them up: an in-memory data set's
+tensors (every data module of this library decodes images, a folder's included, into one), the listing, sizes and
+modification times of the files a data set names (``samples``, ``imgs`` or ``files``, as torchvision's folders
+do), else its length and a bounded sample of its items. Images added, a file replaced, another seed or split:
+another fingerprint. ``configuration`` is what train.py resolved its arguments to, as each run's ``config.yaml``.
 """
 
 import hashlib

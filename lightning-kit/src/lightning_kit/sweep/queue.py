@@ -128,19 +128,14 @@ def stop_and_retry(study: optuna.Study, trial: FrozenTrial | Trial, reason: str 
     return True
 
 
-def fail_and_retry(study: optuna.Study, trial: FrozenTrial | Trial) -> bool:
-    """Fail ``trial`` (its process gone) and queue its retry; False when another process failed or finished it first."""
-    return stop_and_retry(study, trial)
-
-
 def reclaim(study: optuna.Study) -> None:
     """Stop the trials whose process is gone, and queue each again: at once on this host, by heartbeat elsewhere."""
     optuna.storages.fail_stale_trials(study)  # queues each through the store's stale-trial callback
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = trial.user_attrs.get(OWNER)
-        if isinstance(owner, dict) and process_alive(owner) is False and fail_and_retry(study, trial):
+        if isinstance(owner, dict) and process_alive(owner) is False and stop_and_retry(study, trial):
             report(f"trial {trial.number} was left running by process {owner.get('pid')}, now gone: queued again")
-        elif owner is None and _unclaimed_for(trial) > UNCLAIMED_S and fail_and_retry(study, trial):
+        elif owner is None and _unclaimed_for(trial) > UNCLAIMED_S and stop_and_retry(study, trial):
             # Taken, then killed before it recorded its process (or any heartbeat): no one will ever end it.
             report(f"trial {trial.number} was taken by a process that never started it: queued again")
 
@@ -166,15 +161,17 @@ def identities(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> 
     for trial in trials:
         if grid:
             found[trial.number] = grid_key({**trial.system_attrs.get("fixed_params", {}), **trial.params}, names)
-            continue
-        number, seen = trial.number, set()
-        while isinstance(retried := trials[number].user_attrs.get(RETRY_OF), int) and 0 <= retried < number:
-            if retried in seen:
-                break
-            seen.add(retried)
-            number = retried
-        found[trial.number] = number
+        else:
+            found[trial.number] = [trial, *_retried(trials, trial)][-1].number
     return found
+
+
+def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[FrozenTrial]:
+    """The trials that ``trial`` retries, newest first: each records the one before it (always of a smaller number)."""
+    number = trial.number
+    while isinstance(retried := trials[number].user_attrs.get(RETRY_OF), int) and 0 <= retried < number:
+        number = retried
+        yield trials[number]
 
 
 def _groups(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dict[Any, list[FrozenTrial]]:
@@ -187,8 +184,9 @@ def _groups(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dic
     return groups
 
 
-def repair(study: optuna.Study, grid: list[dict[str, Any]] | None) -> None:
-    """Queue again what a stop left without a trial: a stopped trial with no successor, a grid's point with none."""
+def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: bool = False) -> None:
+    """Queue again what a stop left without a trial: a stopped trial with no successor, a grid's point with none;
+    ``failed_too``: a grid's point whose trial failed by its own code too (a new run of the sweep tries it again)."""
     groups = _groups(study.get_trials(deepcopy=False), grid)
     for group in groups.values():
         if any(trial.state in (*COUNTED, TrialState.WAITING, TrialState.RUNNING) for trial in group):
@@ -197,6 +195,9 @@ def repair(study: optuna.Study, grid: list[dict[str, Any]] | None) -> None:
         if to_run_again(latest):
             queue_retry(study, latest, again=True)
             report(f"trial {latest.number} was stopped before its retry was queued: queued again")
+        elif failed_too and failed_by_its_code(latest):
+            report(f"trial {latest.number} failed by its own code ({latest.user_attrs.get(ERROR)}): running it again")
+            study.enqueue_trial({**latest.system_attrs.get("fixed_params", {}), **latest.params})
     names = list(grid[0]) if grid else []
     for params in grid or ():
         if grid_key(params, names) not in groups:
@@ -204,31 +205,14 @@ def repair(study: optuna.Study, grid: list[dict[str, Any]] | None) -> None:
             report(f"the grid's point {params} had no trial: queued")
 
 
-def requeue_failed(study: optuna.Study, grid: list[dict[str, Any]]) -> None:
-    """Queue once more each point of ``grid`` whose trial failed by its own code: a new run of the sweep tries it."""
-    for group in _groups(study.get_trials(deepcopy=False), grid).values():
-        if any(trial.state in (*COUNTED, TrialState.WAITING, TrialState.RUNNING) for trial in group):
-            continue
-        latest = max(group, key=lambda trial: trial.number)
-        if failed_by_its_code(latest):
-            report(f"trial {latest.number} failed by its own code ({latest.user_attrs.get(ERROR)}): running it again")
-            study.enqueue_trial({**latest.system_attrs.get("fixed_params", {}), **latest.params})
-
-
 def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
     """The checkpoint a retried trial resumes from: the newest its predecessor saved, or that one resumed from."""
-    trials = study.get_trials(deepcopy=False)
-    number = trial.user_attrs.get(RETRY_OF)
-    seen = set()
-    while isinstance(number, int) and 0 <= number < len(trials) and number not in seen:
-        seen.add(number)
-        earlier = trials[number]
+    for earlier in _retried(study.get_trials(deepcopy=False), trial):
         folder = earlier.user_attrs.get(RUN_FOLDER)
         if folder is not None and (newest := newest_checkpoint(folder)) is not None:
             return newest
         if earlier.user_attrs.get(RESUMED_FROM):
             return earlier.user_attrs[RESUMED_FROM]
-        number = earlier.user_attrs.get(RETRY_OF)
     return None
 
 
@@ -287,12 +271,12 @@ def run_trials(
     wanted: int,
     run: Callable[[Trial], None],
     grid: list[dict[str, Any]] | None = None,
-) -> int:
+) -> None:
     """Run trials with ``run`` until ``wanted`` are complete or pruned (a ``grid``: until each of its points ended),
-    across all workers; return how many ran here."""
-    ran, waiting_for = 0, None
+    across all workers."""
+    waiting_for = None
     if grid:
-        requeue_failed(study, grid)
+        repair(study, grid, failed_too=True)
     while True:
         reclaim(study)
         repair(study, grid)
@@ -301,7 +285,7 @@ def run_trials(
         running = [trial.number for trial in trials if trial.state == TrialState.RUNNING]
         waiting = any(trial.state == TrialState.WAITING for trial in trials)
         if (grid and not waiting and not running) or (not grid and done >= wanted):
-            return ran
+            return
         if (grid and not waiting) or (not grid and done + len(running) >= wanted):
             if running != waiting_for:
                 report(f"waiting for trials {', '.join(map(str, running))}, running in other processes")
@@ -324,7 +308,6 @@ def run_trials(
                 continue
         with heartbeat(storage, trial):
             run(trial)
-        ran += 1
 
 
 @contextmanager

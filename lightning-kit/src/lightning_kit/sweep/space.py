@@ -1,13 +1,7 @@
-"""The search space: a YAML file keyed by train.py's own flags, each a range or a list of choices.
-
-    model.lr: {low: 1.0e-4, high: 0.1, log: true}     # a float, log-uniform
-    model.weight_decay: {low: 0.0, high: 0.01}         # a float, uniform
-    data.batch_size: [32, 64, 128]                     # one of these
-    model.net.init_args.width: {low: 16, high: 64, step: 16}   # an integer (both ends integers)
-
-Checked before any trial runs: the file itself, each range (Optuna's distributions check
-theirs), and each key and value against the command line that takes them, by building
-what train.py would build with them (without training).
+"""The search space: a YAML file keyed by train.py's own flags, each a range or a list of choices (the format is in
+``sweep --help``). Checked before any trial runs: the file itself, each range (Optuna's distributions check theirs),
+and each key and value against the command line that takes them, by building what train.py would build with them
+(without training).
 """
 
 import contextlib

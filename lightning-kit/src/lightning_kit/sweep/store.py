@@ -36,13 +36,11 @@ from sqlalchemy.exc import (
 )
 
 from .. import stores
-from ..checkpoints import written_whole
 from ..errors import ConfigError, first_line
+from ..files import written_whole
 from ..passwords import hidden, scrubbed, unescaped_at
+from ..stores import STUDY_DB, STUDY_FILE
 
-STUDY_DB = "study.db"
-# What the table of runs reads to find a sweep's study: its name, store, monitored metric and direction.
-STUDY_FILE = "study.json"
 # A worker records that its trial is alive this often; one silent for the grace period has died.
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 60
@@ -59,11 +57,6 @@ def default_url(folder: Path) -> str:
     return f"sqlite:///{folder.resolve() / STUDY_DB}"
 
 
-def shown(url: str) -> str:
-    """``url`` without its password, for messages and ``study.json`` (``passwords.hidden``)."""
-    return hidden(url)
-
-
 def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStorage:
     """The storage at ``url``; ``on_stale(study, trial)`` is called for each trial its heartbeat finds dead.
 
@@ -75,7 +68,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
     stores.opened(url)
     if unescaped_at(url):
         raise ConfigError(
-            f"--storage {shown(url)}: the URL holds more than one '@': write an '@' in the user name or password "
+            f"--storage {hidden(url)}: the URL holds more than one '@': write an '@' in the user name or password "
             "as %40 (and ':' as %3A, '/' as %2F, '%' as %25)"
         )
     try:
@@ -83,7 +76,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         backend = parsed.get_backend_name()
     except Exception:  # ArgumentError, a port that is no number: ValueError, ...
         raise ConfigError(
-            f"--storage {shown(url)!r} is not a database URL: "
+            f"--storage {hidden(url)!r} is not a database URL: "
             "give e.g. postgresql+psycopg://user@host/db or sqlite:///file.db"
         ) from None
     sqlite = backend == "sqlite"
@@ -91,8 +84,8 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
     if sqlite:
         database = stores.sqlite_database(url)
         if database is None:
-            raise ConfigError(f"--storage {shown(url)}: an SQLite study needs a file: give sqlite:///<file>.db")
-        named = f"{database} (the study's file beside its trials)" if beside_trials else f"--storage {shown(url)}"
+            raise ConfigError(f"--storage {hidden(url)}: an SQLite study needs a file: give sqlite:///<file>.db")
+        named = f"{database} (the study's file beside its trials)" if beside_trials else f"--storage {hidden(url)}"
         stores.check_sqlite_file(database, named, writing=True, no_link=beside_trials)
         try:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +97,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         connect = stores.sqlite_connector(database, read_only=False, lock_wait_s=SQLITE_LOCK_WAIT_S)
         engine_kwargs = {"creator": connect}
     else:
-        named = f"--storage {shown(url)}"
+        named = f"--storage {hidden(url)}"
         engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
     for attempt in range(3):
         try:
@@ -121,7 +114,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         except (ImportError, NoSuchModuleError) as err:
             driver = parsed.drivername
             raise ConfigError(
-                f"--storage {shown(url)}: the database driver for {driver} is not installed "
+                f"--storage {hidden(url)}: the database driver for {driver} is not installed "
                 f"({scrubbed(_reason(err))}); for PostgreSQL: pip install -e '.[postgres]' and postgresql+psycopg://..."
             ) from None
         except (IntegrityError, ProgrammingError, OperationalError, DatabaseError, StorageInternalError) as err:
@@ -149,9 +142,7 @@ def _begin_immediately(connection) -> None:
 
 
 def _reason(err: BaseException) -> str:
-    """The first line of what ``err`` (or the error behind it) says."""
-    cause = err.__cause__ or err.__context__ or err
-    return first_line(getattr(cause, "orig", None) or cause)
+    return stores.database_reason(err) or first_line(err.__cause__ or err)
 
 
 def trial_id(trial: Trial | FrozenTrial) -> int:
@@ -164,13 +155,15 @@ def put_back(storage: RDBStorage, trial: Trial) -> None:
     storage.set_trial_state_values(trial_id(trial), optuna.trial.TrialState.WAITING)
 
 
-def write_study_file(folder: Path, study: optuna.Study, url: str, monitor: str) -> None:
-    """Write ``study.json`` into ``folder``, whole or not at all: the study's name, store, metric and direction."""
+def write_study_file(folder: Path, study: optuna.Study, url: str, monitor: str, folds: int | None) -> None:
+    """Write ``study.json`` into ``folder``, whole or not at all: the study's name, store, metric and direction, and
+    a cross-validation's number of folds (the dashboard finds the study by it, the table of runs sums up the folds)."""
     record = {
         "study_name": study.study_name,
-        "storage": shown(url),
+        "storage": hidden(url),
         "monitor": monitor,
         "direction": study.direction.name.lower(),
+        "folds": folds,
     }
     folder.mkdir(parents=True, exist_ok=True)
     with written_whole(folder / STUDY_FILE) as temporary:

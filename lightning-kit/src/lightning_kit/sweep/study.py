@@ -11,8 +11,8 @@ from optuna.exceptions import DuplicatedStudyError
 from optuna.storages import RDBStorage
 
 from ..errors import ConfigError
+from ..passwords import hidden
 from .fingerprint import describe, differences
-from .store import shown
 
 SETTINGS = "sweep"
 # How long a worker waits for the worker that is creating the study to record its settings.
@@ -57,7 +57,7 @@ def open_study(
     while (recorded := study.user_attrs.get(SETTINGS)) is None:
         if time.monotonic() > deadline:
             raise ConfigError(
-                f"study {name} in {shown(url)} has no settings: the process creating it stopped first; "
+                f"study {name} in {hidden(url)} has no settings: the process creating it stopped first; "
                 "give --new_study (or another --study) for a new study"
             )
         time.sleep(1)
@@ -68,7 +68,7 @@ def open_study(
     if differing:
         what = " and ".join(_changed(key, recorded.get(key), settings.get(key)) for key in differing)
         raise StudyDiffersError(
-            f"study {name} in {shown(url)} was started with {what}: continue it with the same, "
+            f"study {name} in {hidden(url)} was started with {what}: continue it with the same, "
             "or give --new_study to start a new study beside it (or --study NAME)",
             what,
         )

@@ -3,8 +3,7 @@
 import errno
 import math
 import shlex
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,9 @@ class _FitOnly:
     def subcommands() -> dict[str, set[str]]:
         return {"fit": LightningCLI.subcommands()["fit"]}
 
-    def before_fit(self) -> None:
-        self.fit_started = time.perf_counter()  # for the sweep's own overhead: the time outside trainer.fit
-
 
 def fit_only(cli_class: type[KitCLI]) -> type[KitCLI]:
-    """``cli_class`` with the command line of ``fit`` alone, timing the fit."""
+    """``cli_class`` with the command line of ``fit`` alone."""
     return type(cli_class.__name__, (_FitOnly, cli_class), {"__module__": cli_class.__module__})
 
 
@@ -85,20 +81,13 @@ class ReportEpochs(L.Callback):
     """Report the monitored metric to the trial after each epoch that validated, and stop ``fit`` if it is pruned.
 
     Stopped the way early stopping stops a run: at the end of the epoch, its checkpoints
-    and metrics written. Also times ``fit`` from the callbacks' setup, for a fit that raised.
+    and metrics written.
     """
 
     def __init__(self, trial: Trial, monitor: str) -> None:
         self.trial, self.monitor = trial, monitor
         self.pruned_after: int | None = None
-        self.seconds = 0.0
         self._validated = False
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._started = time.perf_counter()
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.seconds += time.perf_counter() - self._started
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validated = self._validated or not trainer.sanity_checking
@@ -125,7 +114,6 @@ class Plan:
     fixed_args: list[str]  # what the sweep adds to every trial's
     folder: Path  # runs/sweeps/<study>
     monitor: str
-    fit_seconds: float = field(default=0.0)
 
 
 def run_trial(plan: Plan, trial: Trial) -> None:
@@ -155,12 +143,10 @@ def run_trial(plan: Plan, trial: Trial) -> None:
         args += ["--ckpt_path", resume] if resume else []
         InterruptCheckpoint.saved = None
         cli = fit(fit_only(plan.cli_class), args, callbacks=[reporter])
-        plan.fit_seconds += time.perf_counter() - cli.fit_started
         _tell(plan, trial, cli.trainer, reporter, folder)
         # A signal at the very end (the last validation held it): the trial is complete, and the sweep stops.
         signalled = cli.trainer.received_sigterm
     except DivergenceError as err:
-        plan.fit_seconds += reporter.seconds  # from the Trainer's setup: no later than the fit's start
         with signals_held():
             trial.set_user_attr("diverged", str(err))
             plan.study.tell(trial, state=TrialState.PRUNED)

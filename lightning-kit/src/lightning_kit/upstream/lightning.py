@@ -5,8 +5,9 @@ points. ``PRIVATES`` are the names the library reads or calls; the callers reach
 ``tests/test_upstream.py`` checks every entry of both tables against the Lightning installed.
 
 Replaced by public access: ``LightningCLI._get(config, key)`` (the subcommand's part of the configuration, read as
-``config[subcommand]``), and jsonargparse's ``parser._subcommands_action._name_parser_map`` (each subcommand's
-parser, recorded where ``_prepare_subcommand_parser`` makes it).
+``config[subcommand]``); no longer needed: jsonargparse's ``parser._subcommands_action._name_parser_map`` (each
+subcommand's parser, which the second parse for a chosen class's defaults read: ``parser.KitArgumentParser``'s
+``get_defaults`` makes one parse do).
 """
 
 from types import MethodType
@@ -31,7 +32,7 @@ OVERRIDES = (
         "lightning.pytorch.cli.LightningCLI",
         "_prepare_subcommand_parser",
         ("self", "klass", "subcommand", "kwargs"),
-        "adds --untrained to the evaluations' parsers only, and records each subcommand's parser",
+        "adds --untrained_weights to the evaluations' parsers only",
         "lightning 2.5.2 to 2.6.6",
     ),
     Override(

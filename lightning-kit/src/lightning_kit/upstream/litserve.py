@@ -1,20 +1,13 @@
 """LitServe's private names the server relies on, each with what it is for and the versions known to work.
 
-The server stops on SIGTERM only after answering every request it took (``serve/stopping.py``). That drain is
-the HTTP server's: its listening socket and its shutdown. LitServe offers no way to choose the class of the
-uvicorn servers it starts: ``LitServer._start_server`` makes each one from its module's own name,
-``litserve.server._Server``, and the uvicorn configuration that ``LitServer.run`` passes through chooses the
-protocol, the event loop and the lifespan, never the server. So ``stopping.Stopper`` subclasses ``_Server``, and
-the command serves with ``server_class``: a subclass of ``LitServer`` whose ``_start_server`` is LitServe's own code,
-reading that name as the subclass. What else the server writes of LitServe's: the instance's
-``uvicorn_graceful_timeout`` (which ``_start_server`` reads), and ``ERROR`` in ``workers_setup_status`` for a model
-process that died in the start-up.
-
-Of uvicorn (which LitServe requires), the draining server overrides ``Server.startup`` and ``Server.shutdown``
-(in ``PRIVATES``) and reads its server's ``servers``, ``server_state.connections`` (each one's ``cycle``),
-``config.http_protocol_class``, ``lifespan.state``, ``started`` and ``should_exit``: undocumented, checked by the
-serve tests (``tests/test_serve_faults.py``) only. Before LitServe 0.2.17 there is no ``_Server``: the server
-needs 0.2.17 or later. ``tests/test_upstream.py`` checks every entry against the LitServe installed.
+The drain on SIGTERM (``serve/stopping.py``) is the HTTP server's: LitServe offers no way to choose the class of
+the uvicorn servers it starts (``LitServer._start_server`` makes each from its module's name
+``litserve.server._Server``; ``LitServer.run``'s uvicorn options choose the protocol, the loop and the lifespan,
+never the server). So ``stopping.Stopper`` subclasses ``_Server``, and ``server_class`` runs LitServe's own
+``_start_server`` code with that name read as the subclass. uvicorn's ``Server.startup`` and ``Server.shutdown`` are
+overridden, and the attributes they read (``servers``, ``server_state.connections``, ``config.http_protocol_class``,
+``lifespan.state``, ``started``, ``should_exit``) are checked by ``tests/test_serve_faults.py`` only. LitServe 0.2.17
+or later (``_Server``); ``tests/test_upstream.py`` checks every entry against the LitServe installed.
 """
 
 import contextlib
@@ -36,12 +29,9 @@ def http_server_base() -> type:
 
 
 def server_class(http_server_class: type) -> type:
-    """A ``LitServer`` whose HTTP servers are ``http_server_class`` (a subclass of ``http_server_base()``).
-
-    Its ``_start_server`` is LitServe's own, its code unchanged, with the name ``_Server`` it makes each HTTP
-    server from read as ``http_server_class``: nothing of LitServe's (its module, its classes) is changed, and
-    another ``LitServer`` in the process starts LitServe's own servers.
-    """
+    """A ``LitServer`` whose HTTP servers are ``http_server_class`` (a subclass of ``http_server_base()``): its
+    ``_start_server`` is LitServe's own code with the name ``_Server`` read as it. Nothing of LitServe's is
+    reassigned: another ``LitServer`` in the process starts LitServe's own servers."""
     from litserve import LitServer
 
     start = _start_server()
