@@ -7,6 +7,7 @@ adds what cuBLAS and cuDNN allocate for themselves. The largest batch that fits 
 against the peak measured at twice the batch.
 """
 
+import functools
 import gc
 import json
 
@@ -142,8 +143,9 @@ class CollectingWide(Wide):
         return super().training_step(batch, batch_idx)
 
 
+@functools.cache  # one audit a size for the tests here (in each xdist worker that runs them)
 def _fit_outcome(batch_size: int, world_size: int = 1, model: type[Wide] = Wide) -> Outcome:
-    """The audit of ``Wide`` on one batch of ``batch_size``: its fit on one simulated GPU (or as DDP's rank 0)."""
+    """The audit of ``model`` on one batch of ``batch_size``: its fit on one simulated GPU (or as DDP's rank 0)."""
     verdict = audit(model(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,))))
     return next(o for o in verdict.outcomes if (o.stage, o.rank, o.world_size) == ("fit", 0, world_size))
 
@@ -163,7 +165,7 @@ def test_each_stage_reports_its_peak_what_it_holds_and_its_batch_size():
 def test_garbage_left_before_a_stage_and_freed_in_it_does_not_lower_its_peak():
     """Simulated tensors that only the collector frees (held in a cycle), left by earlier work, are freed before a
     stage's count starts: freed inside it, they would lower the peak by their size."""
-    clean = _fit_outcome(64, model=CollectingWide)
+    clean = _fit_outcome(64)  # Wide's: the same tensors, the same peak
     simulated.enable()
     gc.disable()  # the garbage stays until the stage, whatever the collector's thresholds
     try:
