@@ -6,7 +6,6 @@ into a temporary folder. A stage the data has nothing for is skipped, with a not
 """
 
 import copy
-import gc
 import importlib.util
 import logging
 import os
@@ -187,9 +186,6 @@ def _stage(
         progress.at_stage(stage, rank, world_size)
     start = time.perf_counter()
     started = _steps(runner, stage)
-    # What earlier stages (or the caller's tests) left to the collector is freed now, not inside this stage's count,
-    # where it would lower the peak --gpu_memory is held against.
-    gc.collect()
     simulated.memory.start_stage()
     try:
         with process_group(rank, world_size), simulating(rank), recorded() as outcome.collectives:

@@ -6,7 +6,9 @@ keeps one Python object for a storage while it lives, so a weak reference to it 
 each rounded up to a multiple of 512 bytes, as ``torch.cuda.memory_allocated`` counts the blocks CUDA's
 allocator hands out: the tensors alive at once, the optimizer's state, autograd's saved tensors, temporaries.
 ``peak`` is the most it held since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated``;
-``stage_peak`` the most since ``start_stage``, the audit's own count (the code's resets do not touch it).
+``stage_peak`` the most that a stage's own storages held at once since ``start_stage``, the audit's own count (the
+code's resets do not touch it): storages made before the stage and freed in it (garbage of earlier work, which the
+collector may free at any allocation) do not lower it.
 
 What CUDA reserves beyond its blocks (segments of 2 MiB and more, which its allocator caches) is an estimate:
 the peak rounded up to whole 2 MiB segments.
@@ -23,8 +25,9 @@ SEGMENT = 2 * 1024 * 1024  # the smallest segment it reserves from the driver
 class _Count:
     current = 0
     peak = 0
+    stage = 0  # the stage counted, a number a stage: a storage made in it is the stage's
+    stage_current = 0
     stage_peak = 0
-    stage_start = 0  # what was held when the stage started: another run's tensors still alive, not the stage's
     allocations = 0
     frees = 0
 
@@ -35,7 +38,7 @@ _count = _Count()
 class _Held(weakref.ref):
     """A weak reference to a storage of the simulated GPU, with the bytes it takes."""
 
-    __slots__ = ("key", "size")
+    __slots__ = ("key", "size", "stage")
 
 
 _live: dict[int, _Held] = {}  # by the storage's id, while it lives
@@ -45,6 +48,8 @@ def _freed(held: _Held) -> None:
     if _live.pop(held.key, None) is not None:
         _count.current -= held.size
         _count.frees += 1
+        if held.stage == _count.stage:
+            _count.stage_current -= held.size
 
 
 def track(elem: torch.Tensor) -> None:
@@ -60,14 +65,15 @@ def track(elem: torch.Tensor) -> None:
     if size == 0:
         return  # CUDA allocates nothing for an empty tensor
     held = _Held(storage, _freed)
-    held.key, held.size = key, size
+    held.key, held.size, held.stage = key, size, _count.stage
     _live[key] = held
     _count.current += held.size
+    _count.stage_current += held.size
     _count.allocations += 1
     if _count.current > _count.peak:
         _count.peak = _count.current
-    if _count.current > _count.stage_peak:
-        _count.stage_peak = _count.current
+    if _count.stage_current > _count.stage_peak:
+        _count.stage_peak = _count.stage_current
 
 
 def allocated() -> int:
@@ -86,18 +92,19 @@ def reset_peak() -> None:
 
 
 def start_stage() -> None:
-    """Start the audit's count of a stage from what is held now, which is not the stage's."""
-    _count.stage_peak = _count.stage_start = _count.current
+    """Start the audit's count of a stage: what is held now is not the stage's."""
+    _count.stage += 1
+    _count.stage_current = _count.stage_peak = 0
 
 
 def stage_peak() -> int:
-    """The most bytes the stage held at once since ``start_stage``, as a process of its own would count them."""
-    return max(_count.stage_peak - _count.stage_start, 0)
+    """The most bytes the stage's storages held at once since ``start_stage``, as a process of its own would count."""
+    return _count.stage_peak
 
 
 def stage_allocated() -> int:
-    """The bytes the stage holds now."""
-    return max(_count.current - _count.stage_start, 0)
+    """The bytes the stage's storages hold now."""
+    return _count.stage_current
 
 
 def reserved(held: int | None = None) -> int:
