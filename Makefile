@@ -26,11 +26,10 @@ LOWEST_TESTS := $(patsubst $(LIBRARY)/%,%,$(wildcard $(addprefix $(LIBRARY)/test
 
 # The pinned test environment, and the library from this checkout, editable: its tests and the template's
 # import it, and a baked project's requirement of it (the folder beside the template) is met by it.
-# --no-compile: Python compiles a module when it is first imported, not all 15,000 of them at install (35 s of CPU).
 $(STAMP): requirements-test.txt $(LIBRARY)/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements-test.txt
+	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e ./$(LIBRARY)
 	touch $(STAMP)
 
@@ -58,7 +57,7 @@ test: $(STAMP)
 $(LOWEST_STAMP): requirements-lowest.txt $(LIBRARY)/pyproject.toml
 	rm -rf $(LOWEST_VENV)
 	$(PYTHON) -m venv $(LOWEST_VENV)
-	$(LOWEST_BIN)/python -m pip install --quiet --no-compile -r requirements-lowest.txt
+	$(LOWEST_BIN)/python -m pip install --quiet -r requirements-lowest.txt
 	$(LOWEST_BIN)/python -m pip install --quiet --no-deps -e ./$(LIBRARY)
 	touch $(LOWEST_STAMP)
 
