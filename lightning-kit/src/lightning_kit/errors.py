@@ -33,14 +33,12 @@ class ConfigError(UserError, ValueError):
 
 
 class RefusedArgumentError(ConfigError):
-    """A value given to the model's or the data's class that the class refused (in its constructor, or once running):
-    a mistake on the command line, like the parser's own, so the command line exits with 2 after its one line."""
+    """A value given to the model's or the data's class that the class refused: a usage error (exit 2)."""
 
 
 class NotBuiltError(UserError):
-    """A class of the configuration (the model, the data module, a network) raised while it was built on its own
-    defaults or on values no argument accounts for: its failure, its reason and the line of it, in one line. What
-    the command then did not do it says in its status (1; the audit's: 3, not audited)."""
+    """A class of the configuration raised while it was built on values no argument accounts for (its defaults): the
+    command's status says what it then did not do (1; the audit's: 3, not audited)."""
 
 
 def exception_chain(err: BaseException | None, context: bool = True) -> list[BaseException]:
@@ -118,9 +116,8 @@ def nul_refusal(name: str, value: object) -> str | None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``argparse`` parser whose every mistake is one line, ``error: <what> (options: <prog> --help)``, exit 2;
-    a value holding a NUL character, and an empty value for an option whose default is not empty (an empty path, URL
-    or column is never meant), are mistakes like any other."""
+    """An ``argparse`` parser whose every mistake is one line, exit 2; a value holding a NUL character, and an empty
+    value for an option whose default is not empty (an empty path, URL or column is never meant), are mistakes."""
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
@@ -201,15 +198,8 @@ INTERRUPTED = 128 + signal.SIGINT  # a command ended by Ctrl-C, as a shell says 
 
 
 def command(main: Main) -> Main:
-    """A command's ``main``: what it prints reaches any standard output, or ends in one line; so does a Ctrl-C.
-
-    Text the output's encoding cannot hold (``PYTHONIOENCODING=ascii``, a C locale, a run folder named in another
-    script) is written escaped (``\\xe9``), not a UnicodeEncodeError; a closed standard output is an empty one. An
-    output that cannot be written (a full disk, past ``ulimit -f``) ends in ``error: ...`` on standard error, exit 1;
-    one whose reader has gone (``| head``) ends the command quietly, exit 1, as a closed pipe does. A Ctrl-C that
-    reaches the command's end (an export, an audit, a table being read) is ``interrupted (Ctrl-C)``, exit 130, the
-    status a shell gives a command SIGINT ended.
-    """
+    """A command's ``main``: what it prints reaches any standard output, or ends in one line (README: "What a command
+    prints"); a Ctrl-C that reaches its end is ``interrupted (Ctrl-C)``, exit 130, as a shell says SIGINT ended it."""
 
     @functools.wraps(main)
     def guarded(*args: Any, **kwargs: Any) -> Any:

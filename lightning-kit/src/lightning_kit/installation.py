@@ -1,8 +1,6 @@
 """Whether the library installed is the one the project names, and has what it needs: said at start-up, in one line
-(README: "The library installed is the one the project names").
-
-The standard library only: a project's package imports this first, so that a library installed
-without its requirements (``pip install --no-deps``) is one line too, not an ImportError.
+(README: "The library installed is the one the project names"). The standard library only: a project's package
+imports this first, so that a library installed without its requirements (``--no-deps``) is one line too.
 """
 
 import importlib.metadata
@@ -117,7 +115,7 @@ def _url_difference(library: Installed, named_url: str) -> str | None:
         if revision is None or not _COMMIT.fullmatch(revision):
             # A tag or branch: installed from that repository, at the revision named when pip installed it (which
             # commit a branch is at now cannot be told without git).
-            if library.url is None or not _same_url(library.url, base):
+            if library.url is None or library.url.removeprefix("git+").rstrip("/") != base.rstrip("/"):
                 return "it was installed from elsewhere"
             if revision is not None and library.requested is not None and library.requested != revision:
                 return f"it was installed at {library.requested}, not {revision}"
@@ -141,11 +139,10 @@ def _url_difference(library: Installed, named_url: str) -> str | None:
 
 
 def _specifier_difference(library: Installed, specifier: str) -> str | None:
-    try:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-        from packaging.version import InvalidVersion, Version
-    except ModuleNotFoundError:
-        return None
+    # packaging is one of the library's requirements: it is there, as the check of them (first) has found.
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
     try:
         accepted = SpecifierSet(specifier).contains(Version(library.version), prereleases=True)
     except (InvalidSpecifier, InvalidVersion):
@@ -161,10 +158,6 @@ def _git_parts(url: str) -> tuple[str, str | None]:
     if not at:
         return without_fragment, None
     return urllib.parse.urlunsplit(parsed._replace(path=path)), revision
-
-
-def _same_url(installed_url: str, named_base: str) -> bool:
-    return installed_url.removeprefix("git+").rstrip("/") == named_base.rstrip("/")
 
 
 def _file_path(url: str) -> Path:
@@ -211,9 +204,22 @@ def _small(path: Path, most: int) -> str | None:
         return None
 
 
-def install_command(project: ProjectFile) -> str:
+def install_command(project: ProjectFile | None) -> str:
     """The command that installs the library ``project`` names."""
-    return f"pip install {shlex.quote(project.requirement)}" if project.requirement else "pip install lightning-kit"
+    named = project.requirement if project is not None else None
+    return f"pip install {shlex.quote(named)}" if named else "pip install lightning-kit"
+
+
+def missing_line(project: ProjectFile | None) -> str | None:
+    """One line naming the library's requirements missing here (``pip install --no-deps``), and the command that
+    installs the library ``project`` names with them; None where none is missing."""
+    missing = missing_requirements()
+    if not missing:
+        return None
+    return without_credentials(
+        f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?): "
+        f"{install_command(project)}"
+    )
 
 
 def problem(start: str | Path | None = None) -> str | None:
@@ -244,15 +250,8 @@ def check_installation(module: str | None = None) -> None:
     one of the project's, finds its ``pyproject.toml`` from its folder; else the working folder's is the project's.
     """
     project = find_project(_folder_of(module))
-    missing = missing_requirements()
-    if missing:
-        how = install_command(project) if project is not None else "pip install lightning-kit"
-        sys.exit(
-            without_credentials(
-                f"error: lightning-kit is installed without what it needs ({', '.join(missing)}; installed with "
-                f"--no-deps?): {how}"
-            )
-        )
+    if (missing := missing_line(project)) is not None:
+        sys.exit(f"error: {missing}")
     checked = str(project.path) if project is not None else ""
     if os.environ.get(CHECKED) == checked or any(os.environ.get(name, "0") not in ("", "0") for name in _RANKS):
         return

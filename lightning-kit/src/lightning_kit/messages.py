@@ -103,16 +103,6 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
     a class that could not be built (``NotBuiltError``) with the status ``not_built``."""
     try:
         yield
-    except RefusedArgumentError as err:  # a value the user's classes refused: a usage error, as the parser's are
-        _usage_error(err)
-    except NotBuiltError as err:
-        sys.stderr.write(scrubbed(f"error: {err}") + "\n")
-        sys.stderr.flush()
-        sys.exit(not_built)
-    except (UserError, MisconfigurationException) as err:
-        sys.exit(scrubbed(f"error: {err}"))
-    except PermissionError as err:
-        sys.exit(scrubbed(f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)"))
     except SIGTERMException:
         saved = InterruptCheckpoint.saved
         if ProcessWatch.started_by_lightning:
@@ -125,10 +115,17 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
             sys.exit(scrubbed(stop.code))
         raise
     except Exception as err:
-        if (mistake := _user_error_behind(err)) is not None:
-            if isinstance(mistake, RefusedArgumentError):
-                _usage_error(mistake)
-            sys.exit(scrubbed(f"error: {mistake}"))  # jsonargparse wraps what a class raised when it was instantiated
+        # The mistake itself, or the one jsonargparse wrapped when it instantiated a class.
+        mistake = err if isinstance(err, MisconfigurationException) else _user_error_behind(err)
+        if isinstance(mistake, RefusedArgumentError | NotBuiltError):  # a status of their own: the line written here
+            sys.stderr.write(scrubbed(f"error: {mistake}") + "\n")
+            sys.stderr.flush()
+            sys.exit(2 if isinstance(mistake, RefusedArgumentError) else not_built)  # 2: a usage error, as the parser's
+        if mistake is not None:
+            sys.exit(scrubbed(f"error: {mistake}"))
+        if isinstance(err, PermissionError):
+            denied = f"error: cannot write {err.filename}: permission denied (choose a folder you can write to)"
+            sys.exit(scrubbed(denied))
         if (store := failure_line(err)) is not None:
             sys.exit(f"error: {store}")
         if (disk := disk_line(err)) is not None:
@@ -148,13 +145,6 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
         if not isinstance(found, DevicePlacementError):
             raise
         sys.exit(f"error: this would fail on a GPU: {found}")
-
-
-def _usage_error(err: RefusedArgumentError) -> None:
-    """Exit with 2, as the parser does for a mistake on the command line."""
-    sys.stderr.write(scrubbed(f"error: {err}") + "\n")
-    sys.stderr.flush()
-    sys.exit(2)
 
 
 # What Lightning prints that a user of this project cannot act on, silenced here and nowhere else, with the reason.

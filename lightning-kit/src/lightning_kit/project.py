@@ -1,14 +1,10 @@
-"""The project a command runs for: its ``pyproject.toml``, read as data, and what it says to the library.
-
-A project names the library among its requirements, which ``installation`` holds against what is installed; a
-project without a ``KitCLI`` of its own configures the library's commands in ``[tool.lightning-kit]`` (README). Its
-file is the first ``pyproject.toml`` found from a folder up, read with bounds and with the standard library only, so
-that ``installation`` can read it where the library's own requirements are missing.
+"""The project a command runs for: its ``pyproject.toml`` (the nearest from a folder up), read as data with bounds and
+with the standard library only, so that ``installation`` can read it where the library's own requirements are missing:
+the library it requires, and ``[tool.lightning-kit]``, which configures the library's commands (README).
 """
 
 import os
 import re
-import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,19 +33,9 @@ class ProjectFile:
     path: Path
     name: str | None = None  # [project].name
     requirement: str | None = None  # the first requirement of the library: its dependency, else an extra's
+    url: str | None = None  # the URL it names the library by (git+https://...@<commit>, file:///...)
+    specifier: str | None = None  # or the version specifier it names (>=0.1,<0.2)
     settings: dict[str, Any] = field(default_factory=dict)  # [tool.lightning-kit], checked
-
-    @property
-    def url(self) -> str | None:
-        """The URL the requirement names the library by (``git+https://...@<commit>``, ``file:///...``), if any."""
-        found = library_requirement(self.requirement or "")
-        return found[0] if found else None
-
-    @property
-    def specifier(self) -> str | None:
-        """The version specifier the requirement names (``>=0.1,<0.2``), if it names one rather than a URL."""
-        found = library_requirement(self.requirement or "")
-        return found[1] if found else None
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -82,18 +68,11 @@ def project_file(start: str | Path | None = None) -> Path | None:
         return None
     folders = [folder, *folder.parents][:MAX_LEVELS]
     for position, candidate in enumerate(folders):
-        if _is_file(candidate / FILE) and not any(
-            above.name in ("runs", "data") and _is_file(above.parent / FILE) for above in folders[position:]
+        if os.path.isfile(candidate / FILE) and not any(
+            above.name in ("runs", "data") and os.path.isfile(above.parent / FILE) for above in folders[position:]
         ):
             return candidate / FILE
     return None
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return False
 
 
 def read_project(path: Path) -> ProjectFile:
@@ -118,7 +97,9 @@ def read_project(path: Path) -> ProjectFile:
     project = content.get("project") if isinstance(content.get("project"), dict) else {}
     tool = content.get("tool") if isinstance(content.get("tool"), dict) else {}
     name = project.get("name") if isinstance(project.get("name"), str) else None
-    return ProjectFile(path, name, _library_requirement(project), _settings(path, tool.get(TABLE)))
+    requirement = _library_requirement(project)
+    url, specifier, _ = library_requirement(requirement) if requirement else (None, None, "")
+    return ProjectFile(path, name, requirement, url, specifier, _settings(path, tool.get(TABLE)))
 
 
 def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:

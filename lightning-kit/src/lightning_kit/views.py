@@ -9,7 +9,6 @@ line, since the dashboard runs in this process.
 """
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -89,9 +88,12 @@ def _dashboard(options: argparse.Namespace) -> None:
     import optuna_dashboard
 
     print(f"Optuna's dashboard of study {name} ({trials} trials) in {hidden(url)}, read-only:", flush=True)
-    print(f"  http://{_address(options.host)}:{options.port}/dashboard/studies/{study_id}", flush=True)
-    with _stopped_by_sigterm():
-        optuna_dashboard.run_server(storage, host=options.host, port=options.port)
+    address = f"[{options.host}]" if ":" in options.host else options.host
+    print(f"  http://{address}:{options.port}/dashboard/studies/{study_id}", flush=True)
+    # SIGTERM stops the server as Ctrl-C does: bottle.run, under optuna_dashboard.run_server, ends on the
+    # KeyboardInterrupt that Python's default SIGINT handler raises, and returns (exit 0).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    optuna_dashboard.run_server(storage, host=options.host, port=options.port)
 
 
 def _study_of(folder: Path, named: str) -> str:
@@ -172,13 +174,9 @@ def _unreadable(err: BaseException, database: str | None) -> str:
 
 
 def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 1 <= port <= 65535:
+    if not (text.isdecimal() and 1 <= int(text) <= 65535):
         raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
-    return port
+    return int(text)
 
 
 def _check_port(host: str, port: int) -> None:
@@ -195,26 +193,6 @@ def _check_port(host: str, port: int) -> None:
             if err.errno == getattr(socket, "EADDRINUSE", 98) or "in use" in str(err):
                 raise UserError(f"--port {port} is in use on {host}: give another --port") from None
             raise UserError(f"--host {host} --port {port} cannot be listened on ({err.strerror or err})") from None
-
-
-def _address(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-@contextlib.contextmanager
-def _stopped_by_sigterm():
-    """SIGTERM stops the dashboard's server as Ctrl-C does (it ends its loop on KeyboardInterrupt), exit 0."""
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

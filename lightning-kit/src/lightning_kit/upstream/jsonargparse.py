@@ -1,11 +1,9 @@
 """jsonargparse's wording, which the library reads to turn its errors into one line: none of it is a promise.
 
-jsonargparse (with argparse under it) says what was wrong with a command line in text meant for a person: which
-key, nested keys of a class's arguments, the alternatives of a union, the restriction a number broke. The library
-reads that text for the key and the reason (``parser.one_line``, ``parser.KitArgumentParser.error``); each pattern
-it reads with is here, beside what it matches, so that a release that words them otherwise fails
-``tests/test_upstream_jsonargparse.py``, which holds each against what the installed jsonargparse says of a real bad
-input, instead of turning the one-line errors back into nests.
+jsonargparse (with argparse under it) says what was wrong with a command line in text meant for a person; the
+parser reads it for the key and the reason (``parser.one_line``, ``parser.KitArgumentParser.error``) with each
+pattern here, so that a release that words them otherwise fails ``tests/test_upstream_jsonargparse.py`` (each
+pattern held against what the installed jsonargparse says of a real bad input), not the one-line errors.
 """
 
 import re
@@ -29,16 +27,6 @@ RESTRICTION = re.compile(r"Not of type \w+: (?:(?P<value>\S+) )?does not conform
 NULL_ALTERNATIVE = re.compile(r"Subtypes: \[[^\n]*<class 'NoneType'>\]")
 #: The value a union's message was about: ``Given value: 1``.
 GIVEN_VALUE = re.compile(r"Given value: (?P<value>[^\n]*)")
-
-#: Each pattern, and what it matches (the test holds each against the installed jsonargparse's own message).
-PATTERNS = {
-    "HEADINGS": (HEADINGS, "each level's key of a nested message, and the class path a key names"),
-    "NOISE": (NOISE, "the lines of a union's message that list alternatives"),
-    "REQUIRED": (REQUIRED, "argparse's required flags not given"),
-    "RESTRICTION": (RESTRICTION, "a number out of a restricted type's bounds, and the bounds"),
-    "NULL_ALTERNATIVE": (NULL_ALTERNATIVE, "a union that takes None"),
-    "GIVEN_VALUE": (GIVEN_VALUE, "the value a union's message was about"),
-}
 
 
 def out_of_bounds(message: str) -> tuple[str, str] | None:

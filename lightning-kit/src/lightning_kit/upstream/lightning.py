@@ -1,13 +1,7 @@
 """Lightning's private names the library relies on, each with what it is for and the versions known to work.
 
 ``OVERRIDES`` are LightningCLI's private methods that ``cli.KitCLI`` overrides: Lightning offers no hook at these
-points. ``PRIVATES`` are the names the library reads or calls; the callers reach them through the functions below.
-``tests/test_upstream.py`` checks every entry of both tables against the Lightning installed.
-
-Replaced by public access: ``LightningCLI._get(config, key)`` (the subcommand's part of the configuration, read as
-``config[subcommand]``); no longer needed: jsonargparse's ``parser._subcommands_action._name_parser_map`` (each
-subcommand's parser, which the second parse for a chosen class's defaults read: ``parser.KitArgumentParser``'s
-``get_defaults`` makes one parse do).
+points. ``PRIVATES`` are the names the library reads or calls, through the functions below.
 """
 
 from types import MethodType

@@ -1,8 +1,5 @@
-"""PyTorch's private names the library relies on, each with what it is for and the versions known to work.
-
-``tests/test_upstream.py`` checks every entry of ``PRIVATES`` against the PyTorch installed. The simulated GPU's
-own private names live with it (``gpu_audit/simulated/__init__.py``).
-"""
+"""PyTorch's private names the library relies on (the simulated GPU's live with it), with the versions known to
+work."""
 
 from types import FunctionType
 
