@@ -8,7 +8,7 @@ from .errors import ConfigError, UserError
 
 
 def check_accelerator(trainer) -> None:
-    """The accelerator of the Trainer's arguments is present here, with its software, and the settings it can run."""
+    """The accelerator of the Trainer's arguments is present here, with its software."""
     accelerator = trainer.accelerator
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(

@@ -149,21 +149,20 @@ class _GuardedOutput:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def write(self, text: str) -> int:
+    def _guarded(self, method: str, *args: Any) -> Any:
         try:
-            return self._stream.write(text)
+            return getattr(self._stream, method)(*args)
         except OSError as err:
             raise OutputError(err) from None
+
+    def write(self, text: str) -> int:
+        return self._guarded("write", text)
 
     def writelines(self, lines: Any) -> None:
-        for line in lines:
-            self.write(line)
+        self._guarded("writelines", lines)
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError as err:
-            raise OutputError(err) from None
+        self._guarded("flush")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -1,8 +1,5 @@
-"""Files a user names: read only when they are plain files, written only where a file can go.
-
-Opening a FIFO for reading waits for a writer that may never come, a device may never end, and a folder is no file:
-each is refused by name, from ``os.stat``, before it is opened.
-"""
+"""Files a user names: read only when they are plain files (a FIFO would wait for a writer that may never come, a
+device may never end), written only where a file can go."""
 
 import os
 import stat
@@ -33,16 +30,15 @@ class NotAFileError(UserError):
 
 
 def kind_of(mode: int) -> str | None:
-    """What a path of this ``st_mode`` is, in words, when it is not a plain file; ``None`` for a plain file."""
+    """What a path of this ``st_mode`` is, in words; ``None`` for a plain file."""
     if stat.S_ISREG(mode):
         return None
     return next((kind for test, kind in _KINDS if test(mode)), "not a plain file")
 
 
 def open_regular(path: str | Path) -> BinaryIO:
-    """``path`` opened for binary reading, links followed, when it is a plain file; else ``NotAFileError`` (or the
-    ``OSError`` of a missing or unreadable file). The type is checked again on the open file: a FIFO put in its place
-    meanwhile is opened without waiting (``O_NONBLOCK``) and refused."""
+    """``path`` opened for binary reading, links followed, when it is a plain file; else ``NotAFileError``. Checked
+    again on the open file: a FIFO put in its place meanwhile is opened without waiting (``O_NONBLOCK``) and refused."""
     kind = kind_of(os.stat(path).st_mode)
     if kind is not None:
         raise NotAFileError(path, kind)
@@ -62,13 +58,8 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite_flag: str) -> None:
     """Refuse, in one line naming ``flag``, an output ``path`` that could not be written, before the long work that
-    would produce it starts.
-
-    Accepted: a path that is not a folder, in a folder that exists or can be made and in which a file can be created
-    (tried with a temporary file, removed at once); where something is there already, only a file or a link, and only
-    with ``overwrite``: the output is written beside it and renamed into place, so a link is replaced, never written
-    through.
-    """
+    would produce it starts: a folder, a path in a folder no file can be created in (tried), or something already
+    there unless it is a file or a link and ``overwrite`` (the output is renamed into place: a link is replaced)."""
     text = os.fspath(path)
     path = Path(text)
     if not text.strip():
@@ -97,12 +88,9 @@ def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite
 
 
 def check_folder_path(path: str | Path, what: str, flag: str) -> None:
-    """Refuse, in one line naming ``flag``, a folder ``path`` (``what`` it is for) that cannot be made or used.
-
-    Refused: a part of the path that is there but is not a folder (a file, a FIFO), and a link that points
-    nowhere, which making the folder would follow, creating folders wherever it points. A link to a folder
-    that is there is used (runs kept on another disk).
-    """
+    """Refuse, in one line naming ``flag``, a folder ``path`` (``what`` it is for) that cannot be made or used: a part
+    that is not a folder, or a link that points nowhere (making the folder would create folders wherever it points).
+    A link to a folder that is there is used (runs kept on another disk)."""
     path = Path(path)
     for part in [*reversed(path.parents), path]:
         if part == part.parent or part == Path("."):

@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,12 +40,10 @@ def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
     """The Trainer flag that Lightning's own check of it against the data refused (a ``val_check_interval`` longer
     than the epoch), if ``err`` is that: a ValueError raised in Lightning's code naming the argument in backticks.
     Anything else stays a traceback: a bug to report."""
-    if not isinstance(err, ValueError) or err.__traceback__ is None:
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    if not isinstance(err, ValueError) or not frames:
         return None
-    innermost = err.__traceback__
-    while innermost.tb_next is not None:
-        innermost = innermost.tb_next
-    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in innermost.tb_frame.f_code.co_filename:
+    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in frames[-1].f_code.co_filename:
         return None
     named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
     return f"--trainer.{named[0]}" if named else None
@@ -83,11 +82,7 @@ def memory_line(err: BaseException) -> str | None:
 def _file_being_written(err: BaseException) -> str | None:
     """The name of the file a failed ``write`` was writing (a write's error names none): the file object open for
     writing in the innermost frame of ``err``'s traceback that holds one."""
-    frames, tb = [], err.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
+    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
         for value in frame.f_locals.values():
             mode = getattr(value, "mode", None)
             if isinstance(value, io.IOBase) and isinstance(mode, str) and set(mode) & set("wax+"):

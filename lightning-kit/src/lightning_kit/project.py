@@ -6,7 +6,7 @@ the library it requires, and ``[tool.lightning-kit]``, which configures the libr
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +35,9 @@ class ProjectFile:
     requirement: str | None = None  # the first requirement of the library: its dependency, else an extra's
     url: str | None = None  # the URL it names the library by (git+https://...@<commit>, file:///...)
     specifier: str | None = None  # or the version specifier it names (>=0.1,<0.2)
-    settings: dict[str, Any] = field(default_factory=dict)  # [tool.lightning-kit], checked
-
-    @property
-    def packages(self) -> tuple[str, ...]:
-        return tuple(self.settings.get("packages", ()))
-
-    @property
-    def monitor(self) -> tuple[str, str] | None:
-        metric = self.settings.get("monitor")
-        return (metric, self.settings.get("mode", "max")) if metric else None
+    # [tool.lightning-kit], checked: the packages trusted as the project's, the metric monitored and its mode.
+    packages: tuple[str, ...] = ()
+    monitor: tuple[str, str] | None = None
 
 
 def find_project(start: str | Path | None = None) -> ProjectFile | None:
@@ -99,7 +92,7 @@ def read_project(path: Path) -> ProjectFile:
     name = project.get("name") if isinstance(project.get("name"), str) else None
     requirement = _library_requirement(project)
     url, specifier, _ = library_requirement(requirement) if requirement else (None, None, "")
-    return ProjectFile(path, name, requirement, url, specifier, _settings(path, tool.get(TABLE)))
+    return ProjectFile(path, name, requirement, url, specifier, *_settings(path, tool.get(TABLE)))
 
 
 def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:
@@ -156,10 +149,11 @@ def _library_requirement(project: dict) -> str | None:
     return None
 
 
-def _settings(path: Path, table: Any) -> dict[str, Any]:
-    """``[tool.lightning-kit]``, each setting checked: one line naming the key and what it accepts."""
+def _settings(path: Path, table: Any) -> tuple[tuple[str, ...], tuple[str, str] | None]:
+    """``[tool.lightning-kit]``'s packages and monitor, each setting checked: one line naming the key and what it
+    accepts."""
     if table is None:
-        return {}
+        return (), None
     where = f"{path}: [tool.{TABLE}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table of settings")
@@ -177,4 +171,4 @@ def _settings(path: Path, table: Any) -> dict[str, Any]:
         raise ConfigError(f'{where} mode must be "min" or "max", got {mode!r}')
     if "mode" in table and monitor is None:
         raise ConfigError(f"{where} mode says how to judge the monitored metric: give monitor too")
-    return {"packages": packages, **({"monitor": monitor.strip(), "mode": mode} if monitor else {})}
+    return tuple(packages), (monitor.strip(), mode) if monitor else None

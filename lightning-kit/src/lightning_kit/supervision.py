@@ -16,16 +16,14 @@ from .upstream.lightning import other_rank_processes
 
 
 class ProcessWatch(L.Callback):
-    """End every process of a DDP run on one machine when one of them dies, with one line: otherwise the others wait
-    for the dead one in their next collective until the process group's timeout, half an hour.
-
-    Of the processes Lightning starts (``--devices N --strategy ddp``), the first watches the others' exit codes, the
-    others watch for the first to go (torchrun and SLURM watch their processes themselves).
+    """End every process of a DDP run that Lightning started (``--devices N``) when one of them dies, with one line:
+    otherwise the others wait in their next collective until the process group's timeout, half an hour. The first
+    process watches the others' exits, the others the first's (torchrun and SLURM watch their processes themselves).
     """
 
     POLL_SECONDS = 1.0
-    # Whether this process is one Lightning started for another rank: after a stop asked for by a
-    # signal, it leaves with status 0, or Lightning's own watch of the first process would kill it.
+    # A process Lightning started for another rank leaves a stop asked for by a signal with 0: Lightning's own watch
+    # (fabric's _ChildProcessObserver) would kill the first process for any other status.
     started_by_lightning = False
     _children: ClassVar[list] = []  # the processes of the other ranks, in the first process
     _done: threading.Event | None = None  # made when watching starts: a callback must stay copyable
