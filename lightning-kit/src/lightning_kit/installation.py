@@ -98,13 +98,11 @@ def missing_requirements() -> list[str]:
 
 def difference(library: Installed | None, project: ProjectFile) -> str | None:
     """Why ``library`` is not the one ``project`` names, in words; None where it is (or where it cannot be told)."""
-    if project.requirement is None or library is None:
-        return None  # nothing named; or the library runs from its source folder, not installed: nothing to tell
+    if library is None:
+        return None  # the library runs from its source folder, not installed: nothing to tell
     if project.url is not None:
         return _url_difference(library, project.url)
-    if project.specifier:
-        return _specifier_difference(library, project.specifier)
-    return None
+    return _specifier_difference(library, project.specifier) if project.specifier else None
 
 
 def _url_difference(library: Installed, named_url: str) -> str | None:
