@@ -1,18 +1,11 @@
-"""lightning_kit: the machinery a Lightning project shares, so that the project holds only its own code.
+"""lightning_kit: the machinery a Lightning project shares, so that the project holds only its own code (README).
 
-The front door (each name is imported when first used, so that ``python -m lightning_kit.runs``
-imports no PyTorch):
-
-- ``audit(model, data)``: train ``model`` on a simulated CUDA GPU and raise ``DevicePlacementError``
-  at the line that would fail on a real one (``lightning_kit.placement``);
-- ``KitCLI``: the LightningCLI a project subclasses with its classes and defaults, and ``main``,
-  which runs it; ``GenericCLI`` takes any ``--model`` and ``--data`` by class path;
-- ``lightning_kit.arguments``: bounded types for a class's arguments (``BatchSize``, ``Seed``...), and
-  ``Arguments``, the table the Trainer's are checked against;
-- the commands: ``python -m lightning_kit.placement``, ``.sweep``, ``.runs``, ``.serve``, ``.export``,
-  ``.bench``, ``.lint_placement``, ``.gpu_check``.
-
-Everything else is reached through its module; names that start with ``_`` are private.
+The front door, each name imported when first used (``python -m lightning_kit.runs`` imports no PyTorch): ``audit``
+(``lightning_kit.placement``), ``KitCLI``, ``GenericCLI`` and ``main`` (the command line), ``Arguments`` (the
+bounded types are in ``lightning_kit.arguments``), ``ConfigError`` and ``UserError``. The commands are
+``python -m lightning_kit.placement``, ``.sweep``, ``.runs``, ``.views``, ``.serve``, ``.export``, ``.bench``,
+``.lint_placement``, ``.gpu_check`` and ``.guide``. Everything else is reached through its module; names that start
+with ``_`` are private.
 """
 
 import importlib
