@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import sys
 from pathlib import Path
 
@@ -108,11 +107,7 @@ def _study_of(folder: Path, named: str) -> str:
 
 
 def _plain_file_inside(path: Path, folder: Path) -> bool:
-    try:
-        plain = stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return False
-    return plain and Path(os.path.realpath(path)).is_relative_to(folder.resolve())
+    return os.path.isfile(path) and Path(os.path.realpath(path)).is_relative_to(folder.resolve())
 
 
 def _open(url: str, name: str | None, named: str):
