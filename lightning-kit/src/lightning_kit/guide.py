@@ -8,12 +8,11 @@
 The audit's fixes and the placement linter name its rules by number. The standard library only.
 """
 
-import argparse
 import re
 import sys
 from importlib import resources
 
-from .errors import command
+from .errors import OneLineParser, command
 
 FILE = "device-placement.md"
 COMMAND = "python -m lightning_kit.guide"
@@ -47,7 +46,7 @@ def cite(rules_cited: str) -> str:
 
 @command
 def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=COMMAND, description="Print lightning-kit's device placement guide.")
+    parser = OneLineParser(prog=COMMAND, description="Print lightning-kit's device placement guide.")
     parser.add_argument("rule", nargs="?", help="a rule's number, or a range such as 2-9 (default: the whole guide)")
     parser.add_argument("--path", action="store_true", help="print where the guide's file is, instead of the guide")
     options = parser.parse_args(args)
@@ -59,11 +58,11 @@ def main(args: list[str] | None = None) -> None:
         return
     found = _RANGE.fullmatch(options.rule.strip())
     if found is None:
-        parser.exit(2, f"error: {options.rule!r} is not a rule: give its number (13) or a range (2-9)\n")
+        parser.error(f"{options.rule!r} is not a rule: give its number (13) or a range (2-9)")
     try:
         sys.stdout.write(rules(int(found[1]), int(found[2]) if found[2] else None))
     except ValueError as err:
-        parser.exit(2, f"error: rule {options.rule}: {err}\n")
+        parser.error(f"rule {options.rule}: {err}")
 
 
 if __name__ == "__main__":
