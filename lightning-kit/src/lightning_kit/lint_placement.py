@@ -26,7 +26,6 @@ variable of another name (``.to(d)``, ``.to(other)``): the device audit finds wh
 
 import ast
 import io
-import os
 import re
 import sys
 import tokenize
@@ -443,15 +442,6 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
     return lines
 
 
-def python_files(folder: Path) -> list[Path]:
-    """The ``.py`` files under ``folder``, in order; links to folders are not followed (nor loop)."""
-    found = []
-    for root, folders, files in os.walk(folder):
-        folders.sort()
-        found += [Path(root, name) for name in sorted(files) if name.endswith(".py")]
-    return found
-
-
 @command
 def main(args: list[str] | None = None) -> int:
     """Exit status 1 where a placement was found or a file named could not be read, else 0. A folder named stands
@@ -460,7 +450,10 @@ def main(args: list[str] | None = None) -> int:
     errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
     names = [name for name in names if "\0" not in name]
     paths = [Path(name) for name in names] if names or errors else project_files(Path.cwd())
-    found = {path: python_files(path) if path.is_dir() else [path] for path in paths}
+    # rglob does not follow links to folders, so a link back up does not loop.
+    found = {
+        path: sorted(p for p in path.rglob("*.py") if not p.is_dir()) if path.is_dir() else [path] for path in paths
+    }
     for folder in (path for path, files in found.items() if not files):
         # A folder of no Python files checks nothing: said, so that it does not read as a pass.
         print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
