@@ -262,18 +262,12 @@ class _Finder(ast.NodeVisitor):
         running = next((function.name for function in self._functions if RUNS_ON_THE_DEVICE.match(function.name)), None)
         if running is not None:
             return f"`{ast.unparse(node)}` in `{running}` is made on the CPU whatever device the model runs on", "made"
-        target = self._parents.get(node)
-        kept = (
-            isinstance(target, ast.Assign)
-            and any(_name(attribute).startswith("self.") for attribute in target.targets)
-            and self._functions
-            and self._functions[-1].name == "__init__"
-            and self._classes
-            and _is_a_module(self._classes[-1])
-        )
-        if kept:
-            attribute = next(_name(item) for item in target.targets if _name(item).startswith("self."))
-            return f"`{attribute}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
+        # Kept as a plain attribute of a module in its __init__: `self.mean = torch.tensor(...)`.
+        assigned = self._parents.get(node)
+        kept = [_name(item) for item in getattr(assigned, "targets", ()) if _name(item).startswith("self.")]
+        in_init = self._functions and self._functions[-1].name == "__init__"
+        if kept and in_init and self._classes and _is_a_module(self._classes[-1]):
+            return f"`{kept[0]}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
         return None
 
     @staticmethod
