@@ -113,11 +113,7 @@ def find_project(
 
 def _package_with_bench(folder: Path) -> str | None:
     src = folder / "src"
-    found = sorted(
-        path.name
-        for path in (src.iterdir() if src.is_dir() else ())
-        if (path / "__init__.py").is_file() and (path / "bench.py").is_file()
-    )
+    found = sorted(bench.parent.name for bench in src.glob("*/bench.py") if (bench.parent / "__init__.py").is_file())
     if len(found) > 1:
         raise UserError(
             f"{src} holds several packages with a bench module ({', '.join(found)}): name one with --package"
