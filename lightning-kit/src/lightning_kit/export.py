@@ -4,11 +4,10 @@
     python -m my_project.export --ckpt_path last    # a project's own command line (its KitCLI)
     python -m my_project.export --ckpt_path runs/lightning_logs/version_3/checkpoints/last.ckpt --output model.pt2
 
-writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and ``model.onnx`` when the ``onnx``
-and ``onnxscript`` packages are installed. The file holds the model's own ``forward``, on inputs ``example_inputs``
-finds; what it takes travels in ``input.json`` (``model_format``), which a server decodes requests by. Before a file
-is written, its program is loaded back from its bytes and run on a batch of the data beside forward (the README's
-``export`` says what is refused). Loading needs PyTorch alone::
+writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and ``model.onnx`` when ``onnx`` and
+``onnxscript`` are installed: the model's own ``forward``, on inputs ``example_inputs`` finds, with what it takes in
+``input.json`` (``model_format``). Before a file is written, its program is loaded back and run on a batch of the
+data beside forward (the README's ``export`` says what is refused). Loading needs PyTorch alone::
 
     import json, torch
     extra = {"class_names.json": "", "input.json": ""}
@@ -88,18 +87,14 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
         settings = ["--config", yaml.safe_dump({key: run[key] for key in RUN_SETTINGS if key in run})]
     model, datamodule = build(cli_class, [*settings, *args])
     check_architecture(ckpt_path, trained, model)
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    model.load_state_dict(checkpoint["state_dict"])
+    model.load_state_dict(torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"])
     return model.eval(), datamodule
 
 
 def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> Exported:
-    """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written.
-
-    A model that torch.export cannot export, or whose program answers a batch of the data otherwise than its
-    forward, is ``UserError`` and nothing is written; one that torch.onnx cannot export has its ``.pt2`` written all
-    the same, and ``Exported.no_onnx`` says why. Each file is written beside its name and renamed into place.
-    """
+    """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written. What
+    torch.export cannot export, or whose program answers otherwise than forward, is ``UserError``, nothing written;
+    where torch.onnx fails, the ``.pt2`` is written all the same and ``Exported.no_onnx`` says why."""
     targets = check_outputs(output, overwrite, onnx)
     if onnx == "yes" and not _has_onnx():
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
