@@ -66,12 +66,8 @@ class NearZeroNet(nn.Module):
 
 
 class StepWindow(L.Callback):
-    """Times the steps after ``warmup``, the way ``hand_written_loop`` does: from the first timed step's start.
-
-    ``seconds`` is the whole window's time, the ends of epochs in it included; ``step_seconds`` the
-    mean time of its steps within an epoch, each from its start to the next one's: the end of an
-    epoch (a checkpoint written, the epoch's metrics logged) is a cost per epoch, not per step.
-    """
+    """Times the ``steps`` after ``warmup``: ``seconds``, the whole window's, the ends of epochs in it included; and
+    ``step_seconds``, the mean of its steps within an epoch, each from its start to the next one's (module's (e))."""
 
     def __init__(self, warmup: int, steps: int) -> None:
         self.warmup, self.steps = warmup, steps
