@@ -1,36 +1,29 @@
 """Benchmark the training path against a hand-written PyTorch loop, the data pipeline, and per-step overhead.
 
     python -m my_project.bench --config configs/synthetic.yaml --accelerator cpu   # a project's own command line
-    python -m my_project.bench --config configs/synthetic.yaml --accelerator gpu
-    python -m lightning_kit.bench --model their.Module --data their.DataModule --accelerator cpu
+    python -m lightning_kit.bench --model their.Module --data their.DataModule --accelerator gpu
 
-Measured in one process, on the same batches, alternating the contenders, because
-timings on a shared machine drift between runs. Each contender's figure is its best run:
-what else the machine does can only add time to a run, never take it away, so the fastest
-of several is the steadiest estimate of the code's own cost (as ``timeit`` reports). The
-per-step ratio (e) is also given as the median over repeats of each pair of runs side by side.
-It measures:
+Measured in one process, on the same batches, alternating the contenders, because timings on a shared machine drift
+between runs. Each contender's figure is its best run: what else the machine does can only add time to a run, so the
+fastest of several is the steadiest estimate of the code's own cost (as ``timeit`` reports); the per-step ratios (e)
+and (f) are also given as the median over repeats of each pair of runs side by side. It measures:
 
-  (a) the project's own training path: the Trainer, callbacks and logging that
-      `train.py` (the project's KitCLI) builds from the same arguments;
+  (a) the project's own training path: the Trainer, callbacks and logging its KitCLI builds from the arguments;
   (b) a minimal hand-written PyTorch loop doing the same work;
-  (c) the data pipeline alone (batches sliced, moved and augmented), against (d)
-      the training throughput of (a);
-  (e) per-step framework overhead with a near-zero-cost network: the project's
-      path against `Trainer(barebones=True)` and a hand-written loop. A Trainer's
-      step is timed within an epoch, from its start to the next one's; the end of
-      an epoch (a checkpoint, the epoch's metrics) is a cost per epoch, which (a)
-      counts and (e) does not;
-  (f) with the default logger, what its TensorBoard event files cost a step: (e)'s
-      project path against the same with ``--trainer.logger.init_args.tensorboard false``.
+  (c) the data pipeline alone (batches sliced, moved and augmented, on one thread), against (d) the training
+      throughput of (a);
+  (e) per-step framework overhead with a near-zero-cost network: the project's path against
+      ``Trainer(barebones=True)`` and a hand-written loop. A Trainer's step is timed within an epoch, from its start
+      to the next one's: the end of an epoch (a checkpoint, the epoch's metrics) is a cost per epoch, which (a) counts
+      and (e) does not;
+  (f) with the default logger, what its TensorBoard event files cost a step: (e)'s project path against the same with
+      ``--trainer.logger.init_args.tensorboard false``.
 
-This is measurement code: unlike the project, it moves tensors and synchronises
-the device itself, as a hand-written loop must. It runs with any configuration
-`train.py` takes, for a model with a ``net`` (the network it trains) and a data module with a
-``batch_size``; callbacks that would end training before the timed steps (`EarlyStopping`,
-`Timer`) are left out, as validation is.
-
-The image folder reader's own benchmark is the maintainers' ``benchmarks/image_folder.py``, not installed.
+The hand-written contenders are timed by ``torch.utils.benchmark.Timer``, which synchronises the accelerator. It runs
+with any configuration the project's ``train.py`` takes, for a model with a ``net`` (the network it trains) and a data
+module with a ``batch_size``; callbacks that would end training before the timed steps (``EarlyStopping``, ``Timer``)
+are left out, as validation is. The image folder reader's own benchmark is the maintainers'
+``benchmarks/image_folder.py``, not installed.
 """
 
 import argparse
@@ -48,6 +41,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, Timer
 from torch import nn
+from torch.utils import benchmark
 
 from .building import build_all
 from .cli import GenericCLI, KitCLI
@@ -72,30 +66,23 @@ class NearZeroNet(nn.Module):
 
 
 class StepWindow(L.Callback):
-    """Times the steps after ``warmup``, the way ``hand_written_loop`` does: from the first timed step's start.
+    """Times the ``steps`` after ``warmup``: ``seconds``, the whole window's, the ends of epochs in it included; and
+    ``step_seconds``, the mean of its steps within an epoch, each from its start to the next one's (module's (e))."""
 
-    ``seconds`` is the whole window's time, the ends of epochs in it included; ``step_seconds`` the
-    mean time of its steps within an epoch, each from its start to the next one's: the end of an
-    epoch (a checkpoint written, the epoch's metrics logged) is a cost per epoch, not per step.
-    """
-
-    def __init__(self, warmup: int, steps: int, synchronize: Callable[[], None]) -> None:
-        self.warmup, self.steps, self.synchronize = warmup, steps, synchronize
+    def __init__(self, warmup: int, steps: int) -> None:
+        self.warmup, self.steps = warmup, steps
         self.seconds = self.step_seconds = float("nan")
         self._starts: list[tuple[int, int, float]] = []  # (epoch, batch index, time) of each timed step's start
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.global_step == self.warmup:
-            self.synchronize()
-            self._start = time.perf_counter()
+            self._start = benchmark.timer()  # the accelerator synchronised first
         if self.warmup <= trainer.global_step <= self.warmup + self.steps:
             self._starts.append((trainer.current_epoch, batch_idx, time.perf_counter()))
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if trainer.global_step == self.warmup + self.steps:
-            self.synchronize()
-            end = time.perf_counter()
-            self.seconds = end - self._start
+            self.seconds = benchmark.timer() - self._start
             within = [
                 later - earlier
                 for (epoch, index, earlier), (next_epoch, next_index, later) in itertools.pairwise(self._starts)
@@ -113,8 +100,7 @@ def lightning_path(
     model, datamodule, trainer = make()
     if net is not None:
         model.net = net
-    synchronize = _synchronizer(trainer.strategy.root_device)
-    window = StepWindow(warmup, steps, synchronize)
+    window = StepWindow(warmup, steps)
     if barebones:
         # Barebones mode forbids self.log; the same step code runs with logging switched off.
         model.log = lambda *args, **kwargs: None
@@ -147,41 +133,37 @@ def hand_written_loop(make, warmup: int, steps: int, net: nn.Module | None = Non
     """Seconds for ``steps`` training steps of a plain PyTorch loop: move, augment, forward, backward, step."""
     model, datamodule, trainer = make()
     device = trainer.strategy.root_device
-    synchronize = _synchronizer(device)
     net = (net if net is not None else model.net).to(device)
     model.net = net
     optimizer = model.configure_optimizers()
     batches = _training_batches(datamodule, device)
-    gc.collect()
-    for step in range(warmup + steps):
+
+    def step() -> None:
         inputs, targets = next(batches)
-        if step == warmup:
-            synchronize()
-            start = time.perf_counter()
         loss = nn.functional.cross_entropy(net(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    synchronize()
-    return time.perf_counter() - start
+
+    for _ in range(warmup):
+        step()
+    # As many threads as the Trainer's runs have, and the garbage collector on, as it is in theirs (timeit turns it
+    # off unless its setup turns it on again).
+    timer = benchmark.Timer(
+        "step()", "gc.enable()", globals={"step": step, "gc": gc}, num_threads=torch.get_num_threads()
+    )
+    gc.collect()
+    return steps * timer.timeit(steps).mean
 
 
-def data_pipeline(make, batches: int) -> tuple[float, int]:
-    """Seconds and samples to slice, move and augment ``batches`` training batches, on one CPU thread."""
+def data_pipeline(make, batches: int) -> float:
+    """Samples a second that slicing, moving and augmenting ``batches`` training batches gives, on one CPU thread."""
     _, datamodule, trainer = make()
-    device = trainer.strategy.root_device
-    synchronize = _synchronizer(device)
-    loader = _training_batches(datamodule, device)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        synchronize()
-        start = time.perf_counter()
-        samples = sum(len(next(loader)[0]) for _ in range(batches))
-        synchronize()
-        return time.perf_counter() - start, samples
-    finally:
-        torch.set_num_threads(threads)
+    loader = _training_batches(datamodule, trainer.strategy.root_device)
+    samples = []
+    timer = benchmark.Timer("samples.append(len(next(loader)[0]))", globals={"samples": samples, "loader": loader})
+    seconds = timer.timeit(batches).mean  # a batch's, on benchmark.Timer's one thread
+    return statistics.fmean(samples) / seconds
 
 
 def _whole_number(least: int, what: str) -> Callable[[str], int]:
@@ -224,12 +206,6 @@ def _training_batches(datamodule: L.LightningDataModule, device: torch.device) -
             yield augment(batch, step=step) if augment is not None else batch
 
     return batches()
-
-
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
 
 
 @command
@@ -301,7 +277,7 @@ def training_benchmark(
 
     best = {name: min(values) for name, values in times.items() if values}
     rate = {name: steps * batch_size / seconds for name, seconds in best.items()}
-    pipeline_rate = max(samples / seconds for seconds, samples in pipeline)
+    pipeline_rate = max(pipeline)
     per_step_ms = {name: 1000 * best[name] / steps for name in ("zero project", "zero bare", "zero hand")}
     paired = statistics.median(p / b for p, b in zip(times["zero project"], times["zero bare"], strict=True))
     print(f"best of {options.repeats} alternating runs of {steps} steps (after {warmup} warm-up steps)")

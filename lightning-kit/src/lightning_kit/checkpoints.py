@@ -105,17 +105,17 @@ def check_file(path: str | Path) -> None:
     its metadata and its zip archive's directory alone (no FIFO or device is opened, no record inflated)."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
+        info = path.stat()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
     except OSError as err:
         raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror}") from err
+    mode, size = info.st_mode, info.st_size
     if stat.S_ISDIR(mode):
         raise CheckpointError(f"--ckpt_path {path} is a folder: give a .ckpt file, e.g. {path}/last.ckpt")
     if not stat.S_ISREG(mode):
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         raise CheckpointError(f"checkpoint {path} is {kind}, not a file: refused unopened; give a .ckpt file")
-    size = path.stat().st_size
     if size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (its save was interrupted?)")
     if not zipfile.is_zipfile(path):
@@ -171,11 +171,7 @@ def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
         raise CheckpointError(
             f"checkpoint {path} cannot be read (truncated, or not a safe PyTorch file): {load_refusal(err)}"
         ) from err
-    if (
-        not isinstance(checkpoint, dict)
-        or "state_dict" not in checkpoint
-        or "pytorch-lightning_version" not in checkpoint
-    ):
+    if not isinstance(checkpoint, dict) or not {"state_dict", "pytorch-lightning_version"} <= checkpoint.keys():
         raise CheckpointError(f"{path} is not a Lightning checkpoint")
     sections = ("hyper_parameters", "datamodule_hyper_parameters")
     check_trusted({section: checkpoint.get(section) for section in sections}, path, args, [path.parent.parent])

@@ -16,6 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -242,7 +243,9 @@ def _first_batch(datamodule: Any) -> tuple[Any, str]:
     failures = []
     for stage, loader_name in LOADERS:
         loader = getattr(datamodule, loader_name, None)
-        if not callable(loader) or _not_overridden(datamodule, loader_name):
+        # Lightning's own loader raises: the data module has none of that stage.
+        lightnings = isinstance(datamodule, L.LightningDataModule) and not is_overridden(loader_name, datamodule)
+        if not callable(loader) or lightnings:
             continue
         where = f"the first batch of {name}.{loader_name}()"
         try:
@@ -257,12 +260,6 @@ def _first_batch(datamodule: Any) -> tuple[Any, str]:
         except Exception as err:  # the user's data module: why it gave no batch, in one line
             failures.append(f"{name}.{loader_name}() gave no batch ({first_line(err, typed=True)})")
     return None, failures[0] if failures else f"the data module {name} has no dataloader"
-
-
-def _not_overridden(datamodule: Any, loader_name: str) -> bool:
-    """Whether the loader is Lightning's own, which raises: the data module has none of that stage."""
-    own = getattr(L.LightningDataModule, loader_name, None)
-    return isinstance(datamodule, L.LightningDataModule) and getattr(type(datamodule), loader_name, None) is own
 
 
 def _call_of(batch: Any, net: nn.Module, where: str) -> tuple[tuple | None, dict, str]:

@@ -67,13 +67,10 @@ class Step:
 
 @dataclass(frozen=True)
 class Project:
-    """What the check runs: the project's folder, its package, the configuration, and how it trains."""
-
     folder: Path
     package: str | None  # None: no thin commands of its own, the library's are run
     config: Path
-    # What follows ``python`` to train: its train.py, or the library's command line (GenericCLI) without one.
-    train: tuple[str, ...]
+    train: tuple[str, ...]  # what follows ``python`` to train: its train.py, or ``-m lightning_kit`` without one
 
 
 def library_tests(library: Path = LIBRARY) -> Path | None:
@@ -88,8 +85,7 @@ def find_project(
     folder: str | Path, package: str | None, config: str | Path | None, cli_class: type[KitCLI] = GenericCLI
 ) -> Project:
     """The project in ``folder``, its package (given, ``cli_class``'s, or found), configuration and training
-    command, each checked. A folder without a train.py is a project without a KitCLI when ``cli_class`` is the
-    library's: it trains with ``python -m lightning_kit``."""
+    command, each checked."""
     folder = Path(folder)
     own = cli_class.own_package()
     has_train = (folder / "train.py").is_file()
@@ -116,13 +112,8 @@ def find_project(
 
 
 def _package_with_bench(folder: Path) -> str | None:
-    """The one package in ``folder``'s ``src/`` with a ``bench`` module (the thin command); None if there is none."""
     src = folder / "src"
-    found = sorted(
-        path.name
-        for path in (src.iterdir() if src.is_dir() else ())
-        if (path / "__init__.py").is_file() and (path / "bench.py").is_file()
-    )
+    found = sorted(bench.parent.name for bench in src.glob("*/bench.py") if (bench.parent / "__init__.py").is_file())
     if len(found) > 1:
         raise UserError(
             f"{src} holds several packages with a bench module ({', '.join(found)}): name one with --package"
@@ -218,14 +209,11 @@ def agreement_rows(junit: Path, name: str = "agreement") -> list[dict[str, str]]
 # FakeTensor's verdicts last (PyTorch's own device propagation, a second opinion: tests/fake_gpu.py).
 COLUMNS = ("rule", "device", "audit wrong", "device wrong", "audit right", "device right", "agrees")
 COLUMNS += ("fake wrong", "fake right")
-
-
 MEMORY_COLUMNS = ("model", "steps", "audit", "CUDA's max_memory_allocated", "agrees")
 
 
 def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memory: list[dict[str, str]] = ()) -> str:
-    """The summary in Markdown: the machine, each step, the agreement table, the audit's count of GPU memory beside
-    CUDA's, the output of what failed."""
+    """The summary in Markdown: the machine, each step, the agreement table, the memory table, what failed."""
     lines = [
         "# GPU check",
         "",
@@ -252,7 +240,6 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
 
 
 def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
-    """A Markdown table of ``rows``, each cell on one line, short."""
     lines = [f"| {' | '.join(columns)} |", f"|{' --- |' * len(columns)}"]
     for row in rows:
         cells = (str(row.get(column, "-")).replace("|", "\\|").replace("\n", " ")[:120] for column in columns)
@@ -262,8 +249,8 @@ def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Run the check on the project ``args`` name (by default the one in this folder); ``cli_class``: the
-    project's command line, whose package's commands are run; ``prog`` names the command in messages."""
+    """Run the check on the project ``args`` name; ``cli_class``: the project's command line, whose package's
+    commands are run; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.gpu_check"), description=__doc__.split("\n\n")[0]
@@ -275,16 +262,14 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--overwrite", action="store_true", help="replace the summary if it exists")
     options = parser.parse_args(args)
     # What was given is checked first: a command prepared on a machine without a GPU is right once it gets one.
-    if options.out.exists() and not options.overwrite:
-        print(f"error: {options.out} exists: give another --out, or --overwrite to replace it")
-        sys.exit(2)
     try:
+        if options.out.exists() and not options.overwrite:
+            raise UserError(f"{options.out} exists: give another --out, or --overwrite to replace it")
         project = find_project(options.project, options.package, options.config, cli_class)
+        if not torch.cuda.is_available():
+            raise UserError("no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one")
     except UserError as err:
         print(f"error: {err}")
-        sys.exit(2)
-    if not torch.cuda.is_available():
-        print("error: no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one")
         sys.exit(2)
     device = f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:

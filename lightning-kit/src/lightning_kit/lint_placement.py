@@ -1,44 +1,31 @@
-"""Find manual device placement in Python files: calls that move tensors or modules, and devices written in.
-
-It reads the source (nothing is imported or run), prints ``path:line: <what> — <the fix>`` for each
-placement, citing the placement guide's rule (``python -m lightning_kit.guide``), and exits 1; else 0::
+"""Find manual device placement in Python files, reading them (nothing is imported or run)::
 
     python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py of the current folder
 
-It finds the ways of naming a device in code: ``.cuda()`` and ``.cpu()`` (also passed on as
-functions, or through ``getattr``; a ``.cpu()`` only where its copy may meet the device's
-tensors again, below); ``.to(...)`` with a device (``"cuda"``, ``0``, ``device``,
-``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index; a device
-written into a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``,
-``torch.autocast("cuda")``); ``map_location`` onto an accelerator; ``non_blocking``
-transfers; the global default (``torch.set_default_device``, ``torch.set_default_tensor_type``,
-``torch.cuda.set_device``, ``torch.cuda.device``, ``torch.cuda.current_device``); and the
-legacy CUDA tensor types (``torch.cuda.FloatTensor``, also as the string
-``"torch.cuda.FloatTensor"``). And the tensors a reader of a model sees made on the CPU: made from
-nothing without ``device=`` (``torch.arange(T)``, ``torch.hann_window(n)``, ``torch.randn(shape)``,
-``torch.tensor(...)``) in ``forward``, a step (``training_step``, any ``*_step``) or a batch or epoch
-hook, or kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its
-``__init__``, which stays behind when the module moves).
+Each placement is printed as ``path:line: <what> — <the fix>``, citing the placement guide's rule (``python -m
+lightning_kit.guide``), and the exit status is 1; else 0.
 
-It leaves alone what takes the device from the data: ``device=x.device``, ``x.new_zeros(...)``,
-``.type_as(x)``, buffers, parameters, tensors made in a dataset or a data module; a ``.cpu()`` copy
-that leaves the device's computation (``x.detach().cpu()``, ``.cpu().numpy()``, ``.tolist()``,
-``.item()``, an argument of NumPy, a list's ``append``, ``torch.save``) or goes where PyTorch reads
-it on the host (``pack_padded_sequence(x, lengths.cpu())``, ``tensor_split``, ``randint_like``:
-rule 13), itself or through the one name it is given; dtype conversions (``.to(torch.float16)``,
-``.to(x.dtype)``); ``map_location="cpu"`` (Lightning moves the model afterwards); ``.to(device)`` inside
-``transfer_batch_to_device``, where Lightning hands over the device (rule 1); and
-``pin_memory``: pinned memory is still host memory, it only makes Lightning's own copy to
-the GPU faster, and on a machine without one it does nothing. Reading alone cannot tell a
-device from a dtype in a variable of any other name (``.to(d)``), or in another tensor
-(``.to(other)``): the device audit finds what those do wrong.
+Found: ``.cuda()`` and ``.cpu()`` (also passed on uncalled, or through ``getattr``); ``.to(...)`` with a device
+(``"cuda"``, ``0``, ``device``, ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index;
+a device written into a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``,
+``torch.autocast("cuda")``); ``map_location`` onto an accelerator; ``non_blocking`` transfers; the global default
+(``DEFAULTS``); the legacy CUDA tensor types (``torch.cuda.FloatTensor``, also as a string); tensors made from nothing
+without ``device=`` (``torch.arange(T)``, ``torch.randn(shape)``) in ``forward``, a step or a batch or epoch hook, or
+kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``: left behind when the
+module moves).
 
-The library's own files that play Lightning's part on a GPU (``EXEMPT``) are skipped; a project's never are.
+Left alone: what takes the device from the data (``device=x.device``, ``x.new_zeros(...)``, ``.type_as(x)``, buffers,
+parameters, tensors made in a dataset or a data module); a ``.cpu()`` copy that leaves the device's computation
+(``x.detach().cpu()``, ``.cpu().numpy()``, ``.item()``, NumPy, a list's ``append``, ``torch.save``) or goes where
+PyTorch reads it on the host (``pack_padded_sequence(x, lengths.cpu())``: rule 13), itself or through the one name it
+is given; dtype conversions (``.to(torch.float16)``, ``.to(x.dtype)``); ``map_location="cpu"`` (Lightning moves the
+model afterwards); ``.to(device)`` in ``transfer_batch_to_device``, where Lightning hands the device over (rule 1);
+and ``pin_memory``, which only speeds Lightning's own copy. Reading alone cannot tell a device from a dtype in a
+variable of another name (``.to(d)``, ``.to(other)``): the device audit finds what those do wrong.
 """
 
 import ast
 import io
-import os
 import re
 import sys
 import tokenize
@@ -49,7 +36,8 @@ from .errors import command
 from .files import NotAFileError, open_regular
 from .guide import cite
 
-# The simulated GPU, its Lightning side (and its model of Lightning's batch moves), and the benchmark's own loop.
+# Skipped: the library's files that play Lightning's part on a GPU (the simulated GPU, its Lightning side and its
+# model of Lightning's batch moves) and the benchmark's own loop; a project's files never are.
 EXEMPT = ("gpu_audit/simulated", "gpu_audit/lightning.py", "gpu_audit/batches.py", "bench.py")
 LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
@@ -132,10 +120,8 @@ def _name(node: ast.expr) -> str:
 
 
 def _written(node: ast.expr, host_ok: bool = False) -> bool:
-    """Whether ``node`` is a device written into the code: ``"cuda:0"``, ``0``, ``f"cuda:{rank}"``, ``torch.device``.
-
-    With ``host_ok``, the CPU and the meta device are not counted (``map_location="cpu"``).
-    """
+    """Whether ``node`` is a device written in (``"cuda:0"``, ``0``, ``f"cuda:{rank}"``, ``torch.device``); with
+    ``host_ok``, the CPU and the meta device are not counted (``map_location="cpu"``)."""
     if isinstance(node, ast.Constant):
         value = node.value
         if isinstance(value, bool):
@@ -194,8 +180,7 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
         self._functions.pop()
 
-    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
-        self.visit_FunctionDef(node)
+    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815 (ast.NodeVisitor's name)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._classes.append(node)
@@ -268,10 +253,7 @@ class _Finder(ast.NodeVisitor):
 
     def _made_without_a_device(self, node: ast.Call, name: str) -> tuple[str, str] | None:
         """What a factory call (``torch.arange(n)``) makes on the CPU that the model's device will meet, and the
-        kind of fix: made where a model runs on its device (forward, a step, a batch or epoch hook), or kept as a
-        plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``), which does not move
-        with it. None where it is given a device (or ``**options`` that may give one), or made elsewhere (a
-        dataset, a buffer registered, a parameter)."""
+        kind of fix; None where it is given a device (or ``**options`` that may give one), or made elsewhere."""
         module, _, factory = name.rpartition(".")
         if module != "torch" or factory not in FACTORIES:
             return None
@@ -280,18 +262,12 @@ class _Finder(ast.NodeVisitor):
         running = next((function.name for function in self._functions if RUNS_ON_THE_DEVICE.match(function.name)), None)
         if running is not None:
             return f"`{ast.unparse(node)}` in `{running}` is made on the CPU whatever device the model runs on", "made"
-        target = self._parents.get(node)
-        kept = (
-            isinstance(target, ast.Assign)
-            and any(_name(attribute).startswith("self.") for attribute in target.targets)
-            and self._functions
-            and self._functions[-1].name == "__init__"
-            and self._classes
-            and _is_a_module(self._classes[-1])
-        )
-        if kept:
-            attribute = next(_name(item) for item in target.targets if _name(item).startswith("self."))
-            return f"`{attribute}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
+        # Kept as a plain attribute of a module in its __init__: `self.mean = torch.tensor(...)`.
+        assigned = self._parents.get(node)
+        kept = [_name(item) for item in getattr(assigned, "targets", ()) if _name(item).startswith("self.")]
+        in_init = self._functions and self._functions[-1].name == "__init__"
+        if kept and in_init and self._classes and _is_a_module(self._classes[-1]):
+            return f"`{kept[0]}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
         return None
 
     @staticmethod
@@ -305,16 +281,10 @@ class _Finder(ast.NodeVisitor):
         )
 
     def _leaves_the_device(self, node: ast.Call) -> bool:
-        """Whether a ``.cpu()``'s value leaves the device's computation, as rules 6 and 13 have it: a copy taken
-        off (``x.detach().cpu()``, ``.cpu().numpy()``, NumPy's, a list collecting for the epoch's end), or an
-        argument PyTorch reads on the host (``pack_padded_sequence(x, lengths.cpu())``), itself or through the
-        name it is given (``lengths = lengths.cpu()`` where every later use is one of those)."""
-        receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
-        if (
-            isinstance(receiver, ast.Call)
-            and isinstance(receiver.func, ast.Attribute)
-            and receiver.func.attr == "detach"
-        ):
+        """Whether a ``.cpu()``'s value leaves the device's computation (rules 6 and 13), itself or through the name
+        it is given (``lengths = lengths.cpu()`` where every later use does)."""
+        receiver = node.func.value  # of .cpu() or .to(...): x.detach().cpu() is a copy taken off
+        if isinstance(receiver, ast.Call) and getattr(receiver.func, "attr", None) == "detach":
             return True
         if self._taken_to_the_host(node):
             return True
@@ -381,9 +351,7 @@ def _index_variable(node: ast.expr) -> bool:
 
 def manual_placements(source: str) -> list[Finding]:
     """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there.
-
-    A source nested past Python's parser (``x = 1+1+...+1`` a hundred thousand times, which Python cannot compile
-    either) is ``UnreadableError``, not the parser's RecursionError."""
+    A source nested past Python's parser (which Python cannot run either) is ``UnreadableError``."""
     try:
         tree = ast.parse(source)
         finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
@@ -422,9 +390,8 @@ class UnreadableError(Exception):
 
 
 def read_source(path: Path) -> str:
-    """The text of the Python file at ``path``, read as data: a regular file (a link to one is followed; a FIFO or
-    a device is never opened for reading, ``files.open_regular``), at most ``MAX_SOURCE_BYTES``, decoded as Python
-    decodes it (UTF-8 or its coding declaration); else ``UnreadableError``."""
+    """The text of the Python file at ``path``: a regular file (``files.open_regular``) of at most
+    ``MAX_SOURCE_BYTES``, decoded as Python decodes it (UTF-8 or its coding declaration); else ``UnreadableError``."""
     try:
         with open_regular(path) as handle:
             data = handle.read(MAX_SOURCE_BYTES + 1)
@@ -449,11 +416,8 @@ def read_source(path: Path) -> str:
 
 
 def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
-    """One line per manual placement in ``paths``, ``path:line: what — fix``; exempt modules are skipped.
-
-    A path that cannot be read as Python source (see ``read_source``) is no finding: its line,
-    ``error: <path> <why>``, goes to ``errors`` where given, else it is raised as ``UnreadableError``.
-    """
+    """One line per manual placement in ``paths``, ``path:line: what — fix``; exempt modules are skipped. A path
+    that cannot be read (``read_source``) is said in ``errors`` where given, else raised as ``UnreadableError``."""
     lines = []
     for path in paths:
         if is_exempt(path):
@@ -472,26 +436,18 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
     return lines
 
 
-def python_files(folder: Path) -> list[Path]:
-    """The ``.py`` files under ``folder``, in order; links to folders are not followed (nor loop)."""
-    found = []
-    for root, folders, files in os.walk(folder):
-        folders.sort()
-        found += [Path(root, name) for name in sorted(files) if name.endswith(".py")]
-    return found
-
-
 @command
 def main(args: list[str] | None = None) -> int:
-    """Exit status 1 where a placement was found or a file named could not be read, else 0.
-
-    A folder named stands for the Python files under it.
-    """
+    """Exit status 1 where a placement was found or a file named could not be read, else 0. A folder named stands
+    for the Python files under it."""
     names = sys.argv[1:] if args is None else args
     errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
     names = [name for name in names if "\0" not in name]
     paths = [Path(name) for name in names] if names or errors else project_files(Path.cwd())
-    found = {path: python_files(path) if path.is_dir() else [path] for path in paths}
+    # rglob does not follow links to folders, so a link back up does not loop.
+    found = {
+        path: sorted(p for p in path.rglob("*.py") if not p.is_dir()) if path.is_dir() else [path] for path in paths
+    }
     for folder in (path for path, files in found.items() if not files):
         # A folder of no Python files checks nothing: said, so that it does not read as a pass.
         print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
