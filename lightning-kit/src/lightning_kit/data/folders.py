@@ -7,9 +7,9 @@ import torch
 from ..arguments import BatchSize, Fold, Folds, Fraction, ImageSize, Seed, Workers, check_memory
 from ..errors import ConfigError, DataUnavailableError
 from .folds import check_folds, fold_split
-from .image_decoding import channel_stats, load_images
+from .image_decoding import channel_stats
 from .image_files import ImageFiles, find_classes, list_labelled_images
-from .image_splits import ImageSplits, check_decoded_size, decoded_bytes
+from .image_splits import ImageSplits, decoded_bytes
 from .memory import InMemoryDataset
 
 SPLIT_FOLDERS = ("train", "val", "test")
@@ -99,7 +99,7 @@ class ImageFolderDataModule(ImageSplits):
             found = [self._files(split) for split in needed]  # the layout is checked before the slow part
             for files in dict.fromkeys(found):  # with folds, train and val are one set of files
                 if files is not None:
-                    self._decode(files)
+                    self.decode_files(files, self.hparams.cache_dir)
 
     def setup(self, stage: str) -> None:
         if self.setup_predict(stage):
@@ -113,7 +113,7 @@ class ImageFolderDataModule(ImageSplits):
                     f"{self.hparams.root} has no {split} split: put its images in {self.hparams.root}/{split}/<class>/ "
                     "(beside train/)" + (", or give --data.predict_path for predict" if stage == "predict" else "")
                 )
-            images, labels = self._decode(files)
+            images, labels, _ = self.decode_files(files, self.hparams.cache_dir)
             if self.hparams.folds is not None and split != "test":
                 self._split_folds(images, labels)
                 continue
@@ -172,17 +172,6 @@ class ImageFolderDataModule(ImageSplits):
             return found
         val = list_labelled_images(self.folders["val"], self.class_names)
         return ImageFiles(found.files + val.files, found.labels + val.labels, found.class_names)
-
-    def _decode(self, found: ImageFiles) -> tuple[torch.Tensor, torch.Tensor]:
-        check_decoded_size(len(found.files), self.image_size)
-        cache_dir = self.hparams.cache_dir
-        images, kept = load_images(
-            found.files,
-            self.image_size,
-            cache_dir=Path(cache_dir) if cache_dir is not None else None,
-            skip_unreadable=self.skip_unreadable,
-        )
-        return images, torch.tensor([found.labels[i] for i in kept], dtype=torch.long)
 
 
 # The splits each stage reads (predict: unless given --data.predict_path).

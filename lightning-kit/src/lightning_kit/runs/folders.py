@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -82,7 +83,7 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
             continue
         names = {entry.name for entry in entries}
         is_run = CONFIG_FILE in names and (METRICS_FILE in names or RUN_FILE in names)
-        if evaluation is not None and owner is not None:
+        if evaluation is not None:  # then owner is its run
             if METRICS_FILE in names:
                 owner.evaluations.append((evaluation, folder))
         elif is_run:
@@ -109,25 +110,30 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
 
 def read_run(run: Run, root: Path) -> None:
     """Fill ``run`` from its folder; what cannot be read becomes a note, never an exception."""
-    folder = run.folder
-    try:
-        _inside(folder / CONFIG_FILE, root)
-        run.settings = flatten(yaml.safe_load(read_config_file(folder / CONFIG_FILE)))
-    except _UNREADABLE as err:
-        run.notes.append(f"{CONFIG_FILE} unreadable: {_reason(err)}")
-    if (folder / METRICS_FILE).exists() or (folder / METRICS_FILE).is_symlink():
-        try:
-            run.history = _metrics(folder / METRICS_FILE, root)
-        except _UNREADABLE as err:
-            run.notes.append(f"{METRICS_FILE} unreadable: {_reason(err)}")
+    run.settings = _noted(run, CONFIG_FILE, _settings, root) or {}
+    if os.path.lexists(run.folder / METRICS_FILE):
+        run.history = _noted(run, METRICS_FILE, _metrics, root) or {}
     _read_status(run, root)
-    _read_tests(run, root)
+    tests = [folder for kind, folder in run.evaluations if kind == "test"]
+    if tests:  # the test metrics of its latest test (the highest test/version_N)
+        latest = max(tests, key=lambda folder: _natural(folder.name))
+        log = _noted(run, f"{relative(latest, run.folder)}/{METRICS_FILE}", _metrics, root) or {}
+        run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
+
+
+def _noted(run: Run, name: str, read: Callable[[Path, Path], Any], root: Path) -> Any:
+    """What ``read`` makes of the run's file ``name``; None, and a note on the run saying why, when it cannot."""
+    try:
+        return read(run.folder / name, root)
+    except _UNREADABLE as err:
+        run.notes.append(f"{name} unreadable: {_reason(err)}")
+        return None
 
 
 def _read_status(run: Run, root: Path) -> None:
     folder = run.folder
     record_path = folder / RUN_FILE
-    if record_path.exists() or record_path.is_symlink():
+    if os.path.lexists(record_path):
         try:
             record = json.loads(read_text(record_path, root))
             if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
@@ -283,6 +289,11 @@ def flatten(config: Any) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
+def _settings(path: Path, root: Path) -> dict[str, Any]:
+    """``config.yaml``, read as the command line reads a configuration (``config_files``), flattened."""
+    return flatten(yaml.safe_load(read_config_file(_inside(path, root))))
+
+
 def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
     """A CSVLogger's ``metrics.csv`` (a row per logging call): each column's value at each epoch (its last there),
     ``{column: {epoch: value}}``, without a last line that has no newline yet (being written). ValueError names the
@@ -306,26 +317,11 @@ def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
 
 def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
     """The text of ``path``, when it is a plain file inside ``root``, of at most ``limit`` bytes."""
-    _inside(path, root)
-    with open_regular(path) as file:
+    with open_regular(_inside(path, root)) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"over {limit >> 20} MiB")
     return data.decode("utf-8")
-
-
-def _read_tests(run: Run, root: Path) -> None:
-    """The test metrics of the run's latest test (its highest ``test/version_N``)."""
-    tests = [folder for kind, folder in run.evaluations if kind == "test"]
-    if not tests:
-        return
-    latest = max(tests, key=lambda folder: _natural(folder.name))
-    try:
-        log = _metrics(latest / METRICS_FILE, root)
-    except _UNREADABLE as err:
-        run.notes.append(f"{relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
-        return
-    run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
 
 
 def _in_this_folder(folder: Path, recorded: str) -> str:
@@ -338,10 +334,11 @@ def _in_this_folder(folder: Path, recorded: str) -> str:
         return recorded
 
 
-def _inside(path: Path, root: Path) -> None:
-    """Refuse ``path`` when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
+def _inside(path: Path, root: Path) -> Path:
+    """``path``, refused when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
     if path.is_symlink() and not _within(path, root.resolve()):
         raise ValueError(f"it links outside {root}: not read")
+    return path
 
 
 def _text(value: Any) -> str:
