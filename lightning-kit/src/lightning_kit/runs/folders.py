@@ -72,37 +72,35 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
     sweeps: list[Path] = []
     notes: list[str] = []
     inside = root.resolve()
-    pending: list[tuple[Path, Run | None, str | None]] = [(root, None, None)]
-    while pending:
-        folder, owner, evaluation = pending.pop()
-        try:
-            with os.scandir(folder) as listing:
-                entries = sorted(listing, key=lambda entry: entry.name)
-        except OSError as err:
-            notes.append(f"{folder} cannot be listed ({err.strerror or err})")
-            continue
-        names = {entry.name for entry in entries}
-        is_run = CONFIG_FILE in names and (METRICS_FILE in names or RUN_FILE in names)
-        if evaluation is not None:  # then owner is its run
-            if METRICS_FILE in names:
-                owner.evaluations.append((evaluation, folder))
+    below: dict[Path, tuple[Run, str]] = {}  # a folder in a run's evaluation: that run, and the kind of evaluation
+
+    def unlisted(err: OSError) -> None:
+        notes.append(f"{err.filename} cannot be listed ({err.strerror or err})")
+
+    # os.walk enters no link to a folder: those leading out of root are noted, the others are listed where they are.
+    for current, folders, files in os.walk(root, onerror=unlisted):
+        folder = Path(current)
+        owner, evaluation = below.pop(folder, (None, None))
+        names = {*folders, *files}
+        is_run = evaluation is None and CONFIG_FILE in names and (METRICS_FILE in names or RUN_FILE in names)
+        if evaluation is not None and METRICS_FILE in names:
+            owner.evaluations.append((evaluation, folder))
         elif is_run:
             owner = Run(folder=folder, name=relative(folder, root))
             runs.append(owner)
         if STUDY_FILE in names and evaluation is None:
             sweeps.append(folder)
-        for entry in entries:
-            path = Path(entry.path)
-            if entry.is_symlink():
-                if _is_dir(entry) and not _within(path, inside):
+        folders.sort()
+        for name in folders:
+            path = folder / name
+            if path.is_symlink():
+                if not _within(path, inside):
                     notes.append(f"{path} links to {os.path.realpath(path)}, outside {root}: not followed")
-                continue
-            if not _is_dir(entry) or entry.name == "checkpoints":
-                continue
-            if evaluation is None and is_run and entry.name in EVALUATIONS:
-                pending.append((path, owner, entry.name))
-            else:
-                pending.append((path, owner if evaluation else None, evaluation))
+            elif is_run and name in EVALUATIONS:
+                below[path] = (owner, name)
+            elif evaluation is not None:
+                below[path] = (owner, evaluation)
+        folders[:] = [name for name in folders if name != "checkpoints"]
     runs.sort(key=lambda run: _natural(run.name))
     sweeps.sort(key=lambda folder: _natural(folder.as_posix()))
     return runs, sweeps, notes
@@ -348,13 +346,6 @@ def _text(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_text(key)}: {_text(item)}" for key, item in value.items()) + "}"
     return str(value)
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()
-    except OSError:
-        return False
 
 
 def _within(path: Path, inside: Path) -> bool:
