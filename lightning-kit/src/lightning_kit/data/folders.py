@@ -114,21 +114,16 @@ class ImageFolderDataModule(ImageSplits):
                     "(beside train/)" + (", or give --data.predict_path for predict" if stage == "predict" else "")
                 )
             images, labels, _ = self.decode_files(files, self.hparams.cache_dir)
-            if self.hparams.folds is not None and split != "test":
-                self._split_folds(images, labels)
-                continue
-            self.splits[split] = InMemoryDataset(images, labels)
-            if split == "train":
-                self.normalization = channel_stats(images)
-
-    def _split_folds(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """The train and val splits of the decoded training (and val/) images: every fold but ``fold``, and ``fold``."""
-        hp = self.hparams
-        split = fold_split(labels.numpy(), hp.folds, hp.fold, self.seed, self.class_names)
-        train_idx, val_idx = map(torch.from_numpy, split)
-        self.splits["train"] = InMemoryDataset(images[train_idx], labels[train_idx])
-        self.splits["val"] = InMemoryDataset(images[val_idx], labels[val_idx])
-        self.normalization = channel_stats(self.splits["train"].tensors[0])
+            folded = self.hparams.folds is not None and split != "test"
+            if folded:  # train: every fold but --data.fold, which validates
+                hp = self.hparams
+                parts = fold_split(labels.numpy(), hp.folds, hp.fold, self.seed, self.class_names)
+                for name, index in zip(("train", "val"), map(torch.from_numpy, parts), strict=True):
+                    self.splits[name] = InMemoryDataset(images[index], labels[index])
+            else:
+                self.splits[split] = InMemoryDataset(images, labels)
+            if split == "train" or folded:
+                self.normalization = channel_stats(self.splits["train"].tensors[0])
 
     def _training_folder(self) -> ImageFiles:
         """Every file of the training folder, listed once for the splits that draw from it."""
