@@ -16,8 +16,6 @@ from ..files import kind_of, open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LIST_SUFFIX = ".txt"
-# Bad files named in full in an error; the rest are counted.
-
 _LAYOUT = "root/<class>/<images>"
 
 
