@@ -25,19 +25,14 @@ class ImageFolderDataModule(ImageSplits):
     Class names are the training folder's subfolder names, sorted (``image_files``). Images are decoded once,
     resized whole to ``image_size`` squared and cached in ``cache_dir`` as the ``uint8`` tensors the loaders
     slice (``image_decoding``). The per-channel mean and standard deviation of the training split become the
-    network's normalisation, saved in its checkpoints.
+    network's normalisation, saved in its checkpoints. The arguments it shares with ``ImageSplits`` and
+    ``InMemoryDataModule`` are described there (``--help`` reads them from there).
 
     Args:
         root: The image folder (see above).
         image_size: Height and width the images are resized to; the network takes it from here.
         val_fraction: Share of the training images held out for validation when there is no ``val/`` folder.
-        batch_size: Images per batch, per device.
-        augment: Random crop (an eighth of the size as padding) and horizontal flip on training batches.
-        skip_unreadable: Skip files that cannot be decoded (each reported) instead of stopping.
         cache_dir: Folder for the decoded images; ``null`` decodes on every run.
-        predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when its
-            subfolders are class names), or a ``.txt`` list of image paths. By default the test split.
-        num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the train/validation split.
         folds: Cross-validation: the training images (with ``val/``'s, if any) split into this
             many folds, stratified by class and chosen with ``seed``; ``fold`` is the validation
