@@ -93,7 +93,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         if prediction is None:
             return  # predict_step returned nothing for this batch (its own writer wrote it, say): no rows
         classes = self._classes
-        if classes is not None and _class_scores(prediction, len(classes)):
+        if classes is not None and isinstance(prediction, torch.Tensor) and prediction.shape[1:] == (len(classes),):
             # A classifier's: its class and the class's probabilities, by name.
             size = len(prediction)
             labels = _labels(batch, size, classes, self._labelled) if self._labelled is not False else []
@@ -229,11 +229,6 @@ def _texts(values: torch.Tensor) -> list[list[str]]:
     if values.dtype == torch.bool:
         values = values.long()
     return [[str(value) for value in row] for row in values.tolist()]
-
-
-def _class_scores(prediction: Any, classes: int) -> bool:
-    """Whether ``prediction`` is a classifier's, ``(batch, classes)``."""
-    return isinstance(prediction, torch.Tensor) and prediction.ndim == 2 and prediction.shape[1] == classes
 
 
 def _labels(batch: Any, size: int, classes: list[str] | None, where: Any = True) -> list[tuple[str, list[str]]]:

@@ -7,9 +7,9 @@ import torch
 from ..arguments import BatchSize, Fold, Folds, Fraction, ImageSize, Seed, Workers, check_memory
 from ..errors import ConfigError, DataUnavailableError
 from .folds import check_folds, fold_split
-from .image_decoding import channel_stats, load_images
+from .image_decoding import channel_stats
 from .image_files import ImageFiles, find_classes, list_labelled_images
-from .image_splits import ImageSplits, check_decoded_size, decoded_bytes
+from .image_splits import ImageSplits, decoded_bytes
 from .memory import InMemoryDataset
 
 SPLIT_FOLDERS = ("train", "val", "test")
@@ -25,19 +25,14 @@ class ImageFolderDataModule(ImageSplits):
     Class names are the training folder's subfolder names, sorted (``image_files``). Images are decoded once,
     resized whole to ``image_size`` squared and cached in ``cache_dir`` as the ``uint8`` tensors the loaders
     slice (``image_decoding``). The per-channel mean and standard deviation of the training split become the
-    network's normalisation, saved in its checkpoints.
+    network's normalisation, saved in its checkpoints. The arguments it shares with ``ImageSplits`` and
+    ``InMemoryDataModule`` are described there (``--help`` reads them from there).
 
     Args:
         root: The image folder (see above).
         image_size: Height and width the images are resized to; the network takes it from here.
         val_fraction: Share of the training images held out for validation when there is no ``val/`` folder.
-        batch_size: Images per batch, per device.
-        augment: Random crop (an eighth of the size as padding) and horizontal flip on training batches.
-        skip_unreadable: Skip files that cannot be decoded (each reported) instead of stopping.
         cache_dir: Folder for the decoded images; ``null`` decodes on every run.
-        predict_path: What ``predict`` runs on: an image file, a folder of them (labelled when its
-            subfolders are class names), or a ``.txt`` list of image paths. By default the test split.
-        num_workers: Loader processes; slicing in-memory tensors needs none.
         seed: Seed of the train/validation split.
         folds: Cross-validation: the training images (with ``val/``'s, if any) split into this
             many folds, stratified by class and chosen with ``seed``; ``fold`` is the validation
@@ -99,7 +94,7 @@ class ImageFolderDataModule(ImageSplits):
             found = [self._files(split) for split in needed]  # the layout is checked before the slow part
             for files in dict.fromkeys(found):  # with folds, train and val are one set of files
                 if files is not None:
-                    self._decode(files)
+                    self.decode_files(files, self.hparams.cache_dir)
 
     def setup(self, stage: str) -> None:
         if self.setup_predict(stage):
@@ -113,22 +108,17 @@ class ImageFolderDataModule(ImageSplits):
                     f"{self.hparams.root} has no {split} split: put its images in {self.hparams.root}/{split}/<class>/ "
                     "(beside train/)" + (", or give --data.predict_path for predict" if stage == "predict" else "")
                 )
-            images, labels = self._decode(files)
-            if self.hparams.folds is not None and split != "test":
-                self._split_folds(images, labels)
-                continue
-            self.splits[split] = InMemoryDataset(images, labels)
-            if split == "train":
-                self.normalization = channel_stats(images)
-
-    def _split_folds(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """The train and val splits of the decoded training (and val/) images: every fold but ``fold``, and ``fold``."""
-        hp = self.hparams
-        split = fold_split(labels.numpy(), hp.folds, hp.fold, self.seed, self.class_names)
-        train_idx, val_idx = map(torch.from_numpy, split)
-        self.splits["train"] = InMemoryDataset(images[train_idx], labels[train_idx])
-        self.splits["val"] = InMemoryDataset(images[val_idx], labels[val_idx])
-        self.normalization = channel_stats(self.splits["train"].tensors[0])
+            images, labels, _ = self.decode_files(files, self.hparams.cache_dir)
+            folded = self.hparams.folds is not None and split != "test"
+            if folded:  # train: every fold but --data.fold, which validates
+                hp = self.hparams
+                parts = fold_split(labels.numpy(), hp.folds, hp.fold, self.seed, self.class_names)
+                for name, index in zip(("train", "val"), map(torch.from_numpy, parts), strict=True):
+                    self.splits[name] = InMemoryDataset(images[index], labels[index])
+            else:
+                self.splits[split] = InMemoryDataset(images, labels)
+            if split == "train" or folded:
+                self.normalization = channel_stats(self.splits["train"].tensors[0])
 
     def _training_folder(self) -> ImageFiles:
         """Every file of the training folder, listed once for the splits that draw from it."""
@@ -172,17 +162,6 @@ class ImageFolderDataModule(ImageSplits):
             return found
         val = list_labelled_images(self.folders["val"], self.class_names)
         return ImageFiles(found.files + val.files, found.labels + val.labels, found.class_names)
-
-    def _decode(self, found: ImageFiles) -> tuple[torch.Tensor, torch.Tensor]:
-        check_decoded_size(len(found.files), self.image_size)
-        cache_dir = self.hparams.cache_dir
-        images, kept = load_images(
-            found.files,
-            self.image_size,
-            cache_dir=Path(cache_dir) if cache_dir is not None else None,
-            skip_unreadable=self.skip_unreadable,
-        )
-        return images, torch.tensor([found.labels[i] for i in kept], dtype=torch.long)
 
 
 # The splits each stage reads (predict: unless given --data.predict_path).

@@ -72,8 +72,8 @@ def load_images(
     cache_dir = Path(cache_dir)
     # Keyed by content, not by size and time: a file rewritten in place within the clock's resolution, or with
     # its time set back, is not served stale. Hashing (BLAKE2b) costs a read of each file, about 15% of decoding it.
-    key = _cache_key(files, _fingerprints(files, workers), size, skip_unreadable)
-    cached = _read_cache(_cache_file(cache_dir, key), len(files), size)
+    cache_file = _cache_file(cache_dir, files, _fingerprints(files, workers), size, skip_unreadable)
+    cached = _read_cache(cache_file, len(files), size)
     if cached is not None:
         images, kept, skipped = cached
         _report_skipped(files, skipped)
@@ -83,7 +83,7 @@ def load_images(
         images, kept, skipped, fingerprints = _decode_all(files, size, workers, skip_unreadable)
         # Keyed by the bytes decoded: a file rewritten since its fingerprint was taken is cached as it was decoded.
         entry = {"images": images, "kept": torch.tensor(kept, dtype=torch.long), "skipped": skipped}
-        _write_cache(scratch, _cache_file(cache_dir, _cache_key(files, fingerprints, size, skip_unreadable)), entry)
+        _write_cache(scratch, _cache_file(cache_dir, files, fingerprints, size, skip_unreadable), entry)
     finally:
         scratch.unlink(missing_ok=True)
     return images, kept
@@ -263,17 +263,15 @@ def _report_skipped(files: list[Path], skipped: list[tuple[int, str]]) -> None:
 # The cache.
 
 
-def _cache_key(files: list[Path], fingerprints: list[str | None], size: int, skip_unreadable: bool) -> str:
-    """A hash of everything the decoded tensor depends on: the files' real paths and contents, and the settings."""
+def _cache_file(
+    cache_dir: Path, files: list[Path], fingerprints: list[str | None], size: int, skip_unreadable: bool
+) -> Path:
+    """Named by a hash of everything the decoded tensor depends on: the files' real paths and contents, the settings."""
     digest = hashlib.sha256(json.dumps([CACHE_FORMAT, size, skip_unreadable]).encode())
     for file, fingerprint in zip(files, fingerprints, strict=True):
         resolved = os.path.realpath(file)
         digest.update(f"{resolved}\0{fingerprint or 'unreadable'}\n".encode(errors="surrogateescape"))
-    return digest.hexdigest()[:32]
-
-
-def _cache_file(cache_dir: Path, key: str) -> Path:
-    return cache_dir / f"{CACHE_PREFIX}{key}.pt"
+    return cache_dir / f"{CACHE_PREFIX}{digest.hexdigest()[:32]}.pt"
 
 
 def _read_cache(cache_file: Path, count: int, size: int):

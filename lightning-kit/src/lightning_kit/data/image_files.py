@@ -16,8 +16,6 @@ from ..files import kind_of, open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LIST_SUFFIX = ".txt"
-# Bad files named in full in an error; the rest are counted.
-
 _LAYOUT = "root/<class>/<images>"
 
 
@@ -33,15 +31,20 @@ class ImageFiles:
 def find_classes(root: Path) -> tuple[str, ...]:
     """Sorted names of the class folders of ``root``, as torchvision's ``ImageFolder`` orders them; hidden folders
     (``.git``) are not classes, and neither are links (see ``_Listing``)."""
-    root = Path(root)
+    return _top(Path(root))[1]
+
+
+def _top(root: Path) -> tuple["_Listing", tuple[str, ...]]:
+    """One listing of ``root``'s own entries (the images directly in it found), and its class folders."""
     if not root.exists():
         raise DataUnavailableError(f"{root} does not exist: expected a folder of class folders, {_LAYOUT}")
     if not root.is_dir():
         raise DataUnavailableError(f"{root} is a file, not a folder: expected a folder of class folders, {_LAYOUT}")
-    classes = tuple(sorted(_Listing(root).scan(root, recursive=False)))
+    listing = _Listing(root)
+    classes = tuple(sorted(listing.scan(root, recursive=False)))
     if not classes:
         raise DataUnavailableError(f"{root} has no class folders: expected {_LAYOUT}")
-    return classes
+    return listing, classes
 
 
 def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -> ImageFiles:
@@ -56,19 +59,14 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
     folder. Without it, the classes are ``find_classes(root)`` and each must hold at least one image.
     """
     root = Path(root)
-    found = find_classes(root)
-    if class_names is None:
-        known: tuple[str, ...] = found
-    else:
-        known = tuple(class_names)
-        unknown = [name for name in found if name not in known]
-        if unknown:
-            raise DataUnavailableError(
-                f"{root / unknown[0]} is not one of the training classes ({', '.join(known)}): "
-                f"every class folder of {root} must be one of them"
-            )
-    listing = _Listing(root)
-    listing.scan(root, recursive=False)
+    listing, found = _top(root)
+    known = found if class_names is None else tuple(class_names)
+    unknown = [name for name in found if name not in known]
+    if unknown:
+        raise DataUnavailableError(
+            f"{root / unknown[0]} is not one of the training classes ({', '.join(known)}): "
+            f"every class folder of {root} must be one of them"
+        )
     if listing.found:
         loose = min(image.path for image in listing.found)
         raise DataUnavailableError(
@@ -77,21 +75,19 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
     index = {name: label for label, name in enumerate(known)}
     for name in found:
         listing.scan(root / name, recursive=True, label=index[name])
-    images = listing.images()
-    files: list[Path] = []
-    labels: list[int] = []
-    for name in found:
-        in_class = sorted(image.path for image in images if image.label == index[name])
-        if not in_class and class_names is None:
-            raise DataUnavailableError(
-                f"{root / name} holds no images ({', '.join(IMAGE_EXTENSIONS)}): add some, or remove the folder"
-            )
-        files += in_class
-        labels += [index[name]] * len(in_class)
-    if not files:
+    # In the order of the class folders, then of the paths.
+    place = {index[name]: k for k, name in enumerate(found)}
+    images = sorted(listing.images(), key=lambda image: (place[image.label], image.path))
+    held = {image.label for image in images}
+    empty = [name for name in found if index[name] not in held]
+    if empty and class_names is None:
+        raise DataUnavailableError(
+            f"{root / empty[0]} holds no images ({', '.join(IMAGE_EXTENSIONS)}): add some, or remove the folder"
+        )
+    if not images:
         raise DataUnavailableError(f"{root} holds no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
     listing.report()
-    return ImageFiles(tuple(files), tuple(labels), known)
+    return ImageFiles(tuple(image.path for image in images), tuple(image.label for image in images), known)
 
 
 def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:

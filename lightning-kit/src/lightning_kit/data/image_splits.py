@@ -7,7 +7,7 @@ import torch
 from ..arguments import BatchSize, Seed, Workers, check_memory
 from .augment import random_crop_flip
 from .image_decoding import load_images
-from .image_files import list_images
+from .image_files import ImageFiles, list_images
 from .memory import InMemoryDataModule, InMemoryDataset
 
 
@@ -44,13 +44,20 @@ class ImageSplits(InMemoryDataModule):
             return False
         if "predict" not in self.splits:
             found = list_images(Path(path), self.class_names)
-            check_decoded_size(len(found.files), self.image_size)
-            images, kept = load_images(found.files, self.image_size, skip_unreadable=self.skip_unreadable)
-            labels = torch.tensor([found.labels[i] for i in kept] if found.labels else [-1] * len(kept))
+            images, labels, kept = self.decode_files(found)
             self.splits["predict"] = InMemoryDataset(images, labels)
             self.predict_names = [str(found.files[i]) for i in kept]
             self.predict_labelled = found.labels is not None
         return True
+
+    def decode_files(self, found: ImageFiles, cache_dir: str | None = None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """``found``'s images at ``image_size`` (refused first where they would not fit in memory), the labels of
+        those kept (-1 where the files have none), and the indices of those kept (``load_images``)."""
+        check_decoded_size(len(found.files), self.image_size)
+        cache = Path(cache_dir) if cache_dir is not None else None
+        images, kept = load_images(found.files, self.image_size, cache_dir=cache, skip_unreadable=self.skip_unreadable)
+        labels = torch.tensor([found.labels[i] if found.labels else -1 for i in kept], dtype=torch.long)
+        return images, labels, kept
 
     def predicting_files(self) -> bool:
         """Whether this run is ``predict`` on ``predict_path``'s files, which needs no other data."""

@@ -75,14 +75,16 @@ def _list(options: argparse.Namespace) -> None:
             table.sort(sort.removeprefix("-") if sort not in table.columns else sort, descending)
         except ValueError as err:
             raise UserError(str(err)) from None
-    sys.stdout.write(FORMATS[options.format](table) + (f"\n{below}" if below and options.format != "csv" else ""))
-    for name in ("csv", "markdown"):
-        path = getattr(options, name)
-        if path is not None:
-            _write(Path(path), FORMATS[name](table) + (f"\n{below}" if below and name != "csv" else ""))
-            notes.append(f"written: {path}")
-    for note in map(printable, notes):
-        sys.stderr.write(f"note: {note}\n" if not note.startswith("written: ") else f"{note}\n")
+
+    def rendered(form: str) -> str:  # a CSV file holds the table alone
+        return FORMATS[form](table) + (f"\n{below}" if below and form != "csv" else "")
+
+    sys.stdout.write(rendered(options.format))
+    for note in notes:
+        sys.stderr.write(f"note: {printable(note)}\n")
+    for name, path in outputs.items():
+        _write(Path(path), rendered(name))
+        sys.stderr.write(f"written: {printable(path)}\n")
 
 
 def _sort_values(args: list[str]) -> list[str]:
@@ -101,7 +103,6 @@ def _sort_values(args: list[str]) -> list[str]:
 def _write(path: Path, text: str) -> None:
     """Write ``path`` whole: beside it, then renamed into place (a link there is replaced, not written through)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(path, text)
+        write_whole(path, text)  # the folder made first
     except OSError as err:
         raise UserError(f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room") from err

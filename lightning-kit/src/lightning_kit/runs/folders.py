@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -71,37 +72,35 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
     sweeps: list[Path] = []
     notes: list[str] = []
     inside = root.resolve()
-    pending: list[tuple[Path, Run | None, str | None]] = [(root, None, None)]
-    while pending:
-        folder, owner, evaluation = pending.pop()
-        try:
-            with os.scandir(folder) as listing:
-                entries = sorted(listing, key=lambda entry: entry.name)
-        except OSError as err:
-            notes.append(f"{folder} cannot be listed ({err.strerror or err})")
-            continue
-        names = {entry.name for entry in entries}
-        is_run = CONFIG_FILE in names and (METRICS_FILE in names or RUN_FILE in names)
-        if evaluation is not None and owner is not None:
-            if METRICS_FILE in names:
-                owner.evaluations.append((evaluation, folder))
+    below: dict[Path, tuple[Run, str]] = {}  # a folder in a run's evaluation: that run, and the kind of evaluation
+
+    def unlisted(err: OSError) -> None:
+        notes.append(f"{err.filename} cannot be listed ({err.strerror or err})")
+
+    # os.walk enters no link to a folder: those leading out of root are noted, the others are listed where they are.
+    for current, folders, files in os.walk(root, onerror=unlisted):
+        folder = Path(current)
+        owner, evaluation = below.pop(folder, (None, None))
+        names = {*folders, *files}
+        is_run = evaluation is None and CONFIG_FILE in names and (METRICS_FILE in names or RUN_FILE in names)
+        if evaluation is not None and METRICS_FILE in names:
+            owner.evaluations.append((evaluation, folder))
         elif is_run:
             owner = Run(folder=folder, name=relative(folder, root))
             runs.append(owner)
         if STUDY_FILE in names and evaluation is None:
             sweeps.append(folder)
-        for entry in entries:
-            path = Path(entry.path)
-            if entry.is_symlink():
-                if _is_dir(entry) and not _within(path, inside):
+        folders.sort()
+        for name in folders:
+            path = folder / name
+            if path.is_symlink():
+                if not _within(path, inside):
                     notes.append(f"{path} links to {os.path.realpath(path)}, outside {root}: not followed")
-                continue
-            if not _is_dir(entry) or entry.name == "checkpoints":
-                continue
-            if evaluation is None and is_run and entry.name in EVALUATIONS:
-                pending.append((path, owner, entry.name))
-            else:
-                pending.append((path, owner if evaluation else None, evaluation))
+            elif is_run and name in EVALUATIONS:
+                below[path] = (owner, name)
+            elif evaluation is not None:
+                below[path] = (owner, evaluation)
+        folders[:] = [name for name in folders if name != "checkpoints"]
     runs.sort(key=lambda run: _natural(run.name))
     sweeps.sort(key=lambda folder: _natural(folder.as_posix()))
     return runs, sweeps, notes
@@ -109,25 +108,30 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
 
 def read_run(run: Run, root: Path) -> None:
     """Fill ``run`` from its folder; what cannot be read becomes a note, never an exception."""
-    folder = run.folder
-    try:
-        _inside(folder / CONFIG_FILE, root)
-        run.settings = flatten(yaml.safe_load(read_config_file(folder / CONFIG_FILE)))
-    except _UNREADABLE as err:
-        run.notes.append(f"{CONFIG_FILE} unreadable: {_reason(err)}")
-    if (folder / METRICS_FILE).exists() or (folder / METRICS_FILE).is_symlink():
-        try:
-            run.history = _metrics(folder / METRICS_FILE, root)
-        except _UNREADABLE as err:
-            run.notes.append(f"{METRICS_FILE} unreadable: {_reason(err)}")
+    run.settings = _noted(run, CONFIG_FILE, _settings, root) or {}
+    if os.path.lexists(run.folder / METRICS_FILE):
+        run.history = _noted(run, METRICS_FILE, _metrics, root) or {}
     _read_status(run, root)
-    _read_tests(run, root)
+    tests = [folder for kind, folder in run.evaluations if kind == "test"]
+    if tests:  # the test metrics of its latest test (the highest test/version_N)
+        latest = max(tests, key=lambda folder: _natural(folder.name))
+        log = _noted(run, f"{relative(latest, run.folder)}/{METRICS_FILE}", _metrics, root) or {}
+        run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
+
+
+def _noted(run: Run, name: str, read: Callable[[Path, Path], Any], root: Path) -> Any:
+    """What ``read`` makes of the run's file ``name``; None, and a note on the run saying why, when it cannot."""
+    try:
+        return read(run.folder / name, root)
+    except _UNREADABLE as err:
+        run.notes.append(f"{name} unreadable: {_reason(err)}")
+        return None
 
 
 def _read_status(run: Run, root: Path) -> None:
     folder = run.folder
     record_path = folder / RUN_FILE
-    if record_path.exists() or record_path.is_symlink():
+    if os.path.lexists(record_path):
         try:
             record = json.loads(read_text(record_path, root))
             if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
@@ -283,6 +287,11 @@ def flatten(config: Any) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
+def _settings(path: Path, root: Path) -> dict[str, Any]:
+    """``config.yaml``, read as the command line reads a configuration (``config_files``), flattened."""
+    return flatten(yaml.safe_load(read_config_file(_inside(path, root))))
+
+
 def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
     """A CSVLogger's ``metrics.csv`` (a row per logging call): each column's value at each epoch (its last there),
     ``{column: {epoch: value}}``, without a last line that has no newline yet (being written). ValueError names the
@@ -306,26 +315,11 @@ def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
 
 def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
     """The text of ``path``, when it is a plain file inside ``root``, of at most ``limit`` bytes."""
-    _inside(path, root)
-    with open_regular(path) as file:
+    with open_regular(_inside(path, root)) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"over {limit >> 20} MiB")
     return data.decode("utf-8")
-
-
-def _read_tests(run: Run, root: Path) -> None:
-    """The test metrics of the run's latest test (its highest ``test/version_N``)."""
-    tests = [folder for kind, folder in run.evaluations if kind == "test"]
-    if not tests:
-        return
-    latest = max(tests, key=lambda folder: _natural(folder.name))
-    try:
-        log = _metrics(latest / METRICS_FILE, root)
-    except _UNREADABLE as err:
-        run.notes.append(f"{relative(latest, run.folder)}/{METRICS_FILE} unreadable: {_reason(err)}")
-        return
-    run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
 
 
 def _in_this_folder(folder: Path, recorded: str) -> str:
@@ -338,10 +332,11 @@ def _in_this_folder(folder: Path, recorded: str) -> str:
         return recorded
 
 
-def _inside(path: Path, root: Path) -> None:
-    """Refuse ``path`` when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
+def _inside(path: Path, root: Path) -> Path:
+    """``path``, refused when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
     if path.is_symlink() and not _within(path, root.resolve()):
         raise ValueError(f"it links outside {root}: not read")
+    return path
 
 
 def _text(value: Any) -> str:
@@ -351,13 +346,6 @@ def _text(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_text(key)}: {_text(item)}" for key, item in value.items()) + "}"
     return str(value)
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()
-    except OSError:
-        return False
 
 
 def _within(path: Path, inside: Path) -> bool:
