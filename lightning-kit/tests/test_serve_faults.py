@@ -224,13 +224,17 @@ def test_claims_of_the_extra_files_are_checked_against_the_program(model_path, t
     huge = {**described, "image_size": 20000, "shape": [2, 3, 20000, 20000]}
     tokens = extra(tokens_path, "input.json")
     cases = [
-        (model_path, {"extra/input.json": json.dumps(huge)}, "says 20000x20000 images"),
+        (model_path, {"extra/input.json": json.dumps(huge)}, "says it takes image (uint8, 3x20000x20000)"),
         (model_path, {"extra/input.json": json.dumps({**described, "image_size": 64})}, "says 64x64 images"),
         (model_path, {"extra/class_names.json": b'["a", "b", "c"]'}, "names 3 classes, but its program answers 10"),
         (model_path, {"extra/class_names.json": json.dumps(["a"] * 10)}, "names the class 'a' twice"),
         (model_path, {"extra/class_names.json": b'{"a": 1}'}, "cannot be read"),
         (model_path, {"extra/input.json": json.dumps({**described, "dtype": "int64"})}, "takes int64 inputs"),
-        (model_path, {"extra/input.json": json.dumps(tokens)}, "but its program takes uint8 inputs of 4 dimensions"),
+        (
+            model_path,
+            {"extra/input.json": json.dumps(tokens)},
+            "its program takes inputs of uint8, shape (batch, 3, 32, 32)",
+        ),
         (tokens_path, {"extra/input.json": json.dumps({**tokens, "vocab_size": 10**9})}, "program embeds 16 ids"),
         (tokens_path, {"extra/input.json": json.dumps({**tokens, "seq_len": 10**6})}, "up to 1000000 tokens"),
     ]
@@ -326,7 +330,7 @@ def test_a_program_of_one_batch_size_is_refused(model_path, tmp_path):
         static,
         extra_files={"class_names.json": names, "input.json": json.dumps(extra(model_path, "input.json"))},
     )
-    with pytest.raises(ModelFileError, match=r"takes batches of 2 inputs only .*: refused$"):
+    with pytest.raises(ModelFileError, match=r"takes batches of 2 examples only .*: refused$"):
         read_model(static)
 
 
