@@ -33,6 +33,7 @@ from conftest import _free_port as free_port
 from PIL import Image
 from torch import nn
 
+from lightning_kit.errors import byte_size
 from lightning_kit.export import export
 from lightning_kit.serve import ModelFileError, read_model
 from lightning_kit.serve.command import main as serve
@@ -528,7 +529,7 @@ def test_the_server_says_what_it_does_until_it_is_ready(model_path):
         finally:
             server.send_signal(signal.SIGTERM)
             assert server.wait(HANG_GUARD_S) == 0
-    assert lines[0] == f"reading model.pt2 and checking it ({model_path.stat().st_size:,} bytes)"
+    assert lines[0] == f"reading model.pt2 and checking it ({byte_size(model_path.stat().st_size)})"
     assert lines[1].startswith("checked model.pt2: a model of images, resized to 32x32, answering 10 classes")
     assert lines[2].startswith("starting 1 model worker on cpu")
     assert lines[3] == f"ready: serving model.pt2 at http://127.0.0.1:{port}/predict"

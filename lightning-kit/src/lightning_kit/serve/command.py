@@ -34,11 +34,10 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..accelerators import check_accelerator
-from ..errors import ConfigError, OneLineParser, UserError, command, invoked_as, signal_name
+from ..errors import ConfigError, OneLineParser, UserError, byte_size, command, invoked_as, signal_name
 from ..installation import check_installation
-from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS, TOKENS
+from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS
 from ..passwords import scrubbed
-from ..upstream.litserve import accelerator as chosen_accelerator
 from .model_file import ModelInfo, read_model
 from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
 
@@ -175,12 +174,11 @@ def _one_line_errors() -> Iterator[None]:
 
 
 def _size(path: Path) -> str:
-    """`` (12.3 MB)``, or nothing where it cannot be told (then reading says why)."""
+    """`` (12.3 MiB)``, or nothing where it cannot be told (then reading says why)."""
     try:
-        size = path.stat().st_size
+        return f" ({byte_size(path.stat().st_size)})"
     except OSError:
         return ""
-    return f" ({size / 1e6:.1f} MB)" if size >= 1e5 else f" ({size:,} bytes)"
 
 
 def _described(model: ModelInfo) -> str:
@@ -256,19 +254,17 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     if sigterm_received():  # while the checkpoint was exported, or the file read: nothing to stop yet
         say(f"stopped by SIGTERM before serving {model.path}")
         return
-    from ..upstream.litserve import server_class  # LitServe, the serve extra: only this command needs it
-    from .api import Classifier, Tensors, cpu_threads
+    from .api import Model, cpu_threads  # LitServe, the serve extra: only this command needs it
     from .inputs import InputReader
 
     # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
     graceful_s = known.timeout + GRACE_S
     stopper = Stopper(stop_s=graceful_s + GRACE_S)
-    api_class = Classifier if model.kind in (IMAGES, TOKENS) else Tensors
-    api = api_class(
+    api = Model(
         model, known.max_batch_size, known.batch_timeout, cpu_threads(known.workers_per_device), stopper.model_processes
     )
     accelerator = {"gpu": "cuda"}.get(known.accelerator, known.accelerator)
-    server = server_class(stopper.http_server_class())(
+    server = stopper.server_class()(
         api,
         accelerator=accelerator,
         workers_per_device=known.workers_per_device,
@@ -276,12 +272,12 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     )
     server.uvicorn_graceful_timeout = graceful_s
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
-    server.app.state.lit_server = server  # the HTTP servers wait for its model workers (Stopper.http_server_class)
     logging.getLogger("litserve.server").addFilter(stopper.shutdown_noise)
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
     server.app.state.ready_line = f"ready: serving {model.path} at {address}/predict"
-    workers = len(server.devices) * known.workers_per_device
-    accelerator = chosen_accelerator(server, accelerator)
+    devices = server.devices  # LitServe's choice: ["cpu"], or a list of names ("cuda:0") per device
+    workers = len(devices) * known.workers_per_device
+    accelerator = devices[0] if devices == ["cpu"] else devices[0][0].partition(":")[0]
     say(
         f"starting {workers} model worker{'s' if workers > 1 else ''} on {accelerator} (each loads {model.path}); "
         f"{address}/predict answers once they are ready"
