@@ -33,6 +33,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from jsonargparse.typing import restricted_number_type
+
 from ..accelerators import check_accelerator
 from ..errors import ConfigError, OneLineParser, UserError, byte_size, command, invoked_as, signal_name
 from ..installation import check_installation
@@ -102,20 +104,18 @@ def parser(
     return described
 
 
-def _bounded(kind, low, high=None, low_open=False):
-    """An argparse type: a finite number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
-    above = f"more than {low}" if low_open else f"at least {low}"
-    expected = f"expected a {'whole ' if kind is int else ''}number {above}" + (f" and at most {high}" if high else "")
+def _bounded(kind: type, low: float, high: float | None = None, low_open: bool = False):
+    """An argparse type: jsonargparse's number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
+    restrictions = [(">" if low_open else ">=", kind(low))] + ([] if high is None else [("<=", kind(high))])
+    restricted = restricted_number_type(None, kind, restrictions)
+    bounds = " and ".join(f"{op} {bound:g}" for op, bound in restrictions)
+    expected = f"expected a {'whole ' if kind is int else ''}number {bounds}"
 
     def convert(text: str):
         try:
-            value = kind(text)
-        except ValueError:
+            return kind(restricted(text))
+        except ValueError:  # not a number of kind, or out of bounds (NaN is in none)
             raise argparse.ArgumentTypeError(f"{text}: {expected}") from None
-        above_low = value > low if low_open else value >= low
-        if not (math.isfinite(value) and above_low and (high is None or value <= high)):
-            raise argparse.ArgumentTypeError(f"{text}: {expected}")
-        return value
 
     convert.__name__ = kind.__name__
     return convert

@@ -32,7 +32,6 @@ from ..upstream.litserve import (
     HTTP_PROCESS_PREFIX,
     HTTP_SERVER_ID,
     http_server_base,
-    model_processes,
     request_shutdown,
     server_class,
     setup_status,
@@ -111,8 +110,8 @@ class ModelProcessGuard:
 
 
 class StopRequestedError(Exception):
-    """Raised in the main thread where LitServe waits for its model processes, once SIGTERM has come: no HTTP server
-    is started."""
+    """Raised in the main thread where LitServe waits for its model processes or creates an HTTP server, once SIGTERM
+    has come: no HTTP server is started."""
 
 
 class WorkerEndedError(Exception):
@@ -167,8 +166,7 @@ class Stopper:
         deadline = time.monotonic() + self.stop_s
         say("stopping: answering the requests taken, refusing new connections")
         # Every HTTP server at once (LitServe's shutdown SIGTERMs one after another, the others taking connections
-        # meanwhile); none is created after SIGTERM (StopRequestedError), bar in LitServe's last moments of start-up,
-        # and LitServe's shutdown stops those.
+        # meanwhile); none is created after SIGTERM (StopRequestedError).
         http = [child for child in multiprocessing.active_children() if child.name.startswith(HTTP_PROCESS_PREFIX)]
         for child in http:
             os.kill(child.pid, signal.SIGTERM)
@@ -193,7 +191,7 @@ class Stopper:
     def server_class(self) -> type:
         """A ``LitServer`` whose HTTP servers drain on SIGTERM, and whose start-up stops where a model process
         failed or ended (LitServe would have waited for ever), or where SIGTERM came."""
-        WorkerSetupStatus = setup_status()
+        WorkerSetupStatus, guard = setup_status(), self.model_processes
 
         class DrainingServer(http_server_base()):
             """uvicorn's server as LitServe runs it; the first says ``ready`` once its port takes connections.
@@ -203,6 +201,12 @@ class Stopper:
             until each connection taken has started its request (at most ``REQUEST_START_S``), then shuts down as
             uvicorn does: each request started is answered, idle connections are closed.
             """
+
+            def __init__(self, *args, **kwargs) -> None:
+                if _REQUESTED.is_set():  # SIGTERM after the model processes were ready: none is started
+                    guard.allow()  # LitServe ends them now
+                    raise StopRequestedError
+                super().__init__(*args, **kwargs)
 
             async def startup(self, sockets=None) -> None:
                 if self.should_exit:  # SIGTERM'd before it started: it does not listen
@@ -251,7 +255,7 @@ class Stopper:
                 """LitServe's wait for its model processes, for every one (not the first) and not for ever."""
                 while not _REQUESTED.is_set():
                     stages = list(self.workers_setup_status.values())
-                    ended = [worker.exitcode for worker in model_processes(self) if worker.exitcode is not None]
+                    ended = [worker.exitcode for worker in self.inference_workers if worker.exitcode is not None]
                     if WorkerSetupStatus.ERROR in stages or ended:  # its error is in the log; or how it ended
                         raise WorkerEndedError(None if WorkerSetupStatus.ERROR in stages else ended[0])
                     if all(stage == WorkerSetupStatus.READY for stage in stages):

@@ -59,11 +59,6 @@ def request_shutdown(server) -> None:
             shutdown.set()
 
 
-def model_processes(server) -> list:
-    """The model's processes LitServe has started (none before its start-up)."""
-    return list(getattr(server, "inference_workers", None) or [])
-
-
 def setup_status():
     """LitServe's stages of a model process's start (``READY``, ``ERROR``), kept in ``server.workers_setup_status``."""
     from litserve.utils import WorkerSetupStatus
