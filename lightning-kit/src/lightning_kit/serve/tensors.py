@@ -1,4 +1,4 @@
-"""The requests and answers of a model of tensors (the format is ``command``'s): one example's JSON decoded and
+"""A model's inputs and answers (the format is ``command``'s): one example's JSON (tensors or token ids) decoded and
 checked against what its file records, a batch of examples made the program's arguments, and its outputs made each
 request's answer. NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
 (``api``), and the load test does both (``benchmarks/serve_load.py``).
@@ -23,7 +23,7 @@ class RequestError(ValueError):
 
 
 def accepted(model: ModelInfo) -> str:
-    """What ``POST /predict`` takes for a model of tensors, as its messages say it."""
+    """What ``POST /predict`` takes as JSON for ``model``, as its messages say it."""
     entries = ", ".join(f'"{spec.name}": {expected(spec)}' for spec in model.inputs)
     return f"JSON {{{entries}}} for one example (Content-Type application/json)"
 
