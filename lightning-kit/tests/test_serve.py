@@ -638,7 +638,7 @@ def test_a_sigterm_while_the_checkpoint_is_exported_stops_with_0_and_leaves_no_e
 SERVER_IMPORTS = """
 import sys
 from lightning_kit.serve.command import main
-from lightning_kit.serve.api import Classifier
+from lightning_kit.serve.api import Model
 from lightning_kit.serve.inputs import InputReader
 from lightning_kit.serve import read_model
 read_model(sys.argv[1])

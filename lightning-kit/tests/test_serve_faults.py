@@ -33,6 +33,7 @@ from conftest import _free_port as free_port
 from PIL import Image
 from torch import nn
 
+from lightning_kit.errors import byte_size
 from lightning_kit.export import export
 from lightning_kit.serve import ModelFileError, read_model
 from lightning_kit.serve.command import main as serve
@@ -224,13 +225,17 @@ def test_claims_of_the_extra_files_are_checked_against_the_program(model_path, t
     huge = {**described, "image_size": 20000, "shape": [2, 3, 20000, 20000]}
     tokens = extra(tokens_path, "input.json")
     cases = [
-        (model_path, {"extra/input.json": json.dumps(huge)}, "says 20000x20000 images"),
+        (model_path, {"extra/input.json": json.dumps(huge)}, "says it takes image (uint8, 3x20000x20000)"),
         (model_path, {"extra/input.json": json.dumps({**described, "image_size": 64})}, "says 64x64 images"),
         (model_path, {"extra/class_names.json": b'["a", "b", "c"]'}, "names 3 classes, but its program answers 10"),
         (model_path, {"extra/class_names.json": json.dumps(["a"] * 10)}, "names the class 'a' twice"),
         (model_path, {"extra/class_names.json": b'{"a": 1}'}, "cannot be read"),
         (model_path, {"extra/input.json": json.dumps({**described, "dtype": "int64"})}, "takes int64 inputs"),
-        (model_path, {"extra/input.json": json.dumps(tokens)}, "but its program takes uint8 inputs of 4 dimensions"),
+        (
+            model_path,
+            {"extra/input.json": json.dumps(tokens)},
+            "its program takes inputs of uint8, shape (batch, 3, 32, 32)",
+        ),
         (tokens_path, {"extra/input.json": json.dumps({**tokens, "vocab_size": 10**9})}, "program embeds 16 ids"),
         (tokens_path, {"extra/input.json": json.dumps({**tokens, "seq_len": 10**6})}, "up to 1000000 tokens"),
     ]
@@ -326,7 +331,7 @@ def test_a_program_of_one_batch_size_is_refused(model_path, tmp_path):
         static,
         extra_files={"class_names.json": names, "input.json": json.dumps(extra(model_path, "input.json"))},
     )
-    with pytest.raises(ModelFileError, match=r"takes batches of 2 inputs only .*: refused$"):
+    with pytest.raises(ModelFileError, match=r"takes batches of 2 examples only .*: refused$"):
         read_model(static)
 
 
@@ -524,7 +529,7 @@ def test_the_server_says_what_it_does_until_it_is_ready(model_path):
         finally:
             server.send_signal(signal.SIGTERM)
             assert server.wait(HANG_GUARD_S) == 0
-    assert lines[0] == f"reading model.pt2 and checking it ({model_path.stat().st_size:,} bytes)"
+    assert lines[0] == f"reading model.pt2 and checking it ({byte_size(model_path.stat().st_size)})"
     assert lines[1].startswith("checked model.pt2: a model of images, resized to 32x32, answering 10 classes")
     assert lines[2].startswith("starting 1 model worker on cpu")
     assert lines[3] == f"ready: serving model.pt2 at http://127.0.0.1:{port}/predict"

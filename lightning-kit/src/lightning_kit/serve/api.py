@@ -1,5 +1,6 @@
-"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked; inputs
-of different shapes (sequences or clips of different lengths) are run in one batch per shape."""
+"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked (each a
+dict of its arrays by name); inputs of different shapes (sequences or clips of different lengths) are run in one
+batch per shape."""
 
 import os
 from collections import defaultdict
@@ -12,6 +13,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from torch.export.passes import move_to_device_pass
 
+from ..model_format import TENSORS
 from . import tensors
 from .model_file import ModelInfo, read_model
 from .stopping import ModelProcessGuard
@@ -20,7 +22,7 @@ from .stopping import ModelProcessGuard
 BATCH_SIZE_HEADER = "X-Batch-Size"
 
 
-async def read_input(request: Request) -> np.ndarray:
+async def read_input(request: Request) -> dict[str, np.ndarray]:
     """The checked input of ``request``, read in the HTTP server by its ``InputReader`` (``app.state.read_input``)."""
     return await request.app.state.read_input(request)
 
@@ -31,8 +33,10 @@ def cpu_threads(workers: int) -> int:
     return max(1, (cores - 1) // workers)
 
 
-class _Model(ls.LitAPI):
-    """The model of a file, loaded in each model process."""
+class Model(ls.LitAPI):
+    """The model of a file, loaded in each model process: a classifier answers each input of images or tokens with
+    the predicted class and every class's probability, by name; a model of tensors answers each example with its
+    outputs for it, as they are: ``{"outputs": ...}`` (``tensors``)."""
 
     def __init__(
         self,
@@ -58,7 +62,7 @@ class _Model(ls.LitAPI):
         self.model = move_to_device_pass(read_model(self.model_info.path)[0], device).module()
         self.device = device
 
-    def decode_request(self, request: Annotated[np.ndarray, Depends(read_input)]) -> np.ndarray:
+    def decode_request(self, request: Annotated[dict, Depends(read_input)]) -> dict[str, np.ndarray]:
         return request  # read, checked and decoded by read_input, one request at a time
 
     def batch(self, inputs: list) -> list:
@@ -71,11 +75,12 @@ class _Model(ls.LitAPI):
             return self.predict([inputs])[0]
         by_shape = defaultdict(list)
         for index, item in enumerate(inputs):
-            arrays = item.values() if isinstance(item, dict) else [item]  # a model of tensors: one per input
-            by_shape[tuple(array.shape for array in arrays)].append(index)
+            by_shape[tuple(array.shape for array in item.values())].append(index)
         outputs: list[tuple[object, int]] = [(None, 0)] * len(inputs)
         for indices in by_shape.values():
-            for index, answer in zip(indices, self._run([inputs[index] for index in indices]), strict=True):
+            args, kwargs = tensors.arguments([inputs[index] for index in indices], self.model_info, self.device)
+            answers = tensors.answers(self.model(*args, **kwargs), len(indices))
+            for index, answer in zip(indices, answers, strict=True):
                 outputs[index] = (answer, len(indices))
         return outputs
 
@@ -84,27 +89,10 @@ class _Model(ls.LitAPI):
 
     def encode_response(self, output: tuple[object, int]) -> JSONResponse:
         answer, batch_size = output
-        return JSONResponse(self._content(answer), headers={BATCH_SIZE_HEADER: str(batch_size)})
-
-
-class Classifier(_Model):
-    """Answers each input of images or tokens with the predicted class and every class's probability, by name."""
-
-    def _run(self, inputs: list[np.ndarray]) -> list[list[float]]:
-        return self.model(torch.as_tensor(np.stack(inputs), device=self.device)).tolist()
-
-    def _content(self, probabilities: list[float]) -> dict:
         names = self.model_info.class_names
-        best = max(range(len(names)), key=probabilities.__getitem__)
-        return {"predicted": names[best], "probabilities": dict(zip(names, probabilities, strict=True))}
-
-
-class Tensors(_Model):
-    """Answers each example with the model's outputs for it, as they are: ``{"outputs": ...}`` (``tensors``)."""
-
-    def _run(self, inputs: list[dict[str, np.ndarray]]) -> list:
-        args, kwargs = tensors.arguments(inputs, self.model_info, self.device)
-        return tensors.answers(self.model(*args, **kwargs), len(inputs))
-
-    def _content(self, outputs: object) -> dict:
-        return {"outputs": outputs}
+        if self.model_info.kind == TENSORS:
+            content = {"outputs": answer}
+        else:
+            best = max(range(len(names)), key=answer.__getitem__)
+            content = {"predicted": names[best], "probabilities": dict(zip(names, answer, strict=True))}
+        return JSONResponse(content, headers={BATCH_SIZE_HEADER: str(batch_size)})

@@ -33,12 +33,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from jsonargparse.typing import restricted_number_type
+
 from ..accelerators import check_accelerator
-from ..errors import ConfigError, OneLineParser, UserError, command, invoked_as, signal_name
+from ..errors import ConfigError, OneLineParser, UserError, byte_size, command, invoked_as, signal_name
 from ..installation import check_installation
-from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS, TOKENS
+from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS
 from ..passwords import scrubbed
-from ..upstream.litserve import accelerator as chosen_accelerator
 from .model_file import ModelInfo, read_model
 from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
 
@@ -103,20 +104,18 @@ def parser(
     return described
 
 
-def _bounded(kind, low, high=None, low_open=False):
-    """An argparse type: a finite number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
-    above = f"more than {low}" if low_open else f"at least {low}"
-    expected = f"expected a {'whole ' if kind is int else ''}number {above}" + (f" and at most {high}" if high else "")
+def _bounded(kind: type, low: float, high: float | None = None, low_open: bool = False):
+    """An argparse type: jsonargparse's number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
+    restrictions = [(">" if low_open else ">=", kind(low))] + ([] if high is None else [("<=", kind(high))])
+    restricted = restricted_number_type(None, kind, restrictions)
+    bounds = " and ".join(f"{op} {bound:g}" for op, bound in restrictions)
+    expected = f"expected a {'whole ' if kind is int else ''}number {bounds}"
 
     def convert(text: str):
         try:
-            value = kind(text)
-        except ValueError:
+            return kind(restricted(text))
+        except ValueError:  # not a number of kind, or out of bounds (NaN is in none)
             raise argparse.ArgumentTypeError(f"{text}: {expected}") from None
-        above_low = value > low if low_open else value >= low
-        if not (math.isfinite(value) and above_low and (high is None or value <= high)):
-            raise argparse.ArgumentTypeError(f"{text}: {expected}")
-        return value
 
     convert.__name__ = kind.__name__
     return convert
@@ -175,12 +174,11 @@ def _one_line_errors() -> Iterator[None]:
 
 
 def _size(path: Path) -> str:
-    """`` (12.3 MB)``, or nothing where it cannot be told (then reading says why)."""
+    """`` (12.3 MiB)``, or nothing where it cannot be told (then reading says why)."""
     try:
-        size = path.stat().st_size
+        return f" ({byte_size(path.stat().st_size)})"
     except OSError:
         return ""
-    return f" ({size / 1e6:.1f} MB)" if size >= 1e5 else f" ({size:,} bytes)"
 
 
 def _described(model: ModelInfo) -> str:
@@ -256,19 +254,17 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     if sigterm_received():  # while the checkpoint was exported, or the file read: nothing to stop yet
         say(f"stopped by SIGTERM before serving {model.path}")
         return
-    from ..upstream.litserve import server_class  # LitServe, the serve extra: only this command needs it
-    from .api import Classifier, Tensors, cpu_threads
+    from .api import Model, cpu_threads  # LitServe, the serve extra: only this command needs it
     from .inputs import InputReader
 
     # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
     graceful_s = known.timeout + GRACE_S
     stopper = Stopper(stop_s=graceful_s + GRACE_S)
-    api_class = Classifier if model.kind in (IMAGES, TOKENS) else Tensors
-    api = api_class(
+    api = Model(
         model, known.max_batch_size, known.batch_timeout, cpu_threads(known.workers_per_device), stopper.model_processes
     )
     accelerator = {"gpu": "cuda"}.get(known.accelerator, known.accelerator)
-    server = server_class(stopper.http_server_class())(
+    server = stopper.server_class()(
         api,
         accelerator=accelerator,
         workers_per_device=known.workers_per_device,
@@ -276,12 +272,12 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     )
     server.uvicorn_graceful_timeout = graceful_s
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
-    server.app.state.lit_server = server  # the HTTP servers wait for its model workers (Stopper.http_server_class)
     logging.getLogger("litserve.server").addFilter(stopper.shutdown_noise)
     address = f"http://{'[::1]' if known.host == '::' else known.host}:{known.port}"
     server.app.state.ready_line = f"ready: serving {model.path} at {address}/predict"
-    workers = len(server.devices) * known.workers_per_device
-    accelerator = chosen_accelerator(server, accelerator)
+    devices = server.devices  # LitServe's choice: ["cpu"], or a list of names ("cuda:0") per device
+    workers = len(devices) * known.workers_per_device
+    accelerator = devices[0] if devices == ["cpu"] else devices[0][0].partition(":")[0]
     say(
         f"starting {workers} model worker{'s' if workers > 1 else ''} on {accelerator} (each loads {model.path}); "
         f"{address}/predict answers once they are ready"

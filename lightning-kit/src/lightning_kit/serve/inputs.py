@@ -6,7 +6,6 @@ also runs beside the model, in threads, not before it in the model's process.
 """
 
 import os
-from dataclasses import replace
 from functools import partial
 
 import anyio
@@ -17,7 +16,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from ..data.image_decoding import ImageTooLargeError, UnreadableImageError, decode_image
-from ..model_format import IMAGES, TOKENS, TensorInput
+from ..model_format import IMAGES
 from . import tensors
 from .model_file import ModelInfo
 
@@ -36,26 +35,24 @@ class InputReader:
         self.max_body_bytes = max_body_bytes
         self.max_pixels = max_pixels
         self._decoders: anyio.CapacityLimiter | None = None  # made in the event loop, on the first image
-        # Token ids are checked as one int64 input of the lengths, and the ids below vocab_size, the model takes.
-        tokens = (TensorInput("tokens", "int64", (None,), (model.lengths,)),)
-        self._json = replace(model, inputs=tokens, index_rows=(model.vocab_size,)) if model.kind == TOKENS else model
-        self._accepted = IMAGE_FILE if model.kind == IMAGES else tensors.accepted(self._json)
+        self._accepted = IMAGE_FILE if model.kind == IMAGES else tensors.accepted(model)
 
-    async def __call__(self, request: Request) -> np.ndarray | dict[str, np.ndarray]:
+    async def __call__(self, request: Request) -> dict[str, np.ndarray]:
+        """The model's inputs by name (images: the one of ``model_file``'s claims)."""
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await self._body(request)
         if self.model.kind == IMAGES:
-            return await self._image(request, media_type, body)
+            return {self.model.inputs[0].name: await self._image(request, media_type, body)}
         if media_type and media_type != "application/json":
             raise HTTPException(415, f"Content-Type {media_type} is not accepted: send {self._accepted}")
         if not body:
             raise HTTPException(400, f"the body is empty: send {self._accepted}")
-        decode = partial(tensors.decode, body, self._json)
+        decode = partial(tensors.decode, body, self.model)
         try:  # a large body in a thread, so that the others' requests are read meanwhile
             decoded = await anyio.to_thread.run_sync(decode) if len(body) > DECODED_IN_THREAD else decode()
         except tensors.RequestError as err:
             raise HTTPException(err.status, str(err)) from err
-        return decoded["tokens"] if self.model.kind == TOKENS else decoded
+        return decoded
 
     async def _body(self, request: Request) -> bytes:
         """The body, refused (413) once it is longer than ``max_body_bytes``: by its Content-Length, or as it comes."""

@@ -5,8 +5,14 @@
 ``pickle.loads``), and its graph names the functions it calls. So a file is loaded only when it holds nothing but
 what ``torch.export.save`` writes for a plain program (``archive``, which reads it within bounds), every
 ``torch.load`` is forced to ``weights_only`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), and its graph calls only ATen
-operations and ``operator.getitem``. What its extra files claim is checked against the program's own signature and
-output (a model of tensors' in ``tensor_claims``). Tested with PyTorch 2.14 (``torch.export.pt2_archive``).
+operations and ``operator.getitem``. Tested with PyTorch 2.14 (``torch.export.pt2_archive``).
+
+What its extra files claim is checked against the program's own signature and output, for every kind alike: the
+program must take exactly the inputs its ``INPUT_FILE`` names (``model_format``), each with one batch dimension
+first that varies from 1 example up, and answer a tensor, a tuple, a list or a dict (of names) of tensors, each with
+that batch dimension first (a classifier: one tensor of a probability per class it names). The sizes an axis that
+varies takes are the program's own (its range constraints), whatever the file claims; an integer input that indexes
+an embedding takes ids below its rows. The ``call_spec`` is read with PyTorch's private pytree (``upstream.torch``).
 """
 
 import io
@@ -24,25 +30,32 @@ from unittest import mock
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 
 from ..errors import first_line
 from ..files import NotAFileError, open_regular
 from ..model_format import (
     CLASS_NAMES_FILE,
+    DTYPES,
     EXPORT_COMMAND,
     IMAGES,
     INPUT_FILE,
+    KEYWORD,
+    POSITIONAL,
     TENSORS,
     TOKENS,
     TensorInput,
     constant_size,
     size_range,
 )
-from ..upstream.torch import is_aten_operation
+from ..upstream.torch import is_aten_operation, tree_leaves, tree_unflatten
 from .archive import ModelFileError, stored_copy
-from .tensor_claims import check_tensor_claims, embedding_rows
 
 WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+# How a message says the inputs are passed.
+BY = {POSITIONAL: "by position", KEYWORD: "by keyword"}
+# The dtypes an embedding takes its ids in.
+INDEX_DTYPES = ("int32", "int64")
 
 
 @dataclass(frozen=True)
@@ -56,10 +69,10 @@ class ModelInfo:
     image_size: int | None = None  # images are resized to image_size x image_size
     vocab_size: int | None = None  # token ids lie in [0, vocab_size)
     lengths: tuple[int, int] | None = None  # the fewest and the most tokens the model takes
-    inputs: tuple[TensorInput, ...] = ()  # a model of tensors: its inputs, in the order its program takes them
+    inputs: tuple[TensorInput, ...] = ()  # its inputs, in the order its program takes them
     by_keyword: bool = False  # a model of tensors: called as forward(**inputs), else forward(*inputs)
     answers: str = ""  # a model of tensors: what it answers, e.g. "a tensor (4,)" or "a dict of mean (4,), ..."
-    index_rows: tuple[int | None, ...] = ()  # a model of tensors: of each input that is an embedding's ids, its rows
+    index_rows: tuple[int | None, ...] = ()  # of each input that is an embedding's ids, the most it takes
 
 
 def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[ExportedProgram, ModelInfo]:
@@ -115,8 +128,8 @@ def _check_operations(path: Path, program: ExportedProgram) -> None:
 
 
 def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
-    """The class names and the inputs the export wrote beside the program, checked against the program; a file
-    without a kind (exported before it was recorded) is read by its inputs' type and shape."""
+    """What the extra files say the program takes and answers, checked against its signature and output: one path
+    for every kind, a classifier's input read as one tensor input (``_claims``)."""
     if not extra[CLASS_NAMES_FILE] or not extra[INPUT_FILE]:
         raise ModelFileError(
             f"{path} was not exported by {export_command}: it has no "
@@ -127,117 +140,236 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
         if not isinstance(names, list):
             raise TypeError("not a list")
         class_names = tuple(str(name) for name in names)
-        described = json.loads(extra[INPUT_FILE])
-        if isinstance(described, dict) and described.get("kind") == TENSORS:
-            return ModelInfo(path, (), TENSORS, **check_tensor_claims(path, program, described, class_names))
-        dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
-        kind = described.get("kind", _kind_of(dtype, shape, described))
-        vocab_size = int(described["vocab_size"]) if kind == TOKENS else None
-        seq_len = int(described["seq_len"]) if kind == TOKENS and "seq_len" in described else None
-        image_size = int(described["image_size"]) if kind == IMAGES and "image_size" in described else None
+        kind, inputs, passed, said = _claims(path, json.loads(extra[INPUT_FILE]))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} or {CLASS_NAMES_FILE} cannot be read") from err
-    takes = f"{dtype} inputs of shape {tuple(shape)}"
-    if kind == IMAGES and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
-        info = ModelInfo(path, class_names, IMAGES, image_size=shape[2])
-        claimed = {"image_size": image_size} if image_size is not None else {}
-    elif kind == TOKENS and dtype == "int64" and len(shape) == 2:
-        info = ModelInfo(path, class_names, TOKENS, vocab_size=vocab_size, lengths=_lengths(path, program, shape[1]))
-        claimed = {"seq_len": seq_len} if seq_len is not None else {}
-    else:
-        said = f" (its {INPUT_FILE} says {kind!r})" if kind in (IMAGES, TOKENS) else ""
+    if kind == TENSORS and class_names:
         raise ModelFileError(
-            f"{path} takes {takes}{said}, neither images (uint8, (batch, 3, size, size)) "
-            f"nor token ids (int64, (batch, length)), nor tensors its {INPUT_FILE} names: no request could be "
-            "decoded for it"
+            f"{path}: its {CLASS_NAMES_FILE} names {len(class_names)} classes, but a model of tensors answers its "
+            "outputs as they are: refused"
         )
-    _check_claims(path, program, info, dtype, shape, claimed)
-    return info
-
-
-def _check_claims(path: Path, program: ExportedProgram, info: ModelInfo, dtype: str, shape: list, claimed: dict):
-    """Refuse what the extra files say of the inputs and classes where the program's own signature says otherwise."""
-    inputs, output = _signature(path, program)
-    said = f"its {INPUT_FILE} says"
-    program_dtype = str(inputs.dtype).removeprefix("torch.")
-    if program_dtype != dtype or len(inputs.shape) != len(shape):
+    batch, taken, inputs = _check_inputs(path, program, inputs, passed)
+    outputs = _check_outputs(path, program, batch)
+    if kind == TENSORS:
+        rows = tuple(
+            embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
+            for spec, name in zip(inputs, taken, strict=True)
+        )
+        by_keyword = passed == KEYWORD
+        return ModelInfo(
+            path, (), TENSORS, inputs=inputs, by_keyword=by_keyword, answers=_answers(outputs), index_rows=rows
+        )
+    classes = constant_size(outputs.shape[1]) if isinstance(outputs, torch.Tensor) and outputs.dim() == 2 else None
+    if classes != len(class_names):
         raise ModelFileError(
-            f"{path}: {said} {dtype} inputs of shape {tuple(shape)}, but its program takes {program_dtype} inputs "
-            f"of {len(inputs.shape)} dimensions: refused"
+            f"{path}: its {CLASS_NAMES_FILE} names {len(class_names)} classes, but its program answers "
+            f"{'no fixed number of' if classes is None else classes} probabilities: refused"
         )
-    if constant_size(inputs.shape[0]) is not None:
-        raise ModelFileError(
-            f"{path}: its program takes batches of {inputs.shape[0]} inputs only (exported without a batch dimension "
-            "that varies), and the server batches requests: refused"
-        )
-    if info.kind == IMAGES:
-        side = claimed.get("image_size", info.image_size)
-        sizes = [constant_size(size) for size in inputs.shape[1:]]
-        if sizes != shape[1:] or side != info.image_size:
-            program_shape = ", ".join("any" if size is None else str(size) for size in sizes)
-            raise ModelFileError(
-                f"{path}: {said} {side}x{side} images (shape {tuple(shape)}), but its program takes inputs of shape "
-                f"(batch, {program_shape}): refused"
-            )
-    else:
-        fewest, most = info.lengths
-        if claimed.get("seq_len", most) != most or not 1 <= fewest <= most:
-            raise ModelFileError(
-                f"{path}: {said} sequences of up to {claimed['seq_len']} tokens, but its program takes from "
-                f"{fewest} to {most}: refused"
-            )
-        rows = embedding_rows(program, program.graph_signature.user_inputs[0])
-        if info.vocab_size is None or info.vocab_size < 1 or (rows is not None and info.vocab_size > rows):
-            raise ModelFileError(
-                f"{path}: {said} a vocabulary of {info.vocab_size} token ids, but its program embeds "
-                f"{rows if rows is not None else 'no'} ids: refused"
-            )
-    classes = output.shape[-1] if len(output.shape) == 2 else None
-    if not isinstance(classes, int) or classes != len(info.class_names):
-        raise ModelFileError(
-            f"{path}: its {CLASS_NAMES_FILE} names {len(info.class_names)} classes, but its program answers "
-            f"{classes if isinstance(classes, int) else 'no fixed number of'} probabilities: refused"
-        )
-    if len(set(info.class_names)) != len(info.class_names):
-        twice = next(name for name, count in Counter(info.class_names).items() if count > 1)
+    if len(set(class_names)) != len(class_names):
+        twice = next(name for name, count in Counter(class_names).items() if count > 1)
         raise ModelFileError(f"{path}: its {CLASS_NAMES_FILE} names the class {twice!r} twice: refused")
-
-
-def _signature(path: Path, program: ExportedProgram) -> tuple[torch.Tensor, torch.Tensor]:
-    """The program's one input and one output, as the (fake) tensors its graph records."""
-    signature = program.graph_signature
-    if len(signature.user_inputs) != 1 or len(signature.user_outputs) != 1:
+    claimed = f"{path}: its {INPUT_FILE} says"
+    if kind == IMAGES:
+        side = inputs[0].shape[-1]
+        if said["image_size"] != side:
+            raise ModelFileError(
+                f"{claimed} {said['image_size']}x{said['image_size']} images, but its program takes {side}x{side}: "
+                "refused"
+            )
+        return ModelInfo(path, class_names, IMAGES, image_size=side, inputs=inputs)
+    fewest, most = inputs[0].range_of(0)
+    if most is None or fewest < 1 or said["seq_len"] not in (None, most):
         raise ModelFileError(
-            f"{path}: its program takes {len(signature.user_inputs)} inputs and answers "
-            f"{len(signature.user_outputs)} outputs, not one of each: refused"
+            f"{claimed} sequences of up to {said['seq_len']} tokens, but its program takes from {fewest} to "
+            f"{'any number' if most is None else most}: refused"
         )
-    (name,) = signature.user_inputs
-    nodes = list(program.graph.nodes)
-    (inputs,) = [node for node in nodes if node.op == "placeholder" and node.name == name]
-    (output,) = [node for node in nodes if node.op == "output"]
-    returned = output.args[0][0] if isinstance(output.args[0], list | tuple) else output.args[0]
-    values = inputs.meta.get("val"), getattr(returned, "meta", {}).get("val")
-    if not all(isinstance(value, torch.Tensor) for value in values):
-        raise ModelFileError(f"{path}: its program does not record the shapes of its input and output: refused")
-    return values
+    vocab_size, rows = said["vocab_size"], embedding_rows(program, taken[0])
+    if vocab_size < 1 or (rows is not None and vocab_size > rows):
+        raise ModelFileError(
+            f"{claimed} a vocabulary of {vocab_size} token ids, but its program embeds "
+            f"{rows if rows is not None else 'no'} ids: refused"
+        )
+    lengths = (fewest, most)
+    return ModelInfo(
+        path, class_names, TOKENS, vocab_size=vocab_size, lengths=lengths, inputs=inputs, index_rows=(vocab_size,)
+    )
 
 
-def _kind_of(dtype: str, shape: list[int], described: dict) -> str | None:
-    """The kind of input of a file whose ``INPUT_FILE`` does not say it: by the inputs' type and shape."""
-    if dtype == "uint8" and len(shape) == 4:
-        return IMAGES
-    if dtype == "int64" and len(shape) == 2 and "vocab_size" in described:
-        return TOKENS
-    return None
+def _claims(path: Path, described: dict) -> tuple[str, tuple[TensorInput, ...], str, dict]:
+    """The kind, the inputs (as ``TensorInput``), how they are passed and a classifier's other claims that
+    ``INPUT_FILE`` records; a file without a kind (exported before it was recorded) is read by its inputs' type and
+    shape. Images are one input ``(3, size, size)``, token ids one of a length that varies, both by position."""
+    kind = described.get("kind")
+    if kind == TENSORS:
+        passed, given = described.get("passed"), described.get("inputs")
+        inputs = tuple(_tensor_input(path, entry) for entry in given) if isinstance(given, list) else ()
+        if passed not in BY or not inputs or len({spec.name for spec in inputs}) != len(inputs):
+            raise ModelFileError(
+                f"{path} is damaged: its {INPUT_FILE} names no inputs of distinct names, passed {POSITIONAL} or "
+                f"{KEYWORD}"
+            )
+        return TENSORS, inputs, passed, {}
+    dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
+    if kind is None and dtype == "uint8" and len(shape) == 4:
+        kind = IMAGES
+    elif kind is None and dtype == "int64" and len(shape) == 2 and "vocab_size" in described:
+        kind = TOKENS
+    if kind == IMAGES and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
+        said = {"image_size": int(described.get("image_size", shape[3]))}
+        return IMAGES, (TensorInput("image", dtype, tuple(shape[1:])),), POSITIONAL, said
+    if kind == TOKENS and dtype == "int64" and len(shape) == 2:
+        seq_len = int(described["seq_len"]) if "seq_len" in described else None
+        length = None if 1 in described.get("varies", [1]) else shape[1]
+        said = {"vocab_size": int(described["vocab_size"]), "seq_len": seq_len}
+        return TOKENS, (TensorInput("tokens", dtype, (length,), ((1, seq_len),)),), POSITIONAL, said
+    said = f" (its {INPUT_FILE} says {kind!r})" if kind in (IMAGES, TOKENS) else ""
+    raise ModelFileError(
+        f"{path} takes {dtype} inputs of shape {tuple(shape)}{said}, neither images (uint8, (batch, 3, size, size)) "
+        f"nor token ids (int64, (batch, length)), nor tensors its {INPUT_FILE} names: no request could be decoded "
+        "for it"
+    )
 
 
-def _lengths(path: Path, program: ExportedProgram, exported: int) -> tuple[int, int]:
-    """The fewest and the most tokens the program takes: the range its export gave the length, else ``exported``."""
-    inputs, _ = _signature(path, program)
-    if len(inputs.shape) != 2:
-        return exported, exported  # refused by the check of the signature
-    fixed = constant_size(inputs.shape[1])
-    fewest, most = size_range(program, inputs.shape[1]) or (fixed, fixed)
-    if most is None:
-        raise ModelFileError(f"{path}: its program takes sequences of any length, with no most: refused")
-    return fewest, most
+def _tensor_input(path: Path, entry: object) -> TensorInput:
+    """One input as ``INPUT_FILE`` records it: a name, one of ``DTYPES``, a shape of sizes from 0 (the ranges of
+    the sizes that vary are the program's: ``_check_inputs``)."""
+    if not isinstance(entry, dict):
+        raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input that is not an object")
+    name, dtype, shape = entry.get("name"), entry.get("dtype"), entry.get("shape")
+    if not isinstance(name, str) or not name:
+        raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input without a name")
+    if dtype not in DTYPES:
+        raise ModelFileError(f"{path}: its {INPUT_FILE} says {name} is {dtype!r}, not one of {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(size is None or (type(size) is int and size >= 0) for size in shape):
+        raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records no shape of whole sizes for {name}")
+    return TensorInput(name, dtype, tuple(shape))
+
+
+def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInput, ...], passed: str):
+    """Refuse inputs the program does not take as ``INPUT_FILE`` says; else the symbol of their batch dimension,
+    the program's names of them, and ``inputs`` with the program's ranges."""
+    names = list(program.graph_signature.user_inputs)
+    claimed = f"its {INPUT_FILE} says it takes {', '.join(map(str, inputs))} {BY[passed]}"
+    try:
+        args, kwargs = tree_unflatten(names, program.call_spec.in_spec)
+    except Exception as err:  # a spec that does not fit its own inputs: the file was tampered with
+        raise ModelFileError(f"{path}: its program does not say how it takes its inputs: refused") from err
+    wanted = [spec.name for spec in inputs]
+    if passed == KEYWORD:
+        fits = args == () and isinstance(kwargs, dict) and sorted(kwargs) == sorted(wanted)
+        taken = [kwargs.get(name) for name in wanted] if fits else []
+    else:
+        fits = kwargs == {} and isinstance(args, tuple) and len(args) == len(wanted)
+        taken = list(args) if fits else []
+    if not fits or not all(isinstance(name, str) for name in taken):
+        raise ModelFileError(f"{path}: {claimed}, but its program takes {_takes(args, kwargs)}: refused")
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    batch, ranged = None, []
+    for spec, name in zip(inputs, taken, strict=True):
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(value, torch.Tensor):
+            raise ModelFileError(f"{path}: its program does not record the shape of its input {name}: refused")
+        dtype, sizes = str(value.dtype).removeprefix("torch."), list(value.shape)
+        # Each size after the batch's a number: a symbol compared with one would be a guard, not an answer.
+        fixed = [constant_size(size) for size in sizes[1:]]
+        if dtype != spec.dtype or not sizes or fixed != list(spec.shape):
+            raise ModelFileError(
+                f"{path}: {claimed}, but its program takes {name} of {dtype}, shape {_shown(sizes)}: refused"
+            )
+        if constant_size(sizes[0]) is not None:
+            raise ModelFileError(
+                f"{path}: its program takes batches of {sizes[0]} examples only (exported without a batch dimension "
+                "that varies), and the server batches requests: refused"
+            )
+        if batch is not None and sizes[0].node.expr != batch:
+            raise ModelFileError(f"{path}: its program's inputs do not share one batch dimension: refused")
+        batch = sizes[0].node.expr
+        ranged.append(
+            TensorInput(spec.name, spec.dtype, spec.shape, tuple(size_range(program, size) for size in sizes[1:]))
+        )
+    fewest, most = size_range(program, sizes[0])
+    if fewest > 1 or most is not None:
+        raise ModelFileError(
+            f"{path}: its program takes batches of {fewest} to {'any number of' if most is None else most} "
+            "examples, and the server batches any number from 1: refused"
+        )
+    return batch, taken, tuple(ranged)
+
+
+def embedding_rows(program: ExportedProgram, name: str) -> int | None:
+    """The fewest rows of an embedding the program's input ``name`` indexes directly; None where it indexes none."""
+    rows = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
+            weight, indices = node.args[0], node.args[1]
+            size = weight.meta.get("val").shape[0] if isinstance(weight.meta.get("val"), torch.Tensor) else None
+            if getattr(indices, "name", None) == name and isinstance(size, int):
+                rows.append(size)
+    return min(rows, default=None)
+
+
+def _check_outputs(path: Path, program: ExportedProgram, batch):
+    """Refuse outputs the server cannot answer request by request (the module's docstring); else the program's
+    outputs (fake tensors, nested as it returns them)."""
+    signature = program.graph_signature
+    (output,) = [node for node in program.graph.nodes if node.op == "output"]
+    returned = [
+        getattr(node, "meta", {}).get("val")
+        for spec, node in zip(signature.output_specs, output.args[0], strict=False)
+        if spec.kind == OutputKind.USER_OUTPUT
+    ]
+    try:
+        outputs = tree_unflatten(returned, program.call_spec.out_spec)
+    except Exception as err:  # a spec that does not fit its own outputs: the file was tampered with
+        raise ModelFileError(f"{path}: its program does not say how its outputs nest: refused") from err
+    wrong = _wrong_outputs(outputs, batch)
+    if wrong:
+        raise ModelFileError(f"{path}: its program answers {wrong}, which no request could be answered with: refused")
+    return outputs
+
+
+def _wrong_outputs(outputs, batch) -> str:
+    """What is wrong with a program's outputs (fake tensors, nested as it returns them); empty where nothing is."""
+    if isinstance(outputs, torch.Tensor):
+        first = outputs.shape[0] if outputs.dim() else None
+        if not isinstance(first, torch.SymInt) or first.node.expr != batch or outputs.is_complex():
+            return f"a {str(outputs.dtype).removeprefix('torch.')} tensor of shape {_shown(list(outputs.shape))}"
+        return ""
+    if type(outputs) is dict and all(isinstance(key, str) for key in outputs):
+        items = list(outputs.values())
+    elif type(outputs) in (tuple, list):
+        items = list(outputs)
+    else:
+        return f"a {type(outputs).__name__}"
+    return next((wrong for wrong in (_wrong_outputs(item, batch) for item in items) if wrong), "" if items else "()")
+
+
+def _answers(outputs) -> str:
+    """``a tensor (4,)``; ``a dict of mean (4,), scale ()``; ``a tuple of (4,), (any, 3)``: per example."""
+    if isinstance(outputs, torch.Tensor):
+        sizes = [str(constant_size(size)) if constant_size(size) is not None else "any" for size in outputs.shape[1:]]
+        return f"a tensor ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+    if isinstance(outputs, dict):
+        return "a dict of " + ", ".join(
+            f"{key} {_answers(value).removeprefix('a tensor ')}" for key, value in outputs.items()
+        )
+    return f"a {type(outputs).__name__} of " + ", ".join(_answers(value).removeprefix("a tensor ") for value in outputs)
+
+
+def _takes(args, kwargs) -> str:
+    """How a program takes its inputs, as a message says it: ``history by keyword``, ``x, y by position``."""
+    ways = []
+    if args:
+        ways.append(f"{', '.join(map(str, tree_leaves(args)))} by position")
+    if kwargs:
+        ways.append(f"{', '.join(map(str, kwargs))} by keyword")
+    return " and ".join(ways) or "no inputs"
+
+
+def _shown(sizes: list) -> str:
+    """A program's shape, its sizes that vary shown as ``batch`` (the first) or ``any``."""
+    shown = [
+        str(constant_size(size)) if constant_size(size) is not None else "batch" if axis == 0 else "any"
+        for axis, size in enumerate(sizes)
+    ]
+    return f"({', '.join(shown)}{',' if len(shown) == 1 else ''})"

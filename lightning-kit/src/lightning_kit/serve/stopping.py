@@ -1,16 +1,16 @@
 """How the server runs and stops: SIGTERM answers every request taken, then ends every process the server started.
 
-LitServe (0.2.19) runs no SIGTERM handler of its own, and its shutdown closes the model's queues before the HTTP
-servers, so requests in flight would go unanswered. ``Stopper`` runs ``LitServer.run`` in the main thread; on SIGTERM
-a thread of its own sends SIGTERM to the HTTP servers (LitServe's ``LitServer-<n>`` processes), on which uvicorn
-answers every request it took, waits for them, then sets LitServe's shutdown event: ``LitServer.run`` then stops the
-model's processes and returns. Should the server not have stopped ``stop_s`` seconds after SIGTERM, its processes
-are killed and it exits 1.
+LitServe (0.2.19) runs no SIGTERM handler in its main process. Here a thread of ``Stopper`` sends SIGTERM to every
+HTTP server (LitServe's ``LitServer-<n>`` processes), on which uvicorn answers every request it took, and waits for
+them; then it sets the event ``LitServer.run`` waits on, whose own shutdown ends the model's processes and its
+manager. What uvicorn's shutdown lacks, the draining HTTP server adds (``server_class``); so does the server's
+``verify_worker_status`` to LitServe's start-up, which waited for ever for a model process that ended before it was
+ready. Should the server not have stopped ``stop_s`` seconds after SIGTERM, its processes are killed and it exits 1.
 
 The signal handler (``catch_sigterm``) only sets an event: an exception raised from a handler lands wherever the
 main thread is, in LitServe's start-up too, where a finalizer could drop it (the server then served on, ignoring
-SIGTERM). A SIGTERM during an export stops the command once the export is done; during LitServe's start-up, where it
-creates its HTTP servers. Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
+SIGTERM). A SIGTERM during an export stops the command once the export is done; during LitServe's start-up, before
+it creates its HTTP servers. Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ..upstream.litserve import (
     HTTP_PROCESS_PREFIX,
     HTTP_SERVER_ID,
     http_server_base,
-    model_processes,
     request_shutdown,
+    server_class,
     setup_status,
 )
 
@@ -110,7 +110,8 @@ class ModelProcessGuard:
 
 
 class StopRequestedError(Exception):
-    """Raised in the main thread where LitServe creates an HTTP server, once SIGTERM has come: none is started."""
+    """Raised in the main thread where LitServe waits for its model processes or creates an HTTP server, once SIGTERM
+    has come: no HTTP server is started."""
 
 
 class WorkerEndedError(Exception):
@@ -132,33 +133,22 @@ class Stopper:
         _GUARD = self.model_processes  # LitServe's manager, forked from this process, takes SIGTERM by it too
         self.stopping = threading.Event()  # the server is stopping: LitServe's noise about it is no error
         self.finished = threading.Event()  # the main thread is out of LitServer.run
-        self.http_servers_created = 0  # counted in the main thread, before LitServe forks each one's process
-        self.worker_ended: int | None = None  # the exit code of a model process that ended during the start-up
 
     def run(self, server, **options) -> None:
-        """``server.run(**options)`` in the main thread; ``WorkerEndedError`` where a model process ended during the
-        start-up, unless SIGTERM came first."""
+        """``server.run(**options)`` in the main thread (``server`` of ``server_class()``); ``WorkerEndedError`` where
+        a model process ended during the start-up, unless SIGTERM came first."""
         self.server = server
-        catch_sigterm()
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
             signal.signal(signal.SIGINT, self._on_sigint)
         stopping = threading.Thread(target=self._stop_when_asked, name="serve-stopper", daemon=True)
         stopping.start()
-        threading.Thread(target=self._watch_the_start_up, name="serve-start-watch", daemon=True).start()
         try:
             if not _REQUESTED.is_set():  # SIGTERM before: LitServe is not started
                 server.run(**options)
-        except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe stopped its model processes
+        except StopRequestedError:  # SIGTERM before the HTTP servers started: LitServe leaves its processes to us
             pass
-        except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: LitServe leaves its processes to us
+        except KeyboardInterrupt:  # Ctrl-C before the HTTP servers started: the same
             self.stopping.set()
-        except RuntimeError:  # LitServe's "workers failed to start": a model process failed, or ended
-            if self.worker_ended is not None and _REQUESTED.is_set():
-                pass  # ended by the SIGTERM that stops the server
-            elif self.worker_ended is not None or self._a_start_failed():
-                raise WorkerEndedError(self.worker_ended) from None
-            else:
-                raise
         finally:
             self.finished.set()
             if _REQUESTED.is_set():
@@ -166,50 +156,24 @@ class Stopper:
             self.model_processes.allow()
             end_children()
 
-    def _a_start_failed(self) -> bool:
-        with contextlib.suppress(Exception):  # the manager is gone
-            return setup_status().ERROR in list(self.server.workers_setup_status.values())
-        return False
-
     def _on_sigint(self, signum, frame) -> None:
         self.model_processes.allow()  # LitServe's shutdown on Ctrl-C ends them with SIGTERM
         signal.default_int_handler(signum, frame)
-
-    def _watch_the_start_up(self) -> None:
-        """Until the HTTP servers are created: a model process that ended before it was ready is marked failed,
-        so that LitServe stops waiting for it (it waits for a process to be ready, or to say it failed)."""
-        WorkerSetupStatus = setup_status()
-        while not self.finished.wait(0.1) and not self.http_servers_created:
-            for worker in model_processes(self.server):
-                if worker.exitcode is None:
-                    continue
-                self.worker_ended = worker.exitcode
-                with contextlib.suppress(Exception):  # the manager is gone: LitServe has stopped already
-                    status = self.server.workers_setup_status
-                    for key, stage in list(status.items()):
-                        if stage != WorkerSetupStatus.READY:
-                            status[key] = WorkerSetupStatus.ERROR
-                return
 
     def _stop_when_asked(self) -> None:
         _REQUESTED.wait()
         self.stopping.set()
         deadline = time.monotonic() + self.stop_s
         say("stopping: answering the requests taken, refusing new connections")
-        told: dict[int, multiprocessing.Process] = {}
-        # Every HTTP server created is told, the one whose process was being started as SIGTERM came included; none
-        # is created after it (StopRequestedError).
-        while not self.finished.is_set() and len(told) < self.http_servers_created and time.monotonic() < deadline:
-            for child in multiprocessing.active_children():
-                if child.name.startswith(HTTP_PROCESS_PREFIX) and child.pid not in told:
-                    os.kill(child.pid, signal.SIGTERM)
-                    told[child.pid] = child
-            self.finished.wait(0.01)
-        for child in told.values():
+        # Every HTTP server at once (LitServe's shutdown SIGTERMs one after another, the others taking connections
+        # meanwhile); none is created after SIGTERM (StopRequestedError).
+        http = [child for child in multiprocessing.active_children() if child.name.startswith(HTTP_PROCESS_PREFIX)]
+        for child in http:
+            os.kill(child.pid, signal.SIGTERM)
+        for child in http:
             child.join(max(0.0, deadline - time.monotonic()))
-        if told:  # the HTTP servers have answered what they took (in the start-up, StopRequestedError allows it)
-            self.model_processes.allow()
-        request_shutdown(self.server)
+        self.model_processes.allow()  # the HTTP servers have answered what they took
+        request_shutdown(self.server)  # LitServe's own shutdown ends the model's processes and its manager
         if not self.finished.wait(max(0.0, deadline - time.monotonic())):
             say(f"error: the server did not stop within {self.stop_s:.0f} s of SIGTERM: its processes are killed")
             for child in multiprocessing.active_children():
@@ -224,15 +188,13 @@ class Stopper:
         error = record.exc_info[1] if record.exc_info else None
         return not isinstance(error, ConnectionError | EOFError) and "Already not alive" not in record.getMessage()
 
-    def http_server_class(self):
-        """uvicorn's server as LitServe runs it (``upstream.litserve``), which on SIGTERM answers every connection
-        it had taken: the HTTP servers of a ``upstream.litserve.server_class(...)``."""
-        WorkerSetupStatus = setup_status()
-        stopper = self
+    def server_class(self) -> type:
+        """A ``LitServer`` whose HTTP servers drain on SIGTERM, and whose start-up stops where a model process
+        failed or ended (LitServe would have waited for ever), or where SIGTERM came."""
+        WorkerSetupStatus, guard = setup_status(), self.model_processes
 
         class DrainingServer(http_server_base()):
-            """Takes requests once every model worker is ready (the first then prints ``ready``); not created once
-            SIGTERM has come (StopRequestedError: LitServe stops its model processes).
+            """uvicorn's server as LitServe runs it; the first says ``ready`` once its port takes connections.
 
             On SIGTERM it stops answering new connections (``drop_new_handshakes``), takes those already queued
             (their clients are sending), shuts the port for every process (later ones are refused, not reset), waits
@@ -241,27 +203,18 @@ class Stopper:
             """
 
             def __init__(self, *args, **kwargs) -> None:
-                if _REQUESTED.is_set():
-                    stopper.model_processes.allow()  # LitServe ends them now
+                if _REQUESTED.is_set():  # SIGTERM after the model processes were ready: none is started
+                    guard.allow()  # LitServe ends them now
                     raise StopRequestedError
                 super().__init__(*args, **kwargs)
-                stopper.http_servers_created += 1
 
             async def startup(self, sockets=None) -> None:
-                state = self.config.app.state
-                status = state.lit_server.workers_setup_status
-                ready = False
-                while not self.should_exit and not ready:  # SIGTERM meanwhile: stop at once
-                    stages = list(status.values())
-                    ready = bool(stages) and all(stage == WorkerSetupStatus.READY for stage in stages)
-                    if WorkerSetupStatus.ERROR in stages:
-                        break  # LitServe stops the server
-                    if not ready:
-                        await asyncio.sleep(0.05)
+                if self.should_exit:  # SIGTERM'd before it started: it does not listen
+                    return
                 await super().startup(sockets)
                 # Said once the port takes connections (the socket listens from here on), by the first HTTP server.
-                if ready and self.started and os.environ.get(HTTP_SERVER_ID) == "0":
-                    say(state.ready_line)
+                if self.started and not self.should_exit and os.environ.get(HTTP_SERVER_ID) == "0":
+                    say(self.config.app.state.ready_line)
 
             async def shutdown(self, sockets=None) -> None:
                 listeners = [sock.dup() for sock in sockets or []]
@@ -297,7 +250,20 @@ class Stopper:
                     config=self.config, server_state=self.server_state, app_state=self.lifespan.state
                 )
 
-        return DrainingServer
+        class Server(server_class(DrainingServer)):
+            def verify_worker_status(self) -> None:
+                """LitServe's wait for its model processes, for every one (not the first) and not for ever."""
+                while not _REQUESTED.is_set():
+                    stages = list(self.workers_setup_status.values())
+                    ended = [worker.exitcode for worker in self.inference_workers if worker.exitcode is not None]
+                    if WorkerSetupStatus.ERROR in stages or ended:  # its error is in the log; or how it ended
+                        raise WorkerEndedError(None if WorkerSetupStatus.ERROR in stages else ended[0])
+                    if all(stage == WorkerSetupStatus.READY for stage in stages):
+                        return
+                    time.sleep(0.05)
+                raise StopRequestedError
+
+        return Server
 
 
 # Classic BPF, run by the kernel on each TCP segment that reaches the port (from the TCP header on): a segment with

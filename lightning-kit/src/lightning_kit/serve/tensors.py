@@ -1,16 +1,16 @@
-"""The requests and answers of a model of tensors (the format is ``command``'s): one example's JSON decoded and
+"""A model's inputs and answers (the format is ``command``'s): one example's JSON (tensors or token ids) decoded and
 checked against what its file records, a batch of examples made the program's arguments, and its outputs made each
 request's answer. NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
 (``api``), and the load test does both (``benchmarks/serve_load.py``).
 """
 
 import json
-import math
 
 import numpy as np
 import torch
 
 from ..model_format import TensorInput
+from ..upstream.torch import tree_flatten, tree_unflatten
 from .model_file import ModelInfo
 
 
@@ -23,7 +23,7 @@ class RequestError(ValueError):
 
 
 def accepted(model: ModelInfo) -> str:
-    """What ``POST /predict`` takes for a model of tensors, as its messages say it."""
+    """What ``POST /predict`` takes as JSON for ``model``, as its messages say it."""
     entries = ", ".join(f'"{spec.name}": {expected(spec)}' for spec in model.inputs)
     return f"JSON {{{entries}}} for one example (Content-Type application/json)"
 
@@ -150,24 +150,17 @@ def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -
 
 
 def answers(outputs, count: int) -> list:
-    """Each of ``count`` examples' share of the program's ``outputs``, as JSON holds it."""
-    if isinstance(outputs, torch.Tensor):
-        values = outputs.detach()
-        if values.dtype in (torch.float16, torch.bfloat16):
-            values = values.float()
-        rows = values.tolist()
-        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
-            rows = _finite_or_null(rows)
-        return rows
-    if isinstance(outputs, dict):
-        columns = {key: answers(value, count) for key, value in outputs.items()}
-        return [{key: column[index] for key, column in columns.items()} for index in range(count)]
-    columns = [answers(value, count) for value in outputs]
-    return [[column[index] for column in columns] for index in range(count)]
+    """Each of ``count`` examples' share of the program's ``outputs`` (tensors, nested as ``model_file`` lets a
+    program answer), as JSON holds it."""
+    leaves, nesting = tree_flatten(outputs)
+    rows = [_rows(leaf) for leaf in leaves]
+    return [tree_unflatten([leaf[index] for leaf in rows], nesting) for index in range(count)]
 
 
-def _finite_or_null(values):
-    """``values`` (nested lists of floats), each number that is not finite None (JSON's null)."""
-    if isinstance(values, list):
-        return [_finite_or_null(value) for value in values]
-    return values if math.isfinite(values) else None
+def _rows(values: torch.Tensor) -> list:
+    """``values`` as nested lists of Python numbers, each number that is not finite None (JSON's null)."""
+    values = values.detach().cpu()
+    if not values.is_floating_point() or bool(torch.isfinite(values).all()):
+        return values.tolist()
+    array = values.double().numpy()  # float64, a subclass of Python's float
+    return np.where(np.isfinite(array), array, None).tolist()

@@ -6,8 +6,9 @@ the uvicorn servers it starts (``LitServer._start_server`` makes each from its m
 never the server). So ``stopping.Stopper`` subclasses ``_Server``, and ``server_class`` runs LitServe's own
 ``_start_server`` code with that name read as the subclass. uvicorn's ``Server.startup`` and ``Server.shutdown`` are
 overridden, and the attributes they read (``servers``, ``server_state.connections``, ``config.http_protocol_class``,
-``lifespan.state``, ``started``, ``should_exit``) are checked by ``tests/test_serve_faults.py`` only. LitServe 0.2.17
-or later (``_Server``); ``tests/test_upstream.py`` checks every entry against the LitServe installed.
+``lifespan.state``, ``started``, ``should_exit``) are checked by ``tests/test_serve_faults.py`` only; so is
+``LitServer.verify_worker_status``, public, which the server overrides. LitServe 0.2.17 or later (``_Server``);
+``tests/test_upstream.py`` checks every entry against the LitServe installed.
 """
 
 import contextlib
@@ -58,16 +59,6 @@ def request_shutdown(server) -> None:
             shutdown.set()
 
 
-def model_processes(server) -> list:
-    """The model's processes LitServe has started (none before its start-up)."""
-    return list(getattr(server, "inference_workers", None) or [])
-
-
-def accelerator(server, asked: str) -> str:
-    """The accelerator LitServe chose for ``asked`` (``auto`` resolved)."""
-    return getattr(getattr(server, "_connector", None), "accelerator", asked)
-
-
 def setup_status():
     """LitServe's stages of a model process's start (``READY``, ``ERROR``), kept in ``server.workers_setup_status``."""
     from litserve.utils import WorkerSetupStatus
@@ -116,14 +107,14 @@ PRIVATES = (
     ),
     Private(
         "LitServer._shutdown_event",
-        "set to stop LitServer.run once the HTTP servers have answered what they took",
+        "set on SIGTERM: LitServer.run then runs its own shutdown (the HTTP servers first, then the model's processes)",
         "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("_shutdown_event"),
         str,
     ),
     Private(
         "LitServer.workers_setup_status",
-        "each model process's stage: the HTTP servers listen once all are ready; one that died is marked failed",
+        "each model process's stage: the HTTP servers are started once all are ready, none where one failed",
         "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("workers_setup_status"),
         str,
@@ -137,28 +128,21 @@ PRIVATES = (
     ),
     Private(
         "LitServer.inference_workers",
-        "the model's processes, watched during the start-up",
+        "the model's processes, one that ended during the start-up stops it",
         "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("inference_workers"),
         str,
     ),
     Private(
-        "LitServer._connector",
-        "the accelerator LitServe chose, which the command says",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _assigned("_connector"),
-        str,
-    ),
-    Private(
         "LitServer.uvicorn_graceful_timeout",
-        "how long an HTTP server may take to answer what it took, after SIGTERM",
+        "how long LitServe's shutdown waits for an HTTP server to answer what it took, after SIGTERM",
         "litserve 0.2.18 to 0.2.19",
         lambda: _assigned("uvicorn_graceful_timeout"),
         str,
     ),
     Private(
         f"{HTTP_PROCESS_PREFIX}<n>",
-        "the name of each HTTP server's process, which SIGTERM is sent to",
+        "the name of each HTTP server's process: the model's processes end once none is left",
         "litserve 0.2.18 to 0.2.19",
         lambda: _in_source(f'name=f"{HTTP_PROCESS_PREFIX}'),
         str,
@@ -172,7 +156,7 @@ PRIVATES = (
     ),
     Private(
         "uvicorn.server.Server.startup",
-        "overridden: the port listens once every model process is ready",
+        "overridden: the first HTTP server says it is ready once its port listens",
         "uvicorn 0.55 (with litserve 0.2.19)",
         lambda: _uvicorn_method("startup"),
         FunctionType,
