@@ -110,13 +110,9 @@ def run_audit(
         return _hook(action, model)
 
     if isolate:
-        verdict = in_a_child(
-            lambda progress, report: _run(model, data, trainer, stop_at_bug, progress, report), describe, say
-        )
+        verdict = in_a_child(lambda progress: _run(model, data, trainer, stop_at_bug, progress), describe, say)
         if verdict is not None:
             return verdict
-    if say is None:
-        return _run(model, data, trainer, stop_at_bug)
     progress = Progress()
     with announced(progress, say, describe):
         return _run(model, data, trainer, stop_at_bug, progress)
@@ -127,10 +123,9 @@ def _run(
     data: Any,
     trainer: L.Trainer | None,
     stop_at_bug: bool,
-    progress: Progress | None = None,
-    report: Callable[[Outcome], None] = lambda outcome: None,
+    progress: Progress,
 ) -> Verdict:
-    """The stages, in this process; ``progress`` is told where they are, ``report`` each outcome."""
+    """The stages, in this process; ``progress`` is told where they are, and each outcome."""
     settings, callbacks, notes = _settings(trainer)
     verdict = Verdict(notes=notes)
     stages = []
@@ -154,14 +149,14 @@ def _run(
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({said})"
                 for stage in stages:  # every stage of this pass, not audited
                     verdict.outcomes.append(Outcome(stage, rank, world_size, gap=why))
-                    report(verdict.outcomes[-1])
+                    progress.ended(verdict.outcomes[-1])
                 return verdict
             with as_found(model):
                 _check_logged_values(model, runner)
                 for stage in stages:
                     outcome = _stage(runner, stage, model, data, rank, world_size, progress)
                     verdict.outcomes.append(outcome)
-                    report(outcome)
+                    progress.ended(outcome)
                     if outcome.error is not None and stop_at_bug:
                         verdict.notes += _notes()
                         return verdict
@@ -178,12 +173,11 @@ def _stage(
     data: Any,
     rank: int,
     world_size: int,
-    progress: Progress | None,
+    progress: Progress,
 ) -> Outcome:
     """One stage of one pass, run on the simulated GPU: passed, a bug, or why it was not (wholly) audited."""
     outcome = Outcome(stage, rank, world_size)
-    if progress is not None:
-        progress.at_stage(stage, rank, world_size)
+    progress.at_stage(stage, rank, world_size)
     start = time.perf_counter()
     started = _steps(runner, stage)
     simulated.memory.start_stage()
