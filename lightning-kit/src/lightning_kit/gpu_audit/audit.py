@@ -6,6 +6,7 @@ into a temporary folder. A stage the data has nothing for is skipped, with a not
 """
 
 import copy
+import functools
 import importlib.util
 import logging
 import os
@@ -106,9 +107,7 @@ def run_audit(
     simulated.enable()
     count_as_user_code(model, data)
 
-    def describe(action: str) -> str:
-        return _hook(action, model)
-
+    describe = functools.partial(_hook, model=model)  # a Lightning action, in words
     if isolate:
         verdict = in_a_child(lambda progress: _run(model, data, trainer, stop_at_bug, progress), describe, say)
         if verdict is not None:
@@ -130,7 +129,7 @@ def _run(
     verdict = Verdict(notes=notes)
     stages = []
     for stage in STAGES:
-        if not _defines(stage, model):
+        if not is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule):
             continue  # the model has no such step: nothing of it would run on a GPU either
         if _has_data_for(stage, model, data):
             stages.append(stage)
@@ -138,7 +137,7 @@ def _run(
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     simulated.forget_named_cuda()
     simulated.forget_warned()
-    with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
+    with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)
             pass_folder = Path(folder) / f"rank{rank}-of-{world_size}"
@@ -273,14 +272,22 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         for callback in trainer.callbacks
         if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
     ]
-    given, notes = _precision_given(trainer), []
+    # The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns ``16-mixed``
+    # into ``bf16-mixed``), else the Trainer's.
+    saved = [
+        getattr(getattr(callback.config, "trainer", None), "precision", None)
+        for callback in trainer.callbacks
+        if isinstance(callback, SaveConfigCallback)
+    ]
+    given, notes = next((precision for precision in saved if precision is not None), trainer.precision), []
     settings: dict[str, Any] = {"precision": trainer.precision}
     mixed = mixed_precision(given)
     if mixed is not None:
         del settings["precision"]
         settings["plugins"] = [mixed]
         scaled = ", gradients scaled" if mixed.scaler is not None else ""
-        notes.append(f"precision {given} ran as on a CUDA GPU: autocast to {_DTYPES[mixed.precision]}{scaled}")
+        mixed_dtype = "bfloat16" if mixed.precision == "bf16-mixed" else "float16"
+        notes.append(f"precision {given} ran as on a CUDA GPU: autocast to {mixed_dtype}{scaled}")
     elif str(given).startswith("transformer-engine"):
         notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
         settings["precision"] = "32-true"
@@ -292,22 +299,6 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
     }
     return settings, callbacks, notes
-
-
-_DTYPES = {"16-mixed": "float16", "bf16-mixed": "bfloat16"}
-
-
-def _precision_given(trainer: L.Trainer) -> str | int:
-    """The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns
-    ``16-mixed`` into ``bf16-mixed``), else the Trainer's."""
-    from lightning.pytorch.cli import SaveConfigCallback
-
-    for callback in trainer.callbacks:
-        if isinstance(callback, SaveConfigCallback):
-            given = getattr(getattr(callback.config, "trainer", None), "precision", None)
-            if given is not None:
-                return given
-    return trainer.precision
 
 
 def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | None:
@@ -340,11 +331,6 @@ def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
         if hasattr(callback, "announce"):
             callback.announce = False  # where it wrote: a folder the audit removes
     return callback
-
-
-def _defines(stage: str, model: L.LightningModule) -> bool:
-    """Whether ``model`` has the stage's step."""
-    return is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule)
 
 
 def _has_data_for(stage: str, model: L.LightningModule, data: Any) -> bool:
@@ -422,22 +408,11 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 
 @contextmanager
-def _global_state_kept() -> Iterator[None]:
-    """Leave the random generators and Lightning's rank as the audit found them."""
+def _process_state_kept() -> Iterator[None]:
+    """Leave the random generators, Lightning's rank and its loggers' levels as the audit found them, and keep
+    Lightning's messages out of the report meanwhile: its advice for a full run does not apply to two batches."""
     states = torch.get_rng_state(), np.random.get_state(), random.getstate()
     rank = rank_zero_only.rank
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-        rank_zero_only.rank = rank
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Keep Lightning's messages out of the report: its advice for a full run does not apply to two batches."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -447,5 +422,9 @@ def _quiet() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
     finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        rank_zero_only.rank = rank
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

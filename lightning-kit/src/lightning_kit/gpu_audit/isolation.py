@@ -140,7 +140,8 @@ def in_a_child(
         except BaseException:  # Ctrl-C while waiting: the child goes too
             _end(pid)
             raise
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _CANNOT_FORK:
+    code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+    if code == _CANNOT_FORK:
         return None
     outcomes = [message for kind, message in messages if kind == "outcome"]
     for kind, message in messages:
@@ -148,7 +149,7 @@ def in_a_child(
             return message
         if kind == "error":
             raise message
-    return _died(outcomes, progress.where, status, describe)
+    return _died(outcomes, progress.where, code, describe)
 
 
 def _child(run: Callable[[Progress], Verdict], sender: Connection) -> None:
@@ -195,12 +196,9 @@ def _picklable(err: BaseException) -> BaseException:
     return err
 
 
-def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str], str]) -> Verdict:
+def _died(outcomes: list[Outcome], where, code: int, describe: Callable[[str], str]) -> Verdict:
     """The verdict of a child that ended without one: what it finished, then the stage it was in, not audited."""
-    if os.WIFSIGNALED(status):
-        how = f"died with {signal_name(os.WTERMSIG(status))}"
-    else:
-        how = f"exited with status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status} before its verdict"
+    how = f"died with {signal_name(-code)}" if code < 0 else f"exited with status {code} before its verdict"
     verdict = Verdict(outcomes=list(outcomes))
     stage, rank, world_size, action = where if where is not None else ("fit", 0, 1, "")
     hook = describe(action) if action else "setting up"
@@ -210,8 +208,6 @@ def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str],
 
 
 def _end(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
