@@ -25,7 +25,6 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
@@ -409,10 +408,10 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 @contextmanager
 def _process_state_kept() -> Iterator[None]:
-    """Leave the random generators, Lightning's rank and its loggers' levels as the audit found them, and keep
-    Lightning's messages out of the report meanwhile: its advice for a full run does not apply to two batches."""
+    """Leave the random generators and Lightning's loggers' levels as the audit found them (its rank: the strategy's
+    teardown), and keep Lightning's messages out of the report meanwhile: its advice for a full run does not apply
+    to two batches."""
     states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    rank = rank_zero_only.rank
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -425,6 +424,5 @@ def _process_state_kept() -> Iterator[None]:
         torch.set_rng_state(states[0])
         np.random.set_state(states[1])
         random.setstate(states[2])
-        rank_zero_only.rank = rank
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

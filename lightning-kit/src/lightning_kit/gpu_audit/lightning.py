@@ -204,9 +204,9 @@ class SimulatedGPUStrategy(ParallelStrategy):
     def teardown(self) -> None:
         if isinstance(self.model, DistributedDataParallel):
             self.model = self.lightning_module  # unwrapped, as Lightning's DDP strategy does
-        super().teardown()
         if self._process_rank is not None:
             rank_zero_only.rank, self._process_rank = self._process_rank, None
+        super().teardown()
 
     def model_to_device(self) -> None:
         self.model.to(self.root_device)  # each parameter keeps its object, attributes and hooks (simulated/in_place.py)
