@@ -7,7 +7,6 @@ into a temporary folder. A stage the data has nothing for is skipped, with a not
 
 import copy
 import functools
-import importlib.util
 import logging
 import os
 import random
@@ -300,22 +299,20 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
     return settings, callbacks, notes
 
 
-def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | None:
-    """The logger of ``trainer``'s kind, writing into the audit's folder (Lightning's default without a Trainer).
+def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | bool:
+    """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``: a
+    TensorBoard logger, or a CSV one without TensorBoard), which writes into the Trainer's, the audit's folder.
 
-    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: a TensorBoard
-    logger, or a CSV one without TensorBoard, stands in for it.
+    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: Lightning's default stands in for it.
     """
     kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
     if trainer is not None and kind is None:
-        return None
+        return False
     if kind in (CSVLogger, TensorBoardLogger, CSVAndTensorBoardLogger):
         return kind(folder)
-    tensorboard = any(importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX"))
-    stand_in = TensorBoardLogger if tensorboard else CSVLogger
     if kind is not None:
-        notes.append(f"{kind.__name__} was replaced by {stand_in.__name__} in a temporary folder")
-    return stand_in(folder)
+        notes.append(f"{kind.__name__} was replaced by Lightning's default logger, in a temporary folder")
+    return True
 
 
 def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
