@@ -209,6 +209,10 @@ def _walk(batch: Any) -> list[Unmoved]:
             found.append(spot)
     except Exception:  # the batch's own code (see above): the look ends, the run goes on
         pass
+    finally:
+        # ``walk`` refers to itself, a cycle that only the collector frees: what it saw (the batch, on the GPU) goes
+        # now, so that it does not count in the memory of the steps after.
+        seen.clear()
     return found
 
 
