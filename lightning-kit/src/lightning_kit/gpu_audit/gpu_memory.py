@@ -60,11 +60,6 @@ def _plain(name: str) -> str:
     return re.sub(r"[\s_-]", "", name).lower()
 
 
-def needs(outcome: Outcome) -> int:
-    """What the stage needs of a GPU: its tensors' peak in the allocator's segments, and CUDA's own (estimated)."""
-    return memory.reserved(outcome.peak) + CONTEXT
-
-
 def largest_batch(outcome: Outcome, capacity: int) -> int | None:
     """The largest batch the stage would fit in ``capacity``, by a linear estimate; None where it cannot say."""
     per_batch = outcome.peak - outcome.held
@@ -84,7 +79,8 @@ def judged(verdict: Verdict, capacity: int) -> tuple[list[str], bool]:
     for outcome in verdict.outcomes:
         if outcome.peak == 0:
             continue  # not run (a stage that stopped before its first tensor)
-        need, batch = needs(outcome), largest_batch(outcome, capacity)
+        # What the stage needs of a GPU: its tensors' peak in the allocator's segments, and CUDA's own (estimated).
+        need, batch = memory.reserved(outcome.peak) + CONTEXT, largest_batch(outcome, capacity)
         at = f" at batch size {outcome.batch_size}" if outcome.batch_size is not None else ""
         would = f" (a batch of about {batch} would)" if batch else ""
         fits = need <= capacity
