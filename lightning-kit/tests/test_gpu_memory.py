@@ -207,7 +207,7 @@ def test_the_command_says_whether_each_stage_fits_and_exits_1_where_one_does_not
         main([*config, "--gpu_memory", "A10G"])
     out = capsys.readouterr().out
     assert stop.value.code == EXIT_PASSED, out
-    assert "On a GPU of 24.00 GiB" in out and out.count(": fits (a batch of about") == 12, out
+    assert "On a GPU of 24.0 GiB" in out and out.count(": fits (a batch of about") == 12, out
     with pytest.raises(SystemExit) as stop:
         main([*config, "--gpu_memory=610MB"])
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ into a temporary folder. A stage the data has nothing for is skipped, with a not
 """
 
 import copy
-import importlib.util
+import functools
 import logging
 import os
 import random
@@ -24,7 +24,6 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
@@ -106,17 +105,11 @@ def run_audit(
     simulated.enable()
     count_as_user_code(model, data)
 
-    def describe(action: str) -> str:
-        return _hook(action, model)
-
+    describe = functools.partial(_hook, model=model)  # a Lightning action, in words
     if isolate:
-        verdict = in_a_child(
-            lambda progress, report: _run(model, data, trainer, stop_at_bug, progress, report), describe, say
-        )
+        verdict = in_a_child(lambda progress: _run(model, data, trainer, stop_at_bug, progress), describe, say)
         if verdict is not None:
             return verdict
-    if say is None:
-        return _run(model, data, trainer, stop_at_bug)
     progress = Progress()
     with announced(progress, say, describe):
         return _run(model, data, trainer, stop_at_bug, progress)
@@ -127,15 +120,14 @@ def _run(
     data: Any,
     trainer: L.Trainer | None,
     stop_at_bug: bool,
-    progress: Progress | None = None,
-    report: Callable[[Outcome], None] = lambda outcome: None,
+    progress: Progress,
 ) -> Verdict:
-    """The stages, in this process; ``progress`` is told where they are, ``report`` each outcome."""
+    """The stages, in this process; ``progress`` is told where they are, and each outcome."""
     settings, callbacks, notes = _settings(trainer)
     verdict = Verdict(notes=notes)
     stages = []
     for stage in STAGES:
-        if not _defines(stage, model):
+        if not is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule):
             continue  # the model has no such step: nothing of it would run on a GPU either
         if _has_data_for(stage, model, data):
             stages.append(stage)
@@ -143,7 +135,7 @@ def _run(
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     simulated.forget_named_cuda()
     simulated.forget_warned()
-    with _global_state_kept(), _quiet(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
+    with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)
             pass_folder = Path(folder) / f"rank{rank}-of-{world_size}"
@@ -154,14 +146,14 @@ def _run(
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({said})"
                 for stage in stages:  # every stage of this pass, not audited
                     verdict.outcomes.append(Outcome(stage, rank, world_size, gap=why))
-                    report(verdict.outcomes[-1])
+                    progress.ended(verdict.outcomes[-1])
                 return verdict
             with as_found(model):
                 _check_logged_values(model, runner)
                 for stage in stages:
                     outcome = _stage(runner, stage, model, data, rank, world_size, progress)
                     verdict.outcomes.append(outcome)
-                    report(outcome)
+                    progress.ended(outcome)
                     if outcome.error is not None and stop_at_bug:
                         verdict.notes += _notes()
                         return verdict
@@ -178,12 +170,11 @@ def _stage(
     data: Any,
     rank: int,
     world_size: int,
-    progress: Progress | None,
+    progress: Progress,
 ) -> Outcome:
     """One stage of one pass, run on the simulated GPU: passed, a bug, or why it was not (wholly) audited."""
     outcome = Outcome(stage, rank, world_size)
-    if progress is not None:
-        progress.at_stage(stage, rank, world_size)
+    progress.at_stage(stage, rank, world_size)
     start = time.perf_counter()
     started = _steps(runner, stage)
     simulated.memory.start_stage()
@@ -279,14 +270,22 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         for callback in trainer.callbacks
         if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
     ]
-    given, notes = _precision_given(trainer), []
+    # The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns ``16-mixed``
+    # into ``bf16-mixed``), else the Trainer's.
+    saved = [
+        getattr(getattr(callback.config, "trainer", None), "precision", None)
+        for callback in trainer.callbacks
+        if isinstance(callback, SaveConfigCallback)
+    ]
+    given, notes = next((precision for precision in saved if precision is not None), trainer.precision), []
     settings: dict[str, Any] = {"precision": trainer.precision}
     mixed = mixed_precision(given)
     if mixed is not None:
         del settings["precision"]
         settings["plugins"] = [mixed]
         scaled = ", gradients scaled" if mixed.scaler is not None else ""
-        notes.append(f"precision {given} ran as on a CUDA GPU: autocast to {_DTYPES[mixed.precision]}{scaled}")
+        mixed_dtype = "bfloat16" if mixed.precision == "bf16-mixed" else "float16"
+        notes.append(f"precision {given} ran as on a CUDA GPU: autocast to {mixed_dtype}{scaled}")
     elif str(given).startswith("transformer-engine"):
         notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
         settings["precision"] = "32-true"
@@ -300,38 +299,20 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
     return settings, callbacks, notes
 
 
-_DTYPES = {"16-mixed": "float16", "bf16-mixed": "bfloat16"}
+def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | bool:
+    """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``: a
+    TensorBoard logger, or a CSV one without TensorBoard), which writes into the Trainer's, the audit's folder.
 
-
-def _precision_given(trainer: L.Trainer) -> str | int:
-    """The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns
-    ``16-mixed`` into ``bf16-mixed``), else the Trainer's."""
-    from lightning.pytorch.cli import SaveConfigCallback
-
-    for callback in trainer.callbacks:
-        if isinstance(callback, SaveConfigCallback):
-            given = getattr(getattr(callback.config, "trainer", None), "precision", None)
-            if given is not None:
-                return given
-    return trainer.precision
-
-
-def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | None:
-    """The logger of ``trainer``'s kind, writing into the audit's folder (Lightning's default without a Trainer).
-
-    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: a TensorBoard
-    logger, or a CSV one without TensorBoard, stands in for it.
+    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: Lightning's default stands in for it.
     """
     kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
     if trainer is not None and kind is None:
-        return None
+        return False
     if kind in (CSVLogger, TensorBoardLogger, CSVAndTensorBoardLogger):
         return kind(folder)
-    tensorboard = any(importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX"))
-    stand_in = TensorBoardLogger if tensorboard else CSVLogger
     if kind is not None:
-        notes.append(f"{kind.__name__} was replaced by {stand_in.__name__} in a temporary folder")
-    return stand_in(folder)
+        notes.append(f"{kind.__name__} was replaced by Lightning's default logger, in a temporary folder")
+    return True
 
 
 def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
@@ -346,11 +327,6 @@ def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
         if hasattr(callback, "announce"):
             callback.announce = False  # where it wrote: a folder the audit removes
     return callback
-
-
-def _defines(stage: str, model: L.LightningModule) -> bool:
-    """Whether ``model`` has the stage's step."""
-    return is_overridden(STEP_OF_STAGE[stage], model, L.LightningModule)
 
 
 def _has_data_for(stage: str, model: L.LightningModule, data: Any) -> bool:
@@ -428,22 +404,11 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 
 @contextmanager
-def _global_state_kept() -> Iterator[None]:
-    """Leave the random generators and Lightning's rank as the audit found them."""
+def _process_state_kept() -> Iterator[None]:
+    """Leave the random generators and Lightning's loggers' levels as the audit found them (its rank: the strategy's
+    teardown), and keep Lightning's messages out of the report meanwhile: its advice for a full run does not apply
+    to two batches."""
     states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    rank = rank_zero_only.rank
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-        rank_zero_only.rank = rank
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Keep Lightning's messages out of the report: its advice for a full run does not apply to two batches."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -453,5 +418,8 @@ def _quiet() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
     finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

@@ -3,8 +3,8 @@
 On a GPU, Lightning moves each batch with ``LightningModule.transfer_batch_to_device`` (by default
 ``lightning.fabric.utilities.apply_func.move_data_to_device``): tensors in lists, tuples, dicts, namedtuples and
 dataclasses (the fields their ``__init__`` takes), however nested, and objects with a ``to`` method, by calling it;
-anything else it hands on as it is. The simulated GPU's strategy (``lightning.py``) calls ``unreached`` before the
-move and ``record`` after it, which keeps what is still on the CPU as the batch in flight; ``left_on_cpu`` tells
+anything else it hands on as it is. The simulated GPU's strategy (``lightning.py``) calls ``record`` after the
+move, which keeps what it did not reach and is on the CPU as the batch in flight; ``left_on_cpu`` tells
 ``explain`` whether the CPU tensor of an operation a GPU refuses is one of them. Such a tensor is no bug by itself
 (CUDA takes 0-dim CPU tensors in element-wise operations; ``pack_padded_sequence`` wants its lengths on the CPU):
 only an operation a GPU refuses is one, and then this names its cause.
@@ -18,7 +18,7 @@ Lightning stops, it looks into objects' ``__dict__`` and ``__slots__`` and the c
 import dataclasses
 import itertools
 import types
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 import torch
@@ -129,29 +129,13 @@ class Unmoved:
 _IN_FLIGHT: list[Unmoved] = []  # the batch the step now running was given
 
 
-def unreached(batch: Any) -> dict[str, Unmoved]:
-    """The tensors of ``batch`` where Lightning's move does not reach, by their place in it."""
-    found: dict[str, Unmoved] = {}
-    for spot in _walk(batch):
-        found.setdefault(spot.path, spot)
-    return found
-
-
-def record(before: dict[str, Unmoved], moved: Any, mover: str | None = None) -> None:
-    """Keep, as the batch in flight, what ``before`` found that is still on the CPU at its place in ``moved``.
-
-    ``before`` is ``unreached`` of the batch as the DataLoader gave it; ``moved``, the batch after its move
-    and ``on_after_batch_transfer``; ``mover``, the user's ``transfer_batch_to_device`` that moved it, if any.
-    """
-    _IN_FLIGHT.clear()
-    if not before:
-        return
-    for spot in _walk(moved):
-        was = before.get(spot.path)
-        if was is None or spot.tensor.device.type != "cpu" or was.tensor.device.type != "cpu":
-            continue  # moved, or a tensor a hook made after the move: not the batch's
-        if was.tensor.shape == spot.tensor.shape:
-            _IN_FLIGHT.append(dataclasses.replace(spot, mover=mover))
+def record(moved: Any, mover: Callable[[], str | None]) -> None:
+    """Keep, as the batch in flight, the tensors of ``moved`` (the batch after Lightning's move and
+    ``on_after_batch_transfer``) that the move does not reach and that are on the CPU; ``mover()`` names the user's
+    ``transfer_batch_to_device`` that moved it, if any."""
+    _IN_FLIGHT[:] = [spot for spot in _walk(moved) if spot.tensor.device.type == "cpu"]
+    if _IN_FLIGHT:
+        _IN_FLIGHT[:] = [dataclasses.replace(spot, mover=mover()) for spot in _IN_FLIGHT]
 
 
 def forget() -> None:
@@ -225,6 +209,10 @@ def _walk(batch: Any) -> list[Unmoved]:
             found.append(spot)
     except Exception:  # the batch's own code (see above): the look ends, the run goes on
         pass
+    finally:
+        # ``walk`` refers to itself, a cycle that only the collector frees: what it saw (the batch, on the GPU) goes
+        # now, so that it does not count in the memory of the steps after.
+        seen.clear()
     return found
 
 

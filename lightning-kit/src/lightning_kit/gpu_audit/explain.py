@@ -168,7 +168,11 @@ def explain(
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
     fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
-    at_line = f" at {_shown(made[0])}:{made[1]}" if made is not None and frame and made != _place(frame) else ""
+    at_line = (
+        f" at {_shown(made[0])}:{made[1]}"
+        if made is not None and frame and made != (frame.filename, frame.lineno)
+        else ""
+    )
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
@@ -184,10 +188,6 @@ def explain(
     )
 
 
-def _place(frame: traceback.FrameSummary) -> tuple[str, int]:
-    return frame.filename, frame.lineno or 0
-
-
 def _cpu_operand(chain: list[BaseException]) -> torch.Tensor | None:
     """The CPU tensor among the operands of the call that PyTorch's own device check refused (``_audit_operands``,
     kept by the simulated GPU's checks on code): one the user's code was seen making first."""
@@ -195,11 +195,7 @@ def _cpu_operand(chain: list[BaseException]) -> torch.Tensor | None:
         operands = getattr(link, "_audit_operands", None)
         if operands is None:
             continue
-        found = [
-            leaf
-            for leaf in tree_flatten(operands)[0]
-            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.dim() > 0
-        ]
+        found = [leaf for leaf in tree_flatten(operands)[0] if _cpu(leaf)]
         if found:
             return next((tensor for tensor in found if simulated.made_at(tensor) is not None), found[0])
     return None
@@ -249,35 +245,26 @@ def _cpu(value: Any) -> bool:
 
 
 def _assigned(code: Any, name: str, before: int) -> int | None:
-    """The line of the last assignment of ``name`` in ``code``'s function at or before line ``before``."""
-    function = _function_node(code.co_filename, code.co_name, code.co_firstlineno)
-    if function is None:
+    """The line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function: the ``def``
+    of its name that starts (its decorators first) where ``code`` does."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(code.co_filename)))
+    except (SyntaxError, ValueError, RecursionError):
         return None
+    functions = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name == code.co_name
+        and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == code.co_firstlineno
+    ]
     lines = [
         node.lineno
+        for function in functions[:1]
         for node in ast.walk(function)
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) and node.lineno <= before
     ]
     return max(lines, default=None)
-
-
-def _function_node(filename: str, name: str, first: int) -> ast.AST | None:
-    """The ``def`` of the function ``name`` whose code starts at line ``first`` of ``filename`` (its decorators')."""
-    source = "".join(linecache.getlines(filename))
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    return next(
-        (
-            node
-            for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.name == name
-            and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == first
-        ),
-        None,
-    )
 
 
 def _made_lines(made: tuple[str, int], frame: traceback.FrameSummary | None) -> list[str]:

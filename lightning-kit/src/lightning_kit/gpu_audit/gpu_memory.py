@@ -10,10 +10,10 @@ and convolution workspaces, flash attention) are counted as the CPU computes the
 
 import re
 
+from ..errors import byte_size
 from ..guide import cite
 from .simulated import memory
 from .verdict import Outcome, Verdict
-from .verdict import size as shown
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -60,11 +60,6 @@ def _plain(name: str) -> str:
     return re.sub(r"[\s_-]", "", name).lower()
 
 
-def needs(outcome: Outcome) -> int:
-    """What the stage needs of a GPU: its tensors' peak in the allocator's segments, and CUDA's own (estimated)."""
-    return memory.reserved(outcome.peak) + CONTEXT
-
-
 def largest_batch(outcome: Outcome, capacity: int) -> int | None:
     """The largest batch the stage would fit in ``capacity``, by a linear estimate; None where it cannot say."""
     per_batch = outcome.peak - outcome.held
@@ -77,18 +72,19 @@ def largest_batch(outcome: Outcome, capacity: int) -> int | None:
 def judged(verdict: Verdict, capacity: int) -> tuple[list[str], bool]:
     """The lines that say whether each stage run fits a GPU of ``capacity`` bytes; and whether every one does."""
     lines = [
-        f"On a GPU of {shown(capacity)}: each stage's tensors at their peak, in CUDA's segments, and about "
-        f"{shown(CONTEXT)} for CUDA's context and workspaces (an estimate)"
+        f"On a GPU of {byte_size(capacity)}: each stage's tensors at their peak, in CUDA's segments, and about "
+        f"{byte_size(CONTEXT)} for CUDA's context and workspaces (an estimate)"
     ]
     largest: list[tuple[str, int | None]] = []  # of each stage that does not fit: its stage, its largest batch
     for outcome in verdict.outcomes:
         if outcome.peak == 0:
             continue  # not run (a stage that stopped before its first tensor)
-        need, batch = needs(outcome), largest_batch(outcome, capacity)
+        # What the stage needs of a GPU: its tensors' peak in the allocator's segments, and CUDA's own (estimated).
+        need, batch = memory.reserved(outcome.peak) + CONTEXT, largest_batch(outcome, capacity)
         at = f" at batch size {outcome.batch_size}" if outcome.batch_size is not None else ""
         would = f" (a batch of about {batch} would)" if batch else ""
         fits = need <= capacity
-        lines.append(f"  {outcome.where:<44} {shown(need)}{at}: {'fits' if fits else 'DOES NOT FIT'}{would}")
+        lines.append(f"  {outcome.where:<44} {byte_size(need)}{at}: {'fits' if fits else 'DOES NOT FIT'}{would}")
         if not fits:
             largest.append((outcome.stage, batch))
     if largest:

@@ -5,10 +5,10 @@ The simulated GPU keeps what it raises inside PyTorch's C++ from ending the proc
 raises inside a backward pass by a way the simulated GPU does not see) would end the process that
 audits. ``in_a_child`` runs the audit in a forked copy of this process instead, which has the model,
 the data and everything imported already (a fork costs milliseconds, not a second interpreter's
-start): the child sends each stage's outcome as it ends, and the verdict at the end, through a pipe,
-and writes where it is (the stage, and the last hook Lightning entered) into memory shared with the
-parent. A child killed by a signal, or one that exits without a verdict, becomes that stage's
-``NOT AUDITED`` line, naming the signal and the hook; the process that audits goes on.
+start): the child sends where it is (the stage, and each hook Lightning enters), each stage's outcome
+as it ends, and the verdict at the end, through a pipe. A child killed by a signal, or one that exits
+without a verdict, becomes that stage's ``NOT AUDITED`` line, naming the signal and the hook; the
+process that audits goes on.
 
 A fork needs a POSIX system, and an autograd engine whose threads for devices have not started in
 this process (PyTorch refuses a backward pass in a child forked after that); where either is
@@ -17,12 +17,10 @@ thread (GNU OpenMP's thread pool does not survive a fork: its next parallel regi
 """
 
 import contextlib
-import mmap
 import multiprocessing
 import os
 import pickle
 import signal
-import struct
 import sys
 import tempfile
 import threading
@@ -37,37 +35,30 @@ from . import simulated
 from .verdict import Outcome, Verdict
 
 _CANNOT_FORK = 86  # the child's exit status where this process's autograd engine cannot run in a fork
-_HEADER = struct.Struct("!I")
 
 
 class Progress:
-    """Where the audit is, in memory that a forked child shares with its parent: the stage, and the last hook."""
+    """Where the audit is: ``where`` is (stage, rank, world size, the last hook Lightning entered), None before the
+    first stage. ``send``, in a forked audit's child its pipe to the parent, is given each change of it and each
+    stage's outcome as it ends."""
 
-    SIZE = 4096
-
-    def __init__(self) -> None:
-        self._memory = mmap.mmap(-1, self.SIZE)
-        self.stage: tuple[str, int, int] | None = None
+    def __init__(self, send: Callable[[tuple], None] = lambda message: None) -> None:
+        self.where: tuple[str, int, int, str] | None = None
+        self.send = send
 
     def at_stage(self, stage: str, rank: int, world_size: int) -> None:
-        self.stage = (stage, rank, world_size)
-        self._write("")
+        self._at((stage, rank, world_size, ""))
 
     def at_hook(self, action: str) -> None:
-        self._write(action)
+        if self.where is not None:
+            self._at((*self.where[:3], action))
 
-    def _write(self, action: str) -> None:
-        stage, rank, world_size = self.stage or ("", 0, 1)
-        data = "\t".join((stage, str(rank), str(world_size), action)).encode(errors="replace")[: self.SIZE - 4]
-        self._memory[: 4 + len(data)] = _HEADER.pack(len(data)) + data
+    def _at(self, where: tuple[str, int, int, str]) -> None:
+        self.where = where
+        self.send(("at", where))
 
-    def read(self) -> tuple[str, int, int, str] | None:
-        """(stage, rank, world size, last hook), or None before the first stage."""
-        (length,) = _HEADER.unpack(self._memory[:4])
-        if not length:
-            return None
-        stage, rank, world_size, action = self._memory[4 : 4 + length].decode(errors="replace").split("\t", 3)
-        return stage, int(rank), int(world_size), action
+    def ended(self, outcome: Outcome) -> None:
+        self.send(("outcome", outcome))
 
 
 # A stage that has run this long is said to be running (``announced``), and again each STILL_EVERY_S after.
@@ -87,7 +78,7 @@ def announced(progress: Progress, say: Callable[[str], None] | None, describe: C
     def watch() -> None:
         current, since, due = None, 0.0, LONG_STAGE_S
         while not stop.wait(0.25):
-            where = progress.read()
+            where = progress.where
             if where is None:
                 continue
             now = time.monotonic()
@@ -113,15 +104,12 @@ def can_fork() -> bool:
 
 
 def in_a_child(
-    run: Callable[[Progress, Callable[[Outcome], None]], Verdict],
-    describe: Callable[[str], str],
-    say: Callable[[str], None] | None = None,
+    run: Callable[[Progress], Verdict], describe: Callable[[str], str], say: Callable[[str], None] | None = None
 ) -> Verdict | None:
-    """``run(progress, report)`` in a forked child; its verdict, or one that says how the child died.
+    """``run(progress)`` in a forked child; its verdict, or one that says how the child died.
 
-    ``report`` sends one stage's outcome as it ends; ``describe`` names a Lightning action as a hook
-    (``explain``'s words); ``say`` is told of a long stage (``announced``). None where this process
-    cannot audit in a fork (see above).
+    ``describe`` names a Lightning action as a hook (``explain``'s words); ``say`` is told of a long stage
+    (``announced``). None where this process cannot audit in a fork (see above).
     """
     if not can_fork():
         return None
@@ -136,19 +124,24 @@ def in_a_child(
         if pid == 0:  # the child
             receiver.close()
             tempfile.tempdir = scratch
-            _child(run, progress, sender)
+            _child(run, sender)
         sender.close()
         messages = []
         try:
             # Read until the child's end closes (EOFError), or ends in the middle of a message (OSError): it died.
             with receiver, announced(progress, say, describe), contextlib.suppress(EOFError, OSError):
                 while True:
-                    messages.append(receiver.recv())
+                    kind, message = receiver.recv()
+                    if kind == "at":
+                        progress.where = message
+                    else:
+                        messages.append((kind, message))
             _, status = os.waitpid(pid, 0)
         except BaseException:  # Ctrl-C while waiting: the child goes too
             _end(pid)
             raise
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _CANNOT_FORK:
+    code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+    if code == _CANNOT_FORK:
         return None
     outcomes = [message for kind, message in messages if kind == "outcome"]
     for kind, message in messages:
@@ -156,10 +149,10 @@ def in_a_child(
             return message
         if kind == "error":
             raise message
-    return _died(outcomes, progress.read(), status, describe)
+    return _died(outcomes, progress.where, code, describe)
 
 
-def _child(run, progress: Progress, sender: Connection) -> None:
+def _child(run: Callable[[Progress], Verdict], sender: Connection) -> None:
     """The child's whole life: the audit, each message sent to the parent, and ``os._exit`` (nothing of the
     parent's is run on the way out: no atexit handlers, no test session's teardown)."""
     status = 0
@@ -169,7 +162,7 @@ def _child(run, progress: Progress, sender: Connection) -> None:
             if not _backward_runs():
                 status = _CANNOT_FORK
                 return
-            sender.send(("verdict", run(progress, lambda outcome: sender.send(("outcome", outcome)))))
+            sender.send(("verdict", run(Progress(sender.send))))
         except BaseException as err:  # the parent raises it
             sender.send(("error", _picklable(err)))
     except BaseException:  # the pipe itself failed: the parent reports a child without a verdict
@@ -203,12 +196,9 @@ def _picklable(err: BaseException) -> BaseException:
     return err
 
 
-def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str], str]) -> Verdict:
+def _died(outcomes: list[Outcome], where, code: int, describe: Callable[[str], str]) -> Verdict:
     """The verdict of a child that ended without one: what it finished, then the stage it was in, not audited."""
-    if os.WIFSIGNALED(status):
-        how = f"died with {signal_name(os.WTERMSIG(status))}"
-    else:
-        how = f"exited with status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status} before its verdict"
+    how = f"died with {signal_name(-code)}" if code < 0 else f"exited with status {code} before its verdict"
     verdict = Verdict(outcomes=list(outcomes))
     stage, rank, world_size, action = where if where is not None else ("fit", 0, 1, "")
     hook = describe(action) if action else "setting up"
@@ -218,8 +208,6 @@ def _died(outcomes: list[Outcome], where, status: int, describe: Callable[[str],
 
 
 def _end(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass

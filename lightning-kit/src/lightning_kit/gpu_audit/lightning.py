@@ -124,8 +124,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
         """While fitting as a DDP rank: the module in PyTorch's own DistributedDataParallel, as Lightning's DDP
         strategy wraps it, on the simulated process group: its reducer finds what a GPU run's does (a parameter
         that no loss reached, under find_unused_parameters=False, stops the second step)."""
-        trainer = getattr(self.lightning_module, "_trainer", None)
-        if not self.is_distributed or trainer is None or trainer.state.fn != TrainerFn.FITTING:
+        if not self.is_distributed or self.lightning_module.trainer.state.fn != TrainerFn.FITTING:
             return model
         lazy = [name for name, parameter in model.named_parameters() if is_lazy(parameter)]
         if lazy:  # DDP's own check, before the first batch could materialise them; named here
@@ -205,27 +204,24 @@ class SimulatedGPUStrategy(ParallelStrategy):
     def teardown(self) -> None:
         if isinstance(self.model, DistributedDataParallel):
             self.model = self.lightning_module  # unwrapped, as Lightning's DDP strategy does
-        super().teardown()
         if self._process_rank is not None:
             rank_zero_only.rank, self._process_rank = self._process_rank, None
+        super().teardown()
 
     def model_to_device(self) -> None:
         self.model.to(self.root_device)  # each parameter keeps its object, attributes and hooks (simulated/in_place.py)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         """Lightning's move of ``batch`` (or the user's ``transfer_batch_to_device``), keeping what it left on CPU."""
-        unreached = batches.unreached(batch)
         moved = super().batch_to_device(batch, device, dataloader_idx)
-        batches.record(unreached, moved, self._batch_mover() if unreached else None)
+        batches.record(moved, self._batch_mover)
         return moved
 
     def _batch_mover(self) -> str | None:
         """The user's ``transfer_batch_to_device`` that Lightning calls instead of its own, if any (the data
         module's first, as Lightning calls it)."""
         model = self.lightning_module
-        trainer = getattr(model, "_trainer", None)
-        owners = ((getattr(trainer, "datamodule", None), L.LightningDataModule), (model, L.LightningModule))
-        for owner, base in owners:
+        for owner, base in ((model.trainer.datamodule, L.LightningDataModule), (model, L.LightningModule)):
             if owner is not None and is_overridden("transfer_batch_to_device", owner, base):
                 return f"{type(owner).__name__}.transfer_batch_to_device"
         return None
@@ -361,23 +357,18 @@ def simulating(rank: int = 0) -> Iterator[None]:
             _MIXIN.device = _LIGHTNING_DEVICE
 
 
-class SimulatedRun:
+class SimulatedRun(ExitStack):
     """A run on the simulated GPU (--accelerator simgpu): from when the configuration asks for it to main()'s end."""
 
-    def __init__(self) -> None:
-        self._stack = ExitStack()
-        self.stage: str | None = None  # the subcommand running on the simulated GPU, if any
+    stage: str | None = None  # the subcommand running on the simulated GPU, if any
 
     def start(self, stage: str) -> None:
-        self._stack.enter_context(simulating(0))
+        self.enter_context(simulating(0))
         self.stage = stage
 
-    def __enter__(self) -> "SimulatedRun":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: Any) -> bool:
         self.stage = None
-        self._stack.close()
+        return super().__exit__(*exc_info)
 
 
 simulated_run = SimulatedRun()

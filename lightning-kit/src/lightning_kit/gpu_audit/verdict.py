@@ -6,6 +6,7 @@
 
 from dataclasses import dataclass, field
 
+from ..errors import byte_size
 from . import simulated
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -35,16 +36,18 @@ class DevicePlacementError(RuntimeError):
         self,
         message: str,
         *,
-        kind: str,
-        stage: str,
-        rank: int,
-        hook: str,
-        operation: str,
-        filename: str,
-        lineno: int,
+        kind: str = "",
+        stage: str = "",
+        rank: int = 0,
+        hook: str = "",
+        operation: str = "",
+        filename: str = "",
+        lineno: int = 0,
         made_filename: str = "",
         made_lineno: int = 0,
     ) -> None:
+        # Every attribute has a default, so that it pickles as exceptions do (from a forked audit's process): by its
+        # message, its attributes set after.
         super().__init__(message)
         self.kind = kind
         self.stage = stage
@@ -57,17 +60,6 @@ class DevicePlacementError(RuntimeError):
         self.made_filename = made_filename
         self.made_lineno = made_lineno
 
-    def __reduce__(self):
-        # Its arguments are keywords: pickled (from a forked audit's process) by its message and attributes.
-        return _rebuilt, (type(self), str(self), dict(vars(self)))
-
-
-def _rebuilt(cls: type, message: str, attributes: dict) -> "DevicePlacementError":
-    err = cls.__new__(cls)
-    RuntimeError.__init__(err, message)
-    vars(err).update(attributes)
-    return err
-
 
 class AuditIncompleteError(RuntimeError):
     """No bug was found, but part of the run could not be audited; ``verdict`` says which part and why."""
@@ -75,14 +67,6 @@ class AuditIncompleteError(RuntimeError):
     def __init__(self, verdict: "Verdict") -> None:
         super().__init__("\n".join(verdict.report()))
         self.verdict = verdict
-
-
-def size(count: int) -> str:
-    """A number of bytes as people read it: 1.25 GiB, 12.3 MiB, 40 KiB."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if count >= scale:
-            return f"{count / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
-    return f"{-(-count // 1024)} KiB"
 
 
 @dataclass
@@ -149,7 +133,7 @@ class Verdict:
         lines = []
         for outcome in self.outcomes:
             status = "FAILED" if outcome.error else "NOT AUDITED" if outcome.gap else "ok"
-            peak = f", GPU memory {size(outcome.peak)} at most" if outcome.peak and status == "ok" else ""
+            peak = f", GPU memory {byte_size(outcome.peak)} at most" if outcome.peak and status == "ok" else ""
             lines.append(f"  {outcome.where:<44} {status}  ({outcome.seconds:.2f} s{peak})")
         for error in self.errors:
             lines += ["", f"FAILED {error}"]
