@@ -31,6 +31,7 @@ from .devices import (
     DEVICE_TYPE,
     SimulatedDeviceError,
     _state,
+    another_gpu,
     as_cuda,
     current_device,
     own_indices,
@@ -353,15 +354,7 @@ def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
         return value
     index = _state.index if device.index is None else device.index
     if index != _state.index and (device.type == "cuda" or users_line() is not None):
-        raise SimulatedDeviceError(
-            f"{operation} was asked for cuda:{index} in the process whose GPU is {as_cuda(current_device())}: on a "
-            f"GPU the tensor is made there, and the first operation that meets this process's tensors fails "
-            f"(Expected all tensors to be on the same device, but found at least two devices, "
-            f"{as_cuda(current_device())} and cuda:{index}!)",
-            kind="another GPU",
-            operation=operation,
-            devices=(as_cuda(current_device()), f"cuda:{index}"),
-        )
+        raise another_gpu(operation, index)
     if device.type == "cuda" and value is not _CUDA[index]:
         _name_cuda(named or f"device={value!r}")
     return _state.physical if index == _state.index else value

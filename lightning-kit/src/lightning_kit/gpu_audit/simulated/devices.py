@@ -81,6 +81,19 @@ class SimulatedDeviceError(RuntimeError):
         self.culprit = culprit
 
 
+def another_gpu(operation: str, index: int) -> SimulatedDeviceError:
+    """The error of a DDP process's code that asks for ``cuda:<index>``, another process's GPU."""
+    ours, theirs = f"cuda:{_state.index}", f"cuda:{index}"
+    return SimulatedDeviceError(
+        f"{operation} was asked for {theirs} in the process whose GPU is {ours}: on a GPU what it makes is there, and "
+        f"the first operation that meets this process's tensors fails (Expected all tensors to be on the same device, "
+        f"but found at least two devices, {ours} and {theirs}!)",
+        kind="another GPU",
+        operation=operation,
+        devices=(ours, theirs),
+    )
+
+
 def as_cuda(device: torch.device | str) -> str:
     """The name CUDA would give the simulated ``device``: ``simgpu:1`` -> ``cuda:1``."""
     return str(device).replace(DEVICE_TYPE, "cuda")
