@@ -79,11 +79,6 @@ _Generator = _GeneratorType("Generator", (_RealGenerator,), {})
 
 
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
-# Pinned memory speeds up copies to a GPU and changes no device: CPU tensors stay as they are.
-_PINNING = {
-    torch.Tensor.pin_memory: lambda tensor, *args, **kwargs: tensor,
-    torch.Tensor.is_pinned: lambda *a, **k: False,
-}
 
 
 class _CodeChecks(TorchFunctionMode):
@@ -100,8 +95,6 @@ class _CodeChecks(TorchFunctionMode):
             handler = _HANDLERS.get(func)
             if handler is not None:
                 return handler(self, func, args, kwargs)
-            if func in _PINNING:
-                return _PINNING[func](*args, **kwargs)
             result = _checked(func, args, kwargs)
             if func in _MAKERS:
                 made_here(result)
@@ -308,8 +301,11 @@ _HANDLERS = {
     torch.Tensor.register_post_accumulate_grad_hook: _register_hook,
     torch.Tensor.to: _moves,
     torch.Tensor.cpu: _moves,
+    # Pinned memory speeds up copies to a GPU and changes no device: CPU tensors stay as they are.
+    torch.Tensor.pin_memory: lambda mode, func, args, kwargs: args[0],
+    torch.Tensor.is_pinned: lambda mode, func, args, kwargs: False,
 }
-_SPECIAL = {*_HANDLERS, *_PINNING, *_TO_NUMPY, *_MAKERS}  # the functions this mode does more than place devices for
+_SPECIAL = {*_HANDLERS, *_TO_NUMPY, *_MAKERS}  # the functions this mode does more than place devices for
 
 
 def _check_generator(operation: str, args, kwargs) -> None:

@@ -99,6 +99,12 @@ def as_cuda(device: torch.device | str) -> str:
     return str(device).replace(DEVICE_TYPE, "cuda")
 
 
+def legacy_type(tensor: torch.Tensor) -> str:
+    """The tensor's type as CUDA's messages name it: ``torch.cuda.FloatTensor``, ``torch.FloatTensor``."""
+    name = torch.empty(0, dtype=tensor.dtype).type()
+    return name if tensor.device.type == "cpu" else name.replace("torch.", "torch.cuda.", 1)
+
+
 # Code that is never the user's: PyTorch's, the simulated GPU's own and that of the package it is part of (the audit,
 # which runs it as Lightning runs a GPU), and by default whatever is installed among the libraries.
 _NEVER_USERS = tuple(
