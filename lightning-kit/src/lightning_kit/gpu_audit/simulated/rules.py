@@ -255,10 +255,9 @@ def composite_kernels() -> list[tuple[str, object]]:
 
     Registered for the simulated GPU's autograd key, where PyTorch decomposes them.
     """
-    kernels = []
-    for func in {*_host_arguments(), *cuda_paths()}:
-        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-            name = func._schema.name.split("::")[1]
-            overload = func._schema.overload_name
-            kernels.append((f"{name}.{overload}" if overload else name, functools.partial(as_on_cuda, func)))
-    return sorted(kernels, key=lambda kernel: kernel[0])
+    return [
+        (key, functools.partial(as_on_cuda, func))
+        for key in sorted({*HOST_ARGUMENTS, *CUDA_PATHS})
+        if (func := _overload(key)) is not None
+        and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    ]
