@@ -64,7 +64,7 @@ import types
 
 from . import collectives, memory  # noqa: F401 (with those below, every file: see the end)
 from .backend import enable
-from .code_checks import SimulatedGenerator, forget_named_cuda, made_at, named_cuda, simulating
+from .code_checks import forget_named_cuda, made_at, named_cuda, simulating
 from .containment import last_raised
 from .deterministic import forget_warned, warned
 from .devices import (
@@ -88,7 +88,6 @@ __all__ = [
     "DEVICE_TYPE",
     "NotSimulatedError",
     "SimulatedDeviceError",
-    "SimulatedGenerator",
     "SimulatedTensor",
     "SimulationUnavailableError",
     "as_cuda",
