@@ -23,63 +23,40 @@ Its files, bottom to top (each imports only those above it): ``devices``, ``memo
 ``containment``, ``rules``, ``deterministic``, ``gpu_only``, ``autocast``, ``cuda_api``, ``collectives``,
 ``tensor``, ``backend``, ``lazy``, ``hooks``, ``code_checks``.
 
-This package is the simulated device alone: it imports nothing of Lightning, and of the library
-only ``errors.first_line``. Private and experimental PyTorch APIs it relies on, all of them in this
-package (tested with torch 2.13.0, the lowest declared, and 2.14.1; the library declares ``torch<2.15``):
+This package is the simulated device alone: it imports nothing of Lightning, and of the library only
+``errors.first_line``. The private and experimental PyTorch APIs it relies on, all in this package, by file
+(tested with torch 2.13.0, the lowest declared, and 2.14.1; the library declares ``torch<2.15``):
 
-- ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (new in
-  torch 2.10: older versions stop with ``SimulationUnavailableError``), with its
-  ``_DummyPrivateUse1Hook`` answering that the device has no primary context (``backend.py``);
-- ``torch.Tensor._make_wrapper_subclass``, and
-  ``torch.utils._python_dispatch.return_and_correct_aliasing`` for in-place view operations,
-  and ``torch._C._InferenceMode``, to make a view's wrapper outside inference mode (``tensor.py``);
-- ``torch._C.DisableTorchFunction``: the simulated GPU's own code, where C++ calls into it,
-  runs without the checks on code, which a backward pass runs with for the user's hooks
-  (``containment.py``);
-- ``torch.library.Library.impl`` and ``.fallback`` for the ``PrivateUse1`` key (``backend.py``);
-- ``OpOverload._op_dk``, to run an operation's ``CompositeExplicitAutograd`` kernel
-  (``tensor.py``), and ``torch._C._dispatch_has_computed_kernel_for_dispatch_key`` with
-  ``torch._decomp.decomposition_table``, for operations PyTorch runs on GPUs only (the fused
-  LSTM and GRU cells are computed here in CPU operations) (``gpu_only.py``);
-- ``torchgen/packaged/ATen/native/native_functions.yaml``, read as text, ``OpOverload._schema``,
-  ``OpOverload.decompose`` and ``torch._C._dispatch_has_kernel_for_dispatch_key``, to run
-  composite operations as CUDA runs them (``rules.py``, ``tensor.py``), with Python kernels
-  for the ``AutogradPrivateUse1`` key (``backend.py``);
-- ``torch._C._group_tensors_by_device_and_dtype`` and ``torch._C._accelerator_*`` (the device
-  index functions) are replaced while ``simulating()`` is active, to report the simulated
-  device's index (``devices.py``);
-- ``torch/include/ATen/autocast_mode.h``, read as text, kernels for the ``AutocastPrivateUse1``
-  key, ``torch._C._ExcludeDispatchKeyGuard`` and ``torch.autograd.Function`` (``autocast.py``);
-- ``torch.distributed._Work``, a Python ``torch.distributed.ProcessGroup`` (with the overrides of PyTorch's
-  ``test_c10d_pypg.py``) and its ``_device_types`` (the device of object collectives),
-  ``torch.distributed.Backend.register_backend``; ``torch.distributed.new_group`` is replaced inside
-  ``process_group()`` (``collectives.py``);
-- ``torch.Generator`` is replaced while ``simulating()`` is active (PrivateUse1 has no
-  generators of its own in Python), and so is ``torch.compile``, with
-  ``torch._dynamo.config.disable`` set: compiled code runs as written, since TorchDynamo
-  cannot trace these tensors (``code_checks.py``);
-- ``torch._C._current_autograd_node``, to know a backward pass is running (``containment.py``);
-  while ``simulating()`` is active, ``torch.autograd._engine_run_backward`` (the engine's run of a
-  pass, so that the hooks it runs are checked) and ``torch.utils.hooks.BackwardHook.__init__`` (a
-  module's backward hooks, each kept from raising into C++) are replaced, and
-  ``torch.autograd.set_multithreading_enabled(False)`` is set (``code_checks.py``);
-- ``_foreach_supported_types`` of ``torch.optim.optimizer`` and ``torch.utils._foreach_utils``, lists
-  to which ``SimulatedTensor`` is added while ``simulating()`` is active, so that optimizers and
-  gradient clipping take the foreach path a GPU's tensors take (``code_checks.py``);
-- a ``_local_scalar_dense`` kernel for ``PrivateUse1``: ``torch.tensor([a, b])`` of the device's
-  0-dim tensors reads them below the Python key (``backend.py``);
-- ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to`` (``lazy.py``);
-- ``torch.utils.swap_tensors``, and ``torch._C._swap_tensor_impl`` where it refuses a tensor held
-  elsewhere; a tensor's ``_backward_hooks`` and ``_post_accumulate_grad_hooks`` set again, which
-  registers them on its new contents; while ``simulating()`` is active, ``torch.nn.Module._apply``
-  and ``torch.utils.swap_tensors`` are replaced, and ``torch.__future__``'s swap of module
-  parameters is set while a module moves (``in_place.py``);
-- a storage's Python object, kept by PyTorch while the storage lives, weakly referenced to tell when
-  it is freed (``memory.py``);
-- while ``simulating()`` is active, the public functions of ``torch.cuda`` (and its ``nvtx``
-  functions, ``torch.backends.cuda.is_built``), ``torch.is_autocast_enabled`` and its kin,
-  ``torch.get_autocast_gpu_dtype``, ``torch.amp.autocast_mode.is_autocast_available``, and the
-  ``__init__`` of ``torch.amp.autocast`` and ``torch.amp.GradScaler`` are replaced (``cuda_api.py``).
+- ``backend``: ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (torch>=2.10, else
+  ``SimulationUnavailableError``) and its ``_DummyPrivateUse1Hook``; ``torch.library.Library.impl`` and
+  ``.fallback`` for the ``PrivateUse1`` key (a ``_local_scalar_dense`` kernel among them) and ``AutogradPrivateUse1``;
+- ``tensor``: ``torch.Tensor._make_wrapper_subclass``, ``torch.utils._python_dispatch.return_and_correct_aliasing``,
+  ``torch._C._InferenceMode``, ``OpOverload._schema``, ``OpOverload._op_dk``, ``OpOverload.decompose``;
+- ``rules``: ``torchgen/packaged/ATen/native/native_functions.yaml`` read as text,
+  ``torch._C._dispatch_has_kernel_for_dispatch_key``;
+- ``gpu_only``: ``torch._C._dispatch_has_computed_kernel_for_dispatch_key``, ``torch._decomp.decomposition_table``;
+- ``containment``: ``torch._C.DisableTorchFunction``, ``torch._C._current_autograd_node``;
+- ``autocast``: ``torch/include/ATen/autocast_mode.h`` read as text, the ``AutocastPrivateUse1`` key,
+  ``torch._C._ExcludeDispatchKeyGuard``;
+- ``collectives``: ``torch.distributed._Work``, a Python ``ProcessGroup`` (with the overrides of PyTorch's
+  ``test_c10d_pypg.py``) and its ``_device_types``, ``Backend.register_backend``;
+- ``lazy``: ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to``;
+- ``in_place``: ``torch.utils.swap_tensors``, ``torch._C._swap_tensor_impl``, a tensor's ``_backward_hooks`` and
+  ``_post_accumulate_grad_hooks`` set again (which registers them on its new contents);
+- ``memory``: a storage's Python object, kept by PyTorch while the storage lives, weakly referenced.
+
+Replaced or set while ``simulating()`` is active: ``torch._C._group_tensors_by_device_and_dtype`` and
+``torch._C._accelerator_*`` (``devices``); ``torch.Generator`` (PrivateUse1 has no generators of its own in
+Python), ``torch.compile`` with ``torch._dynamo.config.disable``, ``torch.autograd._engine_run_backward``,
+``torch.autograd.Function.apply``, ``torch.utils.hooks.BackwardHook.__init__``,
+``torch.autograd.set_multithreading_enabled(False)``, and the ``_foreach_supported_types`` lists of
+``torch.optim.optimizer`` and ``torch.utils._foreach_utils`` (``code_checks``); ``torch.nn.Module._apply``,
+``torch.utils.swap_tensors`` and ``torch.__future__``'s swap of module parameters (``in_place``); the public
+functions of ``torch.cuda``, ``torch.cuda.nvtx`` and ``torch.accelerator``, ``torch.backends.cuda.is_built``,
+``torch.is_autocast_enabled`` and its kin, ``torch.get_autocast_gpu_dtype``,
+``torch.amp.autocast_mode.is_autocast_available``, and the ``__init__`` of ``torch.amp.autocast`` and
+``torch.amp.GradScaler`` (``cuda_api``); ``torch.distributed.new_group`` inside ``process_group()``
+(``collectives``).
 """
 
 import sys
@@ -87,7 +64,7 @@ import types
 
 from . import collectives, memory  # noqa: F401 (with those below, every file: see the end)
 from .backend import enable
-from .code_checks import SimulatedGenerator, forget_named_cuda, made_at, named_cuda, simulating
+from .code_checks import forget_named_cuda, made_at, named_cuda, simulating
 from .containment import last_raised
 from .deterministic import forget_warned, warned
 from .devices import (
@@ -111,7 +88,6 @@ __all__ = [
     "DEVICE_TYPE",
     "NotSimulatedError",
     "SimulatedDeviceError",
-    "SimulatedGenerator",
     "SimulatedTensor",
     "SimulationUnavailableError",
     "as_cuda",

@@ -15,6 +15,7 @@ import torch
 from . import autocast
 from .containment import contained
 from .devices import _SIMULATED, DEVICE_COUNT, DEVICE_TYPE, SimulationUnavailableError, _state, set_device
+from .gpu_only import FUSED_CELLS
 from .rules import _declared_rules, composite_kernels
 from .tensor import SimulatedTensor, _run
 
@@ -105,8 +106,8 @@ def enable() -> None:
             library.impl(name, kernel, "PrivateUse1")
         fallback.fallback(_fallback, dispatch_key="PrivateUse1")
         autocast.register(library, fallback)
-        for name, kernel in composite_kernels():  # where PyTorch decomposes them: its autograd key
-            library.impl(name, kernel, "AutogradPrivateUse1")
+        for name, kernel in [*composite_kernels(), *FUSED_CELLS.items()]:  # where PyTorch decomposes them
+            library.impl(name, contained()(kernel), "AutogradPrivateUse1")
     except BaseException:
         for registered in (library, fallback):
             registered._destroy()  # so that a later call registers them anew

@@ -31,6 +31,7 @@ from .devices import (
     DEVICE_TYPE,
     SimulatedDeviceError,
     _state,
+    another_gpu,
     as_cuda,
     current_device,
     own_indices,
@@ -78,11 +79,6 @@ _Generator = _GeneratorType("Generator", (_RealGenerator,), {})
 
 
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
-# Pinned memory speeds up copies to a GPU and changes no device: CPU tensors stay as they are.
-_PINNING = {
-    torch.Tensor.pin_memory: lambda tensor, *args, **kwargs: tensor,
-    torch.Tensor.is_pinned: lambda *a, **k: False,
-}
 
 
 class _CodeChecks(TorchFunctionMode):
@@ -99,8 +95,6 @@ class _CodeChecks(TorchFunctionMode):
             handler = _HANDLERS.get(func)
             if handler is not None:
                 return handler(self, func, args, kwargs)
-            if func in _PINNING:
-                return _PINNING[func](*args, **kwargs)
             result = _checked(func, args, kwargs)
             if func in _MAKERS:
                 made_here(result)
@@ -307,8 +301,11 @@ _HANDLERS = {
     torch.Tensor.register_post_accumulate_grad_hook: _register_hook,
     torch.Tensor.to: _moves,
     torch.Tensor.cpu: _moves,
+    # Pinned memory speeds up copies to a GPU and changes no device: CPU tensors stay as they are.
+    torch.Tensor.pin_memory: lambda mode, func, args, kwargs: args[0],
+    torch.Tensor.is_pinned: lambda mode, func, args, kwargs: False,
 }
-_SPECIAL = {*_HANDLERS, *_PINNING, *_TO_NUMPY, *_MAKERS}  # the functions this mode does more than place devices for
+_SPECIAL = {*_HANDLERS, *_TO_NUMPY, *_MAKERS}  # the functions this mode does more than place devices for
 
 
 def _check_generator(operation: str, args, kwargs) -> None:
@@ -353,15 +350,7 @@ def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
         return value
     index = _state.index if device.index is None else device.index
     if index != _state.index and (device.type == "cuda" or users_line() is not None):
-        raise SimulatedDeviceError(
-            f"{operation} was asked for cuda:{index} in the process whose GPU is {as_cuda(current_device())}: on a "
-            f"GPU the tensor is made there, and the first operation that meets this process's tensors fails "
-            f"(Expected all tensors to be on the same device, but found at least two devices, "
-            f"{as_cuda(current_device())} and cuda:{index}!)",
-            kind="another GPU",
-            operation=operation,
-            devices=(as_cuda(current_device()), f"cuda:{index}"),
-        )
+        raise another_gpu(operation, index)
     if device.type == "cuda" and value is not _CUDA[index]:
         _name_cuda(named or f"device={value!r}")
     return _state.physical if index == _state.index else value

@@ -20,6 +20,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
 
 from .devices import DEVICE_TYPE, SimulatedDeviceError, as_cuda, current_device, users_line
 
@@ -43,11 +44,7 @@ class _Done(dist._Work):
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [tensor for item in value for tensor in _flat(item)]
-    return []
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
 def _checked_only(operation: str, checked: int):

@@ -70,22 +70,19 @@ def pending() -> bool:
 
 def raise_kept() -> None:
     """Raise the exception kept during a backward pass, if any (outside one: inside, it is kept on)."""
-    if not _kept or in_backward():
-        return
-    with _lock:
-        err = _kept[0] if _kept else None
-        _kept.clear()
-    if err is not None:
-        raise err
+    if _kept and not in_backward():
+        with _lock:
+            err = _kept[0] if _kept else None
+            _kept.clear()
+        if err is not None:
+            raise err
 
 
-def discard() -> BaseException | None:
-    """Forget the kept exception, if any, and return it (and the last one raised: see ``last_raised``)."""
+def discard() -> None:
+    """Forget the kept exception, if any, and the last one raised (see ``last_raised``)."""
     _raised[0] = None
     with _lock:
-        err = _kept[0] if _kept else None
         _kept.clear()
-    return err
 
 
 # The last exception an entry point raised outside a backward pass. Where TorchScript's interpreter runs the

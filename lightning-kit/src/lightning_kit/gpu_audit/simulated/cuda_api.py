@@ -26,8 +26,8 @@ from .devices import (
     DEVICE_COUNT,
     DEVICE_TYPE,
     NotSimulatedError,
-    SimulatedDeviceError,
     _state,
+    another_gpu,
     asked_by_user,
     cuda_device,
 )
@@ -71,16 +71,9 @@ def _index(device: Any = None) -> int:
 
 
 def own(device: Any, operation: str) -> None:
-    """Refuse, as ``SimulatedDeviceError``, code of a DDP process that makes another process's GPU its own."""
-    index = _index(device)
-    if index != _state.index:
-        raise SimulatedDeviceError(
-            f"{operation} was asked for cuda:{index} in the process whose GPU is cuda:{_state.index}: every tensor "
-            f"this process makes on the current device from then on is on another process's GPU",
-            kind="another GPU",
-            operation=operation,
-            devices=(f"cuda:{_state.index}", f"cuda:{index}"),
-        )
+    """Refuse code of a DDP process that makes another process's GPU its own."""
+    if _index(device) != _state.index:
+        raise another_gpu(operation, _index(device))
 
 
 class _DeviceContext:
@@ -237,26 +230,22 @@ ANSWERS: dict[str, Callable[..., Any]] = {
 }
 # torch.accelerator's functions: the current accelerator is CUDA's, with the same answers as torch.cuda's.
 ACCELERATOR: dict[str, Callable[..., Any]] = {
+    **{
+        name: ANSWERS[name]
+        for name in (
+            *("device_count", "synchronize", "empty_cache", "current_stream", "set_stream", "memory_stats"),
+            *("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"),
+            *("reset_peak_memory_stats", "reset_accumulated_memory_stats"),
+        )
+    },
     "is_available": lambda check_available=False: True,
     "current_accelerator": lambda check_available=False: torch.device("cuda"),
-    "device_count": ANSWERS["device_count"],
-    "current_device_index": ANSWERS["current_device"],
-    "current_device_idx": ANSWERS["current_device"],
-    "set_device_index": lambda device: own(device, "torch.accelerator.set_device_index"),
-    "set_device_idx": lambda device: own(device, "torch.accelerator.set_device_index"),
+    **dict.fromkeys(("current_device_index", "current_device_idx"), ANSWERS["current_device"]),
+    **dict.fromkeys(
+        ("set_device_index", "set_device_idx"), lambda device: own(device, "torch.accelerator.set_device_index")
+    ),
     "device_index": _DeviceContext,
-    "synchronize": ANSWERS["synchronize"],
-    "empty_cache": _nothing,
     "empty_host_cache": _nothing,
-    "current_stream": ANSWERS["current_stream"],
-    "set_stream": _nothing,
-    "memory_allocated": ANSWERS["memory_allocated"],
-    "max_memory_allocated": ANSWERS["max_memory_allocated"],
-    "memory_reserved": ANSWERS["memory_reserved"],
-    "max_memory_reserved": ANSWERS["max_memory_reserved"],
-    "memory_stats": ANSWERS["memory_stats"],
-    "reset_peak_memory_stats": ANSWERS["reset_peak_memory_stats"],
-    "reset_accumulated_memory_stats": _nothing,
     "get_memory_info": ANSWERS["mem_get_info"],
 }
 # NVIDIA's profiler's markers, which mark nothing here (no profiler runs).

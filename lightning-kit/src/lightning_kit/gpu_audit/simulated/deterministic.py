@@ -138,19 +138,25 @@ _FORWARDS = {_forward_of(name) for name in ALERTS} - {None}
 
 
 class Alert:
-    """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would.
+    """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would; for a forward
+    operation whose backward has one (no ``kernel``), it notes the user's line that ran it.
 
     A backward pass runs in no line of the user's code: the line is the one that ran its forward operation (the
     last before the backward pass; ``_forward_lines``), where the operation would be changed."""
 
     __slots__ = ("condition", "forward", "func", "kernel", "names")
 
-    def __init__(self, func, kernel: str, condition: _Condition, forward: str | None = None) -> None:
+    def __init__(self, func, kernel: str | None, condition: _Condition, forward: str | None) -> None:
         self.func, self.kernel, self.condition, self.forward = func, kernel, condition, forward
         self.names = [argument.name for argument in func._schema.arguments]
 
     def check(self, args: tuple, kwargs: dict) -> None:
         if not torch.are_deterministic_algorithms_enabled():
+            return
+        if self.kernel is None:
+            line = users_line(2, through_libraries=True)  # a layer's forward: the model's line that called it
+            if line is not None:
+                _forward_lines[self.forward] = line
             return
         if self.condition is not None and not self.condition({**dict(zip(self.names, args, strict=False)), **kwargs}):
             return
@@ -164,22 +170,7 @@ class Alert:
         raise error
 
 
-class _Forward:
-    """A forward operation whose backward CUDA refuses in deterministic mode: ``check`` notes the line that ran it."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def check(self, args: tuple, kwargs: dict) -> None:
-        if torch.are_deterministic_algorithms_enabled():
-            line = users_line(2, through_libraries=True)  # a layer's forward: the model's line that called it
-            if line is not None:
-                _forward_lines[self.name] = line
-
-
-def alert_of(func) -> Alert | _Forward | None:
+def alert_of(func) -> Alert | None:
     """The alert of ``func``'s CUDA kernel in deterministic mode (or, for a forward operation whose backward has
     one, what notes its line), or None."""
     if func.namespace != "aten":
@@ -188,7 +179,7 @@ def alert_of(func) -> Alert | _Forward | None:
     found = ALERTS.get(f"{name}.{func._overloadname}") or ALERTS.get(name)
     if found is not None:
         return Alert(func, *found, forward=_forward_of(name))
-    return _Forward(name) if name in _FORWARDS else None
+    return Alert(func, None, None, forward=name) if name in _FORWARDS else None
 
 
 _warned: dict[tuple[str, int] | None, str] = {}  # each line (None: unknown) warned at, and its kernel

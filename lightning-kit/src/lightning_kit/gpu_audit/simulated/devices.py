@@ -81,9 +81,28 @@ class SimulatedDeviceError(RuntimeError):
         self.culprit = culprit
 
 
+def another_gpu(operation: str, index: int) -> SimulatedDeviceError:
+    """The error of a DDP process's code that asks for ``cuda:<index>``, another process's GPU."""
+    ours, theirs = f"cuda:{_state.index}", f"cuda:{index}"
+    return SimulatedDeviceError(
+        f"{operation} was asked for {theirs} in the process whose GPU is {ours}: on a GPU what it makes is there, and "
+        f"the first operation that meets this process's tensors fails (Expected all tensors to be on the same device, "
+        f"but found at least two devices, {ours} and {theirs}!)",
+        kind="another GPU",
+        operation=operation,
+        devices=(ours, theirs),
+    )
+
+
 def as_cuda(device: torch.device | str) -> str:
     """The name CUDA would give the simulated ``device``: ``simgpu:1`` -> ``cuda:1``."""
     return str(device).replace(DEVICE_TYPE, "cuda")
+
+
+def legacy_type(tensor: torch.Tensor) -> str:
+    """The tensor's type as CUDA's messages name it: ``torch.cuda.FloatTensor``, ``torch.FloatTensor``."""
+    name = torch.empty(0, dtype=tensor.dtype).type()
+    return name if tensor.device.type == "cpu" else name.replace("torch.", "torch.cuda.", 1)
 
 
 # Code that is never the user's: PyTorch's, the simulated GPU's own and that of the package it is part of (the audit,

@@ -33,8 +33,9 @@ def _not_simulated(func, *args, **kwargs):
     raise NotSimulatedError(str(func), "it runs only on GPUs, and no CPU computation of it is known to simulate it")
 
 
-# LSTM and GRU cells take fused kernels on every device but the CPU. The same arithmetic
-# in CPU operations, with a workspace of our own layout that only our backward reads.
+# LSTM and GRU cells take fused kernels on every device but the CPU (RNN.cpp, LSTMCell and GRUCell). The same
+# arithmetic in CPU operations; registered for the simulated GPU's autograd key too (backend.py), so that autograd
+# differentiates it: the fused kernels' backward, which reads the workspace, is never called.
 def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
     gates = input_gates + hidden_gates
     if input_bias is not None:
@@ -42,24 +43,7 @@ def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None)
     i, f, g, o = gates.chunk(4, 1)
     i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
     cy = f * cx + i * g
-    return o * cy.tanh(), cy, torch.cat([i, f, g, o], 1)
-
-
-def _lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
-    i, f, g, o = workspace.chunk(4, 1)
-    tanh_cy = cy.tanh()
-    grad_hy = torch.zeros_like(cy) if grad_hy is None else grad_hy
-    grad_cy = (torch.zeros_like(cy) if grad_cy is None else grad_cy) + grad_hy * o * (1 - tanh_cy**2)
-    grad_gates = torch.cat(
-        [
-            grad_cy * g * i * (1 - i),
-            grad_cy * cx * f * (1 - f),
-            grad_cy * i * (1 - g**2),
-            grad_hy * tanh_cy * o * (1 - o),
-        ],
-        1,
-    )
-    return grad_gates, grad_cy * f, grad_gates.sum(0) if has_bias else None
+    return o * cy.tanh(), cy, gates
 
 
 def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
@@ -71,19 +55,5 @@ def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
     return n + z * (hx - n), torch.cat([r, z, n, hx, hn], 1)
 
 
-def _gru_cell_backward(grad_hy, workspace, has_bias):
-    r, z, n, hx, hn = workspace.chunk(5, 1)
-    grad_n = grad_hy * (1 - z) * (1 - n**2)
-    grad_z = grad_hy * (hx - n) * z * (1 - z)
-    grad_r = grad_n * hn * r * (1 - r)
-    grad_input, grad_hidden = torch.cat([grad_r, grad_z, grad_n], 1), torch.cat([grad_r, grad_z, grad_n * r], 1)
-    biases = (grad_input.sum(0), grad_hidden.sum(0)) if has_bias else (None, None)
-    return grad_input, grad_hidden, grad_hy * z, *biases
-
-
-_GPU_ONLY = {
-    torch.ops.aten._thnn_fused_lstm_cell.default: _lstm_cell,
-    torch.ops.aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
-    torch.ops.aten._thnn_fused_gru_cell.default: _gru_cell,
-    torch.ops.aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
-}
+FUSED_CELLS = {"_thnn_fused_lstm_cell": _lstm_cell, "_thnn_fused_gru_cell": _gru_cell}
+_GPU_ONLY = {getattr(torch.ops.aten, name).default: cell for name, cell in FUSED_CELLS.items()}

@@ -15,7 +15,7 @@ import torch
 from torch.utils.hooks import BackwardHook
 
 from .containment import in_backward, keep
-from .devices import SimulatedDeviceError, as_cuda
+from .devices import SimulatedDeviceError, as_cuda, legacy_type
 
 
 def _contained_hook(hook):
@@ -103,7 +103,7 @@ def _check_function_gradients(cls, node, devices, gradients, _outputs) -> None:
 
 def _type_name(tensor: torch.Tensor) -> str:
     """ATen's name of ``tensor``'s type, as CUDA's message gives it: ``CUDAFloatType``, ``CPUFloatType``."""
-    scalar = torch.empty(0, dtype=tensor.dtype).type().rpartition(".")[2].removesuffix("Tensor")
+    scalar = legacy_type(tensor).rpartition(".")[2].removesuffix("Tensor")
     return f"{'CPU' if tensor.device.type == 'cpu' else 'CUDA'}{scalar}Type"
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .containment import contained
-from .devices import _CPU, SimulatedDeviceError, SimulationUnavailableError, as_cuda
+from .devices import _CPU, SimulatedDeviceError, SimulationUnavailableError, as_cuda, legacy_type
 
 
 def _check_devices(func, rule: str, args, kwargs) -> None:
@@ -72,7 +71,7 @@ def mixed_operands(func, args, kwargs) -> SimulatedDeviceError | None:
             other = tensor if name != "input" else next(t for a, t, _ in named if a == "weight")
             what = name if name != "input" else "weight"
             return SimulatedDeviceError(
-                f"Input type ({_legacy_type(given)}) and {what} type ({_legacy_type(other)}) should be the same or "
+                f"Input type ({legacy_type(given)}) and {what} type ({legacy_type(other)}) should be the same or "
                 "input should be a MKLDNN tensor and weight is a dense tensor",
                 kind="mixed devices",
                 operation=str(func),
@@ -81,12 +80,6 @@ def mixed_operands(func, args, kwargs) -> SimulatedDeviceError | None:
                 culprit=tensor,
             )
     return _mixed(func, device, tensor.device, name, odd)
-
-
-def _legacy_type(tensor: torch.Tensor) -> str:
-    """The tensor's type as CUDA's messages write it: ``torch.cuda.FloatTensor``, ``torch.FloatTensor``."""
-    name = torch.empty(0, dtype=tensor.dtype).type()
-    return name if tensor.device.type == "cpu" else name.replace("torch.", "torch.cuda.", 1)
 
 
 def _mixed(func, first: torch.device, second: torch.device, argument: str | None, odd) -> SimulatedDeviceError:
@@ -215,7 +208,7 @@ def check_host_arguments(func, args, kwargs) -> None:
         tensor = args[position] if position < len(args) else kwargs.get(argument.name)
         if argument.name in arguments and isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
             device = as_cuda(tensor.device)
-            dtype = _TYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+            dtype = legacy_type(tensor).rpartition(".")[2].removesuffix("Tensor")  # Long, Float, ...
             raise SimulatedDeviceError(
                 arguments[argument.name].format(argument=argument.name, dim=tensor.dim(), device=device, dtype=dtype),
                 kind="host tensor",
@@ -224,9 +217,6 @@ def check_host_arguments(func, args, kwargs) -> None:
                 argument=argument.name,
                 culprit=tensor,
             )
-
-
-_TYPE_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.float32: "Float", torch.float64: "Double"}
 
 
 # ctc_loss with tensor lengths takes, for tensor subclasses, a path that CUDA never takes for its own
@@ -265,11 +255,9 @@ def composite_kernels() -> list[tuple[str, object]]:
 
     Registered for the simulated GPU's autograd key, where PyTorch decomposes them.
     """
-    kernels = []
-    for func in {*_host_arguments(), *cuda_paths()}:
-        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-            name = func._schema.name.split("::")[1]
-            overload = func._schema.overload_name
-            kernel = contained()(functools.partial(as_on_cuda, func))
-            kernels.append((f"{name}.{overload}" if overload else name, kernel))
-    return sorted(kernels, key=lambda kernel: kernel[0])
+    return [
+        (key, functools.partial(as_on_cuda, func))
+        for key in sorted({*HOST_ARGUMENTS, *CUDA_PATHS})
+        if (func := _overload(key)) is not None
+        and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    ]

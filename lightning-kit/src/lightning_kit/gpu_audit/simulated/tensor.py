@@ -87,41 +87,29 @@ class SimulatedTensor(torch.Tensor):
     @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         _operations[0] += 1
-        try:
-            plan = _plan(func)
-        except Exception as err:
-            raise cannot_run(func, err) from err
-        if plan.alert is not None:  # a kernel that deterministic mode refuses on CUDA
-            try:
-                plan.alert.check(args, kwargs or {})
-            except (SimulatedDeviceError, Warning):
-                raise
-            except Exception as err:
-                raise cannot_run(func, err) from err
-        if plan.simple and plan.compute is not None:
-            # Nearly every operation: the device's tensors alone, computed on the CPU and wrapped in one pass.
-            # Anything else among them (a CPU tensor, a device named) takes the checks below.
-            done = _direct(plan, args, kwargs)
-            if done is not _CHECK:
-                return done
-        if plan.metadata:  # a compressed sparse tensor's layout and strides: those of the tensor inside
-            return func(args[0].elem, *args[1:])
         kwargs = kwargs or {}
         # What fails in the simulated GPU's own steps (its checks, its wrapping) is no error of the code run:
         # it is one the audit cannot run, NotSimulatedError. The operation's own errors (computed, or in the
         # operations CUDA runs it as) go on as they are.
         try:
-            if plan.host is not None:
-                check_host_arguments(func, args, kwargs)
+            plan = _plan(func)
+            if plan.alert is not None:  # a kernel that deterministic mode refuses on CUDA
+                plan.alert.check(args, kwargs)
             rule = None
-            if plan.path is None and _mixed(args, kwargs):
-                rule = plan.rule()
-                if rule != "composite" and rule != "implicit":
-                    _check_devices(func, rule, args, kwargs)
-        except SimulatedDeviceError:
+            if not plan.metadata:
+                cpu_args, cpu_kwargs, held = _unwrapped(args, kwargs)
+                if plan.host is not None:
+                    check_host_arguments(func, args, kwargs)
+                if held & _ELSEWHERE and plan.path is None:  # a tensor not on the device: CUDA's checks
+                    rule = plan.rule
+                    if rule != "composite" and rule != "implicit":
+                        _check_devices(func, rule, args, kwargs)
+        except (SimulatedDeviceError, Warning):
             raise
         except Exception as err:
             raise cannot_run(func, err) from err
+        if plan.metadata:  # a compressed sparse tensor's layout and strides: those of the tensor inside
+            return func(args[0].elem, *args[1:])
         if plan.path is not None:
             return plan.path(*args, **kwargs)
         if rule is not None and plan.convolution:  # CUDA checks a convolution's operands' types before anything
@@ -140,7 +128,7 @@ class SimulatedTensor(torch.Tensor):
                 if refused is None:
                     raise
                 raise refused from err
-        return _run(func, args, kwargs, plan)
+        return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, bool(held & _HERE))
 
 
 _FUNCTIONAL = torch.nn.functional.__file__
@@ -149,54 +137,91 @@ _FUNCTIONAL = torch.nn.functional.__file__
 # cost more than the view they would be taken for).
 _NOT_INFERENCE = torch._C._InferenceMode
 
-# What _direct returns where the operation needs the checks of __torch_dispatch__.
-_CHECK = object()
+# What the arguments of an operation hold (``_unwrapped``): a tensor of the device's, a tensor of another device.
+_HERE, _ELSEWHERE = 1, 2
 
 
-def _direct(plan: "_Plan", args, kwargs):
-    """The operation computed on the CPU tensors inside ``args`` and ``kwargs``, its results wrapped, as ``_run``
-    computes it; ``_CHECK`` where a tensor among them is not on the device, or none is (``_run`` after the checks)."""
-    cpu_args, simulated = [], False
-    for value in args:
-        kind = type(value)
-        if kind is SimulatedTensor:
-            value, simulated = value.elem, True
-        elif kind is list or kind is tuple:
+def _unwrapped(args, kwargs) -> tuple[tuple, dict, int]:
+    """``args`` and ``kwargs`` with each simulated tensor replaced by the CPU tensor inside, and what they held
+    (``_HERE | _ELSEWHERE``). Operations take tensors, numbers, and lists or tuples of them: one pass."""
+    held, cpu_args, cpu_kwargs = 0, [], {}
+    for name, value in (*enumerate(args), *kwargs.items()) if kwargs else enumerate(args):
+        if isinstance(value, torch.Tensor):
+            if isinstance(value, SimulatedTensor):
+                value, held = value.elem, held | _HERE
+            else:
+                held |= _ELSEWHERE
+        elif type(value) is list or type(value) is tuple:
             items = []
             for item in value:
-                if type(item) is SimulatedTensor:
-                    item, simulated = item.elem, True
-                elif isinstance(item, torch.Tensor):
-                    return _CHECK
+                if isinstance(item, torch.Tensor):
+                    if isinstance(item, SimulatedTensor):
+                        item, held = item.elem, held | _HERE
+                    else:
+                        held |= _ELSEWHERE
                 items.append(item)
-            value = kind(items)
-        elif isinstance(value, torch.Tensor):
-            return _CHECK  # a CPU tensor, or a tensor of a subclass of the device's
-        cpu_args.append(value)
-    cpu_kwargs = {}
-    for name, value in (kwargs or {}).items():
-        if type(value) is SimulatedTensor:
-            value, simulated = value.elem, True
-        elif isinstance(value, torch.Tensor | list | tuple) or (name == "device" and value is not None):
-            return _CHECK
-        cpu_kwargs[name] = value
-    if not simulated:
-        return _CHECK
-    out = _computed(plan, plan.compute, cpu_args, cpu_kwargs)
+            value = type(value)(items)
+        if type(name) is int:
+            cpu_args.append(value)
+        else:
+            cpu_kwargs[name] = value
+    return tuple(cpu_args), cpu_kwargs, held
+
+
+def _run(func, args, kwargs):
+    """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere)."""
     try:
-        return _results(plan, out) if plan.written is None else _given_back(plan, args, kwargs)
+        plan = _plan(func)
+        cpu_args, cpu_kwargs, held = _unwrapped(args, kwargs)
     except Exception as err:
-        raise cannot_run(plan.func, err) from err
+        raise cannot_run(func, err) from err
+    return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, bool(held & _HERE))
 
 
-def _computed(plan: "_Plan", compute, cpu_args, cpu_kwargs):
-    """``compute`` of the CPU tensors; ``NotSimulatedError`` where the CPU has no kernel for them."""
+def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, simulated: bool):
+    """The operation computed on ``cpu_args`` and ``cpu_kwargs``, its results on the simulated GPU where its tensors
+    are (``simulated``) or the device it names is; what an in-place or ``out=`` operation returns, the very tensors
+    it was given.
+
+    Raises ``NotSimulatedError`` where the simulated GPU cannot: its tensors cannot hold the results (a
+    nested tensor's), or the CPU has no kernel for the operation on them (``NotImplementedError``).
+    """
+    func = plan.func
     try:
-        return compute(*cpu_args, **cpu_kwargs)
+        position = plan.position
+        given = position is not None and position < len(args) and args[position] is not None
+        explicit = args[position] if given else kwargs.get("device")  # x.to(device, dtype) names it by position
+        if explicit is not None:
+            simulated = torch.device(explicit).type == DEVICE_TYPE
+            if simulated and given:
+                cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
+            elif simulated:
+                cpu_kwargs["device"] = _CPU
+        compute = plan.compute
+        if compute is None:
+            compute = plan.compute = _on_the_cpu(func)
+    except Exception as err:
+        raise cannot_run(func, err) from err
+    try:
+        out = compute(*cpu_args, **cpu_kwargs)
     except NotImplementedError as err:  # no CPU kernel for these tensors' layout or dtype: a GPU may have one
-        if plan.func.namespace != "aten":
+        if func.namespace != "aten":
             raise  # a library's own kernel, which refuses them itself
-        raise cannot_run(plan.func, err) from err
+        raise cannot_run(func, err) from err
+    if not simulated:
+        return out
+    try:
+        if plan.inplace_view:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
+            return return_and_correct_aliasing(func, args, kwargs, _results(plan, out))
+        if plan.written is None:
+            return _results(plan, out)
+        if not plan.written:
+            return None  # an in-place operation that returns nothing (GradScaler's unscaling)
+        arguments = func._schema.arguments
+        given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in plan.written]
+        return given[0] if plan.single else tuple(given)
+    except Exception as err:
+        raise cannot_run(func, err) from err
 
 
 def _results(plan: "_Plan", out):
@@ -261,8 +286,8 @@ def count_operations() -> Iterator[SimpleNamespace]:
 class _Plan:
     """What the simulated GPU needs to know of one operation, read from its schema once (every call asks it)."""
 
-    __slots__ = ("_rule", "alert", "compute", "convolution", "func", "host", "inplace_view", "metadata", "path")
-    __slots__ += ("position", "simple", "single", "view", "written")
+    __slots__ = ("alert", "compute", "convolution", "func", "host", "inplace_view", "metadata", "path", "position")
+    __slots__ += ("rule", "single", "view", "written")
 
     def __init__(self, func) -> None:
         self.func = func
@@ -281,17 +306,7 @@ class _Plan:
         self.written = _written_arguments(func)
         self.single = len(returns) == 1
         self.convolution = func._schema.name.split("::")[-1] in CONVOLUTIONS
-        self._rule = None
-        # Whether the operation needs nothing but its tensors unwrapped and its results wrapped (or, in place and
-        # out=, the tensors it was given back): no device by position, no host arguments, no path of CUDA's own, no
-        # view in place, no metadata of a compressed tensor. Such an operation takes _direct once its computation
-        # is known (its first run, in _run); a call that names a device takes the checks even so.
-        self.simple = not (self.metadata or self.host or self.path or self.inplace_view) and self.position is None
-
-    def rule(self) -> str:
-        if self._rule is None:
-            self._rule = _rule(self.func)
-        return self._rule
+        self.rule = _rule(func)  # how CUDA checks its tensors' devices
 
 
 # By the operation's id, with the operation itself to tell a reused id: OpOverload hashes in Python.
@@ -305,19 +320,6 @@ def _plan(func) -> _Plan:
     return plan
 
 
-def _mixed(args, kwargs) -> bool:
-    """Whether a tensor not on the simulated GPU is among the arguments (one of its tensors is: it was called)."""
-    for value in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(value, torch.Tensor):
-            if not isinstance(value, SimulatedTensor):
-                return True
-        elif type(value) in (list, tuple):
-            for item in value:
-                if isinstance(item, torch.Tensor) and not isinstance(item, SimulatedTensor):
-                    return True
-    return False
-
-
 # What the wrapper of a compressed sparse tensor asks __torch_dispatch__ about itself.
 _METADATA = frozenset(
     [torch.ops.prim.layout.default, torch.ops.aten.sym_storage_offset.default]
@@ -326,64 +328,6 @@ _METADATA = frozenset(
         for name in ("stride", "sym_stride", "is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense")
     ]
 )
-
-
-def _run(func, args, kwargs, plan: _Plan | None = None):
-    """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere).
-
-    Raises ``NotSimulatedError`` where the simulated GPU cannot: its tensors cannot hold the results (a
-    nested tensor's), or the CPU has no kernel for the operation on them (``NotImplementedError``).
-    """
-    try:
-        plan = plan or _plan(func)
-        position = plan.position
-        given = position is not None and position < len(args) and args[position] is not None
-        explicit = args[position] if given else kwargs.get("device")  # x.to(device, dtype) names it by position
-        if explicit is None:
-            simulated = _any_simulated(args, kwargs)
-        else:
-            explicit = torch.device(explicit)
-            simulated = explicit.type == DEVICE_TYPE
-        cpu_args = tuple([_unwrap(arg) for arg in args])
-        cpu_kwargs = {name: _unwrap(value) for name, value in kwargs.items()} if kwargs else kwargs
-        if explicit is not None and simulated:
-            if given:
-                cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
-            else:
-                cpu_kwargs["device"] = _CPU
-        compute = plan.compute
-        if compute is None:
-            compute = plan.compute = _on_the_cpu(func)
-    except Exception as err:
-        raise cannot_run(func, err) from err
-    out = _computed(plan, compute, cpu_args, cpu_kwargs)
-    if not simulated:
-        return out
-    try:
-        wrapped = _results(plan, out)
-        if plan.inplace_view:  # unsqueeze_, transpose_, ...: the wrapper's shape changes too
-            return return_and_correct_aliasing(func, args, kwargs, wrapped)
-        return wrapped if plan.written is None else _given_back(plan, args, kwargs)
-    except Exception as err:
-        raise cannot_run(func, err) from err
-
-
-def _given_back(plan: _Plan, args, kwargs):
-    """What an in-place or ``out=`` operation returns: the very tensors it was given (or nothing)."""
-    if not plan.written:
-        return None  # an in-place operation that returns nothing (GradScaler's unscaling)
-    arguments = plan.func._schema.arguments
-    given = [args[i] if i < len(args) else kwargs[arguments[i].name] for i in plan.written]
-    return given[0] if plan.single else tuple(given)
-
-
-# Operations take and return tensors, numbers, and lists or tuples of them: flat and fast to walk.
-def _unwrap(value):
-    if isinstance(value, SimulatedTensor):
-        return value.elem
-    if type(value) in (list, tuple):
-        return type(value)(_unwrap(item) for item in value)
-    return value
 
 
 def _wrap(out, counted: bool = True):
@@ -409,15 +353,6 @@ def _written_arguments(func) -> tuple[int, ...] | None:
             )
         )
     return tuple(written)
-
-
-def _any_simulated(args, kwargs) -> bool:
-    for value in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(value, SimulatedTensor):
-            return True
-        if type(value) in (list, tuple) and any(isinstance(item, SimulatedTensor) for item in value):
-            return True
-    return False
 
 
 def to_cpu(value: Any) -> Any:
