@@ -291,6 +291,20 @@ class AsksUtilization(Probe):
         self.log("gpu/utilization", float(torch.cuda.utilization()))  # what NVML would say
 
 
+class PinsItsInputs(Probe):
+    expected = bug("# pins a GPU tensor", kind="pin memory")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        return F.cross_entropy(self(features.pin_memory()), labels)  # pins a GPU tensor
+
+
+class PinsItsCPUCopies(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, _ = batch
+        self.kept = self(features).detach().cpu().pin_memory()
+
+
 # Hooks and attributes: the model Lightning trains is the one audited.
 
 

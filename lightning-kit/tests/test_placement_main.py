@@ -158,3 +158,78 @@ def test_a_wrong_argument_is_one_line_with_exit_2(in_tmp_path, synthetic_config,
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", synthetic_config, "--model.lr", "fast"])
     assert exit_info.value.code == EXIT_USAGE
+
+
+# A project's module, imported by the command: a CUDA guard at its top (the seed's own first line) and in a
+# constructor takes its GPU branch there, as on a GPU machine, where each process imports and builds it before
+# Lightning sets that process's GPU: what it makes on the GPU then is on GPU 0 in every process.
+GUARDED_MODULE = """
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+{module_line}
+BATCH = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 3)
+        {init_line}
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        return F.cross_entropy(self.net(features + {added}), labels)  # the guarded tensor
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Data(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader([BATCH] * 2, batch_size=None)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module_line", "init_line", "added", "bug"),  # bug: the operation that fails in DDP's second process
+    [
+        ("", "", "torch.zeros(8, device=DEVICE)", None),  # "cuda" is each process's own GPU
+        ("", "", 'torch.zeros(8, device="cuda:0" if torch.cuda.is_available() else "cpu")', "zeros"),
+        ("", "self.extra = torch.ones(8).to(DEVICE)", "self.extra", "aten.add.Tensor"),
+        ("", 'self.register_buffer("extra", torch.ones(8, device=DEVICE))', "self.extra", None),
+        (
+            "",
+            "self.extra = torch.ones(8).cuda() if torch.cuda.is_available() else torch.ones(8)",
+            "(self.extra if self.extra.device == features.device else self.extra.to(features.device))",
+            None,
+        ),
+        ("CONSTANT = torch.ones(8, device=DEVICE)", "", "CONSTANT", "aten.add.Tensor"),
+        ("", "self.net = nn.Linear(8, 3).to(DEVICE)", "0", None),  # a module's parameters: moved by Lightning
+    ],
+)
+def test_a_cuda_guard_at_import_or_in_a_constructor_takes_its_gpu_branch(
+    in_tmp_path, monkeypatch, capsys, module_line, init_line, added, bug
+):
+    name = f"guarded_{abs(hash((module_line, init_line, added)))}"  # imported by the command, first
+    (in_tmp_path / f"{name}.py").write_text(
+        GUARDED_MODULE.format(module_line=module_line, init_line=init_line, added=added)
+    )
+    monkeypatch.syspath_prepend(str(in_tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(["--model", f"{name}.Model", "--data", f"{name}.Data"])
+    out = capsys.readouterr().out
+    if bug is None:
+        assert exit_info.value.code == EXIT_PASSED, out
+        return
+    assert exit_info.value.code == EXIT_FAILED, out
+    assert "  fit on simgpu:0                              ok" in out, out  # one GPU runs it
+    line = next(n for n, text in enumerate(GUARDED_MODULE.splitlines(), 1) if "# the guarded tensor" in text)
+    assert f"FAILED fit on simgpu:1 as DDP rank 1 of 2, Model.training_step: {bug} at {name}.py:{line}" in out
+    assert "found at least two devices, cuda:1 and cuda:0!" in out, out
+    if "self.extra" in added:
+        assert "It is `extra`, a plain tensor attribute, which Lightning does not move" in out, out

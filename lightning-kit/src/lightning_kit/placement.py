@@ -23,6 +23,7 @@ from .gpu_audit import (
     EXIT_PASSED,
     EXIT_USAGE,
     run_audit,
+    simulated,
 )
 from .gpu_audit.gpu_memory import judged, parse_capacity
 from .gpu_audit.simulated import SimulationUnavailableError
@@ -54,12 +55,15 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         sys.exit(_usage(f"error: {err}"))
     try:
         # A class that cannot be built is not audited (3), never a placement bug (1).
-        cli = build_cli(
-            cli_class,
-            [*given, *settings_only],
-            prog=prog or invoked_as("python -m lightning_kit.placement"),
-            not_built=EXIT_INCOMPLETE,
-        )
+        # Imported and built as a GPU machine's process does, before Lightning gives it its GPU: a CUDA guard at a
+        # module's top or in a constructor takes its GPU branch (device = "cuda" if torch.cuda.is_available() ...).
+        with simulated.simulating(0, building=True):
+            cli = build_cli(
+                cli_class,
+                [*given, *settings_only],
+                prog=prog or invoked_as("python -m lightning_kit.placement"),
+                not_built=EXIT_INCOMPLETE,
+            )
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
     model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer

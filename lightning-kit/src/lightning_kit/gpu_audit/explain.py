@@ -59,6 +59,11 @@ FIXES = {
         "cast where they meet (.to(y.dtype), .float())",
         "rule 15",
     ),
+    "pin memory": (
+        "pin CPU tensors only, where they are made (DataLoader(pin_memory=True) pins each batch before Lightning "
+        "copies it to the GPU): a tensor on the GPU needs no pinning",
+        "rule 6",
+    ),
     "host tensor": (
         "PyTorch reads these lengths or sizes on the CPU, even on a GPU: pass a CPU tensor (lengths.cpu()) or a list",
         "rule 13",

@@ -158,6 +158,8 @@ def _placed(func, args, kwargs):
         kwargs = {**kwargs, "device": _placed_device(kwargs["device"], name)}
     if name == "to":
         args = (args[0], *(_placed_device(arg, "Tensor.to") for arg in args[1:]))
+        if _state.index and getattr(args[0], "_made_before", False):
+            kwargs = {**kwargs, "copy": True}  # made on GPU 0: a move to this process's GPU copies it
     if kwargs.get("generator") is not None:
         _check_generator(name, args, kwargs)
     return func, args, kwargs
@@ -293,6 +295,19 @@ def made_at(tensor: torch.Tensor) -> tuple[str, int] | None:
     return None
 
 
+def _pinned(mode, func, args, kwargs) -> torch.Tensor:
+    """Pinned memory speeds up copies to a GPU and changes no device: a CPU tensor stays as it is. Only host memory
+    can be pinned: a GPU tensor's ``pin_memory()`` fails (``_pin_memory``'s check in ATen's ``Memory.cpp``)."""
+    if isinstance(args[0], SimulatedTensor):
+        raise SimulatedDeviceError(
+            f"cannot pin 'torch.cuda.{args[0].elem.type().rpartition('.')[2]}' only dense CPU tensors can be pinned",
+            kind="pin memory",
+            operation="Tensor.pin_memory",
+            devices=(as_cuda(current_device()),),
+        )
+    return args[0]
+
+
 _HANDLERS = {
     torch.Tensor.backward: _backward,
     torch.autograd.backward: _backward,
@@ -301,8 +316,7 @@ _HANDLERS = {
     torch.Tensor.register_post_accumulate_grad_hook: _register_hook,
     torch.Tensor.to: _moves,
     torch.Tensor.cpu: _moves,
-    # Pinned memory speeds up copies to a GPU and changes no device: CPU tensors stay as they are.
-    torch.Tensor.pin_memory: lambda mode, func, args, kwargs: args[0],
+    torch.Tensor.pin_memory: _pinned,
     torch.Tensor.is_pinned: lambda mode, func, args, kwargs: False,
 }
 _SPECIAL = {*_HANDLERS, *_TO_NUMPY, *_MAKERS}  # the functions this mode does more than place devices for
@@ -375,7 +389,9 @@ def forget_named_cuda() -> None:
 
 
 @contextmanager
-def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None) -> Iterator[None]:
+def simulating(
+    index: int = 0, is_user_code: Callable[[str], bool] | None = None, building: bool = False
+) -> Iterator[None]:
     """Inside the block: ``simgpu:<index>`` is the current device, CUDA to the user's code, with the checks on code
     described above.
 
@@ -385,10 +401,13 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
             installed). The user's code is told CUDA's answers, and a device index it chooses that is not
             its process's stops the run; library code is told the simulated device's own, and an index it
             chooses (PyTorch's own grouping of tensors by device, say) is taken as the current device.
+        building: The user's classes are imported and built inside, as a GPU machine's process does before
+            Lightning sets its GPU: what they make on the GPU is on GPU 0 in every process (``tensor.py``).
     """
     enable()
-    previous = _state.index, _state.is_user_code, _state.answering, _state.user_files
+    previous = _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building
     set_device(index)
+    _state.building = building
     if is_user_code is not None:
         _state.is_user_code = is_user_code
     _state.user_files = {}
@@ -419,7 +438,7 @@ def simulating(index: int = 0, is_user_code: Callable[[str], bool] | None = None
                 raise
             raise_kept()  # one kept in a backward pass that no call of ours saw return
     finally:
-        _state.index, _state.is_user_code, _state.answering, _state.user_files = previous
+        _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building = previous
 
 
 # PyTorch's lists of the tensor types whose operations may take its foreach (multi-tensor) kernels: optimizers

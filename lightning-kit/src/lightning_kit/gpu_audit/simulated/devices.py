@@ -54,7 +54,7 @@ class SimulatedDeviceError(RuntimeError):
     """What a CUDA GPU would refuse.
 
     Attributes:
-        kind: ``"mixed devices"``, ``"another GPU"``, ``"generator"``, ``"numpy"``,
+        kind: ``"mixed devices"``, ``"another GPU"``, ``"generator"``, ``"numpy"``, ``"pin memory"``,
             ``"sync_dist"`` (a collective operation on a tensor off the process's GPU), ``"host tensor"``
             (a GPU tensor for an argument CUDA reads on the host, such as lengths) or ``"deterministic"`` (a
             kernel CUDA has no deterministic implementation of, in deterministic mode).
@@ -135,6 +135,10 @@ class _State:
     physical: torch.device  # where PyTorch itself sees every simulated tensor: simgpu:0
     is_user_code: Callable[[str], bool] = staticmethod(_not_installed)
     answering = False  # inside simulating(): the user's code is told CUDA's answers
+    # Inside simulating(building=True): the user's classes are imported and built, as a GPU machine's process does
+    # before Lightning sets its GPU, so a tensor made there on the GPU is on GPU 0 (``_made_before`` in tensor.py).
+    building = False
+    made_before = False  # whether any tensor was made so
     user_files: dict[str, bool]  # is_user_code of each file asked, while it stays the same
 
 

@@ -24,7 +24,7 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin
 
 _ledgers: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []  # each swaps_undone() block's, innermost last
-_OWN = ("elem", "_is_param")  # what a simulated tensor's own __dict__ holds, not the user's
+_OWN = ("elem", "_is_param", "_made_before")  # what a simulated tensor's own __dict__ holds, not the user's
 _SWAP = torch.utils.swap_tensors
 _APPLY = torch.nn.Module._apply
 

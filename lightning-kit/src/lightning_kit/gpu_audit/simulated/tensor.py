@@ -55,9 +55,10 @@ class SimulatedTensor(torch.Tensor):
 
     @property
     def device(self) -> torch.device:
+        index = 0 if "_made_before" in self.__dict__ else _state.index  # made on GPU 0 in every process
         if _state.answering and is_users(sys._getframe(1).f_code.co_filename):
-            return _CUDA[_state.index]
-        return _SIMULATED[_state.index]
+            return _CUDA[index]
+        return _SIMULATED[index]
 
     @property
     def is_cuda(self) -> bool:
@@ -66,7 +67,7 @@ class SimulatedTensor(torch.Tensor):
         return _state.answering and (is_users(filename) or filename == _FUNCTIONAL)
 
     def get_device(self) -> int:
-        return _state.index
+        return 0 if "_made_before" in self.__dict__ else _state.index
 
     def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if dtype is None and not kwargs and _state.answering and is_users(sys._getframe(1).f_code.co_filename):
@@ -86,49 +87,56 @@ class SimulatedTensor(torch.Tensor):
     @classmethod
     @contained(benign=lambda cls, func, types, args=(), kwargs=None: _run(func, args, kwargs or {}))
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        _operations[0] += 1
-        kwargs = kwargs or {}
-        # What fails in the simulated GPU's own steps (its checks, its wrapping) is no error of the code run:
-        # it is one the audit cannot run, NotSimulatedError. The operation's own errors (computed, or in the
-        # operations CUDA runs it as) go on as they are.
+        if _state.made_before and _state.index and _made_before(func, args, kwargs or {}):
+            return _marked(_dispatch(func, args, kwargs))  # of tensors on GPU 0 alone: there too
+        return _dispatch(func, args, kwargs)
+
+
+def _dispatch(func, args, kwargs):
+    """An operation on the simulated GPU: checked by CUDA's rules, computed on the CPU, its results wrapped."""
+    _operations[0] += 1
+    kwargs = kwargs or {}
+    # What fails in the simulated GPU's own steps (its checks, its wrapping) is no error of the code run:
+    # it is one the audit cannot run, NotSimulatedError. The operation's own errors (computed, or in the
+    # operations CUDA runs it as) go on as they are.
+    try:
+        plan = _plan(func)
+        if plan.alert is not None:  # a kernel that deterministic mode refuses on CUDA
+            plan.alert.check(args, kwargs)
+        rule = None
+        if not plan.metadata:
+            cpu_args, cpu_kwargs, held = _unwrapped(args, kwargs)
+            if plan.host is not None:
+                check_host_arguments(func, args, kwargs)
+            if held & _ELSEWHERE and plan.path is None:  # a tensor not on the device: CUDA's checks
+                rule = plan.rule
+                if rule != "composite" and rule != "implicit":
+                    _check_devices(func, rule, args, kwargs)
+    except (SimulatedDeviceError, Warning):
+        raise
+    except Exception as err:
+        raise cannot_run(func, err) from err
+    if plan.metadata:  # a compressed sparse tensor's layout and strides: those of the tensor inside
+        return func(args[0].elem, *args[1:])
+    if plan.path is not None:
+        return plan.path(*args, **kwargs)
+    if rule is not None and plan.convolution:  # CUDA checks a convolution's operands' types before anything
+        refused = mixed_operands(func, args, kwargs)
+        if refused is not None:
+            raise refused
+    if rule == "composite" or rule == "implicit":
+        # CUDA runs it as other operations: check those. A CPU operand that none of them refuses before one
+        # the simulated GPU has no kernel for is refused as CUDA refuses the mix (a CPU weight of a convolution).
         try:
-            plan = _plan(func)
-            if plan.alert is not None:  # a kernel that deterministic mode refuses on CUDA
-                plan.alert.check(args, kwargs)
-            rule = None
-            if not plan.metadata:
-                cpu_args, cpu_kwargs, held = _unwrapped(args, kwargs)
-                if plan.host is not None:
-                    check_host_arguments(func, args, kwargs)
-                if held & _ELSEWHERE and plan.path is None:  # a tensor not on the device: CUDA's checks
-                    rule = plan.rule
-                    if rule != "composite" and rule != "implicit":
-                        _check_devices(func, rule, args, kwargs)
-        except (SimulatedDeviceError, Warning):
-            raise
-        except Exception as err:
-            raise cannot_run(func, err) from err
-        if plan.metadata:  # a compressed sparse tensor's layout and strides: those of the tensor inside
-            return func(args[0].elem, *args[1:])
-        if plan.path is not None:
-            return plan.path(*args, **kwargs)
-        if rule is not None and plan.convolution:  # CUDA checks a convolution's operands' types before anything
+            if rule == "composite":
+                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+            return func.decompose(*args, **kwargs)
+        except (NotImplementedError, NotSimulatedError) as err:
             refused = mixed_operands(func, args, kwargs)
-            if refused is not None:
-                raise refused
-        if rule == "composite" or rule == "implicit":
-            # CUDA runs it as other operations: check those. A CPU operand that none of them refuses before one
-            # the simulated GPU has no kernel for is refused as CUDA refuses the mix (a CPU weight of a convolution).
-            try:
-                if rule == "composite":
-                    return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
-                return func.decompose(*args, **kwargs)
-            except (NotImplementedError, NotSimulatedError) as err:
-                refused = mixed_operands(func, args, kwargs)
-                if refused is None:
-                    raise
-                raise refused from err
-        return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, bool(held & _HERE))
+            if refused is None:
+                raise
+            raise refused from err
+    return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, bool(held & _HERE))
 
 
 _FUNCTIONAL = torch.nn.functional.__file__
@@ -264,6 +272,8 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = Tr
             dispatch_sizes_strides_policy="strides",
         )
     wrapper.elem = elem
+    if _state.building:
+        wrapper._made_before = _state.made_before = True
     if counted:
         memory.track(elem)
     return wrapper
@@ -353,6 +363,46 @@ def _written_arguments(func) -> tuple[int, ...] | None:
             )
         )
     return tuple(written)
+
+
+# Made on GPU 0 before Lightning set the process's GPU (``simulating(building=True)``: at import, in a constructor) and
+# never moved: in the other processes of a DDP run such a tensor is on another GPU than theirs. Moves and copies
+# between GPUs are CUDA's to make.
+_MOVES = frozenset([torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default])
+
+
+def _made_before(func, args, kwargs) -> bool:
+    """Whether every simulated tensor ``func`` is given was made before the process's GPU was set (none: False);
+    raise ``SimulatedDeviceError`` where such a tensor meets this process's own, as CUDA refuses GPU 0's and 1's."""
+    tensors = [
+        value
+        for given in (*args, *kwargs.values())
+        for value in (given if type(given) in (list, tuple) else (given,))
+        if isinstance(value, SimulatedTensor)
+    ]
+    before = [tensor for tensor in tensors if getattr(tensor, "_made_before", False)]
+    if not before or func in _MOVES:
+        return False
+    if len(before) == len(tensors):
+        return True
+    ours, theirs = f"cuda:{_state.index}", "cuda:0"
+    raise SimulatedDeviceError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {ours} and {theirs}! "
+        f"(a tensor made on {theirs} before Lightning set this process's GPU, at import or in a constructor, "
+        "and never moved)",
+        kind="another GPU",
+        operation=str(func),
+        devices=(ours, theirs),
+        culprit=before[0],
+    )
+
+
+def _marked(out):
+    """``out``, its tensors made on GPU 0 too."""
+    for tensor in out if type(out) in (list, tuple) else (out,):
+        if isinstance(tensor, SimulatedTensor):
+            tensor._made_before = True
+    return out
 
 
 def to_cpu(value: Any) -> Any:
