@@ -221,7 +221,8 @@ CASES = {
         file("empty_split.py", EMPTY_SPLIT),
     ),
     "fit-model-not-there": Case("lightning_kit", ["fit", "--model", "nosuch.Module", "--data", "x.Y"], "--model", 2),
-    "fit-no-classes": Case("lightning_kit", ["fit"], "--model and --data are needed", 2),
+    "fit-no-classes": Case("lightning_kit", ["fit"], "--model is needed", 2),
+    "fit-no-data": Case("lightning_kit", ["fit", "--model", "forecaster.Forecaster"], "train_dataloader", 1),
     "fit-data-as-model": Case(
         "lightning_kit", ["fit", "--model", "forecaster.SineWaves", "--data", "forecaster.SineWaves"], "--model", 2
     ),

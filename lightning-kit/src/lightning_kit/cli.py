@@ -420,9 +420,8 @@ def make(
         ]
     return cli_class(
         cli_class.model_class,
-        L.LightningDataModule,
+        None,  # any LightningDataModule, or none where the model has dataloaders of its own (LightningCLI's way)
         subclass_mode_model=cli_class.subclass_mode_model,
-        subclass_mode_data=True,
         args=args,
         run=run,
         seed_everything_default=cli_class.seed,

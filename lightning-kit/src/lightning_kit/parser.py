@@ -99,8 +99,9 @@ class KitArgumentParser(LightningArgumentParser):
             flags = " and ".join(f"--{name}" for name in sorted(named, reverse=True))
             needed = (
                 f"{flags} {'is' if len(named) == 1 else 'are'} needed: the classes to build, by import path "
-                "(--model your.Module --data your.DataModule), a --config that names them, or the --ckpt_path of a "
-                "checkpoint in a run folder's checkpoints/, whose config.yaml names them"
+                "(--model your.Module, and --data your.DataModule unless the module has dataloaders of its own), a "
+                "--config that names them, or the --ckpt_path of a checkpoint in a run folder's checkpoints/, whose "
+                "config.yaml names them"
             )
             self.exit(2, f"error: {needed} (options: {prog} --help)\n")
         self.exit(2, f"error: {one_line(message)} (options: {prog} --help)\n")

@@ -75,7 +75,8 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         )
     print(
         f"Auditing {type(model).__name__}{f' ({type(net).__name__})' if net is not None else ''} with "
-        f"{type(datamodule).__name__} on a simulated GPU, then as each rank of a 2-GPU DDP run ..."
+        f"{type(datamodule).__name__ if datamodule is not None else 'its own dataloaders'} on a simulated GPU, then "
+        "as each rank of a 2-GPU DDP run ..."
     )
     try:
         # In a forked copy of this process: what ends a process there is a NOT AUDITED line here.
