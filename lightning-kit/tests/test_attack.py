@@ -323,7 +323,7 @@ CASES = {
     ),
     "validate-without-a-checkpoint": Case("lightning_kit", ["validate", "--config", CONFIG], "--ckpt_path"),
     "validate-checkpoint-of-no-run": Case(
-        "lightning_kit", ["validate", "--ckpt_path", "c.ckpt"], "--model and", 2, file("c.ckpt", "x")
+        "lightning_kit", ["validate", "--ckpt_path", "c.ckpt"], "--model is needed", 2, file("c.ckpt", "x")
     ),
     "validate-run-names-foreign-code": Case(
         "lightning_kit",
