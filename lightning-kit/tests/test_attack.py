@@ -397,7 +397,7 @@ CASES = {
     ),
     "sweep-space-a-list": space_case("- model.lr\n", "must map"),
     "sweep-space-unknown-flag": space_case("model.lrr: [0.1, 0.01]\n", "model.lrr is not an argument"),
-    "sweep-space-low-above-high": space_case("model.lr: {low: 1, high: 0.1}\n", "low must be below high"),
+    "sweep-space-low-above-high": space_case("model.lr: {low: 1, high: 0.1}\n", "`low <= high` must hold"),
     "sweep-space-nan": space_case("model.lr: {low: .nan, high: 0.1}\n", "finite"),
     "sweep-space-empty-choices": space_case("model.hidden: []\n", "empty"),
     "sweep-space-yaml-bomb": Case(

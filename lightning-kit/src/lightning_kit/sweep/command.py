@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+from jsonargparse.typing import restricted_number_type
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
@@ -46,6 +47,10 @@ MAX_GRID = 10_000
 MAX_NEW_STUDIES = 100
 # More trials than this is no sweep one can wait for (and past it, counts stop being numbers Optuna stores).
 MAX_TRIALS = 1_000_000
+# The bounds of the counts, checked by argparse as it converts them (jsonargparse's types): one line naming the flag.
+Trials = restricted_number_type(f"int from 1 to {MAX_TRIALS}", int, [(">=", 1), ("<=", MAX_TRIALS)])
+Folds = restricted_number_type(f"int from 2 to {MAX_GRID}", int, [(">=", 2), ("<=", MAX_GRID)])
+PruneAfter = restricted_number_type(f"int from 0 to {MAX_TRIALS}", int, [(">=", 0), ("<=", MAX_TRIALS)])
 
 
 @command
@@ -61,8 +66,8 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
-    parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
-    parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
+    parser.add_argument("--trials", type=Trials, help="trials to complete (or prune), across every worker")
+    parser.add_argument("--folds", type=Folds, help="instead of --space: cross-validate over this many folds")
     parser.add_argument("--study", help="the study's name (default: the space file's name, or folds)")
     parser.add_argument(
         "--new_study",
@@ -73,7 +78,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="(default tpe)")
     parser.add_argument("--pruner", choices=("median", "none"), default="median", help="(default median)")
     parser.add_argument(
-        "--prune_after", type=int, default=5, help="trials finished before any is pruned (default 5, Optuna's)"
+        "--prune_after", type=PruneAfter, default=5, help="trials finished before any is pruned (default 5, Optuna's)"
     )
     options, train_args = parser.parse_known_args(args)
     # Optuna's heartbeat is experimental since 2.9, and meant for Study.optimize: this is how a sweep uses it.
@@ -115,22 +120,10 @@ Other arguments go to the command line's fit, as to fit itself."""
 def _check_options(parser: OneLineParser, options: argparse.Namespace) -> None:
     if (options.space is None) == (options.folds is None):
         parser.error("give --space FILE (a sweep) or --folds K (cross-validation), one of them")
-    if options.folds is not None and options.folds < 2:
-        parser.error(f"--folds must be 2 or more, got {options.folds}")
-    if options.folds is not None and options.folds > MAX_GRID:
-        parser.error(f"--folds must be at most {MAX_GRID}, got {options.folds}")
     if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
         parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
     if options.space is not None and options.trials is None and options.sampler != "grid":
         parser.error(f"--trials N is needed with --sampler {options.sampler}: how many trials to run")
-    if options.trials is not None and options.trials < 1:
-        parser.error(f"--trials must be 1 or more, got {options.trials}")
-    if options.trials is not None and options.trials > MAX_TRIALS:
-        parser.error(f"--trials must be at most {MAX_TRIALS}, got {options.trials}")
-    if options.prune_after < 0:
-        parser.error(f"--prune_after must be 0 or more, got {options.prune_after}")
-    if options.prune_after > MAX_TRIALS:
-        parser.error(f"--prune_after must be at most {MAX_TRIALS}, got {options.prune_after}")
     if options.study is not None and not STUDY_NAME.fullmatch(options.study):
         parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
 

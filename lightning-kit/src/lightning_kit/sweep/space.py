@@ -18,7 +18,6 @@ from lightning.pytorch.cli import SaveConfigCallback
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import Trial
 
-from ..arguments import number_refusal, range_refusal
 from ..building import build_all
 from ..cli import KitCLI
 from ..command_line import CommandLine
@@ -153,15 +152,17 @@ def _spacing(distribution: FloatDistribution | IntDistribution) -> dict[str, Any
 
 
 def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
-    """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``."""
+    """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``.
+
+    Optuna's distributions refuse a range whose low is above its high, a log range from 0 or below, and a step of 0
+    or with log; the bounds of each value are the argument's own, checked by ``SearchSpace.check``.
+    """
     accepted = "a list of choices, or {low: ..., high: ...} with log: true or step: ... if wanted"
     if isinstance(value, list):
         if not value:
             raise ConfigError(f"{path}: {name}: the list of choices is empty; accepted: {accepted}")
-        if not all(choice is None or isinstance(choice, bool | int | float | str) for choice in value):
-            raise ConfigError(f"{path}: {name}: each choice must be a number, a string, true, false or null")
-        if (reason := next(filter(None, map(number_refusal, value)), None)) is not None:
-            raise ConfigError(f"{path}: {name}: a choice is refused: {reason}")
+        if not all(choice is None or isinstance(choice, bool | str) or _finite(choice) for choice in value):
+            raise ConfigError(f"{path}: {name}: each choice must be a finite number, a string, true, false or null")
         if len(set(map(repr, value))) < len(value):
             raise ConfigError(f"{path}: {name}: a choice is listed twice: {value}")
         return CategoricalDistribution(value)
@@ -169,22 +170,20 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
         raise ConfigError(f"{path}: {name}: {value!r} is not a range; accepted: {accepted}")
     low, high, log, step = (value.get(key) for key in RANGE_KEYS)
     numbers = [low, high] + ([step] if step is not None else [])
-    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+    if not all(map(_finite, numbers)):
         raise ConfigError(f"{path}: {name}: low, high and step must be finite numbers, got {value}")
-    if (reason := range_refusal(low, high, step)) is not None:
-        raise ConfigError(f"{path}: {name}: {reason}")
     if not isinstance(log, bool | None):
         raise ConfigError(f"{path}: {name}: log must be true or false, got {log!r}")
-    if not low < high:
-        raise ConfigError(f"{path}: {name}: low must be below high, got low={low} and high={high}")
     integer = all(isinstance(n, int) for n in numbers)
-    if integer and step is not None and (high - low) % step:
-        raise ConfigError(f"{path}: {name}: high - low must be a multiple of step, got {low}..{high} by {step}")
     try:
         kind = IntDistribution if integer else FloatDistribution
         return kind(low, high, log=bool(log), step=step if step is not None or not integer else 1)
-    except ValueError as err:  # Optuna's own checks: a log range from 0 or below, a step with log
+    except ValueError as err:
         raise ConfigError(f"{path}: {name}: {' '.join(str(err).split())}") from None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def argument_names(trainer: L.Trainer) -> set[str]:
