@@ -185,24 +185,20 @@ def sweep(
     report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
     try:
         run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial), grid)
-    except (InterruptionError, KeyboardInterrupt) as stop:
-        again = f"run the same command again: {prog} {shown_command(command)}"
-        if not isinstance(stop, InterruptionError):
-            sys.exit(f"stopped by Ctrl-C or SIGTERM: to continue the sweep, {again}")
-        saved = f"{stop.saved} saved" if stop.saved else "nothing saved yet"
-        if stop.reason == SIGNAL:
-            where = f"after trial {stop.number}" if stop.detail == AFTER_IT else f"in trial {stop.number} ({saved})"
-            sys.exit(f"stopped by Ctrl-C or SIGTERM {where}: to continue the sweep, {again}")
-        what = f"{stop.reason} ({scrubbed(stop.detail)})" if stop.detail else stop.reason
-        fix = "free some space, then" if stop.reason == DISK_FULL else "once the store can be reached,"
-        sys.exit(f"error: stopped in trial {stop.number}: {what}; it runs again from its newest checkpoint: "
-                 f"{fix} {again}")  # fmt: skip
-    except Exception as err:  # the store lost, or the disk full, between trials: no trial is lost by it
-        if (stop := stop_of_the_process(err)) is None:
+    except (Exception, KeyboardInterrupt) as err:  # a stop in a trial, or between trials: no trial is lost by it
+        trial = err if isinstance(err, InterruptionError) else None
+        if (stop := (trial.reason, trial.detail) if trial else stop_of_the_process(err)) is None:
             raise
+        again = f"run the same command again: {prog} {shown_command(command)}"
+        where = f" in trial {trial.number}" if trial else ""
+        if stop[0] == SIGNAL:
+            if trial:
+                saved = f"{trial.saved} saved" if trial.saved else "nothing saved yet"
+                where = f" after trial {trial.number}" if stop[1] == AFTER_IT else f"{where} ({saved})"
+            sys.exit(f"stopped by Ctrl-C or SIGTERM{where}: to continue the sweep, {again}")
         fix = "free some space, then" if stop[0] == DISK_FULL else "once the store can be reached,"
-        sys.exit(f"error: the sweep stopped: {stop[0]} ({scrubbed(stop[1])}): {fix} run the same command again: "
-                 f"{prog} {shown_command(command)}")  # fmt: skip
+        resumes = "; it runs again from its newest checkpoint" if trial else ""
+        sys.exit(f"error: stopped{where}: {stop[0]} ({scrubbed(stop[1])}){resumes}: {fix} {again}")
     _summary(study, options.folds, monitor)
 
 

@@ -45,16 +45,6 @@ def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
     return {"digest": digest.hexdigest(), **sizes}
 
 
-def describe(fingerprint: Any) -> str:
-    """``fingerprint`` for a person: ``5400 training and 600 validation samples, digest 1a2b3c4d``."""
-    if not isinstance(fingerprint, dict):
-        return str(fingerprint)
-    return (
-        f"{fingerprint.get('train')} training and {fingerprint.get('val')} validation samples, "
-        f"digest {str(fingerprint.get('digest'))[:12]}"
-    )
-
-
 def configuration(trainer: L.Trainer) -> dict[str, Any]:
     """What train.py resolved its arguments to (as a run's config.yaml says), as plain data; {} if it is not known."""
     saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
@@ -76,7 +66,7 @@ def differences(then: Any, now: Any, prefix: str = "") -> list[str]:
         return found
     if then == now:
         return []
-    return [f"{prefix.rstrip('.')}: then {_short(then)}, now {_short(now)}"]
+    return [f"{prefix.rstrip('.') + ': ' if prefix else ''}then {_short(then)}, now {_short(now)}"]
 
 
 def _short(value: Any) -> str:

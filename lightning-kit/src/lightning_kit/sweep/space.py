@@ -25,6 +25,8 @@ from ..config_files import read_config_file
 from ..errors import ConfigError
 
 RANGE_KEYS = ("low", "high", "log", "step")
+# What a float32 (the precision a model computes in) holds: a value past these becomes infinity, or zero.
+FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 # What a sweep sets itself for every trial, or that would make a trial more than one process.
 NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.devices", "trainer.num_nodes")
 
@@ -155,26 +157,31 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
     """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``.
 
     Optuna's distributions refuse a range whose low is above its high, a log range from 0 or below, and a step of 0
-    or with log; the bounds of each value are the argument's own, checked by ``SearchSpace.check``.
+    or with log; the argument's own type refuses a value out of its bounds (``SearchSpace.check``).
     """
     accepted = "a list of choices, or {low: ..., high: ...} with log: true or step: ... if wanted"
     if isinstance(value, list):
         if not value:
             raise ConfigError(f"{path}: {name}: the list of choices is empty; accepted: {accepted}")
-        if not all(choice is None or isinstance(choice, bool | str) or _finite(choice) for choice in value):
-            raise ConfigError(f"{path}: {name}: each choice must be a finite number, a string, true, false or null")
+        if not all(choice is None or isinstance(choice, bool | int | float | str) for choice in value):
+            raise ConfigError(f"{path}: {name}: each choice must be a number, a string, true, false or null")
+        if (reason := next(filter(None, map(_number_refusal, value)), None)) is not None:
+            raise ConfigError(f"{path}: {name}: a choice is refused: {reason}")
         if len(set(map(repr, value))) < len(value):
             raise ConfigError(f"{path}: {name}: a choice is listed twice: {value}")
         return CategoricalDistribution(value)
     if not isinstance(value, dict) or not {"low", "high"} <= value.keys() or value.keys() - set(RANGE_KEYS):
         raise ConfigError(f"{path}: {name}: {value!r} is not a range; accepted: {accepted}")
     low, high, log, step = (value.get(key) for key in RANGE_KEYS)
-    numbers = [low, high] + ([step] if step is not None else [])
-    if not all(map(_finite, numbers)):
+    numbers = {"low": low, "high": high, **({"step": step} if step is not None else {})}
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers.values()):
         raise ConfigError(f"{path}: {name}: low, high and step must be finite numbers, got {value}")
+    for what, number in numbers.items():
+        if (reason := _number_refusal(number)) is not None:
+            raise ConfigError(f"{path}: {name}: {what}: {reason}")
     if not isinstance(log, bool | None):
         raise ConfigError(f"{path}: {name}: log must be true or false, got {log!r}")
-    integer = all(isinstance(n, int) for n in numbers)
+    integer = all(isinstance(n, int) for n in numbers.values())
     try:
         kind = IntDistribution if integer else FloatDistribution
         return kind(low, high, log=bool(log), step=step if step is not None or not integer else 1)
@@ -182,8 +189,20 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
         raise ConfigError(f"{path}: {name}: {' '.join(str(err).split())}") from None
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _number_refusal(value: Any) -> str | None:
+    """Why ``value`` cannot be a number a model computes with (in float32, or a 64-bit integer); None when it can.
+
+    A learning rate of 1e300 is infinity in a model, and 1e-300 is zero: an argument's type may leave them in.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int):
+        return None if abs(value) <= 2**63 - 1 else f"{value} is beyond what a 64-bit integer holds"
+    if not math.isfinite(value):
+        return f"{value} is not a finite number"
+    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
+        return f"{value!r} is beyond what a model's float32 numbers hold (magnitudes from 1.2e-38 to 3.4e+38, or 0)"
+    return None
 
 
 def argument_names(trainer: L.Trainer) -> set[str]:

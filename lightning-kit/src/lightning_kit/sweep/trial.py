@@ -1,5 +1,6 @@
 """One trial: an ordinary ``train.py fit`` in this process, in a run folder of its own under the sweep's."""
 
+import contextlib
 import errno
 import math
 import shlex
@@ -44,11 +45,11 @@ def fit_only(cli_class: type[KitCLI]) -> type[KitCLI]:
 class InterruptionError(Exception):
     """A stop of the process stopped a trial: it is queued again, to resume from ``saved`` (None: from its newest
     checkpoint, or its start). ``reason``: what stopped it (``SIGNAL``, ``DISK_FULL``, ``STORE_LOST``), ``detail``
-    what was said, and ``recorded`` whether the store took the stop (else the next run finds the trial left running)."""
+    what was said."""
 
-    def __init__(self, number: int, saved: Path | None, reason: str = "", detail: str = "", recorded: bool = True):
+    def __init__(self, number: int, saved: Path | None, reason: str = "", detail: str = ""):
         super().__init__(number, saved, reason)
-        self.number, self.saved, self.reason, self.detail, self.recorded = number, saved, reason, detail, recorded
+        self.number, self.saved, self.reason, self.detail = number, saved, reason, detail
 
 
 SIGNAL, DISK_FULL, STORE_LOST = "Ctrl-C or SIGTERM", "the disk is full", "the store was lost"
@@ -155,12 +156,9 @@ def run_trial(plan: Plan, trial: Trial) -> None:
         if (stop := stop_of_the_process(err)) is None:
             _fail(plan.study, trial, err)
             raise
-        reason, detail = stop
-        try:
-            recorded = stop_and_retry(plan.study, trial, f"{reason}: {detail}")
-        except Exception:  # the store itself lost: the next run finds the trial left running, and queues it again
-            recorded = False
-        raise InterruptionError(trial.number, InterruptCheckpoint.saved, reason, detail, recorded) from None
+        with contextlib.suppress(Exception):  # the store lost: the next run finds the trial left running, and queues it
+            stop_and_retry(plan.study, trial, f"{stop[0]}: {stop[1]}")
+        raise InterruptionError(trial.number, InterruptCheckpoint.saved, *stop) from None
     else:
         if signalled:
             raise InterruptionError(trial.number, None, SIGNAL, AFTER_IT)
