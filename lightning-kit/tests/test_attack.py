@@ -410,7 +410,9 @@ CASES = {
     ),
     "sweep-trials-not-a-number": Case("sweep", ["--space", SPACE, "--trials", "x", "--config", CONFIG], "--trials", 2),
     "sweep-folds-1": Case("sweep", ["--folds", "1", "--config", CONFIG], "--folds", 2),
-    "sweep-space-and-folds": Case("sweep", ["--space", SPACE, "--folds", "3", "--config", CONFIG], "one of them", 2),
+    "sweep-space-and-folds": Case(
+        "sweep", ["--space", SPACE, "--folds", "3", "--config", CONFIG], "--folds: not allowed with argument --space", 2
+    ),
     "sweep-study-name-a-path": Case(
         "sweep", ["--space", SPACE, "--trials", "2", "--study", "../up", "--config", CONFIG], "--study", 2
     ),

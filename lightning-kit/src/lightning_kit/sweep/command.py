@@ -11,6 +11,7 @@ share the trials.
 import argparse
 import inspect
 import itertools
+import math
 import re
 import signal
 import statistics
@@ -65,9 +66,10 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
+    one = parser.add_mutually_exclusive_group(required=True)
+    one.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
+    one.add_argument("--folds", type=Folds, help="instead of --space: cross-validate over this many folds")
     parser.add_argument("--trials", type=Trials, help="trials to complete (or prune), across every worker")
-    parser.add_argument("--folds", type=Folds, help="instead of --space: cross-validate over this many folds")
     parser.add_argument("--study", help="the study's name (default: the space file's name, or folds)")
     parser.add_argument(
         "--new_study",
@@ -118,8 +120,6 @@ Other arguments go to the command line's fit, as to fit itself."""
 
 
 def _check_options(parser: OneLineParser, options: argparse.Namespace) -> None:
-    if (options.space is None) == (options.folds is None):
-        parser.error("give --space FILE (a sweep) or --folds K (cross-validation), one of them")
     if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
         parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
     if options.space is not None and options.trials is None and options.sampler != "grid":
@@ -244,10 +244,7 @@ def _grid(space: SearchSpace) -> list[dict]:
     if len(lists) < len(space.distributions):
         ranges = sorted(space.distributions.keys() - lists.keys())
         raise ConfigError(f"{space.path}: --sampler grid takes lists of choices only, not ranges: {', '.join(ranges)}")
-    size = 1
-    for choices in lists.values():
-        size *= len(choices)
-    if size > MAX_GRID:
+    if (size := math.prod(map(len, lists.values()))) > MAX_GRID:
         raise ConfigError(f"{space.path}: the grid has {size} combinations, more than {MAX_GRID}: search it with tpe")
     return [dict(zip(lists, values, strict=True)) for values in itertools.product(*lists.values())]
 
