@@ -13,7 +13,7 @@ is gone is stopped and queued again: on this host at once; on another, by Optuna
 heartbeat (``store.GRACE_PERIOD_S`` after the process stopped recording it). Whatever a
 worker was doing when it stopped (even between failing a trial and queueing its retry),
 the next worker that looks mends the queue (``repair``): every stopped trial has a
-successor, and every point of a grid a trial.
+successor.
 
 Each trial has an identity: a grid's point (its parameters), or for a drawn trial the trial
 its retries go back to. A worker that takes a trial runs it only if no other of its identity
@@ -149,8 +149,9 @@ def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[
 
 
 def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: bool = False) -> None:
-    """Queue again what a stop left without a trial: a stopped trial with no successor, a grid's point with none;
-    ``failed_too``: a grid's point whose trial failed by its own code too (a new run of the sweep tries it again)."""
+    """Queue again what a stop left without a trial: a stopped trial with no successor; ``failed_too``: a grid's
+    point whose trial failed by its own code too (a new run of the sweep tries it again). (A grid is queued whole
+    before its study's settings are recorded, which every other worker waits for: ``study.open_study``.)"""
     trials, names = study.get_trials(deepcopy=False), list(grid[0]) if grid else []
     groups: dict[Any, list[FrozenTrial]] = {}
     for trial in trials:
@@ -166,10 +167,6 @@ def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: b
         elif failed_too and ERROR in latest.user_attrs:
             report(f"trial {latest.number} failed by its own code ({latest.user_attrs[ERROR]}): running it again")
             study.enqueue_trial({**latest.system_attrs.get("fixed_params", {}), **latest.params})
-    for params in grid or ():
-        if json.dumps([params[name] for name in names]) not in groups:
-            study.enqueue_trial(params)
-            report(f"the grid's point {params} had no trial: queued")
 
 
 def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:

@@ -45,10 +45,10 @@ class SearchSpace:
         text = read_config_file(path)
         try:
             settings = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-        except _RepeatedKeyError as err:
-            raise ConfigError(f"{path}: {err}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not YAML: {' '.join(str(err).split())}") from None
+        except ValueError as err:  # a key given twice; a date past the calendar
+            raise ConfigError(f"{path}: {err}") from None
         if not isinstance(settings, dict) or not settings:
             raise ConfigError(
                 f"{path} must map fit's flags to ranges or lists of choices, e.g. 'model.lr: [0.01, 0.001]'"
@@ -113,10 +113,6 @@ class SearchSpace:
         return [{name: values[k % len(values)] for name, values in options.items()} for k in range(count)]
 
 
-class _RepeatedKeyError(Exception):
-    """A mapping of a YAML file names one key twice."""
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping that names a key twice (``safe_load`` keeps the last, silently)."""
 
@@ -129,7 +125,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             try:
                 if key in seen:
-                    raise _RepeatedKeyError(f"{key} is given twice (lines {seen[key]} and {line}): keep one of them")
+                    raise ValueError(f"{key} is given twice (lines {seen[key]} and {line}): keep one of them")
                 seen[key] = line
             except TypeError:  # a key that cannot be one: the base loader says so
                 break
