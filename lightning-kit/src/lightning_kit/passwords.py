@@ -93,13 +93,14 @@ def shown_command(args: Sequence[str]) -> str:
 
 
 def _by_pattern(text: str) -> str:
-    """``scheme://user:***@rest``: the user information ends at the last ``@`` of the URL."""
+    """``scheme://user:***@rest``: the user information ends at the last ``@`` before the query."""
     scheme, _, rest = text.partition("://")
-    if not rest.startswith("/") and "@" in rest:
-        userinfo, _, rest = rest.rpartition("@")
+    authority, mark, query = rest.partition("?")
+    if not authority.startswith("/") and "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
         user, colon, _ = userinfo.partition(":")
-        rest = f"{user}{':' + MASK if colon else ''}@{rest}"
-    return f"{scheme}://{_mask_query(rest)}"
+        authority = f"{user}{':' + MASK if colon else ''}@{host}"
+    return f"{scheme}://{authority}{_mask_query(mark + query)}"
 
 
 def _mask_query(text: str) -> str:
