@@ -59,13 +59,12 @@ class SearchSpace:
     def suggest(self, trial: Trial) -> dict[str, Any]:
         """Each flag's value for ``trial``, drawn by the study's sampler (or the trial's own, when retried)."""
         values = {}
-        for name, distribution in self.distributions.items():
-            if isinstance(distribution, CategoricalDistribution):
-                values[name] = trial.suggest_categorical(name, distribution.choices)
-            elif isinstance(distribution, IntDistribution):
-                values[name] = trial.suggest_int(name, distribution.low, distribution.high, **_spacing(distribution))
+        for name, d in self.distributions.items():
+            if isinstance(d, CategoricalDistribution):
+                values[name] = trial.suggest_categorical(name, d.choices)
             else:
-                values[name] = trial.suggest_float(name, distribution.low, distribution.high, **_spacing(distribution))
+                suggest = trial.suggest_int if isinstance(d, IntDistribution) else trial.suggest_float
+                values[name] = suggest(name, d.low, d.high, log=d.log, step=d.step)
         return values
 
     def as_settings(self) -> dict[str, str]:
@@ -143,10 +142,6 @@ def _flag_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)
-
-
-def _spacing(distribution: FloatDistribution | IntDistribution) -> dict[str, Any]:
-    return {"log": distribution.log, **({"step": distribution.step} if distribution.step is not None else {})}
 
 
 def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
