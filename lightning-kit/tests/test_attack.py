@@ -619,9 +619,9 @@ CASES = {
         setup=file("c.yaml", 'ckpt_path: ""\n'),
     ),
     # A range's step must move it forward: 0 never ends (a ZeroDivisionError's traceback), a negative one never starts.
-    "sweep-space-step-0": space_case("model.hidden: {low: 4, high: 8, step: 0}\n", "step must be above 0"),
-    "sweep-space-step-negative": space_case("model.hidden: {low: 4, high: 8, step: -2}\n", "step must be above 0"),
-    "sweep-space-float-step-0": space_case("model.lr: {low: 0.1, high: 0.5, step: 0.0}\n", "step must be above 0"),
+    "sweep-space-step-0": space_case("model.hidden: {low: 4, high: 8, step: 0}\n", "`step > 0` must hold"),
+    "sweep-space-step-negative": space_case("model.hidden: {low: 4, high: 8, step: -2}\n", "`step > 0` must hold"),
+    "sweep-space-float-step-0": space_case("model.lr: {low: 0.1, high: 0.5, step: 0.0}\n", "`step > 0` must hold"),
     # What PyTorch's reader logs of a damaged archive (its traceback) is the one line's reason, not printed.
     "serve-model-empty-zip": Case(
         "serve", ["m.pt2"], "archive does not contain any files", 1, file("m.pt2", b"PK\x05\x06" + bytes(18))
