@@ -398,7 +398,7 @@ CASES = {
     ),
     "sweep-space-a-list": space_case("- model.lr\n", "must map"),
     "sweep-space-unknown-flag": space_case("model.lrr: [0.1, 0.01]\n", "model.lrr is not an argument"),
-    "sweep-space-low-above-high": space_case("model.lr: {low: 1, high: 0.1}\n", "low must be below high"),
+    "sweep-space-low-above-high": space_case("model.lr: {low: 1, high: 0.1}\n", "`low <= high` must hold"),
     "sweep-space-nan": space_case("model.lr: {low: .nan, high: 0.1}\n", "finite"),
     "sweep-space-empty-choices": space_case("model.hidden: []\n", "empty"),
     "sweep-space-yaml-bomb": Case(
@@ -411,7 +411,9 @@ CASES = {
     ),
     "sweep-trials-not-a-number": Case("sweep", ["--space", SPACE, "--trials", "x", "--config", CONFIG], "--trials", 2),
     "sweep-folds-1": Case("sweep", ["--folds", "1", "--config", CONFIG], "--folds", 2),
-    "sweep-space-and-folds": Case("sweep", ["--space", SPACE, "--folds", "3", "--config", CONFIG], "one of them", 2),
+    "sweep-space-and-folds": Case(
+        "sweep", ["--space", SPACE, "--folds", "3", "--config", CONFIG], "--folds: not allowed with argument --space", 2
+    ),
     "sweep-study-name-a-path": Case(
         "sweep", ["--space", SPACE, "--trials", "2", "--study", "../up", "--config", CONFIG], "--study", 2
     ),
@@ -618,9 +620,9 @@ CASES = {
         setup=file("c.yaml", 'ckpt_path: ""\n'),
     ),
     # A range's step must move it forward: 0 never ends (a ZeroDivisionError's traceback), a negative one never starts.
-    "sweep-space-step-0": space_case("model.hidden: {low: 4, high: 8, step: 0}\n", "step must be above 0"),
-    "sweep-space-step-negative": space_case("model.hidden: {low: 4, high: 8, step: -2}\n", "step must be above 0"),
-    "sweep-space-float-step-0": space_case("model.lr: {low: 0.1, high: 0.5, step: 0.0}\n", "step must be above 0"),
+    "sweep-space-step-0": space_case("model.hidden: {low: 4, high: 8, step: 0}\n", "`step > 0` must hold"),
+    "sweep-space-step-negative": space_case("model.hidden: {low: 4, high: 8, step: -2}\n", "`step > 0` must hold"),
+    "sweep-space-float-step-0": space_case("model.lr: {low: 0.1, high: 0.5, step: 0.0}\n", "`step > 0` must hold"),
     # What PyTorch's reader logs of a damaged archive (its traceback) is the one line's reason, not printed.
     "serve-model-empty-zip": Case(
         "serve", ["m.pt2"], "archive does not contain any files", 1, file("m.pt2", b"PK\x05\x06" + bytes(18))

@@ -208,7 +208,10 @@ def test_cross_validation_runs_each_fold_once_and_reports_their_spread(in_tmp_pa
             "model.lrr: [0.1, 0.01]\n",
             "space.yaml: model.lrr is not an argument of python train.py: did you mean model.lr?",
         ),
-        ("model.lr: {low: 0.1, high: 0.01}\n", "space.yaml: model.lr: low must be below high"),
+        (
+            "model.lr: {low: 0.1, high: 0.01}\n",
+            "space.yaml: model.lr: `low <= high` must hold, but got (low=0.1, high=0.01)",
+        ),
         ("model.lr: {low: 0.0, high: 0.1, log: true}\n", "space.yaml: model.lr: "),
         ("model.lr: {low: 0.1}\n", "space.yaml: model.lr: {'low': 0.1} is not a range"),
         ("model.lr: []\n", "space.yaml: model.lr: the list of choices is empty"),
@@ -226,7 +229,7 @@ def test_a_bad_space_file_ends_in_one_line_naming_it(in_tmp_path, sweep_args, sp
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--trials", "0"], "--trials must be 1 or more"),
+        (["--trials", "0"], "argument --trials: invalid int from 1 to 1000000 value: '0'"),
         (["--trials", "2", "--sampler", "bayes"], "argument --sampler: invalid choice: 'bayes'"),
         (["--trials", "2", "--storage", "not a url"], "--storage 'not a url' is not a database URL"),
         (["--trials", "2", "--storage", "mysql+nosuchdriver://me@127.0.0.1/db"], "--storage mysql+nosuchdriver"),

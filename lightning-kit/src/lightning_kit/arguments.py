@@ -25,47 +25,11 @@ from .errors import ConfigError, byte_size
 SEED_MAX = 2**32 - 1
 # The largest integer PyTorch and Lightning count with; any integer argument above it overflows there.
 INT64_MAX = 2**63 - 1
-# What a float32 (the precision a model computes in) holds: a value past these becomes infinity, or zero.
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def is_integer(value) -> bool:
     """An int or NumPy integer, not a bool (which Python counts as an int)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def number_refusal(value) -> str | None:
-    """Why ``value`` cannot be a number a run computes with, in words; None when it can.
-
-    Refused: NaN and infinity, an integer past 64 bits, and a float past what float32 holds
-    (above about 3.4e38, or nearer zero than about 1.2e-38 but not zero): a learning rate of
-    1e300 is infinity in the model, and 1e-300 is zero. Booleans and strings are not numbers: None.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    if is_integer(value):
-        return None if abs(value) <= INT64_MAX else f"{value} is beyond what a 64-bit integer holds ({INT64_MAX})"
-    if not math.isfinite(value):
-        return f"{value} is not a finite number"
-    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
-        return (
-            f"{value!r} is beyond what a model's float32 numbers hold "
-            f"(magnitudes from {FLOAT32_TINY:.2g} to {FLOAT32_MAX:.2g}, or 0)"
-        )
-    return None
-
-
-def range_refusal(low, high, step=None) -> str | None:
-    """Why ``low``..``high`` (by ``step``) cannot be searched, in words; None when it can (see ``number_refusal``)."""
-    for what, value in (("low", low), ("high", high), ("step", step)):
-        if value is not None and (reason := number_refusal(value)) is not None:
-            return f"{what}: {reason}"
-    if not math.isfinite(float(high) - float(low)):
-        return f"the range {low}..{high} is wider than a float holds"
-    if step is not None and not step > 0:  # by 0 the range never ends, and backwards it never starts
-        return f"step must be above 0, got step={step}"
-    return None
 
 
 # The bounds of single values that the library's classes and the projects' take, as types jsonargparse checks where

@@ -2,11 +2,10 @@
 
 Everything that shows a URL (``--storage postgresql+psycopg://me:pw@host/db``) or a command line goes through
 ``hidden``, ``hidden_command`` or ``scrubbed`` (any text, such as a driver's error message), here and nowhere else.
-A URL is rendered by SQLAlchemy (``render_as_string(hide_password=True)``: ``URL.set(password=None)`` leaves the
-password as it was) when it parses; else, and where its password holds an unescaped ``@``, everything between the
-user name and the last ``@`` of its authority is masked. ``remember`` notes a password, which ``scrubbed`` then
-hides anywhere (a driver's message quoting it). The standard library only at import: SQLAlchemy is loaded only when
-a URL must be parsed.
+A URL is shown as given with everything between the user name and the last ``@`` of its authority masked (a password
+may hold an unescaped ``@``), and every string that SQLAlchemy or a driver might read as its password (up to the first
+``@`` or the last, raw or decoded) hidden wherever else it appears. ``remember`` notes a password, which ``scrubbed``
+then hides anywhere (a driver's message quoting it). The standard library only.
 """
 
 import re
@@ -34,8 +33,7 @@ def hidden(url: str) -> str:
     text = str(url)
     if "://" not in text:
         return _mask_query(text) if "=" in text else text
-    rendered = None if unescaped_at(text) else _rendered(text)
-    result = rendered if rendered is not None else _by_pattern(text)
+    result = _by_pattern(text)
     for secret in _candidates(text):
         if len(secret) >= _SHORTEST_SCRUBBED:
             result = _replace(result, secret)
@@ -94,29 +92,15 @@ def shown_command(args: Sequence[str]) -> str:
     return shlex.join(hidden_command(args))
 
 
-def _rendered(text: str) -> str | None:
-    """SQLAlchemy's rendering with the password hidden; None when it does not parse ``text`` as it was meant."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        url = make_url(text)
-        if not url.password and _by_pattern(text) == _mask_query(text):
-            return _mask_query(text)  # nothing to hide but the query's secrets: shown as given
-        if "@" in (url.host or "") or any(c.isspace() for c in url.host or ""):
-            return None  # an unescaped '@' in the password: the host is a piece of it
-        return _mask_query(url.render_as_string(hide_password=True))
-    except Exception:  # any failure to parse: ValueError for a bad port, ArgumentError, ImportError
-        return None
-
-
 def _by_pattern(text: str) -> str:
-    """``scheme://user:***@rest``: the user information ends at the last ``@`` of the URL."""
+    """``scheme://user:***@rest``: the user information ends at the last ``@`` before the query."""
     scheme, _, rest = text.partition("://")
-    if not rest.startswith("/") and "@" in rest:
-        userinfo, _, rest = rest.rpartition("@")
+    authority, mark, query = rest.partition("?")
+    if not authority.startswith("/") and "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
         user, colon, _ = userinfo.partition(":")
-        rest = f"{user}{':' + MASK if colon else ''}@{rest}"
-    return f"{scheme}://{_mask_query(rest)}"
+        authority = f"{user}{':' + MASK if colon else ''}@{host}"
+    return f"{scheme}://{authority}{_mask_query(mark + query)}"
 
 
 def _mask_query(text: str) -> str:
@@ -131,7 +115,8 @@ def _mask_query(text: str) -> str:
 
 
 def _candidates(text: str) -> list[str]:
-    """What in ``text`` may be a password: as the pattern and SQLAlchemy read it, raw and decoded."""
+    """What in ``text`` may be a password, raw and decoded: up to the last ``@`` of the authority (as the pattern
+    reads it) or the first (as SQLAlchemy's URL pattern and the drivers read it)."""
     found: list[str] = []
     _, separator, rest = text.partition("://")
     if separator and not rest.startswith("/") and "@" in rest:
@@ -139,14 +124,6 @@ def _candidates(text: str) -> list[str]:
         found.append(userinfo.partition(":")[2])
         first = rest.partition("@")[0]  # an '@' in the query or path: the user information ends at the first
         found.append(first.partition(":")[2])
-    try:
-        from sqlalchemy.engine import make_url
-
-        password = make_url(text).password
-        if password:
-            found.append(str(password))
-    except Exception:  # a URL that does not parse has only the pattern's candidates
-        pass
     for _, key, value in _QUERY_PAIR.findall(text.partition("?")[2]):
         if _SECRET_KEY.search(key):
             found.append(value)

@@ -51,15 +51,11 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
     """
     path = Path(path)
     what = "to keep a study in"
-    if no_link and path.is_symlink():
+    if path.is_symlink() and (no_link or not path.exists()):  # to nothing: SQLite would make a file where it points
+        what = f"a link (to {os.path.realpath(path)})" if path.exists() else f"a link to nothing ({os.readlink(path)})"
         raise ConfigError(
-            f"{named} is a link (to {os.path.realpath(path)}): a study's file is not written through a link: "
-            "move the link away, or give --storage sqlite:///<the file> to use that file"
-        )
-    if path.is_symlink() and not path.exists():  # SQLite would make a new file wherever it points
-        raise ConfigError(
-            f"{named} is a link to nothing ({os.readlink(path)}): no study's file is made through a link: "
-            "give the file itself (sqlite:///<file>.db), or remove the link"
+            f"{named} is {what}: a study's file is not written through a link: move the link away, or give "
+            "--storage sqlite:///<the file> to use that file"
         )
     try:
         mode = path.stat().st_mode
@@ -86,8 +82,8 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
             raise ConfigError(f"{named} is read-only: make it writable, or give another --storage")
     for suffix in SQLITE_COMPANIONS:  # SQLite opens these beside the file, following links, and waits on a FIFO
         companion = path.with_name(path.name + suffix)
-        if companion.is_symlink() or (companion.exists() and kind_of(companion.stat().st_mode) is not None):
-            what_it_is = "a link" if companion.is_symlink() else kind_of(companion.stat().st_mode)
+        what_it_is = "a link" if companion.is_symlink() else companion.exists() and kind_of(companion.stat().st_mode)
+        if what_it_is:
             raise ConfigError(
                 f"{named}: {companion.name} beside it is {what_it_is}, which SQLite would write through or wait on: "
                 "move it away"

@@ -11,6 +11,7 @@ share the trials.
 import argparse
 import inspect
 import itertools
+import math
 import re
 import signal
 import statistics
@@ -20,6 +21,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+from jsonargparse.typing import restricted_number_type
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
@@ -46,6 +48,10 @@ MAX_GRID = 10_000
 MAX_NEW_STUDIES = 100
 # More trials than this is no sweep one can wait for (and past it, counts stop being numbers Optuna stores).
 MAX_TRIALS = 1_000_000
+# The bounds of the counts, checked by argparse as it converts them (jsonargparse's types): one line naming the flag.
+Trials = restricted_number_type(f"int from 1 to {MAX_TRIALS}", int, [(">=", 1), ("<=", MAX_TRIALS)])
+Folds = restricted_number_type(f"int from 2 to {MAX_GRID}", int, [(">=", 2), ("<=", MAX_GRID)])
+PruneAfter = restricted_number_type(f"int from 0 to {MAX_TRIALS}", int, [(">=", 0), ("<=", MAX_TRIALS)])
 
 
 @command
@@ -60,9 +66,10 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
-    parser.add_argument("--trials", type=int, help="trials to complete (or prune), across every worker")
-    parser.add_argument("--folds", type=int, help="instead of --space: cross-validate over this many folds")
+    one = parser.add_mutually_exclusive_group(required=True)
+    one.add_argument("--space", type=Path, help="the search space: a YAML file of fit's flags and their ranges")
+    one.add_argument("--folds", type=Folds, help="instead of --space: cross-validate over this many folds")
+    parser.add_argument("--trials", type=Trials, help="trials to complete (or prune), across every worker")
     parser.add_argument("--study", help="the study's name (default: the space file's name, or folds)")
     parser.add_argument(
         "--new_study",
@@ -73,7 +80,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     parser.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="(default tpe)")
     parser.add_argument("--pruner", choices=("median", "none"), default="median", help="(default median)")
     parser.add_argument(
-        "--prune_after", type=int, default=5, help="trials finished before any is pruned (default 5, Optuna's)"
+        "--prune_after", type=PruneAfter, default=5, help="trials finished before any is pruned (default 5, Optuna's)"
     )
     options, train_args = parser.parse_known_args(args)
     # Optuna's heartbeat is experimental since 2.9, and meant for Study.optimize: this is how a sweep uses it.
@@ -113,24 +120,10 @@ Other arguments go to the command line's fit, as to fit itself."""
 
 
 def _check_options(parser: OneLineParser, options: argparse.Namespace) -> None:
-    if (options.space is None) == (options.folds is None):
-        parser.error("give --space FILE (a sweep) or --folds K (cross-validation), one of them")
-    if options.folds is not None and options.folds < 2:
-        parser.error(f"--folds must be 2 or more, got {options.folds}")
-    if options.folds is not None and options.folds > MAX_GRID:
-        parser.error(f"--folds must be at most {MAX_GRID}, got {options.folds}")
     if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
         parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
     if options.space is not None and options.trials is None and options.sampler != "grid":
         parser.error(f"--trials N is needed with --sampler {options.sampler}: how many trials to run")
-    if options.trials is not None and options.trials < 1:
-        parser.error(f"--trials must be 1 or more, got {options.trials}")
-    if options.trials is not None and options.trials > MAX_TRIALS:
-        parser.error(f"--trials must be at most {MAX_TRIALS}, got {options.trials}")
-    if options.prune_after < 0:
-        parser.error(f"--prune_after must be 0 or more, got {options.prune_after}")
-    if options.prune_after > MAX_TRIALS:
-        parser.error(f"--prune_after must be at most {MAX_TRIALS}, got {options.prune_after}")
     if options.study is not None and not STUDY_NAME.fullmatch(options.study):
         parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
 
@@ -192,24 +185,20 @@ def sweep(
     report(f"study {name}: {wanted} trials, judged by {monitor} ({direction}), in {folder}")
     try:
         run_trials(study, storage, wanted, lambda trial: run_trial(plan, trial), grid)
-    except (InterruptionError, KeyboardInterrupt) as stop:
-        again = f"run the same command again: {prog} {shown_command(command)}"
-        if not isinstance(stop, InterruptionError):
-            sys.exit(f"stopped by Ctrl-C or SIGTERM: to continue the sweep, {again}")
-        saved = f"{stop.saved} saved" if stop.saved else "nothing saved yet"
-        if stop.reason == SIGNAL:
-            where = f"after trial {stop.number}" if stop.detail == AFTER_IT else f"in trial {stop.number} ({saved})"
-            sys.exit(f"stopped by Ctrl-C or SIGTERM {where}: to continue the sweep, {again}")
-        what = f"{stop.reason} ({scrubbed(stop.detail)})" if stop.detail else stop.reason
-        fix = "free some space, then" if stop.reason == DISK_FULL else "once the store can be reached,"
-        sys.exit(f"error: stopped in trial {stop.number}: {what}; it runs again from its newest checkpoint: "
-                 f"{fix} {again}")  # fmt: skip
-    except Exception as err:  # the store lost, or the disk full, between trials: no trial is lost by it
-        if (stop := stop_of_the_process(err)) is None:
+    except (Exception, KeyboardInterrupt) as err:  # a stop in a trial, or between trials: no trial is lost by it
+        trial = err if isinstance(err, InterruptionError) else None
+        if (stop := (trial.reason, trial.detail) if trial else stop_of_the_process(err)) is None:
             raise
+        again = f"run the same command again: {prog} {shown_command(command)}"
+        where = f" in trial {trial.number}" if trial else ""
+        if stop[0] == SIGNAL:
+            if trial:
+                saved = f"{trial.saved} saved" if trial.saved else "nothing saved yet"
+                where = f" after trial {trial.number}" if stop[1] == AFTER_IT else f"{where} ({saved})"
+            sys.exit(f"stopped by Ctrl-C or SIGTERM{where}: to continue the sweep, {again}")
         fix = "free some space, then" if stop[0] == DISK_FULL else "once the store can be reached,"
-        sys.exit(f"error: the sweep stopped: {stop[0]} ({scrubbed(stop[1])}): {fix} run the same command again: "
-                 f"{prog} {shown_command(command)}")  # fmt: skip
+        resumes = "; it runs again from its newest checkpoint" if trial else ""
+        sys.exit(f"error: stopped{where}: {stop[0]} ({scrubbed(stop[1])}){resumes}: {fix} {again}")
     _summary(study, options.folds, monitor)
 
 
@@ -255,10 +244,7 @@ def _grid(space: SearchSpace) -> list[dict]:
     if len(lists) < len(space.distributions):
         ranges = sorted(space.distributions.keys() - lists.keys())
         raise ConfigError(f"{space.path}: --sampler grid takes lists of choices only, not ranges: {', '.join(ranges)}")
-    size = 1
-    for choices in lists.values():
-        size *= len(choices)
-    if size > MAX_GRID:
+    if (size := math.prod(map(len, lists.values()))) > MAX_GRID:
         raise ConfigError(f"{space.path}: the grid has {size} combinations, more than {MAX_GRID}: search it with tpe")
     return [dict(zip(lists, values, strict=True)) for values in itertools.product(*lists.values())]
 

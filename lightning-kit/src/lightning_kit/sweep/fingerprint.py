@@ -9,7 +9,6 @@ another fingerprint. ``configuration`` is what train.py resolved its arguments t
 
 import hashlib
 import os
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -24,8 +23,6 @@ FULL_BYTES = 256 * 1024 * 1024
 SAMPLES = 4096
 # Items of a data set that is neither tensors nor a file listing, read to digest it.
 ITEMS = 64
-# What a sweep sets itself, or that names where a file came from rather than what it says.
-NOT_DEFINING = ("config",)
 
 
 def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
@@ -35,7 +32,11 @@ def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
     digest = hashlib.blake2b(digest_size=16)
     sizes = {}
     for split in ("train", "val"):
-        dataset = _dataset(getattr(datamodule, f"{split}_dataloader", None))
+        try:
+            loader = getattr(datamodule, f"{split}_dataloader")()
+        except Exception:  # no such split (a data module without validation data)
+            loader = None
+        dataset = loader.dataset if isinstance(loader, DataLoader) else loader
         digest.update(split.encode())
         _digest(digest, dataset)
         sizes[split] = _size(dataset)
@@ -43,16 +44,6 @@ def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
     if classes is not None:
         digest.update(repr(list(classes)).encode())
     return {"digest": digest.hexdigest(), **sizes}
-
-
-def describe(fingerprint: Any) -> str:
-    """``fingerprint`` for a person: ``5400 training and 600 validation samples, digest 1a2b3c4d``."""
-    if not isinstance(fingerprint, dict):
-        return str(fingerprint)
-    return (
-        f"{fingerprint.get('train')} training and {fingerprint.get('val')} validation samples, "
-        f"digest {str(fingerprint.get('digest'))[:12]}"
-    )
 
 
 def configuration(trainer: L.Trainer) -> dict[str, Any]:
@@ -64,7 +55,8 @@ def configuration(trainer: L.Trainer) -> dict[str, Any]:
         resolved = yaml.safe_load(saver.parser.dump(saver.config))
     except Exception:  # a value its own parser cannot write: the arguments alone define the study
         return {}
-    return {key: value for key, value in (resolved or {}).items() if key not in NOT_DEFINING}
+    # ``config`` names the files the arguments came from, not what they say.
+    return {key: value for key, value in (resolved or {}).items() if key != "config"}
 
 
 def differences(then: Any, now: Any, prefix: str = "") -> list[str]:
@@ -76,22 +68,12 @@ def differences(then: Any, now: Any, prefix: str = "") -> list[str]:
         return found
     if then == now:
         return []
-    return [f"{prefix.rstrip('.')}: then {_short(then)}, now {_short(now)}"]
+    return [f"{prefix.rstrip('.') + ': ' if prefix else ''}then {_short(then)}, now {_short(now)}"]
 
 
 def _short(value: Any) -> str:
     text = "absent" if value is None else str(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def _dataset(loader_of: Callable[[], Any] | None) -> Any:
-    if loader_of is None:
-        return None
-    try:
-        loader = loader_of()
-    except Exception:  # no such split (a data module without validation data)
-        return None
-    return loader.dataset if isinstance(loader, DataLoader) else loader
 
 
 def _size(dataset: Any) -> int | None:

@@ -13,15 +13,13 @@ is gone is stopped and queued again: on this host at once; on another, by Optuna
 heartbeat (``store.GRACE_PERIOD_S`` after the process stopped recording it). Whatever a
 worker was doing when it stopped (even between failing a trial and queueing its retry),
 the next worker that looks mends the queue (``repair``): every stopped trial has a
-successor, and every point of a grid a trial.
+successor.
 
 Each trial has an identity: a grid's point (its parameters), or for a drawn trial the trial
-its retries go back to. Of the trials of one identity, one runs at a time and none after
-one was counted: a worker that takes a trial checks, once it holds it, that no other of
-its identity is counted, running with a smaller number or waiting with a smaller number
-(then it puts its own back and takes that one). So a point of a grid or a fold queued twice
-(two workers mending the queue at once) is still trained once; the other trial is recorded
-as a ``duplicate_of`` it and never trained.
+its retries go back to. A worker that takes a trial runs it only if no other of its identity
+is counted, or running or waiting with a smaller number; otherwise it records it as a
+``duplicate_of`` that one and never trains it. So a point of a grid or a fold queued twice
+(two workers mending the queue at once) is still trained once.
 
 Trial numbers are given by the store, one at a time, so they order the trials: a worker
 starts a drawn trial only if the trials finished and those running with a smaller number
@@ -38,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +57,7 @@ ERROR, STOPPED, DUPLICATE_OF = "error", "stopped", "duplicate_of"
 # A cross-validation's mean and spread over its folds, a user attribute of the study (Optuna's dashboard shows it).
 CROSS_VALIDATION = "cross_validation"
 # A trial taken but not claimed by its process for this long was taken by one that stopped at once.
-UNCLAIMED_S = 3 * GRACE_PERIOD_S
+UNCLAIMED = timedelta(seconds=3 * GRACE_PERIOD_S)
 # How often a worker with nothing to start looks again.
 POLL_S = 2.0
 
@@ -83,25 +81,18 @@ def signals_held() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def failed_by_its_code(trial: FrozenTrial) -> bool:
-    """Whether ``trial`` failed by its own code (an exception of the model or the data): it is not run again."""
-    attrs = trial.user_attrs
-    return trial.state == TrialState.FAIL and ERROR in attrs and STOPPED not in attrs and DUPLICATE_OF not in attrs
-
-
 def to_run_again(trial: FrozenTrial) -> bool:
     """Whether ``trial`` was stopped (a signal, kill -9, a full disk, a lost store): its parameters run again."""
-    return trial.state == TrialState.FAIL and not failed_by_its_code(trial) and DUPLICATE_OF not in trial.user_attrs
+    attrs = trial.user_attrs
+    return trial.state == TrialState.FAIL and DUPLICATE_OF not in attrs and (ERROR not in attrs or STOPPED in attrs)
 
 
-def queue_retry(study: optuna.Study, failed: FrozenTrial, again: bool = False) -> None:
-    """Queue a trial with ``failed``'s parameters (chosen, or fixed for it) that resumes where ``failed`` stopped.
-
-    Once per trial (``again``: even when one was queued, which ``repair`` asks only when that one is a duplicate).
-    """
-    trials = study.get_trials(deepcopy=False)
-    if not again and any(trial.user_attrs.get(RETRY_OF) == failed.number for trial in trials):
-        return  # queued already, by a worker stopped before it failed ``failed``
+def queue_retry(study: optuna.Study, failed: FrozenTrial) -> None:
+    """Queue a trial with ``failed``'s parameters (chosen, or fixed for it) that resumes where ``failed`` stopped;
+    once (a retry that is no duplicate may have been queued by another worker's ``repair``)."""
+    for trial in study.get_trials(deepcopy=False):
+        if trial.user_attrs.get(RETRY_OF) == failed.number and DUPLICATE_OF not in trial.user_attrs:
+            return
     fixed = {**failed.system_attrs.get("fixed_params", {}), **failed.params}
     retry = optuna.trial.create_trial(
         state=TrialState.WAITING,
@@ -135,35 +126,18 @@ def reclaim(study: optuna.Study) -> None:
         owner = trial.user_attrs.get(OWNER)
         if isinstance(owner, dict) and process_alive(owner) is False and stop_and_retry(study, trial):
             report(f"trial {trial.number} was left running by process {owner.get('pid')}, now gone: queued again")
-        elif owner is None and _unclaimed_for(trial) > UNCLAIMED_S and stop_and_retry(study, trial):
+        elif owner is None and datetime.now() - trial.datetime_start > UNCLAIMED and stop_and_retry(study, trial):
             # Taken, then killed before it recorded its process (or any heartbeat): no one will ever end it.
             report(f"trial {trial.number} was taken by a process that never started it: queued again")
 
 
-def _unclaimed_for(trial: FrozenTrial) -> float:
-    """Seconds since ``trial`` was taken (0 if unknown)."""
-    if trial.datetime_start is None:
-        return 0.0
-    return (datetime.now() - trial.datetime_start).total_seconds()
-
-
-def grid_key(params: dict[str, Any], grid_names: list[str]) -> str | None:
-    """The point of a grid that ``params`` are, as text; None when they do not name every parameter of the grid."""
-    if not all(name in params for name in grid_names):
-        return None
-    return json.dumps([params[name] for name in grid_names])
-
-
-def identities(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dict[int, Any]:
-    """Each trial's identity by its number: its grid point; for a drawn trial, the trial its retries go back to."""
-    names = list(grid[0]) if grid else []
-    found: dict[int, Any] = {}
-    for trial in trials:
-        if grid:
-            found[trial.number] = grid_key({**trial.system_attrs.get("fixed_params", {}), **trial.params}, names)
-        else:
-            found[trial.number] = [trial, *_retried(trials, trial)][-1].number
-    return found
+def identity(trials: list[FrozenTrial], trial: FrozenTrial | Trial, grid_names: list[str]) -> Any:
+    """``trial``'s grid point as text (None if it is of no point of the grid); for a drawn trial, the trial its
+    retries go back to."""
+    if not grid_names:
+        return [trials[trial.number], *_retried(trials, trial)][-1].number
+    params = {**trials[trial.number].system_attrs.get("fixed_params", {}), **trials[trial.number].params}
+    return json.dumps([params[name] for name in grid_names]) if set(grid_names) <= params.keys() else None
 
 
 def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[FrozenTrial]:
@@ -174,35 +148,25 @@ def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[
         yield trials[number]
 
 
-def _groups(trials: list[FrozenTrial], grid: list[dict[str, Any]] | None) -> dict[Any, list[FrozenTrial]]:
-    """The trials of each identity, duplicates left out."""
-    of = identities(trials, grid)
+def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: bool = False) -> None:
+    """Queue again what a stop left without a trial: a stopped trial with no successor; ``failed_too``: a grid's
+    point whose trial failed by its own code too (a new run of the sweep tries it again). (A grid is queued whole
+    before its study's settings are recorded, which every other worker waits for: ``study.open_study``.)"""
+    trials, names = study.get_trials(deepcopy=False), list(grid[0]) if grid else []
     groups: dict[Any, list[FrozenTrial]] = {}
     for trial in trials:
-        if DUPLICATE_OF not in trial.user_attrs and of[trial.number] is not None:
-            groups.setdefault(of[trial.number], []).append(trial)
-    return groups
-
-
-def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: bool = False) -> None:
-    """Queue again what a stop left without a trial: a stopped trial with no successor, a grid's point with none;
-    ``failed_too``: a grid's point whose trial failed by its own code too (a new run of the sweep tries it again)."""
-    groups = _groups(study.get_trials(deepcopy=False), grid)
+        if DUPLICATE_OF not in trial.user_attrs and (key := identity(trials, trial, names)) is not None:
+            groups.setdefault(key, []).append(trial)
     for group in groups.values():
         if any(trial.state in (*COUNTED, TrialState.WAITING, TrialState.RUNNING) for trial in group):
             continue
         latest = max(group, key=lambda trial: trial.number)
         if to_run_again(latest):
-            queue_retry(study, latest, again=True)
+            queue_retry(study, latest)
             report(f"trial {latest.number} was stopped before its retry was queued: queued again")
-        elif failed_too and failed_by_its_code(latest):
-            report(f"trial {latest.number} failed by its own code ({latest.user_attrs.get(ERROR)}): running it again")
+        elif failed_too and ERROR in latest.user_attrs:
+            report(f"trial {latest.number} failed by its own code ({latest.user_attrs[ERROR]}): running it again")
             study.enqueue_trial({**latest.system_attrs.get("fixed_params", {}), **latest.params})
-    names = list(grid[0]) if grid else []
-    for params in grid or ():
-        if grid_key(params, names) not in groups:
-            study.enqueue_trial(params)
-            report(f"the grid's point {params} had no trial: queued")
 
 
 def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
@@ -218,18 +182,15 @@ def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
 
 def newest_checkpoint(folder: str) -> str | None:
     """The newer of a run folder's ``last.ckpt`` and ``on_exception.ckpt``, if it has one."""
-    found = []
-    for name in RESUMABLE:
-        path = Path(folder) / "checkpoints" / name
-        try:
-            found.append((path.stat().st_mtime_ns, str(path)))
-        except OSError:
-            continue
-    return max(found)[1] if found else None
+    found = [path for name in RESUMABLE if (path := Path(folder) / "checkpoints" / name).is_file()]
+    return str(max(found, key=lambda path: path.stat().st_mtime_ns)) if found else None
 
 
 def _take_waiting(study: optuna.Study, storage: RDBStorage) -> Trial | None:
-    """The waiting trial with the smallest number that this process could take first; None when none is waiting."""
+    """The waiting trial with the smallest number that this process could take first; None when none is waiting.
+
+    Optuna's ``Study._pop_waiting_trial_id``, without ``ask``'s creating a trial when none waits: a grid's come from
+    the queue alone."""
     for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         try:
             if storage.set_trial_state_values(trial_id(waiting), state=TrialState.RUNNING):
@@ -239,30 +200,23 @@ def _take_waiting(study: optuna.Study, storage: RDBStorage) -> Trial | None:
     return None
 
 
-def _second_of_its_kind(study: optuna.Study, storage: RDBStorage, trial: Trial, grid) -> bool:
-    """Whether ``trial``, just taken, must not run: another of its identity was counted, runs, or waits before it.
-
-    One counted or running before it: ``trial`` is recorded as its duplicate, and ends. One waiting before
-    it: ``trial`` is put back, for that one to be taken first.
-    """
-    trials = study.get_trials(deepcopy=False)
-    of = identities(trials, grid)
-    mine = of.get(trial.number)
-    if mine is None:
+def _second_of_its_kind(study: optuna.Study, trial: Trial, grid: list[dict[str, Any]] | None) -> bool:
+    """Whether ``trial``, just taken, must not run: another of its identity was counted, or runs or waits before it
+    (a trial waiting is run before one of a larger number): ``trial`` is recorded as its duplicate, and ends."""
+    trials, names = study.get_trials(deepcopy=False), list(grid[0]) if grid else []
+    if (mine := identity(trials, trial, names)) is None:
         return False
-    others = [t for t in trials if t.number != trial.number and of[t.number] == mine]
-    others = [t for t in others if DUPLICATE_OF not in t.user_attrs]
-    earlier = [t for t in others if t.state in COUNTED or (t.state == TrialState.RUNNING and t.number < trial.number)]
-    first = min(earlier, key=lambda t: t.number, default=None)
-    if first is not None:
-        with signals_held():
-            trial.set_user_attr(DUPLICATE_OF, first.number)
-            study.tell(trial, state=TrialState.FAIL)
-        return True
-    if any(t.state == TrialState.WAITING and t.number < trial.number for t in others):
-        put_back(storage, trial)
-        return True
+    for other in trials:
+        before = other.state in COUNTED or (other.state in _TAKEN and other.number < trial.number)
+        if before and DUPLICATE_OF not in other.user_attrs and identity(trials, other, names) == mine:
+            with signals_held():
+                trial.set_user_attr(DUPLICATE_OF, other.number)
+                study.tell(trial, state=TrialState.FAIL)
+            return True
     return False
+
+
+_TAKEN = (TrialState.RUNNING, TrialState.WAITING)
 
 
 def run_trials(
@@ -298,7 +252,7 @@ def run_trials(
                 claim(trial)
         if trial is None:
             continue
-        if _second_of_its_kind(study, storage, trial, grid):
+        if _second_of_its_kind(study, trial, grid):
             continue
         if not grid:
             states = study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))

@@ -18,7 +18,6 @@ from lightning.pytorch.cli import SaveConfigCallback
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import Trial
 
-from ..arguments import number_refusal, range_refusal
 from ..building import build_all
 from ..cli import KitCLI
 from ..command_line import CommandLine
@@ -26,6 +25,8 @@ from ..config_files import read_config_file
 from ..errors import ConfigError
 
 RANGE_KEYS = ("low", "high", "log", "step")
+# What a float32 (the precision a model computes in) holds: a value past these becomes infinity, or zero.
+FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 # What a sweep sets itself for every trial, or that would make a trial more than one process.
 NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.devices", "trainer.num_nodes")
 
@@ -44,10 +45,10 @@ class SearchSpace:
         text = read_config_file(path)
         try:
             settings = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-        except _RepeatedKeyError as err:
-            raise ConfigError(f"{path}: {err}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not YAML: {' '.join(str(err).split())}") from None
+        except ValueError as err:  # a key given twice; a date past the calendar
+            raise ConfigError(f"{path}: {err}") from None
         if not isinstance(settings, dict) or not settings:
             raise ConfigError(
                 f"{path} must map fit's flags to ranges or lists of choices, e.g. 'model.lr: [0.01, 0.001]'"
@@ -58,13 +59,12 @@ class SearchSpace:
     def suggest(self, trial: Trial) -> dict[str, Any]:
         """Each flag's value for ``trial``, drawn by the study's sampler (or the trial's own, when retried)."""
         values = {}
-        for name, distribution in self.distributions.items():
-            if isinstance(distribution, CategoricalDistribution):
-                values[name] = trial.suggest_categorical(name, distribution.choices)
-            elif isinstance(distribution, IntDistribution):
-                values[name] = trial.suggest_int(name, distribution.low, distribution.high, **_spacing(distribution))
+        for name, d in self.distributions.items():
+            if isinstance(d, CategoricalDistribution):
+                values[name] = trial.suggest_categorical(name, d.choices)
             else:
-                values[name] = trial.suggest_float(name, distribution.low, distribution.high, **_spacing(distribution))
+                suggest = trial.suggest_int if isinstance(d, IntDistribution) else trial.suggest_float
+                values[name] = suggest(name, d.low, d.high, log=d.log, step=d.step)
         return values
 
     def as_settings(self) -> dict[str, str]:
@@ -112,10 +112,6 @@ class SearchSpace:
         return [{name: values[k % len(values)] for name, values in options.items()} for k in range(count)]
 
 
-class _RepeatedKeyError(Exception):
-    """A mapping of a YAML file names one key twice."""
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping that names a key twice (``safe_load`` keeps the last, silently)."""
 
@@ -128,7 +124,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             try:
                 if key in seen:
-                    raise _RepeatedKeyError(f"{key} is given twice (lines {seen[key]} and {line}): keep one of them")
+                    raise ValueError(f"{key} is given twice (lines {seen[key]} and {line}): keep one of them")
                 seen[key] = line
             except TypeError:  # a key that cannot be one: the base loader says so
                 break
@@ -148,19 +144,19 @@ def _flag_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _spacing(distribution: FloatDistribution | IntDistribution) -> dict[str, Any]:
-    return {"log": distribution.log, **({"step": distribution.step} if distribution.step is not None else {})}
-
-
 def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
-    """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``."""
+    """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``.
+
+    Optuna's distributions refuse a range whose low is above its high, a log range from 0 or below, and a step of 0
+    or with log; the argument's own type refuses a value out of its bounds (``SearchSpace.check``).
+    """
     accepted = "a list of choices, or {low: ..., high: ...} with log: true or step: ... if wanted"
     if isinstance(value, list):
         if not value:
             raise ConfigError(f"{path}: {name}: the list of choices is empty; accepted: {accepted}")
         if not all(choice is None or isinstance(choice, bool | int | float | str) for choice in value):
             raise ConfigError(f"{path}: {name}: each choice must be a number, a string, true, false or null")
-        if (reason := next(filter(None, map(number_refusal, value)), None)) is not None:
+        if (reason := next(filter(None, map(_number_refusal, value)), None)) is not None:
             raise ConfigError(f"{path}: {name}: a choice is refused: {reason}")
         if len(set(map(repr, value))) < len(value):
             raise ConfigError(f"{path}: {name}: a choice is listed twice: {value}")
@@ -168,23 +164,36 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
     if not isinstance(value, dict) or not {"low", "high"} <= value.keys() or value.keys() - set(RANGE_KEYS):
         raise ConfigError(f"{path}: {name}: {value!r} is not a range; accepted: {accepted}")
     low, high, log, step = (value.get(key) for key in RANGE_KEYS)
-    numbers = [low, high] + ([step] if step is not None else [])
-    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+    numbers = {"low": low, "high": high, **({"step": step} if step is not None else {})}
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers.values()):
         raise ConfigError(f"{path}: {name}: low, high and step must be finite numbers, got {value}")
-    if (reason := range_refusal(low, high, step)) is not None:
-        raise ConfigError(f"{path}: {name}: {reason}")
+    for what, number in numbers.items():
+        if (reason := _number_refusal(number)) is not None:
+            raise ConfigError(f"{path}: {name}: {what}: {reason}")
     if not isinstance(log, bool | None):
         raise ConfigError(f"{path}: {name}: log must be true or false, got {log!r}")
-    if not low < high:
-        raise ConfigError(f"{path}: {name}: low must be below high, got low={low} and high={high}")
-    integer = all(isinstance(n, int) for n in numbers)
-    if integer and step is not None and (high - low) % step:
-        raise ConfigError(f"{path}: {name}: high - low must be a multiple of step, got {low}..{high} by {step}")
+    integer = all(isinstance(n, int) for n in numbers.values())
     try:
         kind = IntDistribution if integer else FloatDistribution
         return kind(low, high, log=bool(log), step=step if step is not None or not integer else 1)
-    except ValueError as err:  # Optuna's own checks: a log range from 0 or below, a step with log
+    except ValueError as err:
         raise ConfigError(f"{path}: {name}: {' '.join(str(err).split())}") from None
+
+
+def _number_refusal(value: Any) -> str | None:
+    """Why ``value`` cannot be a number a model computes with (in float32, or a 64-bit integer); None when it can.
+
+    A learning rate of 1e300 is infinity in a model, and 1e-300 is zero: an argument's type may leave them in.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int):
+        return None if abs(value) <= 2**63 - 1 else f"{value} is beyond what a 64-bit integer holds"
+    if not math.isfinite(value):
+        return f"{value} is not a finite number"
+    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
+        return f"{value!r} is beyond what a model's float32 numbers hold (magnitudes from 1.2e-38 to 3.4e+38, or 0)"
+    return None
 
 
 def argument_names(trainer: L.Trainer) -> set[str]:

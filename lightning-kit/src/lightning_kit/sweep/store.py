@@ -26,14 +26,7 @@ from optuna.exceptions import ExperimentalWarning, StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import (
-    DatabaseError,
-    IntegrityError,
-    NoSuchModuleError,
-    OperationalError,
-    ProgrammingError,
-    SQLAlchemyError,
-)
+from sqlalchemy.exc import NoSuchModuleError, OperationalError, SQLAlchemyError
 
 from .. import stores
 from ..errors import ConfigError, first_line
@@ -73,14 +66,12 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
         )
     try:
         parsed = make_url(url)
-        backend = parsed.get_backend_name()
+        sqlite = parsed.get_backend_name() == "sqlite"
     except Exception:  # ArgumentError, a port that is no number: ValueError, ...
         raise ConfigError(
             f"--storage {hidden(url)!r} is not a database URL: "
             "give e.g. postgresql+psycopg://user@host/db or sqlite:///file.db"
         ) from None
-    sqlite = backend == "sqlite"
-    engine_kwargs: dict = {}
     if sqlite:
         database = stores.sqlite_database(url)
         if database is None:
@@ -95,7 +86,7 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
             ) from None
         # isolation_level None: the driver begins no transaction of its own; ``_begin_immediately`` does.
         connect = stores.sqlite_connector(database, read_only=False, lock_wait_s=SQLITE_LOCK_WAIT_S)
-        engine_kwargs = {"creator": connect}
+        engine_kwargs: dict = {"creator": connect}
     else:
         named = f"--storage {hidden(url)}"
         engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
@@ -112,22 +103,20 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
                 )
             break
         except (ImportError, NoSuchModuleError) as err:
-            driver = parsed.drivername
             raise ConfigError(
-                f"--storage {hidden(url)}: the database driver for {driver} is not installed "
+                f"--storage {hidden(url)}: the database driver for {parsed.drivername} is not installed "
                 f"({scrubbed(_reason(err))}); for PostgreSQL: pip install -e '.[postgres]' and postgresql+psycopg://..."
             ) from None
-        except (IntegrityError, ProgrammingError, OperationalError, DatabaseError, StorageInternalError) as err:
-            # Two workers creating the tables of a new store at once: one finds them half made, and tries again.
-            # (For a server, an OperationalError is one that cannot be reached: said at once.)
+        except (SQLAlchemyError, StorageInternalError, sqlite3.Error, ValueError, TypeError) as err:
+            # Two workers creating the tables of a new store at once: one finds them half made, and tries again. (For
+            # a server, an OperationalError is one that cannot be reached; a URL option the driver refuses, a
+            # ValueError or TypeError: both said at once.)
             reason = _reason(err)
-            lasting = any(words in reason.lower() for words in _LASTING)
+            lasting = any(words in reason.lower() for words in _LASTING) or isinstance(err, ValueError | TypeError)
             if attempt < 2 and not lasting and (sqlite or not isinstance(err, OperationalError)):
                 time.sleep(1)
                 continue
             raise ConfigError(f"{named}: {stores.explained(reason)}") from None
-        except (SQLAlchemyError, sqlite3.Error, ValueError, TypeError) as err:  # a URL option the driver refuses
-            raise ConfigError(f"{named}: {stores.explained(_reason(err))}") from None
     if sqlite:
         sqlalchemy.event.listen(storage.engine, "begin", _begin_immediately)
     return storage

@@ -1,7 +1,6 @@
 """The study itself: created once by whichever worker comes first, with the settings every later worker must share."""
 
 import json
-import shlex
 import time
 import warnings
 from typing import Any
@@ -12,7 +11,7 @@ from optuna.storages import RDBStorage
 
 from ..errors import ConfigError
 from ..passwords import hidden
-from .fingerprint import describe, differences
+from .fingerprint import differences
 
 SETTINGS = "sweep"
 # How long a worker waits for the worker that is creating the study to record its settings.
@@ -61,9 +60,8 @@ def open_study(
                 "give --new_study (or another --study) for a new study"
             )
         time.sleep(1)
-    compared = [key for key in COMPARED if key in recorded or key in ("sampler", "monitor", "direction")]
-    if "config" not in recorded:  # a study recorded before the configuration was: its arguments as given
-        compared = ["train_args", *compared]
+    # A study recorded before the configuration was is compared by its arguments as given.
+    compared = [key for key in COMPARED if key in recorded] + ([] if "config" in recorded else ["train_args"])
     differing = [key for key in compared if recorded.get(key) != settings.get(key)]
     if differing:
         what = " and ".join(_changed(key, recorded.get(key), settings.get(key)) for key in differing)
@@ -88,23 +86,25 @@ COMPARED = ("config", "data", "space", "sampler", "monitor", "direction")
 
 
 def _changed(key: str, then: Any, now: Any) -> str:
-    """What changed in the setting ``key``, for a person: ``other data (then: ...; now: ...)``."""
+    """What changed in the setting ``key``, for a person: ``another search space (model.lr: then ..., now ...)``."""
     if key == "data":
-        return f"other data (then: {describe(then)}; now: {describe(now)})"
-    if key in ("config", "space"):
-        changes = differences(then or {}, now or {})
-        shown_changes = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
-        return f"{_SHOWN[key]} ({shown_changes})"
-    return f"other {_SHOWN.get(key, key)} ({_then(then)})"
+        then, now = (_samples(data) for data in (then, now))
+        return f"other data (then: {then}; now: {now})"
+    changes = differences(then, now)
+    shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+    return f"{_SHOWN.get(key, f'another {key}')} ({shown})"
 
 
-def _then(value: Any) -> str:
-    return f"then: {shlex.join(value) if isinstance(value, list) else value}"
+def _samples(data: Any) -> str:
+    """A data fingerprint for a person: ``5400 training and 600 validation samples, digest 1a2b3c4d``."""
+    if not isinstance(data, dict):
+        return str(data)
+    return f"{data.get('train')} training and {data.get('val')} validation samples, digest {data.get('digest')!s:.12}"
 
 
 _SHOWN = {
-    "train_args": "train.py arguments",
+    "train_args": "other train.py arguments",
     "config": "other training arguments",
     "space": "another search space",
-    "monitor": "monitored metric",
+    "monitor": "another monitored metric",
 }

@@ -1,5 +1,6 @@
 """One trial: an ordinary ``train.py fit`` in this process, in a run folder of its own under the sweep's."""
 
+import contextlib
 import errno
 import math
 import shlex
@@ -28,27 +29,21 @@ from .space import SearchSpace, flags
 ONE_DEVICE = ["--trainer.devices", "1"]
 
 
-class _FitOnly:
-    """The command line of ``fit`` alone: the parsers of the other subcommands took a second of every trial."""
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        return {"fit": LightningCLI.subcommands()["fit"]}
-
-
 def fit_only(cli_class: type[KitCLI]) -> type[KitCLI]:
-    """``cli_class`` with the command line of ``fit`` alone."""
-    return type(cli_class.__name__, (_FitOnly, cli_class), {"__module__": cli_class.__module__})
+    """``cli_class`` with the command line of ``fit`` alone: the parsers of the other subcommands took a second of
+    every trial."""
+    fit = staticmethod(lambda: {"fit": LightningCLI.subcommands()["fit"]})
+    return type(cli_class.__name__, (cli_class,), {"__module__": cli_class.__module__, "subcommands": fit})
 
 
 class InterruptionError(Exception):
     """A stop of the process stopped a trial: it is queued again, to resume from ``saved`` (None: from its newest
     checkpoint, or its start). ``reason``: what stopped it (``SIGNAL``, ``DISK_FULL``, ``STORE_LOST``), ``detail``
-    what was said, and ``recorded`` whether the store took the stop (else the next run finds the trial left running)."""
+    what was said."""
 
-    def __init__(self, number: int, saved: Path | None, reason: str = "", detail: str = "", recorded: bool = True):
+    def __init__(self, number: int, saved: Path | None, reason: str = "", detail: str = ""):
         super().__init__(number, saved, reason)
-        self.number, self.saved, self.reason, self.detail, self.recorded = number, saved, reason, detail, recorded
+        self.number, self.saved, self.reason, self.detail = number, saved, reason, detail
 
 
 SIGNAL, DISK_FULL, STORE_LOST = "Ctrl-C or SIGTERM", "the disk is full", "the store was lost"
@@ -132,14 +127,12 @@ def run_trial(plan: Plan, trial: Trial) -> None:
         trial.set_user_attr(RUN_FOLDER, str(folder))
         if resume is not None:
             trial.set_user_attr(RESUMED_FROM, resume)
-        command = [*shlex.split(plan.cli_class.command), *plan.train_args, *plan.fixed_args, *flags(values)]
-        trial.set_user_attr("command", shlex.join(command))
+        given = [*plan.train_args, *plan.fixed_args, *flags(values)]
+        trial.set_user_attr("command", shlex.join([*shlex.split(plan.cli_class.command), *given]))
         shown = ", ".join(f"{name}={value}" for name, value in values.items())
         report(f"trial {trial.number}: {shown}" + (f", resuming from {resume}" if resume else ""))
-        logger = ["--trainer.logger.init_args.save_dir", str(plan.folder.parent)]
-        logger += ["--trainer.logger.init_args.name", plan.folder.name]
-        logger += ["--trainer.logger.init_args.version", folder.name]
-        args = [*ONE_DEVICE, *plan.train_args, *plan.fixed_args, *flags(values), *logger]
+        logger = {"save_dir": plan.folder.parent, "name": plan.folder.name, "version": folder.name}
+        args = [*ONE_DEVICE, *given, *(f"--trainer.logger.init_args.{key}={value}" for key, value in logger.items())]
         args += ["--ckpt_path", resume] if resume else []
         InterruptCheckpoint.saved = None
         cli = fit(fit_only(plan.cli_class), args, callbacks=[reporter])
@@ -155,12 +148,9 @@ def run_trial(plan: Plan, trial: Trial) -> None:
         if (stop := stop_of_the_process(err)) is None:
             _fail(plan.study, trial, err)
             raise
-        reason, detail = stop
-        try:
-            recorded = stop_and_retry(plan.study, trial, f"{reason}: {detail}")
-        except Exception:  # the store itself lost: the next run finds the trial left running, and queues it again
-            recorded = False
-        raise InterruptionError(trial.number, InterruptCheckpoint.saved, reason, detail, recorded) from None
+        with contextlib.suppress(Exception):  # the store lost: the next run finds the trial left running, and queues it
+            stop_and_retry(plan.study, trial, f"{stop[0]}: {stop[1]}")
+        raise InterruptionError(trial.number, InterruptCheckpoint.saved, *stop) from None
     else:
         if signalled:
             raise InterruptionError(trial.number, None, SIGNAL, AFTER_IT)
@@ -207,9 +197,6 @@ def _fail(study: optuna.Study, trial: Trial, err: BaseException) -> None:
     """Fail ``trial`` by its own code, ``err`` recorded with it; a trial that another process ended meanwhile stays
     as it is, and a store that cannot take it leaves it running (the next run finds its process gone)."""
     message: Any = err.code if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
-    with signals_held():
-        try:
-            trial.set_user_attr(ERROR, " ".join(str(message).split())[:500])
-            study.tell(trial, state=TrialState.FAIL)
-        except Exception:
-            pass
+    with signals_held(), contextlib.suppress(Exception):
+        trial.set_user_attr(ERROR, " ".join(str(message).split())[:500])
+        study.tell(trial, state=TrialState.FAIL)
