@@ -80,6 +80,7 @@ def test_a_requirement_of_the_library_in_an_extra_only_is_found_and_other_packag
         ("monitor = 3", "monitor must be the name of a logged metric"),
         ('monitor = "val/mae"\nmode = "lowest"', 'mode must be "min" or "max", got \'lowest\''),
         ('mode = "min"', "give monitor too"),
+        ('monitor = "val/mae"', 'monitor needs mode: "min" for a loss or an error, "max" for an accuracy'),
         ('package = ["forecaster"]', "has no setting 'package': it takes mode, monitor, packages"),
     ],
 )

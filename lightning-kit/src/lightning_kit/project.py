@@ -166,9 +166,12 @@ def _settings(path: Path, table: Any) -> tuple[tuple[str, ...], tuple[str, str] 
     monitor = table.get("monitor")
     if monitor is not None and not (isinstance(monitor, str) and monitor.strip()):
         raise ConfigError(f'{where} monitor must be the name of a logged metric, such as "val/loss"')
-    mode = table.get("mode", "max")
-    if mode not in ("min", "max"):
+    mode = table.get("mode")
+    if mode is None and monitor is not None:
+        # No default: Lightning's is "min", a KitCLI's "max"; a guess keeps the worst checkpoint of half the metrics.
+        raise ConfigError(f'{where} monitor needs mode: "min" for a loss or an error, "max" for an accuracy')
+    if mode is not None and mode not in ("min", "max"):
         raise ConfigError(f'{where} mode must be "min" or "max", got {mode!r}')
-    if "mode" in table and monitor is None:
+    if mode is not None and monitor is None:
         raise ConfigError(f"{where} mode says how to judge the monitored metric: give monitor too")
     return tuple(packages), (monitor.strip(), mode) if monitor else None
