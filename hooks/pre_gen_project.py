@@ -42,21 +42,21 @@ TEMPLATE_FOLDER = {{(cookiecutter.get("_repo_dir") or "") | tojson}}
 DEPENDENCY_MODULES = frozenset(
     """
     absl aiohappyeyeballs aiohttp aiosignal alembic annotated_doc annotated_types anyio argcomplete arrow attr attrs
-    binaryornot bitsandbytes bottle cachetools certifi cffi cfgv charset_normalizer click cloudpickle colorlog
-    comet_ml contourpy cookiecutter coreweave_evaluations cruft cryptography cuda cycler cython_runtime databricks
-    dateutil deepspeed distlib distro docstring_parser dotenv execnet fastapi filelock frozenlist fsspec functorch
-    git gitdb google greenlet grpc h11 httpcore httptools httpx hydra identify idna importlib_metadata iniconfig
-    isympy jinja2 jsonargparse jsonschema kiwisolver lightning lightning_fabric lightning_kit lightning_sdk
-    lightning_utilities litdata litlogger litmodels litserve mako markdown markdown_it markupsafe matplotlib mdurl
-    ml_dtypes mlflow mpi4py mpl_toolkits mpmath multidict multipart neptune networkx nodeenv numpy nvidia omegaconf
-    onnx onnx_ir onnxscript opentelemetry optuna optuna_dashboard packaging pkg_resources platformdirs pluggy
-    pre_commit pre_commit_hooks propcache psutil psycopg psycopg_binary py pyasn1 pyasn1_modules pycparser pydantic
-    pydantic_core pygments pylab pyparsing pytest pytest_cookies python_discovery python_multipart pytorch_lightning
-    requests rich ruamel ruff scipy setuptools shellingham shtab six slugify smmap sniffio sqlalchemy sqlparse
-    starlette sympy tabulate tensorboard tensorboard_data_server text_unidecode toml torch torch_tensorrt torch_xla
-    torchgen torchmetrics torchvision tqdm transformer_engine triton typer typeshed_client typing_extensions
-    typing_inspection tzdata urllib3 uvicorn uvloop virtualenv wandb watchfiles websockets werkzeug xdist xxhash
-    yaml yarl zipp zmq
+    backports binaryornot bitsandbytes bottle cachetools certifi cffi cfgv charset_normalizer click cloudpickle
+    colorlog comet_ml contourpy cookiecutter coreweave_evaluations cruft cryptography cuda cycler cython_runtime
+    databricks dateutil deepspeed distlib distro docstring_parser dotenv execnet fastapi filelock frozenlist fsspec
+    functorch git gitdb google greenlet grpc h11 httpcore httptools httpx hydra identify idna importlib_metadata
+    iniconfig isympy jaraco jinja2 jsonargparse jsonschema kiwisolver lightning lightning_fabric lightning_kit
+    lightning_sdk lightning_utilities litdata litlogger litmodels litserve mako markdown markdown_it markupsafe
+    matplotlib mdurl ml_dtypes mlflow more_itertools mpi4py mpl_toolkits mpmath multidict multipart neptune networkx
+    nodeenv numpy nvidia omegaconf onnx onnx_ir onnxscript opentelemetry optuna optuna_dashboard packaging
+    pkg_resources platformdirs pluggy pre_commit pre_commit_hooks propcache psutil psycopg psycopg_binary py pyasn1
+    pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing pytest pytest_cookies python_discovery
+    python_multipart pytorch_lightning requests rich ruamel ruff scipy setuptools shellingham shtab six slugify
+    smmap sniffio sqlalchemy sqlparse starlette sympy tabulate tensorboard tensorboard_data_server text_unidecode
+    toml torch torch_tensorrt torch_xla torchgen torchmetrics torchvision tqdm transformer_engine triton typer
+    typeshed_client typing_extensions typing_inspection tzdata urllib3 uvicorn uvloop virtualenv wandb watchfiles
+    websockets werkzeug xdist xxhash yaml yarl zipp zmq
     """.split()  # noqa: SIM905
 )
 # The standard library that sys.stdlib_module_names of the Python running this hook leaves out: `test`, left out of
