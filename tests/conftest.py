@@ -241,7 +241,9 @@ def build_fresh_venv(folder: Path) -> FreshVenv:
     a machine without a GPU: with the pip Python ships (not upgraded), PyTorch's CPU build, then the project."""
     folder.mkdir(parents=True, exist_ok=True)
     env = git_environment(folder)
-    template = copy_template(folder / "template")
+    # A folder of this session's own: pip keeps the wheel it built of a folder by the folder's URL, and a later
+    # session at the same path (pytest numbers its folders anew once they are removed) would install that copy.
+    template = copy_template(folder / f"template-{time.time_ns()}")
     first = commit(template, "the template", env)
     url = f"git+{template.as_uri()}"
     project = cookiecutter_cli(url, folder / "projects", folder, env, answers={"task": FRESH_TASK})

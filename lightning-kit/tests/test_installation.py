@@ -148,7 +148,7 @@ def test_the_library_installed_is_held_against_the_one_named(tmp_path, library, 
     assert difference == why if why is None else difference.startswith(why), difference
 
 
-def test_a_folder_installed_as_a_copy_that_has_moved_on_since_is_told(tmp_path):
+def test_a_folder_installed_as_a_copy_that_has_moved_on_since_is_told(tmp_path, monkeypatch):
     """Installed from the folder at one commit (not editable), the folder's repository is at another now."""
     git = tmp_path / "template" / ".git"
     (git / "refs" / "heads").mkdir(parents=True)
@@ -159,6 +159,12 @@ def test_a_folder_installed_as_a_copy_that_has_moved_on_since_is_told(tmp_path):
     named = project.read_project(write_project(tmp_path / "proj", f"lightning-kit @ {folder}"))
     copied = Installed("0.1.1.dev3+g1a2b3c4d5", folder)
     assert installation.difference(copied, named).startswith("it was copied from that folder at commit 1a2b3c4d5")
+    # pip reuses the wheel it built of that folder's URL, and counts the copy as the requirement met, unless told.
+    monkeypatch.setattr(installation, "installed", lambda: copied)
+    line = installation.problem(tmp_path / "proj")
+    assert line.endswith(
+        f"pip install --force-reinstall --no-deps --no-cache-dir 'lightning-kit @ {folder}' installs that one"
+    )
     (git / "refs" / "heads" / "main").write_text(f"{COMMIT_A}\n", encoding="utf-8")
     assert installation.difference(copied, named) is None
 

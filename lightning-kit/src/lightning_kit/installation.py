@@ -231,9 +231,15 @@ def _problem_of(project: ProjectFile | None) -> str | None:
     why = difference(library, project) if project is not None and library is not None else None
     if why is None:
         return None
+    command = install_command(project)
+    if project.url is not None and project.url.startswith("file:"):
+        # pip keeps the wheel it built of a folder by the folder's URL (a name like lightning-kit reads to it as a
+        # name and a version), and counts a copy installed from that URL as the requirement met: the folder as it is
+        # now is installed only when pip is told to build it again.
+        command = command.replace("pip install ", "pip install --force-reinstall --no-deps --no-cache-dir ", 1)
     return without_credentials(
         f"{library.described()} is installed, but {project.path} names {project.requirement} ({why}): "
-        f"{install_command(project)} installs that one"
+        f"{command} installs that one"
     )
 
 
