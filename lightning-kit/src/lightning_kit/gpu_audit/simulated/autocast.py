@@ -1,18 +1,10 @@
 """Autocast on the simulated GPU, with CUDA's casting policy, read from the header PyTorch builds it from.
 
-``torch.autocast("simgpu", dtype=...)`` (what ``torch.autocast(x.device.type, ...)`` and
-Lightning's ``16-mixed``/``bf16-mixed`` ask for on this device) casts the same operations to
-the same dtypes as CUDA's autocast: PyTorch's ``AutocastPrivateUse1`` dispatch key gets, for
-each operation CUDA's autocast has a kernel for, a kernel with that operation's policy, and a
-fallthrough for every other operation. The policies are CUDA's op lists in
-``torch/include/ATen/autocast_mode.h`` (``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
-``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``,
-``AT_FORALL_PROMOTE``), which ``autocast_mode.cpp`` registers for CUDA, plus the few operations
-that file lists for CUDA by name (``_EXTRA``). Like CUDA, ``binary_cross_entropy`` stops inside an
-autocast region, with CUDA's message.
-
-The casts happen above autograd, as CUDA's do, so backward sees them; the values are then
-computed on the CPU in those dtypes, so a dtype mismatch CUDA would refuse is refused here too.
+``torch.autocast("simgpu", ...)`` (and Lightning's ``16-mixed``/``bf16-mixed`` on this device) casts the same
+operations to the same dtypes as CUDA's: the ``AutocastPrivateUse1`` dispatch key gets a kernel with the policy
+of each operation in CUDA's op lists (``torch/include/ATen/autocast_mode.h``, the ``_LISTS`` macros, plus those
+``autocast_mode.cpp`` names for CUDA: ``_EXTRA``), and a fallthrough for every other. The casts happen above
+autograd, as CUDA's do, so backward sees them, and a dtype mismatch CUDA would refuse is refused here too.
 """
 
 import functools
@@ -115,17 +107,13 @@ def _redispatch(op, args, kwargs):
 def _cast_all(dtype_of: Callable[[tuple, dict], torch.dtype], op, *args, **kwargs):
     dtype = dtype_of(args, kwargs)
     args, kwargs = _cast(args, dtype), {name: _cast(value, dtype) for name, value in kwargs.items()}
-    if dtype == torch.float32:
-        return _redispatch(op, args, kwargs)
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
-        return _in_float32(op, dtype, args, kwargs)
+        return op(*args, **kwargs) if dtype == torch.float32 else _in_float32(op, dtype, args, kwargs)
 
 
-# The CPU's float16 and bfloat16 kernels are slow (a convolution, forward and backward, 17 times
-# float32's): an operation autocast gives the lower precision is computed in float32 and its
-# results rounded to it, as a GPU's tensor cores accumulate in float32. Autograd sees the same
-# dtypes as on CUDA: the inputs cast to the lower precision, the results in it, and gradients in
-# it; only the arithmetic inside is wider.
+# The CPU's float16 and bfloat16 kernels are slow (a convolution, forward and backward, 17 times float32's): an
+# operation cast to the lower precision is computed in float32 and its results rounded, as a GPU's tensor cores
+# accumulate in float32. Autograd sees CUDA's dtypes; only the arithmetic inside is wider.
 def _in_float32(op, dtype: torch.dtype, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     positions = [i for i, value in enumerate(flat) if isinstance(value, torch.Tensor) and value.dtype == dtype]
@@ -191,7 +179,7 @@ def _promote_type(args, kwargs) -> torch.dtype:
 
 
 def _fp32_set_opt_dtype(op, *args, **kwargs):
-    """softmax, sum, ...: computed and returned in float32 unless a dtype was given, when the input is eligible."""
+    """softmax, sum, ...: in float32 unless a dtype was given, when the input is eligible."""
     first = next((value for value in args if isinstance(value, torch.Tensor)), None)
     if _eligible(first):
         names = [argument.name for argument in op._schema.arguments]

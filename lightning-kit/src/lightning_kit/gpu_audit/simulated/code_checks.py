@@ -1,11 +1,9 @@
 """While simulating: what fails in a GPU run because of what the code says, not where its tensors are.
 
-Inside ``simulating()``: the simulated GPU is CUDA to the user's code (``cuda_api``); a CUDA device the code
-names (``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")``, ``.cuda()``, a bare index) is the simulated GPU
-of that index, the process's own where none is given, and another process's GPU stops with
-``SimulatedDeviceError``; so does ``.numpy()`` of a device tensor. ``torch.Generator(device="cuda")``
-makes a generator of the simulated GPU. Each line of the user's code that names CUDA itself is kept
-(``named_cuda``): it runs on a GPU, but not with ``--accelerator cpu`` on a machine that has one.
+A CUDA device the code names (``"cuda"``, ``"cuda:1"``, ``.cuda()``, a bare index) is the simulated GPU of that
+index, and another process's GPU stops with ``SimulatedDeviceError``; so does ``.numpy()`` of a device tensor.
+Each line of the user's code that names CUDA itself is kept (``named_cuda``): it runs on a GPU, but not with
+``--accelerator cpu`` on a machine that has one.
 """
 
 import sys
@@ -60,7 +58,7 @@ class SimulatedGenerator(_RealGenerator):
 
 
 class _GeneratorType(type(_RealGenerator)):
-    """``torch.Generator`` while simulating: ``device="simgpu"`` gives a ``SimulatedGenerator``."""
+    """``torch.Generator`` while simulating: one of the simulated GPU gives a ``SimulatedGenerator``."""
 
     def __call__(cls, device: Any = "cpu") -> torch.Generator:
         placed = _placed_device(device, "torch.Generator")
@@ -101,13 +99,12 @@ class _CodeChecks(TorchFunctionMode):
             return result
         except RuntimeError as err:
             # PyTorch's own checks of devices name no tensor: the call's operands are kept for the explanation.
-            if not hasattr(err, "_audit_operands"):
+            if not hasattr(err, "_audit_operands"):  # read by explain.py
                 err._audit_operands = (args, kwargs)
             raise
 
 
-# {function: whether calls of it are checked by their device= and generator= arguments alone}
-_ORDINARY: dict[Any, bool] = {}
+_ORDINARY: dict[Any, bool] = {}  # {function: whether its device= and generator= arguments are all to check}
 
 
 def _ordinary(func) -> bool:
@@ -115,13 +112,17 @@ def _ordinary(func) -> bool:
     try:
         return _ORDINARY[func]
     except KeyError:
-        ordinary = _ORDINARY[func] = not (func in _SPECIAL or getattr(func, "__name__", None) in _NAMED)
+        ordinary = _ORDINARY[func] = not (func in _SPECIAL or getattr(func, "__name__", None) in ("cuda", "to"))
         return ordinary
     except TypeError:  # a function that cannot be hashed: checked as any other
         return False
 
 
-_NAMED = ("cuda", "to")  # the names _placed looks for
+def _kept_in_backward(err: SimulatedDeviceError) -> None:
+    """Raise ``err``, or in a hook the autograd engine runs, keep it to raise when the backward pass returns."""
+    if not in_backward():
+        raise err
+    keep(err)
 
 
 def _checked(func, args, kwargs):
@@ -129,17 +130,14 @@ def _checked(func, args, kwargs):
     try:
         func, args, kwargs = _placed(func, args, kwargs)
     except SimulatedDeviceError as err:
-        if not in_backward():
-            raise
-        # In a hook the autograd engine runs: kept, and raised when the backward pass returns.
-        keep(err)
+        _kept_in_backward(err)
         func, args, kwargs = _as_on_the_gpu(func, args, kwargs)
     return func(*args, **kwargs)
 
 
 def _placed(func, args, kwargs):
-    """The call, with each device it names as PyTorch takes the simulated GPU's (``_placed_device``); raise
-    ``SimulatedDeviceError`` where the code asks for what a GPU run refuses."""
+    """The call with the devices it names placed (``_placed_device``); raise ``SimulatedDeviceError`` where the
+    code asks for what a GPU run refuses."""
     if func in _TO_NUMPY and isinstance(args[0], SimulatedTensor):
         raise SimulatedDeviceError(
             f"can't convert {as_cuda(args[0].device)} device type tensor to numpy. "
@@ -166,8 +164,7 @@ def _placed(func, args, kwargs):
 
 
 def _as_on_the_gpu(func, args, kwargs):
-    """What a refused call computes where it ran on the GPU: the values are on the CPU inside, and CUDA is the
-    simulated GPU (so that a hook goes on until the backward pass returns)."""
+    """A refused call as it runs on the simulated GPU, so that a hook goes on until the backward pass returns."""
     if func in _TO_NUMPY:
         return func, (to_cpu(args[0]), *args[1:]), kwargs
     if getattr(func, "__name__", None) == "cuda":
@@ -181,10 +178,9 @@ def _as_on_the_gpu(func, args, kwargs):
     return func, tuple(simulated(arg) for arg in args), {name: simulated(value) for name, value in kwargs.items()}
 
 
-# The autograd engine's check of root gradients (engine.cpp, validate_outputs): a gradient given for an
-# output on another device is refused, unless it is 0-dim, which is moved. PyTorch skips the check for
-# tensor subclasses (the simulated GPU's tensors are one), so it is made here, before the engine runs. By each
-# function that starts a pass: its name, its outputs' argument, and its gradients' argument and position.
+# The autograd engine's check of root gradients (engine.cpp, validate_outputs), which PyTorch skips for tensor
+# subclasses: a gradient for an output on another device is refused, unless it is 0-dim (moved). By function
+# that starts a pass: its name, its outputs' argument, and its gradients' argument and position.
 _ROOTS = {
     torch.Tensor.backward: ("Tensor.backward", "self", "gradient", 1),
     torch.autograd.backward: ("torch.autograd.backward", "tensors", "grad_tensors", 1),
@@ -218,25 +214,19 @@ def _backward(mode, func, args, kwargs):
     try:
         _check_root_gradients(func, args, kwargs)
     except SimulatedDeviceError as err:
-        if not in_backward():
-            raise
-        keep(err)
+        _kept_in_backward(err)
     try:
-        result = func(*args, **kwargs)
-    except BaseException:
-        raise_kept()  # what stopped the pass, where the engine stopped on it
-        raise
-    raise_kept()
-    return result
+        return func(*args, **kwargs)
+    finally:
+        raise_kept()  # what the pass kept, in place of whatever the engine stopped on
 
 
 _ENGINE_RUN = torch.autograd._engine_run_backward
 
 
 def _engine_run_checked(*args, **kwargs):
-    """The autograd engine's run of a backward pass, with these checks on: the hooks it runs are checked as the
-    forward pass is (``backward()`` and ``torch.autograd.grad`` reach it from a handler of this mode, where the
-    mode is off)."""
+    """The engine's run of a backward pass, with these checks on for the hooks it runs (it is reached from a
+    handler of this mode, where the mode is off)."""
     with _CodeChecks():
         return _ENGINE_RUN(*args, **kwargs)
 
@@ -246,8 +236,8 @@ def _register_hook(mode, func, args, kwargs):
 
 
 def _moves(mode, func, args, kwargs):
-    """``.to()`` and ``.cpu()``: an uninitialised parameter or buffer moves in place (see ``lazy``); a device tensor
-    moved to the CPU is one the code made there."""
+    """``.to()`` and ``.cpu()``: an uninitialised parameter moves in place (``lazy``); a device tensor moved to the
+    CPU is one the code made there."""
     if is_lazy(args[0]):
         _, placed_args, placed_kwargs = _placed(func, args, kwargs)
         done = lazy.moved(args[0], placed_args[1:] if func is torch.Tensor.to else ("cpu",), placed_kwargs)
@@ -259,8 +249,8 @@ def _moves(mode, func, args, kwargs):
     return moved
 
 
-# The functions that make a tensor from no tensor of the device's (a CPU tensor where no device is given), and
-# Tensor's new_* and *_like: where the code makes the CPU tensor that a GPU then refuses.
+# The functions that make a tensor (a CPU one where no device is given): where the code makes the CPU tensor
+# that a GPU then refuses.
 _MAKERS = frozenset(
     function
     for namespace, names in (
@@ -287,7 +277,7 @@ def made_here(tensor: Any) -> None:
 
 
 def made_at(tensor: torch.Tensor) -> tuple[str, int] | None:
-    """Where the user's code made ``tensor`` (or the tensor it views), as ``(filename, lineno)``, if it was seen."""
+    """Where the user's code made ``tensor`` (or the tensor it views), as ``(filename, lineno)``, if seen."""
     for candidate in (tensor, tensor._base):
         found = vars(candidate).get("_audit_made_at") if isinstance(candidate, torch.Tensor) else None
         if found is not None:
@@ -296,8 +286,7 @@ def made_at(tensor: torch.Tensor) -> tuple[str, int] | None:
 
 
 def _pinned(mode, func, args, kwargs) -> torch.Tensor:
-    """Pinned memory speeds up copies to a GPU and changes no device: a CPU tensor stays as it is. Only host memory
-    can be pinned: a GPU tensor's ``pin_memory()`` fails (``_pin_memory``'s check in ATen's ``Memory.cpp``)."""
+    """Pinning changes no device: a CPU tensor stays as it is; a GPU tensor's fails (ATen's ``Memory.cpp``)."""
     if isinstance(args[0], SimulatedTensor):
         raise SimulatedDeviceError(
             f"cannot pin 'torch.cuda.{args[0].elem.type().rpartition('.')[2]}' only dense CPU tensors can be pinned",
@@ -325,10 +314,8 @@ _SPECIAL = {*_HANDLERS, *_TO_NUMPY, *_MAKERS}  # the functions this mode does mo
 def _check_generator(operation: str, args, kwargs) -> None:
     """A random operation takes a generator of the device it makes its tensor on, as CUDA requires."""
     device = kwargs.get("device")
-    if device is not None:
-        device = torch.device(device)
-    else:
-        device = next((arg.device for arg in tree_flatten(args)[0] if isinstance(arg, torch.Tensor)), _CPU)
+    tensors = (arg.device for arg in tree_flatten(args)[0] if isinstance(arg, torch.Tensor))
+    device = torch.device(device) if device is not None else next(tensors, _CPU)
     generator = kwargs["generator"]
     if (device.type == DEVICE_TYPE) != isinstance(generator, SimulatedGenerator):
         expected, found = ("cuda", "cpu") if device.type == DEVICE_TYPE else (device.type, "cuda")
@@ -341,23 +328,19 @@ def _check_generator(operation: str, args, kwargs) -> None:
 
 
 def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
-    """``value``, a device argument, as PyTorch takes it: the process's own GPU, named as CUDA (``"cuda"``,
-    ``torch.device("cuda", 1)``, a bare index) or as the simulated one, is ``simgpu:0``, where PyTorch sees every
-    simulated tensor (``_state.physical``); anything else as it is.
+    """``value``, a device argument: the process's own GPU, named as CUDA or as the simulated one, as PyTorch
+    sees every simulated tensor (``_state.physical``); anything else as it is.
 
-    Raises ``SimulatedDeviceError`` where the user's code asks for another process's GPU. A CUDA device the user's
-    code names itself, not one it was told (``x.device``), is kept for ``named_cuda``, as ``named`` says it (or
-    ``device='cuda'``).
+    Raises ``SimulatedDeviceError`` where the user's code asks for another process's GPU. A CUDA device the code
+    names itself, not one it was told (``x.device``), is kept for ``named_cuda``, as ``named`` says it.
     """
     if isinstance(value, int) and not isinstance(value, bool):
         device = torch.device("cuda", value)  # what PyTorch makes of a bare index
-    elif isinstance(value, str):
+    elif isinstance(value, str | torch.device):
         try:
             device = torch.device(value)
         except RuntimeError:
             return value
-    elif isinstance(value, torch.device):
-        device = value
     else:
         return value
     if device.type not in ("cuda", DEVICE_TYPE):
@@ -365,22 +348,16 @@ def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
     index = _state.index if device.index is None else device.index
     if index != _state.index and (device.type == "cuda" or users_line() is not None):
         raise another_gpu(operation, index)
-    if device.type == "cuda" and value is not _CUDA[index]:
-        _name_cuda(named or f"device={value!r}")
+    if device.type == "cuda" and value is not _CUDA[index] and (line := users_line()) is not None:
+        _named.setdefault(line, named or f"device={value!r}")
     return _state.physical if index == _state.index else value
 
 
 _named: dict[tuple[str, int], str] = {}  # each line of the user's code that names CUDA itself, and how
 
 
-def _name_cuda(how: str) -> None:
-    line = users_line()
-    if line is not None:
-        _named.setdefault(line, how)
-
-
 def named_cuda() -> list[tuple[str, int, str]]:
-    """The lines of the user's code that named CUDA itself while simulating, and how, since ``forget_named_cuda``."""
+    """The lines of the user's code that named CUDA itself, and how, since ``forget_named_cuda``."""
     return [(filename, lineno, how) for (filename, lineno), how in _named.items()]
 
 
@@ -392,17 +369,15 @@ def forget_named_cuda() -> None:
 def simulating(
     index: int = 0, is_user_code: Callable[[str], bool] | None = None, building: bool = False
 ) -> Iterator[None]:
-    """Inside the block: ``simgpu:<index>`` is the current device, CUDA to the user's code, with the checks on code
-    described above.
+    """Inside the block: ``simgpu:<index>`` is the current device, CUDA to the user's code, with these checks on.
 
     Args:
         index: The device, 0, or 1 to play the second process of a DDP run.
         is_user_code: Tells the project's files from libraries' (by default: a file outside the libraries
-            installed). The user's code is told CUDA's answers, and a device index it chooses that is not
-            its process's stops the run; library code is told the simulated device's own, and an index it
-            chooses (PyTorch's own grouping of tensors by device, say) is taken as the current device.
-        building: The user's classes are imported and built inside, as a GPU machine's process does before
-            Lightning sets its GPU: what they make on the GPU is on GPU 0 in every process (``tensor.py``).
+            installed). The user's code is told CUDA's answers, and another process's index stops it; library
+            code is told the simulated device's own, and an index it chooses is taken as the current device.
+        building: The user's classes are built inside, as before Lightning sets the process's GPU: what they
+            make on the GPU is on GPU 0 in every process (``tensor.py``).
     """
     enable()
     previous = _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building
@@ -413,9 +388,8 @@ def simulating(
     _state.user_files = {}
     discard()  # nothing of an earlier run is raised in this one
     try:
-        # torch.compile cannot trace these tensors: code compiled before runs as written too. Backward
-        # passes run on this thread (the engine's threads for devices were counted at the process's first
-        # backward pass, which may have come before the simulated GPU).
+        # torch.compile cannot trace these tensors. Backward passes run on this thread (the engine counted its
+        # device threads at the process's first backward pass, which may have come before the simulated GPU).
         with (
             torch._dynamo.config.patch(disable=True),
             torch.autograd.set_multithreading_enabled(False),
@@ -433,19 +407,15 @@ def simulating(
             _state.answering = True
             try:
                 yield
-            except BaseException:
-                raise_kept()  # what stopped it, where a backward pass kept it
-                raise
-            raise_kept()  # one kept in a backward pass that no call of ours saw return
+            finally:
+                raise_kept()  # one kept in a backward pass that no call of ours saw return
     finally:
         _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building = previous
 
 
-# PyTorch's lists of the tensor types whose operations may take its foreach (multi-tensor) kernels: optimizers
-# (torch.optim.optimizer) and gradient clipping (torch.utils._foreach_utils). A GPU's tensors are plain tensors
-# and take them by default, so a GPU runs Adam, SGD or clip_grad_norm_ as one operation over the list of
-# parameters: the simulated GPU's tensors take the same path (PyTorch counts the PrivateUse1 device among
-# those with foreach kernels, but no tensor subclass among the types). torch.optim deletes its submodules' names.
+# The tensor types that take PyTorch's foreach (multi-tensor) kernels in optimizers and gradient clipping: a GPU
+# runs Adam or clip_grad_norm_ as one operation over the parameters, and the simulated GPU's tensors take that
+# path too (PyTorch lists no tensor subclass). torch.optim deletes its submodules' names: found in sys.modules.
 _FOREACH_TYPES = [
     sys.modules[name]._foreach_supported_types for name in ("torch.optim.optimizer", "torch.utils._foreach_utils")
 ]
@@ -453,7 +423,6 @@ _FOREACH_TYPES = [
 
 @contextmanager
 def _foreach_paths() -> Iterator[None]:
-    """Inside the block, the simulated GPU's tensors take PyTorch's foreach paths, as a GPU's tensors do."""
     added = [types for types in _FOREACH_TYPES if SimulatedTensor not in types]
     for types in added:
         types.append(SimulatedTensor)
@@ -461,8 +430,7 @@ def _foreach_paths() -> Iterator[None]:
         yield
     finally:
         for types in added:
-            if SimulatedTensor in types:
-                types.remove(SimulatedTensor)
+            types.remove(SimulatedTensor)
 
 
 def _as_written(model: Any = None, **options: Any) -> Any:

@@ -1,13 +1,11 @@
 """While simulating, the simulated GPU is CUDA to the user's code: the branch written for the GPU is the one run.
 
-The user's code (``devices.is_users``) is told what a CUDA machine with two GPUs (NVIDIA A100s, ``GPU``)
-would tell it: ``torch.cuda``'s questions, memory (``memory.py``), random states, streams and events get
-CUDA's answers for the simulated GPU, and ``torch.autocast("cuda")`` and ``torch.amp.GradScaler("cuda")``
-are the simulated GPU's. PyTorch and the other libraries go on asking the simulated device itself, which
-is what they run it by. A function of ``torch.cuda`` with no answer here (CUDA graphs, NCCL, ...) stops
-with ``NotSimulatedError`` when the user's code calls it: that branch is not audited, never passed. The
-module attributes are replaced while simulating (``replaced()``): code that imported one by name before
-(``from torch.cuda import is_available``) keeps PyTorch's.
+The user's code (``devices.is_users``) is told what a machine with two A100s (``GPU``) would tell it, and
+``torch.autocast("cuda")`` and ``torch.amp.GradScaler("cuda")`` are the simulated GPU's; PyTorch and the other
+libraries go on asking the simulated device itself. A function of ``torch.cuda`` with no answer here (CUDA
+graphs, NCCL, ...) stops with ``NotSimulatedError`` when the user's code calls it: that branch is not audited,
+never passed. Code that imported a function by name before (``from torch.cuda import is_available``) keeps
+PyTorch's.
 """
 
 import contextlib
@@ -77,8 +75,7 @@ def own(device: Any, operation: str) -> None:
 
 
 class _DeviceContext:
-    """``torch.cuda.device(d)``, ``device_of(t)``: the block runs on GPU ``d``, which must be the process's own (a
-    class, as CUDA's, so that one context is entered again)."""
+    """``torch.cuda.device(d)``: GPU ``d`` must be the process's own (a class, as CUDA's, to be entered again)."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
@@ -92,11 +89,11 @@ class _DeviceContext:
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
-    """What the simulated GPU does for this: nothing (its work runs at once; it caches no memory)."""
+    """Nothing to do: the simulated GPU's work runs at once, and it caches no memory."""
 
 
 class _Stream:
-    """A CUDA stream of the simulated GPU: its work runs at once, so there is never anything to wait for."""
+    """A CUDA stream of the simulated GPU: never anything to wait for."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.device = cuda_device(_index(device))
@@ -138,7 +135,6 @@ class _Event:
     wait = synchronize = _nothing
 
     def elapsed_time(self, end_event: "_Event") -> float:
-        """Milliseconds from this event to ``end_event``, both recorded, as CUDA's."""
         if not (self.enable_timing and end_event.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self._at is None or end_event._at is None:
@@ -156,17 +152,17 @@ def _memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 
 
 def _of_any_gpu(answer: Callable[[], Any]) -> Callable[..., Any]:
-    """A question about GPU ``device`` (the current one if None): ``answer()``, alike for every GPU of the machine."""
+    """A question about GPU ``device``: ``answer()``, alike for every GPU (an index past them is refused)."""
 
     def answered(device: Any = None) -> Any:
-        _index(device)  # an index past the machine's GPUs is refused, as CUDA refuses it
+        _index(device)
         return answer()
 
     return answered
 
 
 def _on_own(value: Callable[[], Any]) -> Callable[..., Any]:
-    """A memory query: ``value()`` of the process's GPU, 0 of another (this process's tensors are all on its own)."""
+    """A memory query: ``value()`` of the process's GPU, 0 of another (none of its tensors are there)."""
 
     def answer(device: Any = None, *args: Any, **kwargs: Any) -> Any:
         return value() if _index(device) == _state.index else 0
@@ -176,9 +172,14 @@ def _on_own(value: Callable[[], Any]) -> Callable[..., Any]:
 
 # torch.cuda's functions and the answers its user's code gets about the simulated GPU.
 ANSWERS: dict[str, Callable[..., Any]] = {
-    "is_available": lambda: True,
-    "is_initialized": lambda: True,
-    "init": _nothing,
+    **dict.fromkeys(("is_available", "is_initialized", "is_tf32_supported"), lambda: True),
+    **dict.fromkeys(
+        (
+            *("init", "empty_cache", "ipc_collect", "reset_accumulated_memory_stats", "set_stream"),
+            *("manual_seed", "manual_seed_all", "seed", "seed_all", "set_sync_debug_mode"),
+        ),
+        _nothing,
+    ),
     "device_count": lambda: DEVICE_COUNT,
     "current_device": lambda: _state.index,
     "set_device": lambda device: own(device, "torch.cuda.set_device"),
@@ -189,28 +190,19 @@ ANSWERS: dict[str, Callable[..., Any]] = {
     "get_device_properties": _of_any_gpu(GPU),
     "get_arch_list": lambda: list(GPU.arch_list),
     "is_bf16_supported": lambda including_emulation=True: True,
-    "is_tf32_supported": lambda: True,
     "can_device_access_peer": lambda device, peer_device: _index(device) >= 0 and _index(peer_device) >= 0,
     "synchronize": _of_any_gpu(lambda: None),
-    "empty_cache": _nothing,
-    "ipc_collect": _nothing,
     "memory_allocated": _on_own(memory.allocated),
     "max_memory_allocated": _on_own(memory.peak),
-    "memory_reserved": _on_own(lambda: memory.reserved(memory.allocated())),
-    "max_memory_reserved": _on_own(memory.reserved),
-    "memory_cached": _on_own(lambda: memory.reserved(memory.allocated())),
-    "max_memory_cached": _on_own(memory.reserved),
-    "reset_peak_memory_stats": lambda device=None: memory.reset_peak(),
-    "reset_max_memory_allocated": lambda device=None: memory.reset_peak(),
-    "reset_max_memory_cached": lambda device=None: memory.reset_peak(),
-    "reset_accumulated_memory_stats": _nothing,
+    **dict.fromkeys(("memory_reserved", "memory_cached"), _on_own(lambda: memory.reserved(memory.allocated()))),
+    **dict.fromkeys(("max_memory_reserved", "max_memory_cached"), _on_own(memory.reserved)),
+    **dict.fromkeys(
+        ("reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached"),
+        lambda device=None: memory.reset_peak(),
+    ),
     "mem_get_info": lambda device=None: (GPU.total_memory - _on_own(memory.reserved)(device), GPU.total_memory),
     "memory_stats": lambda device=None: memory.stats() if _index(device) == _state.index else {},
     "memory_summary": _memory_summary,
-    "manual_seed": _nothing,
-    "manual_seed_all": _nothing,
-    "seed": _nothing,
-    "seed_all": _nothing,
     "initial_seed": lambda: torch.initial_seed(),
     # Random numbers on the simulated GPU come from the CPU's generator.
     "get_rng_state": lambda device="cuda": torch.get_rng_state(),
@@ -219,14 +211,10 @@ ANSWERS: dict[str, Callable[..., Any]] = {
     "set_rng_state_all": lambda states: torch.set_rng_state(list(states)[_state.index]),
     "Stream": _Stream,
     "Event": _Event,
-    "current_stream": lambda device=None: _Stream(device),
-    "default_stream": lambda device=None: _Stream(device),
-    "stream": lambda stream=None: contextlib.nullcontext(),
-    "StreamContext": lambda stream=None: contextlib.nullcontext(),
-    "set_stream": _nothing,
+    **dict.fromkeys(("current_stream", "default_stream"), lambda device=None: _Stream(device)),
+    **dict.fromkeys(("stream", "StreamContext"), lambda stream=None: contextlib.nullcontext()),
     "is_current_stream_capturing": lambda: False,
     "get_sync_debug_mode": lambda: 0,
-    "set_sync_debug_mode": _nothing,
 }
 # torch.accelerator's functions: the current accelerator is CUDA's, with the same answers as torch.cuda's.
 ACCELERATOR: dict[str, Callable[..., Any]] = {
@@ -291,21 +279,19 @@ class _ToldClass(type):
         return isinstance(instance, cls._original) or (isinstance(answer, type) and isinstance(instance, answer))
 
 
-def _simulated_type(device_type: Any) -> Any:
-    """``"cuda"`` (the device type autocast and GradScaler take) as the simulated GPU's; anything else as it is."""
-    return DEVICE_TYPE if device_type == "cuda" else device_type
-
-
 def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name: str = "device_type", default=False):
-    """``function`` with its device type (argument ``position``, or ``name``) taken as the simulated GPU's where it
-    names CUDA; with ``default``, the simulated GPU's where none is given (CUDA's, in their older forms)."""
+    """``function`` with its device type (argument ``position``, or ``name``) the simulated GPU's where it names
+    CUDA; with ``default``, where none is given too (CUDA's, in their older forms)."""
+
+    def simulated(device_type: Any) -> Any:
+        return DEVICE_TYPE if device_type == "cuda" else device_type
 
     @functools.wraps(function)
     def mapped(*args: Any, **kwargs: Any) -> Any:
         if len(args) > position and isinstance(args[position], str):
-            args = (*args[:position], _simulated_type(args[position]), *args[position + 1 :])
+            args = (*args[:position], simulated(args[position]), *args[position + 1 :])
         elif name in kwargs:
-            kwargs[name] = _simulated_type(kwargs[name])
+            kwargs[name] = simulated(kwargs[name])
         elif default:
             args = (*args[:position], DEVICE_TYPE, *args[position:])
         return function(*args, **kwargs)
@@ -319,19 +305,19 @@ _AUTOCAST = ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled"
 
 
 def _autocast_replacements() -> list[tuple[Any, str, Any]]:
-    replacements = [(torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True)) for name in _AUTOCAST]
-    autocast, scaler = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler
-    replacements.append((autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1)))
-    replacements.append((scaler, "__init__", _of_the_simulated_gpu(scaler.__init__, 1, "device", default=True)))
-    replacements.append((torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)))
-    is_available = torch.amp.autocast_mode.is_autocast_available
-    replacements.append((torch.amp.autocast_mode, "is_autocast_available", _of_the_simulated_gpu(is_available)))
-    return replacements
+    autocast, scaler, mode = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler, torch.amp.autocast_mode
+    return [
+        *((torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True)) for name in _AUTOCAST),
+        (autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1)),
+        (scaler, "__init__", _of_the_simulated_gpu(scaler.__init__, 1, "device", default=True)),
+        (torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)),
+        (mode, "is_autocast_available", _of_the_simulated_gpu(mode.is_autocast_available)),
+    ]
 
 
 def _answered(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -> list[tuple[Any, str, Any]]:
-    """``(module, name, answer)`` for every public function of ``module`` (refused where ``answers`` has none), and
-    for the classes ``answers`` has."""
+    """``(module, name, answer)`` for every public function of ``module`` (refused where ``answers`` has none) and
+    each class ``answers`` has."""
     functions = {
         name
         for name in getattr(module, "__all__", ())
@@ -348,7 +334,6 @@ def replaced() -> Iterator[None]:
     """Inside the block, ``torch.cuda`` and ``torch.accelerator`` answer the user's code for the simulated GPU."""
     replacements = [*_answered(torch.cuda, ANSWERS), *_answered(torch.accelerator, ACCELERATOR)]
     replacements += [(torch.cuda.nvtx, name, answer) for name, answer in NVTX.items()]
-    # Asked of the installation to choose a GPU path: CUDA's answer.
     replacements.append((torch.backends.cuda, "is_built", lambda: True))
     told = [(module, name, _told(getattr(module, name), answer)) for module, name, answer in replacements]
     with contextlib.ExitStack() as stack:

@@ -1,20 +1,12 @@
 """Deterministic mode as CUDA has it: the kernels that refuse to run, or warn, where the CPU's run.
 
-Under ``torch.use_deterministic_algorithms(True)`` (``Trainer(deterministic=True)`` calls it; so may the
-user's code, at any point) PyTorch makes the operations it can deterministic, and a kernel that has
-no deterministic implementation calls ``Context::alertNotDeterministic`` (``aten/src/ATen/Context.cpp``):
-a ``RuntimeError`` naming the kernel, or with ``warn_only=True`` (``deterministic="warn"``) a
-warning. Many of those kernels are CUDA's alone (atomic adds in backward passes): the CPU runs the
-same model deterministically and says nothing. ``ALERTS`` holds CUDA's, each with the condition its
-kernel checks, read from PyTorch's CUDA sources (``aten/src/ATen/native/cuda``); the flag is read as
-it stands at each operation. PyTorch's Python layer routes some operations to deterministic
-decompositions on CUDA (``torch.nn.functional``'s bilinear and trilinear interpolation, replicate
-padding, 3-d max pooling): the simulated GPU is CUDA to that module, so they take those routes as on
-a GPU. Since PyTorch 2.9 cuBLAS needs no ``CUBLAS_WORKSPACE_CONFIG`` in deterministic mode
-(pytorch/pytorch#161749): matmuls are not alerts.
-
-``tests/test_deterministic.py`` holds ``ALERTS`` against the list in the installed PyTorch's
-``torch.use_deterministic_algorithms`` documentation.
+Under ``torch.use_deterministic_algorithms(True)`` (``Trainer(deterministic=True)``, or the user's code) a kernel
+with no deterministic implementation raises (``Context::alertNotDeterministic``), or warns with
+``warn_only=True``. Many are CUDA's alone (atomic adds in backward passes): ``ALERTS`` holds them, each with the
+condition its kernel checks (``aten/src/ATen/native/cuda``). ``torch.nn.functional`` routes some operations to
+deterministic decompositions on CUDA, and the simulated GPU is CUDA to it. Since PyTorch 2.9 cuBLAS needs no
+``CUBLAS_WORKSPACE_CONFIG`` (pytorch/pytorch#161749): matmuls are not alerts. ``tests/test_deterministic.py``
+holds ``ALERTS`` against the installed PyTorch's documentation.
 """
 
 import warnings
@@ -39,10 +31,6 @@ WARNING = (
 )
 
 _Condition = Callable[[dict[str, Any]], bool] | None
-
-
-def _reduces(arguments: dict[str, Any]) -> bool:
-    return arguments.get("reduction", 1) != 0  # Reduction::None is 0
 
 
 def _cudnn_ctc(arguments: dict[str, Any]) -> bool:
@@ -99,38 +87,39 @@ ALERTS: dict[str, tuple[str, _Condition]] = {
     "replication_pad1d_backward": ("replication_pad1d_backward_cuda", None),
     "replication_pad2d_backward": ("replication_pad2d_backward_cuda", None),
     "replication_pad3d_backward": ("replication_pad3d_backward_cuda", None),
-    "nll_loss2d_forward": ("nll_loss2d_forward_out_cuda_template", _reduces),  # atomicAdd in 'sum' and 'mean'
+    # atomicAdd in 'sum' and 'mean' (Reduction::None is 0)
+    "nll_loss2d_forward": (
+        "nll_loss2d_forward_out_cuda_template",
+        lambda arguments: arguments.get("reduction", 1) != 0,
+    ),
     "_ctc_loss_backward": ("ctc_loss_backward_gpu", lambda arguments: not _cudnn_ctc(arguments)),
     "_embedding_bag_dense_backward": ("embedding_bag_backward_cuda_max", lambda arguments: arguments["mode"] == 2),
     "grid_sampler_2d_backward": ("grid_sampler_2d_backward_cuda", lambda arguments: not _cudnn_grid_sample(arguments)),
     "grid_sampler_3d_backward": ("grid_sampler_3d_backward_cuda", None),
-    "median.dim": ("median CUDA with indices output", None),
-    "median.dim_values": ("median CUDA with indices output", None),
-    "nanmedian.dim": ("median CUDA with indices output", None),
-    "nanmedian.dim_values": ("median CUDA with indices output", None),
+    **dict.fromkeys(
+        ("median.dim", "median.dim_values", "nanmedian.dim", "nanmedian.dim_values"),
+        ("median CUDA with indices output", None),
+    ),
     "bincount": ("_bincount_cuda", lambda arguments: arguments.get("weights") is not None),
     "histc": ("_histc_cuda with floating point input", lambda arguments: arguments["self"].is_floating_point()),
     # scatter with a tensor src, and scatter_reduce's sum and mean, take index_put's deterministic path on CUDA.
-    "scatter.reduce": ("scatter_reduce_cuda_kernel", lambda arguments: arguments["reduce"] == "multiply"),
-    "scatter_.reduce": ("scatter_reduce_cuda_kernel", lambda arguments: arguments["reduce"] == "multiply"),
-    "scatter.reduce_out": ("scatter_reduce_cuda_kernel", lambda arguments: arguments["reduce"] == "multiply"),
-    "scatter_reduce.two": ("scatter_reduce_cuda_prod_", lambda arguments: arguments["reduce"] == "prod"),
-    "scatter_reduce_.two": ("scatter_reduce_cuda_prod_", lambda arguments: arguments["reduce"] == "prod"),
-    "scatter_reduce.two_out": ("scatter_reduce_cuda_prod_", lambda arguments: arguments["reduce"] == "prod"),
-    "index_reduce": ("index_reduce_cuda", None),
-    "index_reduce_": ("index_reduce_cuda", None),
-    "put_": ("put_", None),  # on CUDA whether it accumulates or not (on the CPU only where it does not)
-    "put": ("put_", None),
+    **dict.fromkeys(
+        ("scatter.reduce", "scatter_.reduce", "scatter.reduce_out"),
+        ("scatter_reduce_cuda_kernel", lambda arguments: arguments["reduce"] == "multiply"),
+    ),
+    **dict.fromkeys(
+        ("scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"),
+        ("scatter_reduce_cuda_prod_", lambda arguments: arguments["reduce"] == "prod"),
+    ),
+    **dict.fromkeys(("index_reduce", "index_reduce_"), ("index_reduce_cuda", None)),
+    # on CUDA whether it accumulates or not (on the CPU only where it does not)
+    **dict.fromkeys(("put_", "put"), ("put_", None)),
 }
 
 
 def _forward_of(backward: str) -> str | None:
-    """The forward operation whose backward is the operation ``backward`` (``upsample_bilinear2d_backward``:
-    ``upsample_bilinear2d``), or None for an operation that is no backward."""
-    for suffix in ("_dense_backward", "_backward"):
-        if backward.endswith(suffix):
-            return backward.removesuffix(suffix)
-    return None
+    """The forward operation of a backward one (``upsample_bilinear2d`` of ``upsample_bilinear2d_backward``)."""
+    return backward.removesuffix("_backward").removesuffix("_dense") if backward.endswith("_backward") else None
 
 
 # The forward operations whose backward CUDA refuses in deterministic mode.
@@ -138,11 +127,10 @@ _FORWARDS = {_forward_of(name) for name in ALERTS} - {None}
 
 
 class Alert:
-    """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would; for a forward
-    operation whose backward has one (no ``kernel``), it notes the user's line that ran it.
+    """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would.
 
-    A backward pass runs in no line of the user's code: the line is the one that ran its forward operation (the
-    last before the backward pass; ``_forward_lines``), where the operation would be changed."""
+    For a forward operation whose backward has one (no ``kernel``), it notes the user's line that ran it: a
+    backward pass runs in no line of the user's code, and that line is where the operation would be changed."""
 
     __slots__ = ("condition", "forward", "func", "kernel", "names")
 
@@ -171,8 +159,7 @@ class Alert:
 
 
 def alert_of(func) -> Alert | None:
-    """The alert of ``func``'s CUDA kernel in deterministic mode (or, for a forward operation whose backward has
-    one, what notes its line), or None."""
+    """The alert of ``func``'s CUDA kernel (or, for a forward operation whose backward has one, its note), or None."""
     if func.namespace != "aten":
         return None
     name = func._schema.name.split("::")[-1]

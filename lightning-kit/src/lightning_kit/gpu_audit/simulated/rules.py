@@ -1,11 +1,8 @@
 """CUDA's rules for where an operation's tensors may be, read from PyTorch's own operator declarations.
 
-Most operations require all tensors on one device; element-wise ones ("TensorIterator") also
-accept 0-dim CPU tensors; indexing accepts CPU indices; copies and ``.to()`` cross devices. An
-operation that CUDA runs as a composition of others is checked through those others. Some
-arguments CUDA reads on the host: those must be CPU tensors (``HOST_ARGUMENTS``), and one
-composite operation takes another path for tensor subclasses than CUDA takes for its tensors
-(``CUDA_PATHS``).
+Most operations require all tensors on one device; element-wise ones ("TensorIterator") also accept 0-dim CPU
+tensors; indexing accepts CPU indices; copies and ``.to()`` cross devices; a composite operation is checked
+through its parts. Some arguments CUDA reads on the host must be CPU tensors (``HOST_ARGUMENTS``).
 """
 
 import functools
@@ -53,11 +50,9 @@ CONVOLUTIONS = {"convolution", "_convolution", "convolution_overrideable", "conv
 
 
 def mixed_operands(func, args, kwargs) -> SimulatedDeviceError | None:
-    """The error CUDA gives an operation of the device's tensors that was given a CPU tensor too (one with values
-    of its own: 0-dim ones are numbers to most operations), or None where there is none.
+    """The error CUDA gives an operation of the device's tensors given a CPU tensor of more than 0 dims too, or None.
 
-    For an operation the simulated GPU has no kernel of its own for (it runs it as CUDA composes it): whatever
-    part of it would fail for want of a kernel, CUDA refuses the mix first.
+    For an operation run as CUDA composes it: whatever part of it would fail, CUDA refuses the mix first.
     """
     named = list(_named_tensors(func, args, kwargs))
     device = next((tensor.device for _, tensor, _ in named if tensor.device.type != "cpu"), None)
@@ -116,7 +111,7 @@ def _named_tensors(func, args, kwargs) -> Iterator[tuple[str, torch.Tensor, bool
 
 
 _INDEXING = {"index.Tensor", "index.Tensor_out", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index.Tensor"}
-_INDEXING |= {"_unsafe_index_put"}
+_INDEXING.add("_unsafe_index_put")
 
 
 def _rule(func) -> str:
@@ -129,8 +124,7 @@ def _rule(func) -> str:
     if key in _INDEXING:
         return "index"
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-        # Run as other operations on every device. Autograd's key decomposes it before it reaches
-        # the simulated tensors; under inference mode it reaches them whole: decompose it there too.
+        # Autograd's key decomposes it; under inference mode it reaches the simulated tensors whole.
         return "implicit"
     return _declared_rules().get(key, "strict")
 
@@ -161,13 +155,10 @@ def _declared_rules() -> dict[str, str]:
     return rules
 
 
-# Arguments that CUDA kernels read on the host, so that they must be CPU tensors, with the message of
-# the check that refuses a GPU tensor. Listed from PyTorch's sources (torch 2.10 to 2.14): the
-# operations of native_functions.yaml that take lengths, sizes, offsets or bounds as tensors, each
-# read in aten/src/ATen/native/ (its file named below); tests/test_host_arguments.py has a wrong and
-# a right version of each. The others of that list read such tensors on the device, or copy them
-# to the host themselves (narrow.Tensor's start, linspace's ends, fused optimizers' lr), or run on
-# GPUs only (cuDNN's and MIOpen's CTC, the nested tensors' and attention kernels' offsets).
+# Arguments that CUDA kernels read on the host, with the message of the check that refuses a GPU tensor. From
+# PyTorch's sources (torch 2.10 to 2.14, aten/src/ATen/native/): of the operations that take lengths, sizes,
+# offsets or bounds as tensors, the others read them on the device, copy them to the host themselves, or run
+# on GPUs only. tests/test_host_arguments.py has a wrong and a right version of each.
 _PACKED = "'lengths' argument should be a 1D CPU int64 tensor, but got {dim}D {device} {dtype} tensor"  # for each
 HOST_ARGUMENTS = {
     "_pack_padded_sequence": {"lengths": _PACKED},  # PackedSequence.cpp, checkLongTensor
@@ -186,10 +177,14 @@ HOST_ARGUMENTS = {
 }
 
 
+def _by_operation(table: dict) -> dict:
+    """``table`` by the operations this PyTorch has: {OpOverload: value}."""
+    return {func: value for key, value in table.items() if (func := _overload(key)) is not None}
+
+
 @functools.cache
 def _host_arguments() -> dict:
-    """``HOST_ARGUMENTS`` by operation: {OpOverload: {argument: message}}, for the operations this PyTorch has."""
-    return {_overload(key): arguments for key, arguments in HOST_ARGUMENTS.items() if _overload(key) is not None}
+    return _by_operation(HOST_ARGUMENTS)
 
 
 def _overload(key: str):
@@ -219,13 +214,9 @@ def check_host_arguments(func, args, kwargs) -> None:
             )
 
 
-# ctc_loss with tensor lengths takes, for tensor subclasses, a path that CUDA never takes for its own
-# tensors (LossCTC.cpp, at::areAnyTensorSubclassLike): CUDA copies the lengths to the host and moves
-# the targets to log_probs' device itself, so either may be on either device. The simulated GPU's
-# tensors take CUDA's path here. (ATen's other branches on tensor subclasses choose an out-of-place
-# operation over an in-place one, with the same devices: scatter_add's, index_add's and index_fill's
-# backward, matrix_rank, isclose, embedding_bag's offsets, binary_cross_entropy_with_logits'
-# backward, the attention mask of scaled_dot_product_attention's math path.)
+# ctc_loss with tensor lengths takes, for tensor subclasses, a path that CUDA never takes for its own tensors
+# (LossCTC.cpp, at::areAnyTensorSubclassLike): CUDA copies the lengths to the host and moves the targets to
+# log_probs' device itself. ATen's other branches on tensor subclasses keep the same devices.
 def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1, zero_infinity=False):
     for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
         if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
@@ -239,8 +230,7 @@ CUDA_PATHS = {"ctc_loss.Tensor": _ctc_loss}
 
 @functools.cache
 def cuda_paths() -> dict:
-    """``CUDA_PATHS`` by operation: {OpOverload: the computation CUDA runs for it}."""
-    return {_overload(key): path for key, path in CUDA_PATHS.items() if _overload(key) is not None}
+    return _by_operation(CUDA_PATHS)
 
 
 def as_on_cuda(func, *args, **kwargs):
@@ -251,10 +241,8 @@ def as_on_cuda(func, *args, **kwargs):
 
 
 def composite_kernels() -> list[tuple[str, object]]:
-    """The composite operations whose path or host checks differ on the simulated GPU, as (name, kernel).
-
-    Registered for the simulated GPU's autograd key, where PyTorch decomposes them.
-    """
+    """The composite operations whose path or host checks differ on the simulated GPU, as (name, kernel), for its
+    autograd key, where PyTorch decomposes them."""
     return [
         (key, functools.partial(as_on_cuda, func))
         for key in sorted({*HOST_ARGUMENTS, *CUDA_PATHS})
