@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 
 from .containment import contained
 from .devices import DEVICE_TYPE, SimulatedDeviceError, SimulationUnavailableError
@@ -86,14 +86,6 @@ def _eligible(value: Any) -> bool:
     )
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    if _eligible(value) and value.dtype != dtype:
-        return value.to(dtype)
-    if type(value) in (list, tuple):
-        return type(value)(_cast(item, dtype) for item in value)
-    return value
-
-
 def _lower_dtype() -> torch.dtype:
     return torch.get_autocast_dtype(DEVICE_TYPE)
 
@@ -106,7 +98,7 @@ def _redispatch(op, args, kwargs):
 
 def _cast_all(dtype_of: Callable[[tuple, dict], torch.dtype], op, *args, **kwargs):
     dtype = dtype_of(args, kwargs)
-    args, kwargs = _cast(args, dtype), {name: _cast(value, dtype) for name, value in kwargs.items()}
+    args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(dtype) if _eligible(t) else t, (args, kwargs))
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
         return op(*args, **kwargs) if dtype == torch.float32 else _in_float32(op, dtype, args, kwargs)
 
@@ -134,9 +126,7 @@ def _call(op, spec, flat, positions, tensors):
 
 
 def _rounded(out, dtype: torch.dtype):
-    if isinstance(out, torch.Tensor):
-        return out.to(dtype) if out.is_floating_point() else out
-    return type(out)(_rounded(item, dtype) for item in out)
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, out)
 
 
 class _Float32(torch.autograd.Function):

@@ -61,8 +61,7 @@ class _GeneratorType(type(_RealGenerator)):
     """``torch.Generator`` while simulating: one of the simulated GPU gives a ``SimulatedGenerator``."""
 
     def __call__(cls, device: Any = "cpu") -> torch.Generator:
-        placed = _placed_device(device, "torch.Generator")
-        if torch.device(placed).type == DEVICE_TYPE:
+        if torch.device(_placed_device(device, "torch.Generator")).type == DEVICE_TYPE:
             return SimulatedGenerator(current_device())
         return _RealGenerator(device)
 
@@ -80,8 +79,6 @@ _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
 
 
 class _CodeChecks(TorchFunctionMode):
-    """What fails in a GPU run because of what the code says, not where its tensors are."""
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _kept:
             raise_kept()  # back in Python after a backward pass that kept one
@@ -171,9 +168,7 @@ def _as_on_the_gpu(func, args, kwargs):
         return torch.Tensor.to, (args[0], current_device()), {}
 
     def simulated(value):
-        if isinstance(value, str | torch.device) and "cuda" in str(value):
-            return current_device()
-        return value
+        return current_device() if isinstance(value, str | torch.device) and "cuda" in str(value) else value
 
     return func, tuple(simulated(arg) for arg in args), {name: simulated(value) for name, value in kwargs.items()}
 
@@ -328,11 +323,9 @@ def _check_generator(operation: str, args, kwargs) -> None:
 
 
 def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
-    """``value``, a device argument: the process's own GPU, named as CUDA or as the simulated one, as PyTorch
-    sees every simulated tensor (``_state.physical``); anything else as it is.
-
-    Raises ``SimulatedDeviceError`` where the user's code asks for another process's GPU. A CUDA device the code
-    names itself, not one it was told (``x.device``), is kept for ``named_cuda``, as ``named`` says it.
+    """``value``, a device argument, with the process's own GPU as PyTorch sees it (``_state.physical``); raise
+    ``SimulatedDeviceError`` for another process's. A CUDA device the code names itself, not one it was told
+    (``x.device``), is kept for ``named_cuda``, as ``named`` says it.
     """
     if isinstance(value, int) and not isinstance(value, bool):
         device = torch.device("cuda", value)  # what PyTorch makes of a bare index
@@ -369,15 +362,10 @@ def forget_named_cuda() -> None:
 def simulating(
     index: int = 0, is_user_code: Callable[[str], bool] | None = None, building: bool = False
 ) -> Iterator[None]:
-    """Inside the block: ``simgpu:<index>`` is the current device, CUDA to the user's code, with these checks on.
-
-    Args:
-        index: The device, 0, or 1 to play the second process of a DDP run.
-        is_user_code: Tells the project's files from libraries' (by default: a file outside the libraries
-            installed). The user's code is told CUDA's answers, and another process's index stops it; library
-            code is told the simulated device's own, and an index it chooses is taken as the current device.
-        building: The user's classes are built inside, as before Lightning sets the process's GPU: what they
-            make on the GPU is on GPU 0 in every process (``tensor.py``).
+    """Inside the block: ``simgpu:<index>`` (1 plays a DDP run's second process) is the current device, CUDA to the
+    user's code, which ``is_user_code`` tells from libraries' (by default: a file outside the libraries installed).
+    With ``building``, as before Lightning sets the process's GPU: what is made on the GPU is on GPU 0 in every
+    process (``tensor.py``).
     """
     enable()
     previous = _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building
@@ -434,5 +422,5 @@ def _foreach_paths() -> Iterator[None]:
 
 
 def _as_written(model: Any = None, **options: Any) -> Any:
-    """``torch.compile`` while simulating: the model or function is returned to run as written."""
+    """``torch.compile`` while simulating: the model or function runs as written."""
     return model if model is not None else _as_written

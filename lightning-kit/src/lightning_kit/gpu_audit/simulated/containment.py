@@ -1,16 +1,13 @@
 """What stops the simulated GPU inside PyTorch's C++ comes back to Python: nothing it raises can end the process.
 
-PyTorch calls the simulated GPU's Python code from C++: ``__torch_dispatch__``, the kernels it registers, and
-the checks on code that a user's backward hooks run. In a backward pass an exception there must not reach C++:
-the engine runs each node inside a stream guard of the device, whose Python callback runs as it unwinds, and
-with the exception still pending C++ calls ``std::terminate`` ("terminate called without an active exception",
-SIGABRT). A host gradient given to ``torch.autograd.grad`` was enough (tests/test_containment.py has each way in).
-
-So during a backward pass those entry points keep the first exception (``keep``) and return what the operation
-computes on the CPU values inside, so that the hook and the engine go on, or ``STOP``, which C++ refuses with an
-error of its own that unwinds cleanly. The kept exception is raised once back in Python outside the pass
-(``raise_kept``): when ``backward()`` or ``torch.autograd.grad`` returns, at the next operation, or at the end of
-``simulating()``; it is reported at the hook's line, else at the line that started the backward pass.
+PyTorch calls the simulated GPU's Python code from C++ (``__torch_dispatch__``, its kernels, a user's backward
+hooks). In a backward pass an exception there must not reach C++: the engine runs each node inside a stream
+guard of the device, whose Python callback runs as it unwinds, and with the exception pending C++ calls
+``std::terminate`` ("terminate called without an active exception"; tests/test_containment.py has each way
+in). So there the first exception is kept (``keep``) and the entry point returns what the operation computes on
+the CPU values inside, or ``STOP``, which C++ refuses with an error of its own that unwinds cleanly. The kept
+exception is raised once back in Python (``raise_kept``): when the pass returns, at the next operation, or at
+the end of ``simulating()``.
 """
 
 import contextlib

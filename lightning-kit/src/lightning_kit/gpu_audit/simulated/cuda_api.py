@@ -170,7 +170,7 @@ def _on_own(value: Callable[[], Any]) -> Callable[..., Any]:
     return answer
 
 
-# torch.cuda's functions and the answers its user's code gets about the simulated GPU.
+# torch.cuda's functions and the user's code's answers.
 ANSWERS: dict[str, Callable[..., Any]] = {
     **dict.fromkeys(("is_available", "is_initialized", "is_tf32_supported"), lambda: True),
     **dict.fromkeys(
@@ -236,7 +236,7 @@ ACCELERATOR: dict[str, Callable[..., Any]] = {
     "empty_host_cache": _nothing,
     "get_memory_info": ANSWERS["mem_get_info"],
 }
-# NVIDIA's profiler's markers, which mark nothing here (no profiler runs).
+# NVIDIA's profiler's markers: no profiler runs.
 NVTX = {
     **dict.fromkeys(("range_push", "range_pop", "range_start", "range_end", "mark"), _nothing),
     "range": lambda *args, **kwargs: contextlib.nullcontext(),
@@ -299,8 +299,7 @@ def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name:
     return mapped
 
 
-# Autocast's and the gradient scaler's device types, for every caller: nothing runs on CUDA while simulating, so
-# what code asks or sets of CUDA's autocast is the simulated GPU's.
+# Autocast's and the gradient scaler's device types, for every caller: CUDA's autocast is the simulated GPU's.
 _AUTOCAST = ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled", "set_autocast_dtype")
 
 

@@ -11,6 +11,7 @@ holds ``ALERTS`` against the installed PyTorch's documentation.
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -122,21 +123,20 @@ def _forward_of(backward: str) -> str | None:
     return backward.removesuffix("_backward").removesuffix("_dense") if backward.endswith("_backward") else None
 
 
-# The forward operations whose backward CUDA refuses in deterministic mode.
-_FORWARDS = {_forward_of(name) for name in ALERTS} - {None}
+_FORWARDS = {_forward_of(name) for name in ALERTS} - {None}  # those whose backward CUDA refuses
 
 
+@dataclass(slots=True)
 class Alert:
     """The alert of one operation's CUDA kernel: ``check(args, kwargs)`` raises or warns as CUDA would.
 
     For a forward operation whose backward has one (no ``kernel``), it notes the user's line that ran it: a
     backward pass runs in no line of the user's code, and that line is where the operation would be changed."""
 
-    __slots__ = ("condition", "forward", "func", "kernel", "names")
-
-    def __init__(self, func, kernel: str | None, condition: _Condition, forward: str | None) -> None:
-        self.func, self.kernel, self.condition, self.forward = func, kernel, condition, forward
-        self.names = [argument.name for argument in func._schema.arguments]
+    func: Any
+    kernel: str | None
+    condition: _Condition
+    forward: str | None
 
     def check(self, args: tuple, kwargs: dict) -> None:
         if not torch.are_deterministic_algorithms_enabled():
@@ -146,7 +146,8 @@ class Alert:
             if line is not None:
                 _forward_lines[self.forward] = line
             return
-        if self.condition is not None and not self.condition({**dict(zip(self.names, args, strict=False)), **kwargs}):
+        names = (argument.name for argument in self.func._schema.arguments)
+        if self.condition is not None and not self.condition({**dict(zip(names, args, strict=False)), **kwargs}):
             return
         forward_line = _forward_lines.get(self.forward)
         if torch.is_deterministic_algorithms_warn_only_enabled():
