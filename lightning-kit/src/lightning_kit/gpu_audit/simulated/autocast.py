@@ -86,10 +86,6 @@ def _eligible(value: Any) -> bool:
     )
 
 
-def _lower_dtype() -> torch.dtype:
-    return torch.get_autocast_dtype(DEVICE_TYPE)
-
-
 def _redispatch(op, args, kwargs):
     """``op`` below the autocast key, as CUDA's kernels call it."""
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
@@ -165,15 +161,14 @@ class _Float32(torch.autograd.Function):
 def _promote_type(args, kwargs) -> torch.dtype:
     """The widest floating dtype among the eligible tensors: float32 if any is, else the lower precision."""
     found = [t for t in tree_leaves((args, kwargs)) if _eligible(t)]
-    return torch.float32 if any(t.dtype == torch.float32 for t in found) else _lower_dtype()
+    return torch.float32 if any(t.dtype == torch.float32 for t in found) else torch.get_autocast_dtype(DEVICE_TYPE)
 
 
 def _fp32_set_opt_dtype(op, *args, **kwargs):
     """softmax, sum, ...: in float32 unless a dtype was given, when the input is eligible."""
     first = next((value for value in args if isinstance(value, torch.Tensor)), None)
     if _eligible(first):
-        names = [argument.name for argument in op._schema.arguments]
-        position = names.index("dtype")
+        position = [argument.name for argument in op._schema.arguments].index("dtype")
         if position < len(args):
             if args[position] is None:
                 args = (*args[:position], torch.float32, *args[position + 1 :])
@@ -205,7 +200,7 @@ def _banned(op, *args, **kwargs):
 
 
 _KERNELS = {
-    "lower_precision_fp": functools.partial(_cast_all, lambda args, kwargs: _lower_dtype()),
+    "lower_precision_fp": functools.partial(_cast_all, lambda args, kwargs: torch.get_autocast_dtype(DEVICE_TYPE)),
     "fp32": functools.partial(_cast_all, lambda args, kwargs: torch.float32),
     "promote": functools.partial(_cast_all, _promote_type),
     "fp32_set_opt_dtype": _fp32_set_opt_dtype,
