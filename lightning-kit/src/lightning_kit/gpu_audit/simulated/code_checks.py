@@ -38,7 +38,6 @@ from .devices import (
     users_line,
 )
 from .hooks import _apply_checked, _contained_hook, _module_backward_hooks
-from .lazy import is_lazy
 from .tensor import SimulatedTensor, to_cpu
 
 _RealGenerator = torch.Generator
@@ -233,7 +232,7 @@ def _register_hook(mode, func, args, kwargs):
 def _moves(mode, func, args, kwargs):
     """``.to()`` and ``.cpu()``: an uninitialised parameter moves in place (``lazy``); a device tensor moved to the
     CPU is one the code made there."""
-    if is_lazy(args[0]):
+    if lazy.is_lazy(args[0]):
         _, placed_args, placed_kwargs = _placed(func, args, kwargs)
         done = lazy.moved(args[0], placed_args[1:] if func is torch.Tensor.to else ("cpu",), placed_kwargs)
         if done is not None:

@@ -112,10 +112,8 @@ def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..
                     raise
                 with contextlib.suppress(BaseException):  # nothing may leave for C++ here
                     keep(err)
-                if benign is None:
-                    return STOP
                 try:
-                    return benign(*args, **kwargs)
+                    return STOP if benign is None else benign(*args, **kwargs)
                 except BaseException:  # the kept exception says what happened
                     return STOP
 

@@ -53,9 +53,8 @@ def _index(device: Any = None) -> int:
     """The index of the GPU ``device`` names (None, -1: the current one), as ``torch.cuda._get_device_index``."""
     if device is None:
         return _state.index
-    if isinstance(device, str):
+    if isinstance(device, str | torch.device):
         device = torch.device(device)
-    if isinstance(device, torch.device):
         if device.type not in ("cuda", DEVICE_TYPE):
             raise ValueError(f"Expected a cuda device, but got: {device}")
         index = _state.index if device.index is None else device.index
@@ -333,7 +332,7 @@ def replaced() -> Iterator[None]:
     """Inside the block, ``torch.cuda`` and ``torch.accelerator`` answer the user's code for the simulated GPU."""
     replacements = [*_answered(torch.cuda, ANSWERS), *_answered(torch.accelerator, ACCELERATOR)]
     replacements += [(torch.cuda.nvtx, name, answer) for name, answer in NVTX.items()]
-    replacements.append((torch.backends.cuda, "is_built", lambda: True))
+    replacements.append((torch.backends.cuda, "is_built", lambda: True))  # asked to choose a GPU path
     told = [(module, name, _told(getattr(module, name), answer)) for module, name, answer in replacements]
     with contextlib.ExitStack() as stack:
         for module, name, replacement in (*told, *_autocast_replacements()):

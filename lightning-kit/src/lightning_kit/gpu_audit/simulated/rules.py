@@ -78,7 +78,9 @@ def mixed_operands(func, args, kwargs) -> SimulatedDeviceError | None:
 
 
 def _mixed(func, first: torch.device, second: torch.device, argument: str | None, odd) -> SimulatedDeviceError:
-    where = f" (when checking argument for argument {argument} in method wrapper_CUDA_{_kernel(func)})"
+    name, overload = func._schema.name.split("::")[-1], func._schema.overload_name
+    kernel = f"{name}_{overload}" if overload else f"_{name}"
+    where = f" (when checking argument for argument {argument} in method wrapper_CUDA_{kernel})"
     odd_name, odd_tensor = odd
     return SimulatedDeviceError(
         "Expected all tensors to be on the same device, but found at least two devices, "
@@ -89,11 +91,6 @@ def _mixed(func, first: torch.device, second: torch.device, argument: str | None
         argument=odd_name,
         culprit=odd_tensor,
     )
-
-
-def _kernel(func) -> str:
-    name, overload = func._schema.name.split("::")[-1], func._schema.overload_name
-    return f"{name}_{overload}" if overload else f"_{name}"
 
 
 def _named_tensors(func, args, kwargs) -> Iterator[tuple[str, torch.Tensor, bool]]:
@@ -196,9 +193,7 @@ def _overload(key: str):
 
 def check_host_arguments(func, args, kwargs) -> None:
     """Raise ``SimulatedDeviceError`` where ``func`` is given a GPU tensor for an argument CUDA reads on the host."""
-    arguments = _host_arguments().get(func)
-    if arguments is None:
-        return
+    arguments = _host_arguments().get(func, {})
     for position, argument in enumerate(func._schema.arguments):
         tensor = args[position] if position < len(args) else kwargs.get(argument.name)
         if argument.name in arguments and isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
