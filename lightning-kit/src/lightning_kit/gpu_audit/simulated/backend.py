@@ -65,11 +65,9 @@ def _hooks_class() -> type:
 
 
 def enable() -> None:
-    """Register the ``simgpu`` device type in this process: once (a call after one that failed starts again).
-
-    It may come after a backward pass on the CPU: the simulated GPU's backward passes run on the thread that starts
-    them (``simulating()``), so the autograd engine's count of devices, made at the first pass, does not matter.
-    """
+    """Register the ``simgpu`` device type in this process: once (a call after one that failed starts again), at
+    any time: the simulated GPU's backward passes run on the thread that starts them (``simulating()``), so the
+    autograd engine's count of devices, made at the process's first backward pass, does not matter."""
     if _libraries:
         return
     try:

@@ -186,8 +186,7 @@ class Call(NamedTuple):
     line: tuple[str, int] | None  # of the user's code that called it (None: a library's own, as DDP's reducer)
 
     @property
-    def signature(self) -> tuple:
-        """What the other process's matching call must have too."""
+    def signature(self) -> tuple:  # what the other process's matching call must have too
         return self.operation, self.tensors
 
 
@@ -207,7 +206,7 @@ def recorded() -> Iterator[list[Call]]:
 
 
 def note(operation: str, tensors: Any, depth: int = 1) -> None:
-    """Record a collective called (``depth`` frames up: the caller's caller), where they are recorded."""
+    """Record a collective called ``depth`` frames up (the caller's caller), inside ``recorded()``."""
     if _calls is not None:
         shapes = tuple((tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for tensor in _flat(tensors))
         _calls.append(Call(operation, shapes, users_line(depth + 1, through_libraries=True)))
@@ -217,12 +216,9 @@ def _creator(backend: str):
     return lambda store, rank, world_size, timeout: SimulatedProcessGroup(rank, world_size, backend)
 
 
-def _new_group(original, *args: Any, **kwargs: Any):
+def _new_group(original, ranks=None, timeout=None, backend=None, pg_options=None, *args: Any, **kwargs: Any):
     """``torch.distributed.new_group``, of a simulated backend: Gloo's rule for a ``gloo`` group, else NCCL's."""
-    asked = args[2] if len(args) > 2 else kwargs.get("backend")
-    backend = HOST_BACKEND if "gloo" in str(asked).lower() else BACKEND
-    args, kwargs = args[:2], {**kwargs, **dict(zip(("backend", "pg_options"), args[2:4], strict=False))}
-    return original(*args, **{**kwargs, "backend": backend, "pg_options": None})
+    return original(ranks, timeout, HOST_BACKEND if "gloo" in str(backend).lower() else BACKEND, None, *args, **kwargs)
 
 
 @contextmanager

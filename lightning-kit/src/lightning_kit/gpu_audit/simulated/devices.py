@@ -16,8 +16,8 @@ from ...errors import first_line
 DEVICE_TYPE = "simgpu"
 DEVICE_COUNT = 2  # a single device, or two DDP processes on one node
 _CPU = torch.device("cpu")
-# The devices as the user's code is told them (``SimulatedTensor.device``, a LightningModule's ``device``): the
-# very objects, so that one handed back (``device=x.device``) is told from a CUDA device the code names itself.
+# The devices as the user's code is told them: the very objects, so that one handed back (``device=x.device``) is
+# told from a CUDA device the code names itself.
 _CUDA = tuple(torch.device("cuda", index) for index in range(DEVICE_COUNT))
 _SIMULATED: list[torch.device] = []  # simgpu:0, simgpu:1: made once the device type is registered (backend.enable)
 
@@ -27,10 +27,7 @@ class SimulationUnavailableError(RuntimeError):
 
 
 class NotSimulatedError(RuntimeError):
-    """An operation the simulated GPU cannot run: ``"the audit cannot run <operation>: <reason>"``.
-
-    PyTorch has it for GPUs only, or the simulated GPU cannot hold or compute its tensors: what a GPU would make
-    of the operation is then unknown, never a pass nor a bug.
+    """An operation the simulated GPU cannot run (GPU-only, or tensors it cannot hold): neither a pass nor a bug.
 
     Attributes:
         operation: The operation, e.g. ``"aten._to_copy.default"``.
@@ -143,7 +140,7 @@ _state.user_files = {}
 
 
 def is_users(filename: str) -> bool:
-    """Whether the code of ``filename`` is the user's: never PyTorch's or the audit's, else as ``is_user_code`` says."""
+    """Never PyTorch's or the audit's code; else as ``is_user_code`` says."""
     try:
         return _state.user_files[filename]
     except KeyError:
@@ -183,7 +180,6 @@ def told(device: torch.device, depth: int = 1) -> torch.device:
 
 
 def device(index: int = 0) -> torch.device:
-    """``simgpu:<index>``."""
     return torch.device(DEVICE_TYPE, index)
 
 
@@ -197,7 +193,7 @@ def cuda_device(index: int | None = None) -> torch.device:
 
 
 def set_device(device: int | torch.device) -> None:
-    """Make ``device`` the current one, as ``torch.cuda.set_device`` does for CUDA."""
+    """As ``torch.cuda.set_device``."""
     index = device if isinstance(device, int) else torch.device(device).index
     if index is not None:
         if not 0 <= index < DEVICE_COUNT:
@@ -218,7 +214,7 @@ def _grouped(tensorlistlist, with_indices=False):
 
 
 def _exchange(index: int) -> int:
-    """Make ``index`` the current device (unless negative: none), and return the one before."""
+    """Make ``index`` the current device (unless negative), and return the one before."""
     previous = _state.index
     if index >= 0:
         set_device(index)
@@ -229,9 +225,8 @@ def _exchange(index: int) -> int:
 def own_indices() -> Iterator[None]:
     """Inside the block, every device index code can observe is the current simulated device's."""
     accelerator = torch.accelerator.current_accelerator()
-    is_simulated = accelerator is not None and accelerator.type == DEVICE_TYPE
     replaced = {"_group_tensors_by_device_and_dtype": _grouped}
-    if is_simulated:
+    if accelerator is not None and accelerator.type == DEVICE_TYPE:
         replaced["_accelerator_getDeviceIndex"] = lambda: _state.index
         replaced |= dict.fromkeys(
             ("_accelerator_setDeviceIndex", "_accelerator_exchangeDevice", "_accelerator_maybeExchangeDevice"),

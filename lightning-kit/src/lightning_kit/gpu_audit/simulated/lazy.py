@@ -36,20 +36,18 @@ class _OnSimulatedGPU:
             made = Parameter(data, requires_grad=self.requires_grad)
         else:
             made = data.requires_grad_(self.requires_grad)
-            for name in ("persistent", "_is_buffer"):
-                if name in vars(self):
-                    setattr(made, name, vars(self)[name])
+            vars(made).update({name: vars(self)[name] for name in ("persistent", "_is_buffer") if name in vars(self)})
         swap(self, made)
 
 
 @functools.cache
 def _marked(base: type) -> type:
-    """``base`` (``UninitializedParameter``, ``UninitializedBuffer`` or a subclass) on the simulated GPU."""
+    """``base`` (``UninitializedParameter``, ``UninitializedBuffer``, ...) on the simulated GPU."""
     return type(base.__name__, (_OnSimulatedGPU, base), {"__module__": base.__module__})
 
 
 def _base(cls: type) -> type:
-    """The class of PyTorch's that ``cls`` marks: ``UninitializedParameter``, ``UninitializedBuffer``, ..."""
+    """The class of PyTorch's that ``cls`` marks."""
     return next(base for base in cls.__mro__ if base is not cls and issubclass(base, UninitializedTensorMixin))
 
 

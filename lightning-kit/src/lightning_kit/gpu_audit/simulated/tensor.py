@@ -38,14 +38,10 @@ from .rules import (
 
 
 class SimulatedTensor(torch.Tensor):
-    """A tensor on the simulated GPU: its values live in ``self.elem``, an ordinary CPU tensor.
-
-    It is on the current device (inside PyTorch always index 0: its autograd engine serves a Python device one
-    index only). While simulating, the user's code is told CUDA's answers (``.device``, ``.is_cuda``, ``.type()``).
-    """
+    """A tensor on the current simulated GPU, its values in ``self.elem``, a CPU tensor; to PyTorch always on index 0
+    (its autograd engine serves a Python device one index only), to the user's code on CUDA while simulating."""
 
     elem: torch.Tensor
-    # Python-level functions pass straight through to __torch_dispatch__.
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
@@ -89,11 +85,8 @@ class SimulatedTensor(torch.Tensor):
 
 
 def _dispatch(func, args, kwargs):
-    """An operation on the simulated GPU: checked by CUDA's rules, computed on the CPU, its results wrapped.
-
-    What fails in the simulated GPU's own steps (its checks, its wrapping) is ``NotSimulatedError``; the
-    operation's own errors (computed, or in the operations CUDA runs it as) go on as they are.
-    """
+    """An operation checked by CUDA's rules, computed on the CPU, its results wrapped. What fails in the simulated
+    GPU's own steps is ``NotSimulatedError``; the operation's own errors go on as they are."""
     _operations[0] += 1
     kwargs = kwargs or {}
     try:
@@ -177,12 +170,9 @@ def _run(func, args, kwargs):
 
 
 def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, held: int):
-    """The operation computed on ``cpu_args`` and ``cpu_kwargs``, its results on the simulated GPU where its tensors
-    are (``held``) or the device it names is; an in-place or ``out=`` operation's, the tensors it was given.
-
-    ``NotSimulatedError`` where the simulated GPU's tensors cannot hold the results (a nested tensor's), or the CPU
-    has no kernel for the operation on them.
-    """
+    """The operation computed on the CPU, its results on the simulated GPU where its tensors are (``held``) or the
+    device it names is (an in-place or ``out=`` operation's: the tensors it was given); ``NotSimulatedError`` where
+    they cannot be held there (a nested tensor's) or the CPU has no kernel for the operation on them."""
     func, simulated = plan.func, bool(held & _HERE)
     try:
         position = plan.position
@@ -222,7 +212,6 @@ def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, held: int):
 
 
 def _results(plan: "_Plan", out):
-    """The results computed on the CPU, on the simulated GPU (in memory of their own, counted, unless views)."""
     if plan.view and torch.is_inference_mode_enabled():
         # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
         with _NOT_INFERENCE(False):
@@ -271,7 +260,7 @@ _operations = [0]  # how many operations the simulated GPU has run in this proce
 
 @contextmanager
 def count_operations() -> Iterator[SimpleNamespace]:
-    """``with count_operations() as counted:`` ... ``counted.count``: the operations run on the device inside."""
+    """``with count_operations() as counted:`` ... ``counted.count``: the operations run inside."""
     counted, start = SimpleNamespace(count=0), _operations[0]
     try:
         yield counted
@@ -377,7 +366,6 @@ def _made_before(func, args, kwargs) -> bool:
 
 
 def _marked(out):
-    """``out``, its tensors made on GPU 0 too."""
     for tensor in out if type(out) in (list, tuple) else (out,):
         if isinstance(tensor, SimulatedTensor):
             tensor._made_before = True
@@ -385,5 +373,5 @@ def _marked(out):
 
 
 def to_cpu(value: Any) -> Any:
-    """``value`` with every simulated tensor in it replaced by its CPU values."""
+    """``value`` with every simulated tensor in it replaced by the CPU tensor inside."""
     return tree_map(lambda leaf: leaf.elem if isinstance(leaf, SimulatedTensor) else leaf, value)
