@@ -42,6 +42,7 @@ class SimulatedTensor(torch.Tensor):
     (its autograd engine serves a Python device one index only), to the user's code on CUDA while simulating."""
 
     elem: torch.Tensor
+    # Python-level functions pass straight through to __torch_dispatch__.
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
