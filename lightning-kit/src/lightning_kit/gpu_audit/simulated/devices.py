@@ -109,14 +109,8 @@ _NEVER_USERS = tuple(
     }
 )
 _AUDIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "audit.py")
-_INSTALLED = tuple(
-    str(Path(path).resolve()) + os.sep
-    for path in {
-        *sysconfig.get_paths().values(),
-        *(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))),
-    }
-    if path
-)
+_LIBRARIES = {*sysconfig.get_paths().values(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))}
+_INSTALLED = tuple(str(Path(path).resolve()) + os.sep for path in _LIBRARIES if path)
 
 
 def _not_installed(filename: str) -> bool:
