@@ -1,39 +1,32 @@
 """A simulated GPU: real values computed on the CPU, CUDA's rules for where tensors may meet.
 
-The device audit (``gpu_audit``, the package this one is part of) trains the model on this
-device. Everything a GPU run executes runs here too, with real numbers: forward, backward,
-optimizer steps, ``.item()``, boolean masks, ``nonzero``, ``unique``. What differs is where
-the tensors are said to be: on ``simgpu:0`` (or ``simgpu:1``, to play a second DDP process).
-An operation that mixes devices stops exactly where it would on a CUDA GPU, with CUDA's
-error message.
+The device audit (``gpu_audit``) trains the model on this device. Everything a GPU run executes runs here too, with
+real numbers (forward, backward, optimizer steps, ``.item()``, boolean masks, ``nonzero``); what differs is where the
+tensors are said to be: on ``simgpu:0`` (or ``simgpu:1``, to play a second DDP process). An operation that mixes
+devices stops exactly where it would on a CUDA GPU, with CUDA's error message.
 
-How it works (each file's docstring says more):
-
-- ``simgpu`` is PyTorch's spare device type, PrivateUse1, renamed, with Python hooks (``backend.py``).
-- A tensor on it is a ``SimulatedTensor`` holding an ordinary CPU tensor with the values; every operation on
-  one reaches ``__torch_dispatch__``, which checks its tensors' devices by CUDA's rules (``rules.py``, read
-  from ``native_functions.yaml``), runs it on the CPU tensors inside and wraps the results (``tensor.py``).
-- A process has one GPU: every simulated tensor is on the current device, ``simgpu:0`` or ``simgpu:1``
-  (``devices.py``); code of the user's that asks for another index stops there.
-- Inside ``simulating()`` the simulated GPU is CUDA to the user's code (``cuda_api.py``, ``code_checks.py``),
-  with CUDA's autocast policy (``autocast.py``) and deterministic-mode alerts (``deterministic.py``).
-- Nothing raised inside PyTorch's C++ ends the process (``containment.py``).
+How it works (each file's docstring says more): ``simgpu`` is PyTorch's spare device type, PrivateUse1, renamed,
+with Python hooks (``backend``). A tensor on it is a ``SimulatedTensor`` holding a CPU tensor with the values; every
+operation on one reaches ``__torch_dispatch__``, which checks its tensors' devices by CUDA's rules (``rules``, read
+from ``native_functions.yaml``), runs it on the CPU tensors inside and wraps the results (``tensor``). A process has
+one GPU, ``simgpu:0`` or ``simgpu:1`` (``devices``). Inside ``simulating()`` the simulated GPU is CUDA to the user's
+code (``cuda_api``, ``code_checks``), with CUDA's autocast policy (``autocast``) and deterministic-mode alerts
+(``deterministic``); nothing raised inside PyTorch's C++ ends the process (``containment``).
 
 Its files, bottom to top (each imports only those above it): ``devices``, ``memory``, ``in_place``,
 ``containment``, ``rules``, ``deterministic``, ``gpu_only``, ``autocast``, ``cuda_api``, ``collectives``,
-``tensor``, ``backend``, ``lazy``, ``hooks``, ``code_checks``.
+``tensor``, ``backend``, ``lazy``, ``hooks``, ``code_checks``. It imports nothing of Lightning, and of the library
+only ``errors.first_line``.
 
-This package is the simulated device alone: it imports nothing of Lightning, and of the library only
-``errors.first_line``. The private and experimental PyTorch APIs it relies on, all in this package, by file
-(tested with torch 2.13.0, the lowest declared, and 2.14.1; the library declares ``torch<2.15``):
+The private and experimental PyTorch APIs it relies on, by file (tested with torch 2.13.0, the lowest declared, and
+2.14.1; the library declares ``torch<2.15``):
 
 - ``backend``: ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (torch>=2.10, else
   ``SimulationUnavailableError``) and its ``_DummyPrivateUse1Hook``; ``torch.library.Library.impl`` and
-  ``.fallback`` for the ``PrivateUse1`` key (a ``_local_scalar_dense`` kernel among them) and ``AutogradPrivateUse1``;
+  ``.fallback`` for the ``PrivateUse1`` key and ``AutogradPrivateUse1``;
 - ``tensor``: ``torch.Tensor._make_wrapper_subclass``, ``torch.utils._python_dispatch.return_and_correct_aliasing``,
   ``torch._C._InferenceMode``, ``OpOverload._schema``, ``OpOverload._op_dk``, ``OpOverload.decompose``;
-- ``rules``: ``torchgen/packaged/ATen/native/native_functions.yaml`` read as text,
-  ``torch._C._dispatch_has_kernel_for_dispatch_key``;
+- ``rules``: ``native_functions.yaml`` read as text, ``torch._C._dispatch_has_kernel_for_dispatch_key``;
 - ``gpu_only``: ``torch._C._dispatch_has_computed_kernel_for_dispatch_key``, ``torch._decomp.decomposition_table``;
 - ``containment``: ``torch._C.DisableTorchFunction``, ``torch._C._current_autograd_node``;
 - ``autocast``: ``torch/include/ATen/autocast_mode.h`` read as text, the ``AutocastPrivateUse1`` key,
@@ -41,22 +34,16 @@ This package is the simulated device alone: it imports nothing of Lightning, and
 - ``collectives``: ``torch.distributed._Work``, a Python ``ProcessGroup`` (with the overrides of PyTorch's
   ``test_c10d_pypg.py``) and its ``_device_types``, ``Backend.register_backend``;
 - ``lazy``: ``torch.nn.parameter.UninitializedTensorMixin``, ``torch._C._nn._parse_to``;
-- ``in_place``: ``torch.utils.swap_tensors``, ``torch._C._swap_tensor_impl``, a tensor's ``_backward_hooks`` and
-  ``_post_accumulate_grad_hooks`` set again (which registers them on its new contents);
+- ``in_place``: ``torch._C._swap_tensor_impl``, a tensor's ``_backward_hooks`` and ``_post_accumulate_grad_hooks``;
 - ``memory``: a storage's Python object, kept by PyTorch while the storage lives, weakly referenced.
 
 Replaced or set while ``simulating()`` is active: ``torch._C._group_tensors_by_device_and_dtype`` and
-``torch._C._accelerator_*`` (``devices``); ``torch.Generator`` (PrivateUse1 has no generators of its own in
-Python), ``torch.compile`` with ``torch._dynamo.config.disable``, ``torch.autograd._engine_run_backward``,
-``torch.autograd.Function.apply``, ``torch.utils.hooks.BackwardHook.__init__``,
-``torch.autograd.set_multithreading_enabled(False)``, and the ``_foreach_supported_types`` lists of
-``torch.optim.optimizer`` and ``torch.utils._foreach_utils`` (``code_checks``); ``torch.nn.Module._apply``,
-``torch.utils.swap_tensors`` and ``torch.__future__``'s swap of module parameters (``in_place``); the public
-functions of ``torch.cuda``, ``torch.cuda.nvtx`` and ``torch.accelerator``, ``torch.backends.cuda.is_built``,
-``torch.is_autocast_enabled`` and its kin, ``torch.get_autocast_gpu_dtype``,
-``torch.amp.autocast_mode.is_autocast_available``, and the ``__init__`` of ``torch.amp.autocast`` and
-``torch.amp.GradScaler`` (``cuda_api``); ``torch.distributed.new_group`` inside ``process_group()``
-(``collectives``).
+``torch._C._accelerator_*`` (``devices``); ``torch.Generator``, ``torch.compile``, ``torch._dynamo.config.disable``,
+``torch.autograd._engine_run_backward``, ``torch.autograd.Function.apply``, ``BackwardHook.__init__``,
+``torch.autograd.set_multithreading_enabled(False)`` and the ``_foreach_supported_types`` lists (``code_checks``);
+``torch.nn.Module._apply``, ``torch.utils.swap_tensors`` and ``torch.__future__``'s swap of module parameters
+(``in_place``); ``torch.cuda``, ``torch.accelerator``, autocast's queries, ``torch.amp.autocast`` and ``GradScaler``
+(``cuda_api``); ``torch.distributed.new_group`` inside ``process_group()`` (``collectives``).
 """
 
 import sys
@@ -110,11 +97,9 @@ __all__ = [
     "warned",
 ]
 
-# PyTorch has one spare device type, so a process has one simulated GPU. A second copy of
-# this package in the same process (the ``<package>.placement.simulated`` of a project made
-# from the template before lightning_kit, or another copy of the library under another name)
-# takes over the first copy's names, in each of its files, and so its tensor type, kernels
-# and state.
+# PyTorch has one spare device type, so a process has one simulated GPU. A second copy of this package in the same
+# process (a project made from the template before lightning_kit, another copy of the library) takes over the first
+# copy's names, in each of its files, and so its tensor type, kernels and state.
 _first = next(
     (
         module
@@ -128,7 +113,6 @@ _first = next(
 if _first is None:
     _SIMULATED_GPU_FIRST_PACKAGE = True
 else:
-    # Every file of this copy (all imported above), this package last.
     _files = [module for name, module in list(sys.modules.items()) if name.startswith(f"{__name__}.")]
     for _copy in (*_files, sys.modules[__name__]):
         _original = sys.modules.get(_copy.__name__.replace(__name__, _first.__name__, 1))

@@ -1,7 +1,7 @@
 """The ``simgpu`` device type: PyTorch's spare device type, PrivateUse1, renamed, with Python hooks.
 
-Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(..., device=...)``,
-``batch.to(device)``) come through kernels registered here for PrivateUse1.
+Allocations on ``simgpu`` with no tensor of it involved (``torch.zeros(..., device=...)``, ``batch.to(device)``)
+come through kernels registered here for PrivateUse1.
 """
 
 import functools
@@ -22,7 +22,7 @@ from .tensor import SimulatedTensor, _run
 
 @contextmanager
 def _on_device(device: Any) -> Iterator[None]:
-    """``with torch.simgpu.device(i):`` makes ``i`` the current device inside the block."""
+    """``with torch.simgpu.device(i):``"""
     previous = _state.index
     set_device(device)
     try:
@@ -34,9 +34,7 @@ def _on_device(device: Any) -> Iterator[None]:
 # ``torch.simgpu``: what PyTorch and Lightning ask of a device module. Random numbers on the simulated GPU come from
 # the CPU's default generator, so its state is the device's (activation checkpointing saves and restores it).
 _BACKEND = types.SimpleNamespace(
-    # What torch.accelerator asks. No: the simulated GPU is for the audit alone, and DataLoader(pin_memory=True)
-    # would otherwise pin memory for it.
-    is_available=lambda: False,
+    is_available=lambda: False,  # the audit's alone: else DataLoader(pin_memory=True) would pin memory for it
     is_initialized=lambda: True,
     device_count=lambda: DEVICE_COUNT,
     current_device=lambda: _state.index,
@@ -57,9 +55,8 @@ def _hooks_class() -> type:
     from torch.utils.backend_registration import _DummyPrivateUse1Hook
 
     class Hooks(_DummyPrivateUse1Hook):
-        """PyTorch's hooks of a Python device, but with no primary context: the autograd engine then keeps no
-        stream of it to restore after a backward pass, a restore that calls Python from C++ code that must not
-        raise (and aborts the process where a backward pass that raised left a Python error pending)."""
+        """With no primary context, the autograd engine keeps no stream of the device to restore after a backward
+        pass: a restore that calls Python from C++ code that must not raise (it aborts the process)."""
 
         def has_primary_context(self, dev_id: int) -> bool:
             return False
@@ -68,14 +65,9 @@ def _hooks_class() -> type:
 
 
 def enable() -> None:
-    """Register the ``simgpu`` device type in this process.
-
-    Once is enough: a later call does nothing, and a call after one that failed starts again
-    cleanly (nothing of a failed call stays registered). It may come after anything else the
-    process ran, a backward pass on the CPU included: the simulated GPU's backward passes run on the
-    thread that starts them (``simulating()``), so the autograd engine's count of devices, made at
-    the process's first backward pass, does not matter.
-    """
+    """Register the ``simgpu`` device type in this process: once (a call after one that failed starts again), at
+    any time: the simulated GPU's backward passes run on the thread that starts them (``simulating()``), so the
+    autograd engine's count of devices, made at the process's first backward pass, does not matter."""
     if _libraries:
         return
     try:
@@ -130,9 +122,8 @@ def _copy(self, src, non_blocking: bool = False):
     return self
 
 
-# torch.tensor([a, b]) (torch.as_tensor, x.new_tensor, torch.Tensor(...)) of 0-dim GPU tensors reads each one's
-# value on the host, as a number, below PyTorch's Python key: here. On CUDA as here the result is a CPU tensor,
-# unless device= says otherwise (PyTorch stopped at an internal assertion without this kernel).
+# torch.tensor([a, b]) (torch.as_tensor, x.new_tensor, ...) of 0-dim GPU tensors reads each value on the host below
+# PyTorch's Python key: here (PyTorch stopped at an internal assertion without this kernel).
 @contained()
 def _local_scalar_dense(self):
     return self.elem.item()

@@ -1,13 +1,10 @@
 """A process group for a simulated DDP rank: ``torch.distributed`` in this one process, with NCCL's device rules.
 
-``process_group(1, 2)`` makes ``torch.distributed`` initialized as rank 1 of 2 with a process group of the
-backend ``simnccl``: every collective first checks what NCCL checks, that every tensor is on this process's
-GPU (a CPU tensor stops with ``SimulatedDeviceError``, NCCL's "No backend type associated with device type
-cpu"), then completes at once, as if every process held the same values (a sum is ``world_size`` times the
-tensor, a gather ``world_size`` copies). Groups made with ``new_group`` are simulated too, ``gloo`` ones
-taking CPU tensors as Gloo does (Lightning makes one around ``prepare_data``). Nothing listens on the
-network: the store is an in-memory ``HashStore`` and no other process can be waited for
-(``TORCH_DIST_INIT_BARRIER`` is off inside).
+``process_group(1, 2)`` initializes ``torch.distributed`` as rank 1 of 2 with the backend ``simnccl``: every
+collective first checks that every tensor is on this process's GPU, as NCCL does (else ``SimulatedDeviceError``),
+then completes at once as if every process held the same values (a sum is ``world_size`` times the tensor, a
+gather ``world_size`` copies). ``new_group`` groups are simulated too, ``gloo`` ones taking CPU tensors (Lightning
+makes one around ``prepare_data``). The store is an in-memory ``HashStore``; no other process is waited for.
 """
 
 import functools
@@ -48,7 +45,7 @@ def _flat(value: Any) -> list[torch.Tensor]:
 
 
 def _checked_only(operation: str, checked: int):
-    """A collective that checks its first ``checked`` arguments and returns its first."""
+    """A collective whose result is in place already: it checks its first ``checked`` arguments alone."""
 
     def collective(self: "SimulatedProcessGroup", *args: Any, **kwargs: Any) -> _Done:
         self._checked(operation, *args[:checked])
@@ -155,7 +152,6 @@ class SimulatedProcessGroup(dist.ProcessGroup):
             output.copy_(tensor)
         return _Done(output_tensors)
 
-    # Those whose result is in place already (every process holds the same values): NCCL's check alone.
     reduce = _checked_only("reduce", 1)
     broadcast = _checked_only("broadcast", 1)
     gather = gather_single = _checked_only("gather", 2)
@@ -179,7 +175,7 @@ class SimulatedProcessGroup(dist.ProcessGroup):
         return _Done()
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        """Gloo's barrier that names a late rank: every simulated rank is here already."""
+        pass  # every simulated rank is here already
 
 
 class Call(NamedTuple):
@@ -190,8 +186,7 @@ class Call(NamedTuple):
     line: tuple[str, int] | None  # of the user's code that called it (None: a library's own, as DDP's reducer)
 
     @property
-    def signature(self) -> tuple:
-        """What the other process's matching call must have too."""
+    def signature(self) -> tuple:  # what the other process's matching call must have too
         return self.operation, self.tensors
 
 
@@ -211,7 +206,7 @@ def recorded() -> Iterator[list[Call]]:
 
 
 def note(operation: str, tensors: Any, depth: int = 1) -> None:
-    """Record a collective called (``depth`` frames up: the caller's caller), where they are recorded."""
+    """Record a collective called ``depth`` frames up (the caller's caller), inside ``recorded()``."""
     if _calls is not None:
         shapes = tuple((tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for tensor in _flat(tensors))
         _calls.append(Call(operation, shapes, users_line(depth + 1, through_libraries=True)))
@@ -221,21 +216,15 @@ def _creator(backend: str):
     return lambda store, rank, world_size, timeout: SimulatedProcessGroup(rank, world_size, backend)
 
 
-def _new_group(original, *args: Any, **kwargs: Any):
+def _new_group(original, ranks=None, timeout=None, backend=None, pg_options=None, *args: Any, **kwargs: Any):
     """``torch.distributed.new_group``, of a simulated backend: Gloo's rule for a ``gloo`` group, else NCCL's."""
-    asked = args[2] if len(args) > 2 else kwargs.get("backend")
-    backend = HOST_BACKEND if "gloo" in str(asked).lower() else BACKEND
-    args, kwargs = args[:2], {**kwargs, **dict(zip(("backend", "pg_options"), args[2:4], strict=False))}
-    return original(*args, **{**kwargs, "backend": backend, "pg_options": None})
+    return original(ranks, timeout, HOST_BACKEND if "gloo" in str(backend).lower() else BACKEND, None, *args, **kwargs)
 
 
 @contextmanager
 def process_group(rank: int, world_size: int) -> Iterator[None]:
-    """Inside the block, ``torch.distributed`` is initialized as rank ``rank`` of ``world_size`` on simulated GPUs.
-
-    Nothing changes for one process (``world_size`` 1: a single GPU has no process group), or
-    where this process has a process group already.
-    """
+    """Inside the block, ``torch.distributed`` is initialized as rank ``rank`` of ``world_size`` on simulated GPUs
+    (unless ``world_size`` is 1 or this process has a process group already)."""
     if world_size == 1 or not dist.is_available() or dist.is_initialized():
         yield
         return

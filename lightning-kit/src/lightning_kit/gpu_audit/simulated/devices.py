@@ -16,8 +16,8 @@ from ...errors import first_line
 DEVICE_TYPE = "simgpu"
 DEVICE_COUNT = 2  # a single device, or two DDP processes on one node
 _CPU = torch.device("cpu")
-# The devices as the user's code is told them (``SimulatedTensor.device``, a LightningModule's ``device``): the
-# very objects, so that one handed back (``device=x.device``) is told from a CUDA device the code names itself.
+# The devices as the user's code is told them: the very objects, so that one handed back (``device=x.device``) is
+# told from a CUDA device the code names itself.
 _CUDA = tuple(torch.device("cuda", index) for index in range(DEVICE_COUNT))
 _SIMULATED: list[torch.device] = []  # simgpu:0, simgpu:1: made once the device type is registered (backend.enable)
 
@@ -27,11 +27,7 @@ class SimulationUnavailableError(RuntimeError):
 
 
 class NotSimulatedError(RuntimeError):
-    """An operation the simulated GPU cannot run: ``"the audit cannot run <operation>: <reason>"``.
-
-    PyTorch has it for GPUs only, or the simulated GPU cannot hold or compute its tensors (a layout or
-    kind of tensor it has no wrapper for, a failure of its own machinery): what a GPU would make of the
-    operation is then unknown, never a pass nor a bug.
+    """An operation the simulated GPU cannot run (GPU-only, or tensors it cannot hold): neither a pass nor a bug.
 
     Attributes:
         operation: The operation, e.g. ``"aten._to_copy.default"``.
@@ -45,8 +41,7 @@ class NotSimulatedError(RuntimeError):
 
 
 def cannot_run(operation: Any, err: BaseException) -> NotSimulatedError:
-    """``NotSimulatedError`` for an exception of the simulated GPU's own machinery while it ran ``operation``
-    (raised ``from err``)."""
+    """``NotSimulatedError`` for an exception of the simulated GPU's own machinery while it ran ``operation``."""
     return NotSimulatedError(str(operation), first_line(err, typed=True))
 
 
@@ -105,8 +100,7 @@ def legacy_type(tensor: torch.Tensor) -> str:
     return name if tensor.device.type == "cpu" else name.replace("torch.", "torch.cuda.", 1)
 
 
-# Code that is never the user's: PyTorch's, the simulated GPU's own and that of the package it is part of (the audit,
-# which runs it as Lightning runs a GPU), and by default whatever is installed among the libraries.
+# Code that is never the user's: PyTorch's and the audit's; by default neither is whatever is installed (_INSTALLED).
 _NEVER_USERS = tuple(
     {
         os.path.join(form, "")  # as code names its file, and resolved
@@ -115,18 +109,12 @@ _NEVER_USERS = tuple(
     }
 )
 _AUDIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "audit.py")
-_INSTALLED = tuple(
-    str(Path(path).resolve()) + os.sep
-    for path in {
-        *sysconfig.get_paths().values(),
-        *(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))),
-    }
-    if path
-)
+_LIBRARIES = {*sysconfig.get_paths().values(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))}
+_INSTALLED = tuple(str(Path(path).resolve()) + os.sep for path in _LIBRARIES if path)
 
 
 def _not_installed(filename: str) -> bool:
-    """The default test of the user's code: a file outside the libraries installed (and not ``<string>``)."""
+    """The default test of the user's code: a file outside the libraries installed, and not ``<string>``."""
     return not filename.startswith("<") and not str(Path(filename).resolve()).startswith(_INSTALLED)
 
 
@@ -135,8 +123,7 @@ class _State:
     physical: torch.device  # where PyTorch itself sees every simulated tensor: simgpu:0
     is_user_code: Callable[[str], bool] = staticmethod(_not_installed)
     answering = False  # inside simulating(): the user's code is told CUDA's answers
-    # Inside simulating(building=True): the user's classes are imported and built, as a GPU machine's process does
-    # before Lightning sets its GPU, so a tensor made there on the GPU is on GPU 0 (``_made_before`` in tensor.py).
+    # Inside simulating(building=True), as before Lightning sets the GPU: a tensor made on it is on GPU 0 (tensor.py).
     building = False
     made_before = False  # whether any tensor was made so
     user_files: dict[str, bool]  # is_user_code of each file asked, while it stays the same
@@ -147,7 +134,7 @@ _state.user_files = {}
 
 
 def is_users(filename: str) -> bool:
-    """Whether the code of ``filename`` is the user's: never PyTorch's or the audit's, else as ``is_user_code`` says."""
+    """Never PyTorch's or the audit's code; else as ``is_user_code`` says."""
     try:
         return _state.user_files[filename]
     except KeyError:
@@ -158,9 +145,8 @@ def is_users(filename: str) -> bool:
 
 def users_line(depth: int = 1, through_libraries: bool = False) -> tuple[str, int] | None:
     """The line of the user's code that called in, from ``depth`` frames up: the innermost frame outside PyTorch and
-    the audit, if it is the user's (None: a library's, or the autograd engine's in a backward pass). With
-    ``through_libraries``, the innermost of the user's frames below the audit's own (Lightning's calls of a
-    collective for ``self.log(..., sync_dist=True)``: the ``self.log`` line)."""
+    the audit, if it is the user's (else None). With ``through_libraries``, the innermost of the user's frames
+    (Lightning's collective for ``self.log(..., sync_dist=True)``: the ``self.log`` line)."""
     frame = sys._getframe(depth + 1)
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -188,7 +174,6 @@ def told(device: torch.device, depth: int = 1) -> torch.device:
 
 
 def device(index: int = 0) -> torch.device:
-    """``simgpu:<index>``."""
     return torch.device(DEVICE_TYPE, index)
 
 
@@ -202,7 +187,7 @@ def cuda_device(index: int | None = None) -> torch.device:
 
 
 def set_device(device: int | torch.device) -> None:
-    """Make ``device`` the current one, as ``torch.cuda.set_device`` does for CUDA."""
+    """As ``torch.cuda.set_device``."""
     index = device if isinstance(device, int) else torch.device(device).index
     if index is not None:
         if not 0 <= index < DEVICE_COUNT:
@@ -210,15 +195,12 @@ def set_device(device: int | torch.device) -> None:
         _state.index = index
 
 
-# Inside PyTorch every simulated tensor is on simgpu:0 (its autograd engine serves one index
-# of a Python device), so where PyTorch's C++ code tells code a device index, the simulated
-# GPU's own index is put in its place: the grouping of tensors by device that optimizers'
-# and clip_grad_norm_'s foreach paths use, and torch.accelerator's current device.
+# Inside PyTorch every simulated tensor is on simgpu:0, so where PyTorch's C++ code tells a device index, the simulated
+# GPU's own is put in its place: the foreach paths' grouping of tensors by device, torch.accelerator's current device.
 _GROUP = torch._C._group_tensors_by_device_and_dtype
 
 
 def _grouped(tensorlistlist, with_indices=False):
-    """PyTorch's grouping of tensors by device and dtype, the simulated tensors' group under their own device."""
     return {
         (current_device() if device.type == DEVICE_TYPE else device, dtype): group
         for (device, dtype), group in _GROUP(tensorlistlist, with_indices).items()
@@ -226,7 +208,7 @@ def _grouped(tensorlistlist, with_indices=False):
 
 
 def _exchange(index: int) -> int:
-    """Make ``index`` the current device (unless negative: none), and return the one before."""
+    """Make ``index`` the current device (unless negative), and return the one before."""
     previous = _state.index
     if index >= 0:
         set_device(index)
@@ -237,9 +219,8 @@ def _exchange(index: int) -> int:
 def own_indices() -> Iterator[None]:
     """Inside the block, every device index code can observe is the current simulated device's."""
     accelerator = torch.accelerator.current_accelerator()
-    is_simulated = accelerator is not None and accelerator.type == DEVICE_TYPE
     replaced = {"_group_tensors_by_device_and_dtype": _grouped}
-    if is_simulated:
+    if accelerator is not None and accelerator.type == DEVICE_TYPE:
         replaced["_accelerator_getDeviceIndex"] = lambda: _state.index
         replaced |= dict.fromkeys(
             ("_accelerator_setDeviceIndex", "_accelerator_exchangeDevice", "_accelerator_maybeExchangeDevice"),

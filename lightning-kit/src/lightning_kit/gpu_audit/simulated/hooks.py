@@ -1,10 +1,9 @@
 """While simulating: what the autograd engine calls back into, checked as CUDA's engine checks it.
 
-The hooks a user registers (on tensors, with ``register_hook``; on modules, full backward hooks) and the
-backward of a custom ``torch.autograd.Function`` run inside a backward pass, called from C++: what they
-raise is kept (``containment``) and raised when the pass returns, and a gradient they give on another
-device than the one it replaces is refused, as CUDA refuses it (PyTorch skips those checks for tensor
-subclasses, as the simulated GPU's tensors are).
+The user's tensor and module backward hooks and custom ``torch.autograd.Function`` backwards run inside a backward
+pass, called from C++: what they raise is kept (``containment``) and raised when the pass returns, and a gradient
+they give on another device than the one it replaces is refused as CUDA refuses it (PyTorch skips those checks for
+tensor subclasses, as the simulated GPU's tensors are).
 """
 
 import functools
@@ -19,11 +18,8 @@ from .devices import SimulatedDeviceError, as_cuda, legacy_type
 
 
 def _contained_hook(hook):
-    """``hook``, which the autograd engine calls from C++: what it raises is kept, and raised when the pass returns.
-
-    A gradient it returns on another device than the one it was given is refused, as CUDA refuses it
-    (python_hook.cpp, check_single_result), at the hook's line.
-    """
+    """``hook``, whose exceptions are kept, and a gradient it returns on another device than the one it was given
+    refused at its line, as CUDA refuses it (python_hook.cpp, check_single_result)."""
 
     @functools.wraps(hook)
     def run(*args, **kwargs):
@@ -41,7 +37,6 @@ def _contained_hook(hook):
 
 
 def _check_hook_result(hook, args, result) -> None:
-    """Raise ``SimulatedDeviceError`` where a hook returns a gradient on another device than the one it replaces."""
     given = args[0] if len(args) == 1 else args[1] if len(args) > 1 else None  # tensor hooks; modules' hooks
     if isinstance(given, torch.Tensor):
         given, result = (given,), (result,)
@@ -70,13 +65,8 @@ _APPLY = torch.autograd.Function.__dict__["apply"]
 
 @classmethod
 def _apply_checked(cls, *args, **kwargs):
-    """``Function.apply`` of a custom ``torch.autograd.Function``, whose backward's gradients are checked.
-
-    CUDA's autograd engine refuses a gradient on another device than the input it belongs to ("Function
-    XBackward returned an invalid gradient at index 0 - expected device cuda:0 but got cpu",
-    ``validate_outputs`` in engine.cpp), but skips the check for tensor subclasses, as the simulated
-    GPU's are: a hook on the function's node does it instead.
-    """
+    """``Function.apply`` of a custom ``torch.autograd.Function``, whose backward's gradients are checked by a hook
+    on its node, as CUDA's engine checks them (``validate_outputs`` in engine.cpp)."""
     result = _APPLY.__get__(None, cls)(*args, **kwargs)
     inputs = [arg.device for arg in args if isinstance(arg, torch.Tensor)]
     outputs = result if isinstance(result, tuple | list) else (result,)
@@ -88,7 +78,6 @@ def _apply_checked(cls, *args, **kwargs):
 
 
 def _check_function_gradients(cls, node, devices, gradients, _outputs) -> None:
-    """Raise ``SimulatedDeviceError`` where ``cls.backward`` gave a gradient on another device than its input's."""
     for index, (was, got) in enumerate(zip(devices, gradients, strict=False)):
         if isinstance(got, torch.Tensor) and got.device != was and got.dim() > 0:  # 0-dim ones CUDA moves
             err = SimulatedDeviceError(

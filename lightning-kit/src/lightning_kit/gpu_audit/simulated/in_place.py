@@ -1,19 +1,13 @@
 """Parameters moved to and from the simulated GPU in place, as ``module.to(...)`` moves them on a GPU.
 
-On a GPU, moving a module gives each parameter its new values in place (``param.data = ...``): the
-same Python object, with its attributes and the hooks registered on it (``register_hook``,
-``register_post_accumulate_grad_hook``), which then run on the GPU's gradients. That holds for every
-move: Lightning's of the model to the GPU before a stage and back to the CPU after it, and a user's own.
-A tensor of the simulated GPU is another Python type, to which PyTorch would give a new Parameter object
-instead, without those hooks. So while simulating (``moves_in_place``), a module's move swaps each
-parameter's contents with its moved values (``torch.utils.swap_tensors``, PyTorch's own way for tensor
-subclasses), keeps its attributes, and registers its hooks again on the moved values: the object stays
-the one the user's code, hooks and optimizers hold. A module of uninitialised parameters (a lazy one)
-moves its own way (``lazy.py``).
-
-Inside ``swaps_undone()``, every tensor swapped is given back, at the block's end, the contents it had
-before its first swap: each parameter is again the object it was, with its values and hooks on the CPU
-(the audit trains the model itself and gives it back unchanged).
+On a GPU a module's move gives each parameter its new values in place (``param.data = ...``): the same Python
+object, with its attributes and hooks (``register_hook``, ``register_post_accumulate_grad_hook``). A simulated
+tensor is another Python type, to which PyTorch would give a new Parameter instead, without those hooks. So while
+simulating (``moves_in_place``), a module's move swaps each parameter's contents with its moved values
+(``torch.utils.swap_tensors``, PyTorch's way for tensor subclasses), keeps its attributes and registers its hooks
+again: the object stays the one the user's code, hooks and optimizers hold. A lazy module moves its own way
+(``lazy.py``). Inside ``swaps_undone()`` every tensor swapped gets back, at the block's end, the contents it had
+before its first swap (the audit gives the model back unchanged).
 """
 
 from collections.abc import Iterator
@@ -30,12 +24,11 @@ _APPLY = torch.nn.Module._apply
 
 
 def _swap(first: torch.Tensor, second: torch.Tensor) -> None:
-    """Swap the two tensors' types, attributes and contents, keeping each Python object where it is held."""
+    """Swap the two tensors' types, attributes and contents, each Python object staying where it is held."""
     try:
         _SWAP(first, second)
     except RuntimeError:
-        # Referenced elsewhere (a weak reference, an autograd graph that still holds it): the same swap without
-        # PyTorch's check of references, since the audit gives those up with the pass they belong to.
+        # Referenced elsewhere (a weak reference, an autograd graph): the swap without PyTorch's check of references.
         first.__class__, second.__class__ = second.__class__, first.__class__
         first.__dict__, second.__dict__ = second.__dict__, first.__dict__
         torch._C._swap_tensor_impl(first, second)
@@ -47,8 +40,7 @@ def swap(first: torch.Tensor, second: torch.Tensor) -> None:
     hooks, after = first._backward_hooks, first._post_accumulate_grad_hooks
     _swap(first, second)
     vars(first).update(attributes)
-    # The hooks are kept on the tensor's contents inside PyTorch: registered again on the new ones (the same dict,
-    # so that the user's handles still remove them).
+    # PyTorch keeps the hooks on the tensor's contents: registered again (the same dict: the user's handles work).
     if hooks is not None:
         first._backward_hooks = hooks
     if after is not None:
@@ -73,7 +65,7 @@ def _apply_in_place(module: torch.nn.Module, fn, recurse: bool = True):
 
 @contextmanager
 def moves_in_place() -> Iterator[None]:
-    """Inside the block, a module's move keeps its parameters' objects, attributes and hooks (see above)."""
+    """Inside the block, a module's move keeps its parameters' objects, attributes and hooks."""
     with (
         mock.patch.object(torch.nn.Module, "_apply", _apply_in_place),
         mock.patch.object(torch.utils, "swap_tensors", swap),

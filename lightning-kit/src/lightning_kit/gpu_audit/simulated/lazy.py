@@ -1,15 +1,11 @@
-"""Uninitialised parameters and buffers (``nn.LazyLinear``, ``nn.LazyConv2d``, ...) on the simulated GPU.
+"""Uninitialised parameters and buffers (``nn.LazyLinear``, ...) on the simulated GPU.
 
-On a GPU, moving a module moves its uninitialised parameters too: each stays uninitialised, on the
-GPU, and materialises there at the first forward pass (``initialize_parameters`` calls
-``materialize``, which makes the values on the parameter's own device). Moved like an ordinary
-tensor, an uninitialised parameter would become an ordinary, empty one on the simulated GPU, and a
-correct model could not run. So while simulating, moving one to the simulated GPU (``.to``, what
-``module.to`` does to each) keeps it uninitialised, in place, marked as on the current simulated
-device (``.device`` says so); its ``materialize`` makes the values there, a ``SimulatedTensor``
-(or where ``device=`` says), and gives the parameter that tensor's contents in place
-(``in_place.swap``), so that the module and an optimizer made before keep the same object. Moving
-it back to the CPU takes the mark off.
+On a GPU, moving a module moves its uninitialised parameters too: they stay uninitialised and materialise there
+at the first forward pass. Moved like an ordinary tensor, one would become an empty tensor on the simulated GPU.
+So while simulating, its move to the simulated GPU keeps it uninitialised, in place, marked as on the current
+device; its ``materialize`` makes the values there and gives the parameter those contents in place
+(``in_place.swap``), so that the module and an optimizer made before keep the same object. Moving it back to the
+CPU takes the mark off.
 """
 
 import functools
@@ -40,20 +36,18 @@ class _OnSimulatedGPU:
             made = Parameter(data, requires_grad=self.requires_grad)
         else:
             made = data.requires_grad_(self.requires_grad)
-            for name in ("persistent", "_is_buffer"):
-                if name in vars(self):
-                    setattr(made, name, vars(self)[name])
+            vars(made).update({name: vars(self)[name] for name in ("persistent", "_is_buffer") if name in vars(self)})
         swap(self, made)
 
 
 @functools.cache
 def _marked(base: type) -> type:
-    """``base`` (``UninitializedParameter``, ``UninitializedBuffer`` or a subclass) on the simulated GPU."""
+    """``base`` (``UninitializedParameter``, ``UninitializedBuffer``, ...) on the simulated GPU."""
     return type(base.__name__, (_OnSimulatedGPU, base), {"__module__": base.__module__})
 
 
 def _base(cls: type) -> type:
-    """The class of PyTorch's that ``cls`` marks: ``UninitializedParameter``, ``UninitializedBuffer``, ..."""
+    """The class of PyTorch's that ``cls`` marks."""
     return next(base for base in cls.__mro__ if base is not cls and issubclass(base, UninitializedTensorMixin))
 
 

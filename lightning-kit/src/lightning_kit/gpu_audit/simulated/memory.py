@@ -1,17 +1,11 @@
 """The simulated GPU's memory, counted as CUDA's caching allocator counts it.
 
-Every tensor on the simulated GPU keeps its values in a CPU storage (a view shares its base's). The count
-follows those storages from the moment one is made to the moment the last tensor using it is freed (PyTorch
-keeps one Python object for a storage while it lives, so a weak reference to it is told when it is freed),
-each rounded up to a multiple of 512 bytes, as ``torch.cuda.memory_allocated`` counts the blocks CUDA's
-allocator hands out: the tensors alive at once, the optimizer's state, autograd's saved tensors, temporaries.
-``peak`` is the most it held since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated``;
-``stage_peak`` the most that a stage's own storages held at once since ``start_stage``, the audit's own count (the
-code's resets do not touch it): storages made before the stage and freed in it (garbage of earlier work, which the
-collector may free at any allocation) do not lower it.
-
-What CUDA reserves beyond its blocks (segments of 2 MiB and more, which its allocator caches) is an estimate:
-the peak rounded up to whole 2 MiB segments.
+Every tensor on the simulated GPU keeps its values in a CPU storage (a view shares its base's), counted from the
+moment it is made to the moment it is freed (PyTorch keeps one Python object for a storage while it lives, so a
+weak reference to it is told), rounded up to 512 bytes as ``torch.cuda.memory_allocated`` counts CUDA's blocks.
+``stage_peak`` is the audit's own count, which the code's resets do not touch: the most a stage's own storages
+held at once since ``start_stage`` (storages made before it and freed in it, garbage of earlier work, do not lower
+it). What CUDA reserves beyond its blocks is an estimate: the peak rounded up to whole 2 MiB segments.
 """
 
 import weakref
@@ -59,35 +53,31 @@ def track(elem: torch.Tensor) -> None:
     except (RuntimeError, NotImplementedError):
         return  # the compressed sparse layouts: no one storage (rare on a GPU; left out of the count)
     key = id(storage)
-    if key in _live:
-        return  # a view of a tensor counted already, or the same tensor wrapped again
     size = (storage.nbytes() + BLOCK - 1) & -BLOCK
-    if size == 0:
-        return  # CUDA allocates nothing for an empty tensor
+    if key in _live or size == 0:
+        return  # a view of a tensor counted already, or the same tensor wrapped again; empty: CUDA allocates nothing
     held = _Held(storage, _freed)
     held.key, held.size, held.stage = key, size, _count.stage
     _live[key] = held
-    _count.current += held.size
-    _count.stage_current += held.size
+    _count.current += size
+    _count.stage_current += size
     _count.allocations += 1
-    if _count.current > _count.peak:
-        _count.peak = _count.current
-    if _count.stage_current > _count.stage_peak:
-        _count.stage_peak = _count.stage_current
+    _count.peak = max(_count.peak, _count.current)
+    _count.stage_peak = max(_count.stage_peak, _count.stage_current)
 
 
 def allocated() -> int:
-    """The bytes the simulated GPU's tensors hold now, as ``torch.cuda.memory_allocated()``."""
+    """As ``torch.cuda.memory_allocated()``."""
     return _count.current
 
 
 def peak() -> int:
-    """The most bytes held at once since the last ``reset_peak``, as ``torch.cuda.max_memory_allocated()``."""
+    """As ``torch.cuda.max_memory_allocated()``."""
     return _count.peak
 
 
 def reset_peak() -> None:
-    """Start the peak again from what is held now, as ``torch.cuda.reset_peak_memory_stats()``."""
+    """As ``torch.cuda.reset_peak_memory_stats()``."""
     _count.peak = _count.current
 
 
@@ -98,12 +88,10 @@ def start_stage() -> None:
 
 
 def stage_peak() -> int:
-    """The most bytes the stage's storages held at once since ``start_stage``, as a process of its own would count."""
     return _count.stage_peak
 
 
 def stage_allocated() -> int:
-    """The bytes the stage's storages hold now."""
     return _count.stage_current
 
 

@@ -38,12 +38,8 @@ from .rules import (
 
 
 class SimulatedTensor(torch.Tensor):
-    """A tensor on the simulated GPU: its values live in ``self.elem``, an ordinary CPU tensor.
-
-    It is on the current device, ``simgpu:0`` or ``simgpu:1`` (inside PyTorch always index 0: its autograd
-    engine serves a Python device one index only). While simulating, the user's code is told CUDA's answers
-    (``.device``, ``.is_cuda``, ``.type()``); PyTorch and the other libraries the simulated device's own.
-    """
+    """A tensor on the current simulated GPU, its values in ``self.elem``, a CPU tensor; to PyTorch always on index 0
+    (its autograd engine serves a Python device one index only), to the user's code on CUDA while simulating."""
 
     elem: torch.Tensor
     # Python-level functions pass straight through to __torch_dispatch__.
@@ -55,10 +51,8 @@ class SimulatedTensor(torch.Tensor):
 
     @property
     def device(self) -> torch.device:
-        index = 0 if "_made_before" in self.__dict__ else _state.index  # made on GPU 0 in every process
-        if _state.answering and is_users(sys._getframe(1).f_code.co_filename):
-            return _CUDA[index]
-        return _SIMULATED[index]
+        users = _state.answering and is_users(sys._getframe(1).f_code.co_filename)
+        return (_CUDA if users else _SIMULATED)[self.get_device()]
 
     @property
     def is_cuda(self) -> bool:
@@ -67,7 +61,7 @@ class SimulatedTensor(torch.Tensor):
         return _state.answering and (is_users(filename) or filename == _FUNCTIONAL)
 
     def get_device(self) -> int:
-        return 0 if "_made_before" in self.__dict__ else _state.index
+        return 0 if "_made_before" in self.__dict__ else _state.index  # made on GPU 0 in every process
 
     def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if dtype is None and not kwargs and _state.answering and is_users(sys._getframe(1).f_code.co_filename):
@@ -78,7 +72,6 @@ class SimulatedTensor(torch.Tensor):
         return repr(self.elem)[:-1] + f", device='{told(_SIMULATED[_state.index])}')"
 
     def tolist(self) -> Any:
-        """The values as Python numbers, as ``tolist()`` of a CUDA tensor gives them."""
         return self.elem.tolist()
 
     def __format__(self, spec: str) -> str:
@@ -93,12 +86,10 @@ class SimulatedTensor(torch.Tensor):
 
 
 def _dispatch(func, args, kwargs):
-    """An operation on the simulated GPU: checked by CUDA's rules, computed on the CPU, its results wrapped."""
+    """An operation checked by CUDA's rules, computed on the CPU, its results wrapped. What fails in the simulated
+    GPU's own steps is ``NotSimulatedError``; the operation's own errors go on as they are."""
     _operations[0] += 1
     kwargs = kwargs or {}
-    # What fails in the simulated GPU's own steps (its checks, its wrapping) is no error of the code run:
-    # it is one the audit cannot run, NotSimulatedError. The operation's own errors (computed, or in the
-    # operations CUDA runs it as) go on as they are.
     try:
         plan = _plan(func)
         if plan.alert is not None:  # a kernel that deterministic mode refuses on CUDA
@@ -125,8 +116,8 @@ def _dispatch(func, args, kwargs):
         if refused is not None:
             raise refused
     if rule == "composite" or rule == "implicit":
-        # CUDA runs it as other operations: check those. A CPU operand that none of them refuses before one
-        # the simulated GPU has no kernel for is refused as CUDA refuses the mix (a CPU weight of a convolution).
+        # CUDA runs it as other operations: check those. A CPU operand none of them refuses before one the simulated
+        # GPU has no kernel for is refused as CUDA refuses the mix (a CPU weight of a convolution).
         try:
             if rule == "composite":
                 return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
@@ -136,17 +127,15 @@ def _dispatch(func, args, kwargs):
             if refused is None:
                 raise
             raise refused from err
-    return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, bool(held & _HERE))
+    return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, held)
 
 
 _FUNCTIONAL = torch.nn.functional.__file__
 
-# Inference mode left for the block, as ``torch.inference_mode(False)`` leaves it (that class's own steps, in Python,
-# cost more than the view they would be taken for).
+# ``torch.inference_mode(False)`` without that class's Python steps, which cost more than the view they are taken for.
 _NOT_INFERENCE = torch._C._InferenceMode
 
-# What the arguments of an operation hold (``_unwrapped``): a tensor of the device's, a tensor of another device.
-_HERE, _ELSEWHERE = 1, 2
+_HERE, _ELSEWHERE = 1, 2  # what an operation's arguments hold: a tensor of the device's, one of another device
 
 
 def _unwrapped(args, kwargs) -> tuple[tuple, dict, int]:
@@ -154,21 +143,16 @@ def _unwrapped(args, kwargs) -> tuple[tuple, dict, int]:
     (``_HERE | _ELSEWHERE``). Operations take tensors, numbers, and lists or tuples of them: one pass."""
     held, cpu_args, cpu_kwargs = 0, [], {}
     for name, value in (*enumerate(args), *kwargs.items()) if kwargs else enumerate(args):
-        if isinstance(value, torch.Tensor):
-            if isinstance(value, SimulatedTensor):
-                value, held = value.elem, held | _HERE
-            else:
-                held |= _ELSEWHERE
-        elif type(value) is list or type(value) is tuple:
-            items = []
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    if isinstance(item, SimulatedTensor):
-                        item, held = item.elem, held | _HERE
-                    else:
-                        held |= _ELSEWHERE
-                items.append(item)
-            value = type(value)(items)
+        sequence = type(value) is list or type(value) is tuple
+        items = []
+        for item in value if sequence else (value,):
+            if isinstance(item, torch.Tensor):
+                if isinstance(item, SimulatedTensor):
+                    item, held = item.elem, held | _HERE
+                else:
+                    held |= _ELSEWHERE
+            items.append(item)
+        value = type(value)(items) if sequence else items[0]
         if type(name) is int:
             cpu_args.append(value)
         else:
@@ -180,21 +164,17 @@ def _run(func, args, kwargs):
     """Run ``func`` on the CPU tensors inside, and put its results on the simulated GPU (unless sent elsewhere)."""
     try:
         plan = _plan(func)
-        cpu_args, cpu_kwargs, held = _unwrapped(args, kwargs)
+        unwrapped = _unwrapped(args, kwargs)
     except Exception as err:
         raise cannot_run(func, err) from err
-    return _on_device(plan, args, kwargs, cpu_args, cpu_kwargs, bool(held & _HERE))
+    return _on_device(plan, args, kwargs, *unwrapped)
 
 
-def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, simulated: bool):
-    """The operation computed on ``cpu_args`` and ``cpu_kwargs``, its results on the simulated GPU where its tensors
-    are (``simulated``) or the device it names is; what an in-place or ``out=`` operation returns, the very tensors
-    it was given.
-
-    Raises ``NotSimulatedError`` where the simulated GPU cannot: its tensors cannot hold the results (a
-    nested tensor's), or the CPU has no kernel for the operation on them (``NotImplementedError``).
-    """
-    func = plan.func
+def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, held: int):
+    """The operation computed on the CPU, its results on the simulated GPU where its tensors are (``held``) or the
+    device it names is (an in-place or ``out=`` operation's: the tensors it was given); ``NotSimulatedError`` where
+    they cannot be held there (a nested tensor's) or the CPU has no kernel for the operation on them."""
+    func, simulated = plan.func, bool(held & _HERE)
     try:
         position = plan.position
         given = position is not None and position < len(args) and args[position] is not None
@@ -233,7 +213,6 @@ def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, simulated: boo
 
 
 def _results(plan: "_Plan", out):
-    """The results computed on the CPU, on the simulated GPU (in memory of their own, counted, unless views)."""
     if plan.view and torch.is_inference_mode_enabled():
         # PyTorch shares a view's version counter with its base: it must not be an inference tensor.
         with _NOT_INFERENCE(False):
@@ -245,8 +224,7 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = True) -> SimulatedTensor:
-    """``elem`` on the simulated GPU: ``SimulatedTensor(elem)``, made the way every operation's results are; its
-    memory counted (``memory.track``) unless it is a view's, counted with its base."""
+    """``elem`` on the simulated GPU, its memory counted unless it is a view's (counted with its base)."""
     try:
         wrapper = _make_wrapper(
             cls,
@@ -260,9 +238,8 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = Tr
     except RuntimeError:
         if elem.layout == torch.strided:
             raise
-        # The compressed sparse layouts (CSR, CSC, BSR, BSC) have no strides, nor one storage, and a
-        # wrapper cannot take their layout: it takes the size alone, and asks __torch_dispatch__ for its
-        # layout and strides, which answers with ``elem``'s (see _METADATA).
+        # The compressed sparse layouts (CSR, CSC, BSR, BSC) have no strides, nor one storage, and a wrapper cannot
+        # take their layout: it asks __torch_dispatch__ for its layout and strides, answered with elem's (_METADATA).
         wrapper = _make_wrapper(
             cls,
             elem.size(),
@@ -279,13 +256,12 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = Tr
     return wrapper
 
 
-# How many operations the simulated GPU has run in this process (``count_operations``).
-_operations = [0]
+_operations = [0]  # how many operations the simulated GPU has run in this process
 
 
 @contextmanager
 def count_operations() -> Iterator[SimpleNamespace]:
-    """``with count_operations() as counted:`` ... ``counted.count``: the operations run on the device inside."""
+    """``with count_operations() as counted:`` ... ``counted.count``: the operations run inside."""
     counted, start = SimpleNamespace(count=0), _operations[0]
     try:
         yield counted
@@ -306,14 +282,21 @@ class _Plan:
         self.alert = alert_of(func)
         self.path = cuda_paths().get(func)
         arguments, returns = func._schema.arguments, func._schema.returns
-        # The position of the ``device`` argument where it may be given by position (x.to(device, dtype)), or None.
+        # The position of ``device`` where it may be given by position (x.to(device, dtype)), or None.
         self.position = next(
             (n for n, argument in enumerate(arguments) if argument.name == "device" and not argument.kwarg_only), None
         )
         self.compute = None  # _on_the_cpu(func), found at the first run: the checks alone may be all that runs
         self.view = any(result.alias_info is not None and not result.alias_info.is_write for result in returns)
         self.inplace_view = torch.Tag.inplace_view in func.tags
-        self.written = _written_arguments(func)
+        # The positions of the arguments an in-place or ``out=`` operation returns; None for other operations.
+        aliases = [result.alias_info for result in returns]
+        self.written = None
+        if all(alias is not None and alias.is_write for alias in aliases):
+            self.written = tuple(
+                next(n for n, argument in enumerate(arguments) if _same_alias(argument.alias_info, alias))
+                for alias in aliases
+            )
         self.single = len(returns) == 1
         self.convolution = func._schema.name.split("::")[-1] in CONVOLUTIONS
         self.rule = _rule(func)  # how CUDA checks its tensors' devices
@@ -348,32 +331,18 @@ def _wrap(out, counted: bool = True):
     return out
 
 
-def _written_arguments(func) -> tuple[int, ...] | None:
-    """The positions of the arguments an in-place or ``out=`` operation returns, or None for other operations."""
-    arguments, written = func._schema.arguments, []
-    for result in func._schema.returns:
-        alias = result.alias_info
-        if alias is None or not alias.is_write:
-            return None
-        written.append(
-            next(
-                position
-                for position, argument in enumerate(arguments)
-                if argument.alias_info is not None and argument.alias_info.before_set == alias.before_set
-            )
-        )
-    return tuple(written)
+def _same_alias(given, returned) -> bool:
+    return given is not None and given.before_set == returned.before_set
 
 
-# Made on GPU 0 before Lightning set the process's GPU (``simulating(building=True)``: at import, in a constructor) and
-# never moved: in the other processes of a DDP run such a tensor is on another GPU than theirs. Moves and copies
-# between GPUs are CUDA's to make.
+# Moves and copies between GPUs, which CUDA makes of a tensor made before the process's GPU was set (_made_before).
 _MOVES = frozenset([torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default])
 
 
 def _made_before(func, args, kwargs) -> bool:
-    """Whether every simulated tensor ``func`` is given was made before the process's GPU was set (none: False);
-    raise ``SimulatedDeviceError`` where such a tensor meets this process's own, as CUDA refuses GPU 0's and 1's."""
+    """Whether every simulated tensor ``func`` is given was made on GPU 0 before Lightning set the process's GPU
+    (``simulating(building=True)``: at import, in a constructor); none: False. ``SimulatedDeviceError`` where such
+    a tensor meets this process's own, as CUDA refuses GPU 0's and 1's."""
     tensors = [
         value
         for given in (*args, *kwargs.values())
@@ -398,7 +367,6 @@ def _made_before(func, args, kwargs) -> bool:
 
 
 def _marked(out):
-    """``out``, its tensors made on GPU 0 too."""
     for tensor in out if type(out) in (list, tuple) else (out,):
         if isinstance(tensor, SimulatedTensor):
             tensor._made_before = True
@@ -406,5 +374,5 @@ def _marked(out):
 
 
 def to_cpu(value: Any) -> Any:
-    """``value`` with every simulated tensor in it replaced by its CPU values."""
+    """``value`` with every simulated tensor in it replaced by the CPU tensor inside."""
     return tree_map(lambda leaf: leaf.elem if isinstance(leaf, SimulatedTensor) else leaf, value)
