@@ -1,15 +1,12 @@
-"""The audit's runner: the model trained on the simulated GPUs by Lightning's own ``Trainer``, stage by stage.
-
-``run_audit`` runs ``fit`` for two short epochs, then ``validate``, ``test`` and ``predict``, once on one simulated
-GPU and once as each process of a two-GPU DDP run (``PASSES``), with the Trainer settings it is given, writing only
-into a temporary folder. A stage the data has nothing for is skipped, with a note.
+"""The audit's runner: ``fit`` for two short epochs, then ``validate``, ``test`` and ``predict``, by Lightning's own
+``Trainer``, once on one simulated GPU and once as each process of a two-GPU DDP run (``PASSES``), writing only into
+a temporary folder.
 """
 
 import copy
 import functools
 import logging
 import os
-import random
 import tempfile
 import time
 import warnings
@@ -19,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader
 
 from ..errors import first_line
@@ -65,12 +62,10 @@ def audit(
     """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
-        model: The LightningModule, as constructed: trained as Lightning would (never a copy), and given back as it
-            was (``restore.py``).
-        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for every stage), or None
-            when ``model`` defines its own dataloaders.
-        trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping and accumulation, and
-            precision (mixed precision with CUDA's autocast rules).
+        model: The LightningModule itself (never a copy), given back as it was (``restore.py``).
+        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (for every stage), or None when
+            ``model`` defines its own dataloaders.
+        trainer: A Trainer whose callbacks, gradient clipping and accumulation, and precision to audit with.
         isolate: Audit in a forked copy of this process (``isolation.py``), where it can fork.
 
     Raises:
@@ -96,16 +91,14 @@ def run_audit(
 ) -> Verdict:
     """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
 
-    With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages;
-    with ``isolate``, it runs in a forked copy of this process (see ``audit``). ``say`` is given a line
-    naming the stage and pass when a stage has run for a few seconds (``isolation.LONG_STAGE_S``), and
-    again every ``isolation.STILL_EVERY_S`` while it runs; nothing for shorter stages.
+    With ``stop_at_bug``, the run ends at the first placement bug; ``isolate`` is ``audit``'s; ``say`` is told of a
+    long stage (``isolation.announced``).
     """
     _check_arguments(model, data, trainer)
     simulated.enable()
     count_as_user_code(model, data)
 
-    describe = functools.partial(_hook, model=model)  # a Lightning action, in words
+    describe = functools.partial(_hook, model=model)
     if isolate:
         verdict = in_a_child(lambda progress: _run(model, data, trainer, stop_at_bug, progress), describe, say)
         if verdict is not None:
@@ -204,8 +197,8 @@ def _stage(
 
 
 def _notes() -> list[str]:
-    """A note for each line of the user's code that named CUDA itself (right on a GPU, not everywhere), and for each
-    operation that deterministic mode's warn_only warned of (on a GPU it runs, and differs a little between runs)."""
+    """A note for each line of the user's code that named CUDA itself, and each kernel deterministic mode's
+    warn_only warned of."""
     named = [
         f"{_shown(filename)}:{lineno} names the GPU itself ({how}): that runs on a GPU, but fails with "
         "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
@@ -245,7 +238,7 @@ def _runner(
 
 
 def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
-    """Under DDP, a value logged with ``sync_dist=True`` must be on the module's device: check at the call."""
+    """Under DDP, check at the call that a value logged with ``sync_dist=True`` is on the module's device."""
     log = model.log
 
     def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
@@ -300,11 +293,8 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
 
 
 def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | bool:
-    """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``: a
-    TensorBoard logger, or a CSV one without TensorBoard), which writes into the Trainer's, the audit's folder.
-
-    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: Lightning's default stands in for it.
-    """
+    """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``), which
+    writes there too, standing in for a logger that sends its records elsewhere (W&B, MLflow, ...)."""
     kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
     if trainer is not None and kind is None:
         return False
@@ -316,7 +306,7 @@ def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger
 
 
 def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
-    """Point a callback that writes files into the audit's own folder, so nothing of the user's is touched."""
+    """Point a callback that writes files into the audit's own folder."""
     if isinstance(callback, ModelCheckpoint):
         callback.dirpath = str(folder / "checkpoints")
     elif isinstance(callback, BasePredictionWriter):
@@ -330,8 +320,7 @@ def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
 
 
 def _has_data_for(stage: str, model: L.LightningModule, data: Any) -> bool:
-    """Whether the data defines ``stage``: its dataloader, and, where the data module says which stages
-    it has data for (``has_data_for(stage)``, as an image folder without a test split does), that one."""
+    """Whether the data defines ``stage``'s dataloader, and (where the data module has ``has_data_for``) data."""
     if not isinstance(data, L.LightningDataModule | type(None)):
         return True  # one batch, for every stage
     has_data_for = getattr(data, "has_data_for", None)
@@ -357,7 +346,7 @@ def _data_arguments(stage: str, data: Any) -> dict[str, Any]:
 
 
 def _check_arguments(model: Any, data: Any, trainer: Any) -> None:
-    """Raise ``TypeError``, in one line saying what the audit takes, for arguments of the wrong kind."""
+    """Raise a one-line ``TypeError`` for arguments of the wrong kind."""
     takes = "audit(model, data=None, trainer=None) takes a LightningModule instance"
     if isinstance(model, L.LightningDataModule) and isinstance(data, L.LightningModule):
         raise TypeError(f"{takes} first and the data second: the two are swapped (audit(model, data))")
@@ -388,7 +377,7 @@ def _kind(value: Any) -> str:
 
 
 def _steps(runner: L.Trainer, stage: str) -> int:
-    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit), all calls together."""
+    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit)."""
     loop = runner.fit_loop.epoch_loop if stage == "fit" else getattr(runner, f"{stage}_loop")
     return loop.batch_progress.total.ready
 
@@ -405,21 +394,16 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 @contextmanager
 def _process_state_kept() -> Iterator[None]:
-    """Leave the random generators and Lightning's loggers' levels as the audit found them (its rank: the strategy's
-    teardown), and keep Lightning's messages out of the report meanwhile: its advice for a full run does not apply
-    to two batches."""
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    """Leave the random generators and Lightning's loggers' levels as found, and keep Lightning's messages out of the
+    report meanwhile: its advice for a full run does not apply to two batches."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.WARNING)
     try:
-        with warnings.catch_warnings():
+        with isolate_rng(include_cuda=False), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
