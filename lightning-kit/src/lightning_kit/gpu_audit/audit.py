@@ -42,10 +42,7 @@ EPOCHS, BATCHES = 2, 2
 # The Trainer settings of each pass's short schedule (the benchmark's plain run takes the same).
 SCHEDULE = {
     "max_epochs": EPOCHS,
-    "limit_train_batches": BATCHES,
-    "limit_val_batches": BATCHES,
-    "limit_test_batches": BATCHES,
-    "limit_predict_batches": BATCHES,
+    **{f"limit_{loop}_batches": BATCHES for loop in ("train", "val", "test", "predict")},
     "num_sanity_val_steps": 1,
     "val_check_interval": 1.0,
     "check_val_every_n_epoch": 1,
@@ -109,14 +106,11 @@ def run_audit(
 
 
 def _run(
-    model: L.LightningModule,
-    data: Any,
-    trainer: L.Trainer | None,
-    stop_at_bug: bool,
-    progress: Progress,
+    model: L.LightningModule, data: Any, trainer: L.Trainer | None, stop_at_bug: bool, progress: Progress
 ) -> Verdict:
     """The stages, in this process; ``progress`` is told where they are, and each outcome."""
     settings, callbacks, notes = _settings(trainer)
+    ddp = settings.pop("ddp_options", None)  # DistributedDataParallel's, for the DDP pass
     verdict = Verdict(notes=notes)
     stages = []
     for stage in STAGES:
@@ -128,12 +122,23 @@ def _run(
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     simulated.forget_named_cuda()
     simulated.forget_warned()
-    with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
+    with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as root:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)
-            pass_folder = Path(folder) / f"rank{rank}-of-{world_size}"
-            try:
-                runner = _runner(rank, world_size, callbacks, trainer, pass_folder, tracker, settings, verdict)
+            folder = Path(root) / f"rank{rank}-of-{world_size}"
+            try:  # the given settings, on one simulated GPU, for the audit's short schedule
+                runner = L.Trainer(
+                    strategy=SimulatedGPUStrategy(rank, world_size, ddp),
+                    callbacks=[
+                        *(_redirected(callback, folder) for callback in copy.deepcopy(callbacks)),
+                        StageMemory(),
+                    ],
+                    logger=_logger(trainer, folder, verdict.notes),
+                    default_root_dir=folder,
+                    profiler=tracker,
+                    **SCHEDULE,
+                    **settings,
+                )
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
                 said = first_line(err, typed=True)
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({said})"
@@ -157,13 +162,7 @@ def _run(
 
 
 def _stage(
-    runner: L.Trainer,
-    stage: str,
-    model: L.LightningModule,
-    data: Any,
-    rank: int,
-    world_size: int,
-    progress: Progress,
+    runner: L.Trainer, stage: str, model: L.LightningModule, data: Any, rank: int, world_size: int, progress: Progress
 ) -> Outcome:
     """One stage of one pass, run on the simulated GPU: passed, a bug, or why it was not (wholly) audited."""
     outcome = Outcome(stage, rank, world_size)
@@ -213,30 +212,6 @@ def _notes() -> list[str]:
     ]
 
 
-def _runner(
-    rank: int,
-    world_size: int,
-    callbacks: list[L.Callback],
-    trainer: L.Trainer | None,
-    folder: Path,
-    tracker: HookTracker,
-    settings: dict[str, Any],
-    verdict: Verdict,
-) -> L.Trainer:
-    """The Trainer of one pass: the given settings, on one simulated GPU, for the audit's short schedule."""
-    settings = dict(settings)
-    ddp_options = settings.pop("ddp_options", None)
-    return L.Trainer(
-        strategy=SimulatedGPUStrategy(rank, world_size, ddp_options),
-        callbacks=[*(_redirected(callback, folder) for callback in copy.deepcopy(callbacks)), StageMemory()],
-        logger=_logger(trainer, folder, verdict.notes),
-        default_root_dir=folder,
-        profiler=tracker,
-        **SCHEDULE,
-        **settings,
-    )
-
-
 def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
     """Under DDP, check at the call that a value logged with ``sync_dist=True`` is on the module's device."""
     log = model.log
@@ -271,7 +246,12 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         if isinstance(callback, SaveConfigCallback)
     ]
     given, notes = next((precision for precision in saved if precision is not None), trainer.precision), []
-    settings: dict[str, Any] = {"precision": trainer.precision}
+    settings: dict[str, Any] = {
+        "precision": trainer.precision,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
     mixed = mixed_precision(given)
     if mixed is not None:
         del settings["precision"]
@@ -282,13 +262,8 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
     elif str(given).startswith("transformer-engine"):
         notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
         settings["precision"] = "32-true"
-    if isinstance(trainer.strategy, DDPStrategy):  # DistributedDataParallel's options, for the DDP pass
+    if isinstance(trainer.strategy, DDPStrategy):
         settings["ddp_options"] = ddp_options(trainer.strategy)
-    settings |= {
-        "gradient_clip_val": trainer.gradient_clip_val,
-        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
-        "accumulate_grad_batches": trainer.accumulate_grad_batches,
-    }
     return settings, callbacks, notes
 
 

@@ -150,7 +150,7 @@ def explain(
     lines = [
         f"{stage} on {simulated.device(rank)}"
         + (f" as DDP rank {rank} of {world_size}" if world_size > 1 else "")
-        + f", {hook}: {device_error.operation} at {at}",
+        + f", {hook}: {device_error.operation} at {at}"
     ]
     if frame and frame.line:
         lines.append(f"    {frame.line}")
@@ -165,18 +165,18 @@ def explain(
     else:
         culprit = _culprit(device_error, model)
         made = _made_at(device_error.culprit, chain) if kind == "mixed devices" else None
-        if made is not None:
-            lines += _made_lines(made, frame)
+        if made is not None and frame is not None and (frame.filename, frame.lineno) == made:
+            lines.append("The tensor on cpu is made on that line.")
+        elif made is not None:
+            line = linecache.getline(made[0], made[1]).strip()
+            lines += [f"The tensor on cpu was made at {_shown(made[0])}:{made[1]}:", *([f"    {line}"] if line else [])]
         if culprit:
             lines.append(culprit)
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
     fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
-    at_line = (
-        f" at {_shown(made[0])}:{made[1]}"
-        if made is not None and frame and made != (frame.filename, frame.lineno)
-        else ""
-    )
+    elsewhere = made is not None and frame and made != (frame.filename, frame.lineno)
+    at_line = f" at {_shown(made[0])}:{made[1]}" if elsewhere else ""
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
@@ -265,14 +265,6 @@ def _assigned(code: Any, name: str, before: int) -> int | None:
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) and node.lineno <= before
     ]
     return max(lines, default=None)
-
-
-def _made_lines(made: tuple[str, int], frame: traceback.FrameSummary | None) -> list[str]:
-    filename, lineno = made
-    if frame is not None and (frame.filename, frame.lineno) == made:
-        return ["The tensor on cpu is made on that line."]
-    line = linecache.getline(filename, lineno).strip()
-    return [f"The tensor on cpu was made at {_shown(filename)}:{lineno}:", *([f"    {line}"] if line else [])]
 
 
 def _shown(filename: str) -> str:

@@ -123,18 +123,19 @@ def in_a_child(
                         messages.append((kind, message))
             _, status = os.waitpid(pid, 0)
         except BaseException:  # Ctrl-C while waiting: the child goes too
-            _end(pid)
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             raise
     code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
     if code == _CANNOT_FORK:
         return None
-    outcomes = [message for kind, message in messages if kind == "outcome"]
     for kind, message in messages:
         if kind == "verdict":
             return message
         if kind == "error":
             raise message
-    return _died(outcomes, progress.where, code, describe)
+    return _died([message for kind, message in messages if kind == "outcome"], progress.where, code, describe)
 
 
 def _child(run: Callable[[Progress], Verdict], sender: Connection) -> None:
@@ -183,15 +184,9 @@ def _picklable(err: BaseException) -> BaseException:
 def _died(outcomes: list[Outcome], where, code: int, describe: Callable[[str], str]) -> Verdict:
     """The verdict of a child that ended without one: what it finished, then the stage it was in, not audited."""
     how = f"died with {signal_name(-code)}" if code < 0 else f"exited with status {code} before its verdict"
-    verdict = Verdict(outcomes=list(outcomes))
+    verdict = Verdict(outcomes=outcomes)
     stage, rank, world_size, action = where if where is not None else ("fit", 0, 1, "")
     hook = describe(action) if action else "setting up"
     verdict.outcomes.append(Outcome(stage, rank, world_size, gap=f"the process {how} in {hook}"))
     verdict.notes.append("the stages after it were not audited: the audit's process ended there")
     return verdict
-
-
-def _end(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, ChildProcessError):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)

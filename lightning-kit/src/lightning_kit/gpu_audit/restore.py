@@ -13,8 +13,6 @@ import torch
 
 from . import simulated
 
-_CONTAINERS = (dict, list, set)
-
 
 @contextmanager
 def as_found(model: torch.nn.Module) -> Iterator[None]:
@@ -23,7 +21,11 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
     classes = [type(module) for module in modules]
     attributes = [dict(vars(module)) for module in modules]
     held = [value for found in attributes for value in found.values()]
-    containers = {id(value): (value, _shallow(value)) for value in held if isinstance(value, _CONTAINERS)}
+    containers = {
+        id(value): (value, dict(value) if isinstance(value, dict) else list(value))
+        for value in held
+        if isinstance(value, dict | list | set)
+    }
     tensors = {id(value): (value, value.detach().clone()) for value in held if _plain_cpu(value)}
     held_tensors = [
         tensor
@@ -58,11 +60,6 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
             for tensor, values in tensors.values():
                 if (tensor.shape, tensor.dtype) == (values.shape, values.dtype) and not torch.equal(tensor, values):
                     tensor.copy_(values)
-
-
-def _shallow(container: Any) -> Any:
-    """What a dict, list or set holds, to refill it with."""
-    return dict(container) if isinstance(container, dict) else list(container)
 
 
 def _plain_cpu(value: Any) -> bool:
