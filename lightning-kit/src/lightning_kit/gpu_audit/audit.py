@@ -166,7 +166,7 @@ def _stage(
 ) -> Outcome:
     """One stage of one pass, run on the simulated GPU: passed, a bug, or why it was not (wholly) audited."""
     outcome = Outcome(stage, rank, world_size)
-    progress.at_stage(stage, rank, world_size)
+    progress.at((stage, rank, world_size, ""))
     start = time.perf_counter()
     started = _steps(runner, stage)
     simulated.memory.start_stage()

@@ -182,16 +182,12 @@ def _walk(batch: Any) -> list[Unmoved]:
     return found
 
 
-def _key(key: Any) -> str:
-    """A mapping's key as Python writes it, where it is a string or a number, else its type."""
-    return repr(key) if isinstance(key, str | int | float) else f"<{type(key).__name__}>"
-
-
 def _parts(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     """What ``value`` holds, with its place."""
     if isinstance(value, Mapping):
         for key, item in itertools.islice(value.items(), ITEMS):
-            yield f"{path}[{_key(key)}]", item
+            shown = repr(key) if isinstance(key, str | int | float) else f"<{type(key).__name__}>"
+            yield f"{path}[{shown}]", item
     elif isinstance(value, Sequence):
         fields = getattr(value, "_fields", None) if isinstance(value, tuple) else None  # a namedtuple's names
         for index, item in enumerate(itertools.islice(value, ITEMS)):

@@ -35,16 +35,13 @@ class Progress:
         self.where: tuple[str, int, int, str] | None = None
         self.send = send
 
-    def at_stage(self, stage: str, rank: int, world_size: int) -> None:
-        self._at((stage, rank, world_size, ""))
+    def at(self, where: tuple[str, int, int, str]) -> None:
+        self.where = where
+        self.send(("at", where))
 
     def at_hook(self, action: str) -> None:
         if self.where is not None:
-            self._at((*self.where[:3], action))
-
-    def _at(self, where: tuple[str, int, int, str]) -> None:
-        self.where = where
-        self.send(("at", where))
+            self.at((*self.where[:3], action))
 
     def ended(self, outcome: Outcome) -> None:
         self.send(("outcome", outcome))
