@@ -88,8 +88,7 @@ def run_audit(
 ) -> Verdict:
     """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
 
-    With ``stop_at_bug``, the run ends at the first placement bug; ``isolate`` is ``audit``'s; ``say`` is told of a
-    long stage (``isolation.announced``).
+    ``stop_at_bug`` ends the run at the first bug; ``say`` is told of a long stage (``isolation.announced``).
     """
     _check_arguments(model, data, trainer)
     simulated.enable()
@@ -196,8 +195,7 @@ def _stage(
 
 
 def _notes() -> list[str]:
-    """A note for each line of the user's code that named CUDA itself, and each kernel deterministic mode's
-    warn_only warned of."""
+    """A note for each line of the user's code that named CUDA, and each kernel that warn_only warned of."""
     named = [
         f"{_shown(filename)}:{lineno} names the GPU itself ({how}): that runs on a GPU, but fails with "
         "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
@@ -218,7 +216,7 @@ def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
 
     def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("sync_dist") and trainer.world_size > 1:
-            # Lightning all-reduces it later, from its own code: recorded here, at the line that asked for it.
+            # Lightning all-reduces it later, from its own code: recorded at the line that asked for it.
             note(f"self.log({name!r}, sync_dist=True)", value if isinstance(value, torch.Tensor) else ())
             if isinstance(value, torch.Tensor):
                 trainer.strategy.check_collective(value, "all_reduce")
@@ -238,8 +236,7 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         for callback in trainer.callbacks
         if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
     ]
-    # The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns ``16-mixed``
-    # into ``bf16-mixed``), else the Trainer's.
+    # The precision as given to LightningCLI, where it built ``trainer`` (a CPU Trainer turns 16-mixed into bf16).
     saved = [
         getattr(getattr(callback.config, "trainer", None), "precision", None)
         for callback in trainer.callbacks

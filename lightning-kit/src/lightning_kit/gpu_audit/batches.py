@@ -102,8 +102,7 @@ _IN_FLIGHT: list[Unmoved] = []  # the batch the step now running was given
 
 
 def record(moved: Any, mover: Callable[[], str | None]) -> None:
-    """Keep, as the batch in flight, the CPU tensors of ``moved`` that Lightning's move does not reach; ``mover()``
-    names the user's ``transfer_batch_to_device`` that moved it, if any."""
+    """Keep the CPU tensors of ``moved`` that Lightning's move does not reach, and who moved it (``mover()``)."""
     _IN_FLIGHT[:] = [spot for spot in _walk(moved) if spot.tensor.device.type == "cpu"]
     if _IN_FLIGHT:
         _IN_FLIGHT[:] = [dataclasses.replace(spot, mover=mover()) for spot in _IN_FLIGHT]
@@ -176,8 +175,7 @@ def _walk(batch: Any) -> list[Unmoved]:
     except Exception:  # the batch's own code raised (an items(), a __getattr__): the look ends, the run goes on
         pass
     finally:
-        # ``walk`` refers to itself, a cycle only the collector frees: what it saw goes now, so that it does not
-        # count in the memory of the steps after.
+        # ``walk`` refers to itself, a cycle only the collector frees: what it saw goes now, out of the memory count.
         seen.clear()
     return found
 

@@ -205,11 +205,9 @@ def _cpu_operand(chain: list[BaseException]) -> torch.Tensor | None:
 
 
 def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[str, int] | None:
-    """Where the user's code made the CPU ``tensor``, as ``(filename, lineno)``.
-
-    Where the simulated GPU saw it made; else where a variable of the user's frames (outermost first) that holds its
-    memory was made or last assigned; else the one CPU tensor the failing function made.
-    """
+    """Where the user's code made the CPU ``tensor``: where the simulated GPU saw it made; else where a variable of
+    the user's frames (outermost first) holding its memory was made or last assigned; else the one CPU tensor the
+    failing function made."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
         return None
     made = simulated.made_at(tensor)
@@ -273,8 +271,7 @@ def _shown(filename: str) -> str:
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
 
 
-# PyTorch's own checks of devices (an LSTM's hidden state; a tensor hook returning a gradient on another device:
-# "hook 'h' has changed the type of value (was simgpuFloatType got torch.FloatTensor)").
+# PyTorch's own checks of devices (an LSTM's hidden state; "hook 'h' has changed the type of value (was ...)").
 _PYTORCH_DEVICE_CHECK = re.compile(
     rf"device.*\b{DEVICE_TYPE}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{DEVICE_TYPE}\b|"
     rf"changed the type of value \(was {DEVICE_TYPE}\w* got (torch\.)?\w+\)|"
@@ -282,15 +279,13 @@ _PYTORCH_DEVICE_CHECK = re.compile(
     flags=re.IGNORECASE,
 )
 
-# Operations that refuse a mix of dtypes, as CUDA does (the simulated GPU casts as CUDA's autocast does); the
-# CPU's own limits, "(CPU)", are not bugs.
+# Operations that refuse a mix of dtypes, as CUDA does; the CPU's own limits, "(CPU)", are not bugs.
 _DTYPE_MISMATCH = re.compile(
     r"dtypes? (to )?match|same dtype|dtype.* to be equal|expected scalar type \w+ but found \w+|"
     r"type \(.+\) and \w+ type \(.+\) should be the same",
     flags=re.IGNORECASE,
 )
-# A convolution's check of its input and weight, whose types name the device: "Input type (torch.FloatTensor) and
-# weight type (simgpuFloatType) should be the same".
+# "Input type (torch.FloatTensor) and weight type (simgpuFloatType) should be the same": types that name devices.
 _TYPES_OF_TWO_DEVICES = re.compile(r"type \(([\w.]+)\) and \w+ type \(([\w.]+)\) should be the same")
 
 
@@ -330,8 +325,7 @@ def _unused_parameters(message: str) -> SimulatedDeviceError:
     return SimulatedDeviceError(said, kind="unused parameters", operation="DistributedDataParallel's reducer")
 
 
-# TorchScript's interpreter turns what an operation raised into a RuntimeError of its own, keeping only the
-# script's traceback, as text.
+# TorchScript's interpreter raises a RuntimeError of its own, keeping only the script's traceback, as text.
 _TORCHSCRIPT_FAILURE = "The following operation failed in the TorchScript interpreter"
 _TORCHSCRIPT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (\S+)$', flags=re.MULTILINE)
 
@@ -386,8 +380,7 @@ _OURS = tuple(
 )
 # The rest of this library counts as the user's code wherever it is installed, so a bug in it is named at its line.
 _KIT = str(Path(__file__).resolve().parents[1]) + os.sep
-# The packages of the models and data modules audited or run, even where installed among the libraries
-# (``pip install .``): filled in by ``count_as_user_code``.
+# The packages of the models and data modules audited, even installed among the libraries: count_as_user_code.
 _AUDITED: set[str] = set()
 # Frameworks whose own classes (a demo model, a plain DataModule) do not make their package the user's.
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_kit", "torch")

@@ -137,8 +137,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
         try:
             return super().training_step(*args, **kwargs)
         finally:
-            # Lightning points the module's forward at training_step while DDP's forward runs, and back once DDP
-            # calls it: not where DDP's forward stopped first (a reducer's error).
+            # Lightning points forward at training_step while DDP's runs: put back where a reducer's error stopped it.
             if before is None:
                 vars(module).pop("forward", None)
             else:
@@ -174,8 +173,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        # The rank it plays is this process's only while it runs: with rank 1 left behind, every later run in this
-        # process would skip what rank 0 does (its logs, its files).
+        # The rank is this process's only while it runs: with rank 1 left, later runs would skip rank 0's files.
         self._process_rank = rank_zero_only.rank
         rank_zero_only.rank = self._rank
         batches.forget()
@@ -247,8 +245,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
 
 class _WithoutTimings:
-    """DDP's logger without the timings of each iteration, which it takes on CPUs and CUDA GPUs only (and complains
-    on any other device)."""
+    """DDP's logger without the timings it takes on CPUs and CUDA GPUs only (and complains of on any other device)."""
 
     def __init__(self, logger: Any) -> None:
         self._logger = logger

@@ -23,9 +23,9 @@ def compare(verdict: Verdict) -> None:
 
 
 def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | None] | None:
-    """Each rank's call (None: none) at the first line of the user's code where rank 0's collectives (``first``) and
-    rank 1's (``second``) part: called on one rank only, or with another operation, shapes or dtypes. Lightning's own
-    calls are its to keep in step; how many times a line calls is left alone, as the ranks' decisions that Lightning
+    """Each rank's call (or None) at the first line of the user's code where rank 0's and rank 1's collectives part.
+
+    Lightning's own calls are its to keep in step; how often a line calls is left alone, as the decisions Lightning
     reduces (which checkpoint is the best) are each rank's own here."""
     by_line: list[dict[tuple[str, int], list[Call]]] = [{}, {}]
     for calls, lines in zip((first, second), by_line, strict=True):
