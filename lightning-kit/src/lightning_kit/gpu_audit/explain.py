@@ -147,11 +147,8 @@ def explain(
         reason = _limitation(chain) or first_line(err, typed=True)
         return f"{hook} stopped at {at}: {reason}"
     kind = device_error.kind
-    lines = [
-        f"{stage} on {simulated.device(rank)}"
-        + (f" as DDP rank {rank} of {world_size}" if world_size > 1 else "")
-        + f", {hook}: {device_error.operation} at {at}"
-    ]
+    ddp = f" as DDP rank {rank} of {world_size}" if world_size > 1 else ""
+    lines = [f"{stage} on {simulated.device(rank)}{ddp}, {hook}: {device_error.operation} at {at}"]
     if frame and frame.line:
         lines.append(f"    {frame.line}")
     lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")

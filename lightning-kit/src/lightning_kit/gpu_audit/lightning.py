@@ -151,9 +151,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
     def global_rank(self) -> int:
         return self._rank
 
-    @property
-    def local_rank(self) -> int:
-        return self._rank
+    local_rank = global_rank  # one process per simulated node
 
     @property
     def node_rank(self) -> int:
