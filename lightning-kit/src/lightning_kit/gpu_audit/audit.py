@@ -1,15 +1,12 @@
-"""The audit's runner: the model trained on the simulated GPUs by Lightning's own ``Trainer``, stage by stage.
-
-``run_audit`` runs ``fit`` for two short epochs, then ``validate``, ``test`` and ``predict``, once on one simulated
-GPU and once as each process of a two-GPU DDP run (``PASSES``), with the Trainer settings it is given, writing only
-into a temporary folder. A stage the data has nothing for is skipped, with a note.
+"""The audit's runner: ``fit`` for two short epochs, then ``validate``, ``test`` and ``predict``, by Lightning's own
+``Trainer``, once on one simulated GPU and once as each process of a two-GPU DDP run (``PASSES``), writing only into
+a temporary folder.
 """
 
 import copy
 import functools
 import logging
 import os
-import random
 import tempfile
 import time
 import warnings
@@ -19,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader
 
 from ..errors import first_line
@@ -45,10 +42,7 @@ EPOCHS, BATCHES = 2, 2
 # The Trainer settings of each pass's short schedule (the benchmark's plain run takes the same).
 SCHEDULE = {
     "max_epochs": EPOCHS,
-    "limit_train_batches": BATCHES,
-    "limit_val_batches": BATCHES,
-    "limit_test_batches": BATCHES,
-    "limit_predict_batches": BATCHES,
+    **{f"limit_{loop}_batches": BATCHES for loop in ("train", "val", "test", "predict")},
     "num_sanity_val_steps": 1,
     "val_check_interval": 1.0,
     "check_val_every_n_epoch": 1,
@@ -65,12 +59,10 @@ def audit(
     """Train ``model`` on simulated GPUs; raise ``DevicePlacementError`` for the first bug found.
 
     Args:
-        model: The LightningModule, as constructed: trained as Lightning would (never a copy), and given back as it
-            was (``restore.py``).
-        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (used for every stage), or None
-            when ``model`` defines its own dataloaders.
-        trainer: A Trainer whose settings to audit with: its callbacks, gradient clipping and accumulation, and
-            precision (mixed precision with CUDA's autocast rules).
+        model: The LightningModule itself (never a copy), given back as it was (``restore.py``).
+        data: A ``LightningDataModule``, or one batch as the DataLoader yields it (for every stage), or None when
+            ``model`` defines its own dataloaders.
+        trainer: A Trainer whose callbacks, gradient clipping and accumulation, and precision to audit with.
         isolate: Audit in a forked copy of this process (``isolation.py``), where it can fork.
 
     Raises:
@@ -96,16 +88,13 @@ def run_audit(
 ) -> Verdict:
     """Run every stage of ``model`` on the simulated GPUs and return what was found; raises only for our own bugs.
 
-    With ``stop_at_bug``, the run ends at the first placement bug instead of auditing the remaining stages;
-    with ``isolate``, it runs in a forked copy of this process (see ``audit``). ``say`` is given a line
-    naming the stage and pass when a stage has run for a few seconds (``isolation.LONG_STAGE_S``), and
-    again every ``isolation.STILL_EVERY_S`` while it runs; nothing for shorter stages.
+    ``stop_at_bug`` ends the run at the first bug; ``say`` is told of a long stage (``isolation.announced``).
     """
     _check_arguments(model, data, trainer)
     simulated.enable()
     count_as_user_code(model, data)
 
-    describe = functools.partial(_hook, model=model)  # a Lightning action, in words
+    describe = functools.partial(_hook, model=model)
     if isolate:
         verdict = in_a_child(lambda progress: _run(model, data, trainer, stop_at_bug, progress), describe, say)
         if verdict is not None:
@@ -116,14 +105,11 @@ def run_audit(
 
 
 def _run(
-    model: L.LightningModule,
-    data: Any,
-    trainer: L.Trainer | None,
-    stop_at_bug: bool,
-    progress: Progress,
+    model: L.LightningModule, data: Any, trainer: L.Trainer | None, stop_at_bug: bool, progress: Progress
 ) -> Verdict:
     """The stages, in this process; ``progress`` is told where they are, and each outcome."""
     settings, callbacks, notes = _settings(trainer)
+    ddp = settings.pop("ddp_options", None)  # DistributedDataParallel's, for the DDP pass
     verdict = Verdict(notes=notes)
     stages = []
     for stage in STAGES:
@@ -135,12 +121,23 @@ def _run(
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
     simulated.forget_named_cuda()
     simulated.forget_warned()
-    with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as folder:
+    with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as root:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)
-            pass_folder = Path(folder) / f"rank{rank}-of-{world_size}"
-            try:
-                runner = _runner(rank, world_size, callbacks, trainer, pass_folder, tracker, settings, verdict)
+            folder = Path(root) / f"rank{rank}-of-{world_size}"
+            try:  # the given settings, on one simulated GPU, for the audit's short schedule
+                runner = L.Trainer(
+                    strategy=SimulatedGPUStrategy(rank, world_size, ddp),
+                    callbacks=[
+                        *(_redirected(callback, folder) for callback in copy.deepcopy(callbacks)),
+                        StageMemory(),
+                    ],
+                    logger=_logger(trainer, folder, verdict.notes),
+                    default_root_dir=folder,
+                    profiler=tracker,
+                    **SCHEDULE,
+                    **settings,
+                )
             except Exception as err:  # a callback that cannot be copied, a setting this Lightning refuses
                 said = first_line(err, typed=True)
                 why = f"the audit's Trainer could not be made with the Trainer's settings and callbacks ({said})"
@@ -164,17 +161,11 @@ def _run(
 
 
 def _stage(
-    runner: L.Trainer,
-    stage: str,
-    model: L.LightningModule,
-    data: Any,
-    rank: int,
-    world_size: int,
-    progress: Progress,
+    runner: L.Trainer, stage: str, model: L.LightningModule, data: Any, rank: int, world_size: int, progress: Progress
 ) -> Outcome:
     """One stage of one pass, run on the simulated GPU: passed, a bug, or why it was not (wholly) audited."""
     outcome = Outcome(stage, rank, world_size)
-    progress.at_stage(stage, rank, world_size)
+    progress.at((stage, rank, world_size, ""))
     start = time.perf_counter()
     started = _steps(runner, stage)
     simulated.memory.start_stage()
@@ -204,8 +195,7 @@ def _stage(
 
 
 def _notes() -> list[str]:
-    """A note for each line of the user's code that named CUDA itself (right on a GPU, not everywhere), and for each
-    operation that deterministic mode's warn_only warned of (on a GPU it runs, and differs a little between runs)."""
+    """A note for each line of the user's code that named CUDA, and each kernel that warn_only warned of."""
     named = [
         f"{_shown(filename)}:{lineno} names the GPU itself ({how}): that runs on a GPU, but fails with "
         "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
@@ -220,37 +210,13 @@ def _notes() -> list[str]:
     ]
 
 
-def _runner(
-    rank: int,
-    world_size: int,
-    callbacks: list[L.Callback],
-    trainer: L.Trainer | None,
-    folder: Path,
-    tracker: HookTracker,
-    settings: dict[str, Any],
-    verdict: Verdict,
-) -> L.Trainer:
-    """The Trainer of one pass: the given settings, on one simulated GPU, for the audit's short schedule."""
-    settings = dict(settings)
-    ddp_options = settings.pop("ddp_options", None)
-    return L.Trainer(
-        strategy=SimulatedGPUStrategy(rank, world_size, ddp_options),
-        callbacks=[*(_redirected(callback, folder) for callback in copy.deepcopy(callbacks)), StageMemory()],
-        logger=_logger(trainer, folder, verdict.notes),
-        default_root_dir=folder,
-        profiler=tracker,
-        **SCHEDULE,
-        **settings,
-    )
-
-
 def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
-    """Under DDP, a value logged with ``sync_dist=True`` must be on the module's device: check at the call."""
+    """Under DDP, check at the call that a value logged with ``sync_dist=True`` is on the module's device."""
     log = model.log
 
     def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("sync_dist") and trainer.world_size > 1:
-            # Lightning all-reduces it later, from its own code: recorded here, at the line that asked for it.
+            # Lightning all-reduces it later, from its own code: recorded at the line that asked for it.
             note(f"self.log({name!r}, sync_dist=True)", value if isinstance(value, torch.Tensor) else ())
             if isinstance(value, torch.Tensor):
                 trainer.strategy.check_collective(value, "all_reduce")
@@ -270,15 +236,19 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         for callback in trainer.callbacks
         if not isinstance(callback, ProgressBar | ModelSummary | Timer | SaveConfigCallback)
     ]
-    # The precision asked for: as given to LightningCLI where it built ``trainer`` (a CPU Trainer turns ``16-mixed``
-    # into ``bf16-mixed``), else the Trainer's.
+    # The precision as given to LightningCLI, where it built ``trainer`` (a CPU Trainer turns 16-mixed into bf16).
     saved = [
         getattr(getattr(callback.config, "trainer", None), "precision", None)
         for callback in trainer.callbacks
         if isinstance(callback, SaveConfigCallback)
     ]
     given, notes = next((precision for precision in saved if precision is not None), trainer.precision), []
-    settings: dict[str, Any] = {"precision": trainer.precision}
+    settings: dict[str, Any] = {
+        "precision": trainer.precision,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+    }
     mixed = mixed_precision(given)
     if mixed is not None:
         del settings["precision"]
@@ -289,22 +259,14 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
     elif str(given).startswith("transformer-engine"):
         notes.append(f"precision {given} ran as 32-true: Transformer Engine needs a real GPU")
         settings["precision"] = "32-true"
-    if isinstance(trainer.strategy, DDPStrategy):  # DistributedDataParallel's options, for the DDP pass
+    if isinstance(trainer.strategy, DDPStrategy):
         settings["ddp_options"] = ddp_options(trainer.strategy)
-    settings |= {
-        "gradient_clip_val": trainer.gradient_clip_val,
-        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
-        "accumulate_grad_batches": trainer.accumulate_grad_batches,
-    }
     return settings, callbacks, notes
 
 
 def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | bool:
-    """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``: a
-    TensorBoard logger, or a CSV one without TensorBoard), which writes into the Trainer's, the audit's folder.
-
-    A logger that sends its records elsewhere (W&B, MLflow, ...) is not used: Lightning's default stands in for it.
-    """
+    """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``), which
+    writes there too, standing in for a logger that sends its records elsewhere (W&B, MLflow, ...)."""
     kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
     if trainer is not None and kind is None:
         return False
@@ -316,7 +278,7 @@ def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger
 
 
 def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
-    """Point a callback that writes files into the audit's own folder, so nothing of the user's is touched."""
+    """Point a callback that writes files into the audit's own folder."""
     if isinstance(callback, ModelCheckpoint):
         callback.dirpath = str(folder / "checkpoints")
     elif isinstance(callback, BasePredictionWriter):
@@ -330,8 +292,7 @@ def _redirected(callback: L.Callback, folder: Path) -> L.Callback:
 
 
 def _has_data_for(stage: str, model: L.LightningModule, data: Any) -> bool:
-    """Whether the data defines ``stage``: its dataloader, and, where the data module says which stages
-    it has data for (``has_data_for(stage)``, as an image folder without a test split does), that one."""
+    """Whether the data defines ``stage``'s dataloader, and (where the data module has ``has_data_for``) data."""
     if not isinstance(data, L.LightningDataModule | type(None)):
         return True  # one batch, for every stage
     has_data_for = getattr(data, "has_data_for", None)
@@ -357,7 +318,7 @@ def _data_arguments(stage: str, data: Any) -> dict[str, Any]:
 
 
 def _check_arguments(model: Any, data: Any, trainer: Any) -> None:
-    """Raise ``TypeError``, in one line saying what the audit takes, for arguments of the wrong kind."""
+    """Raise a one-line ``TypeError`` for arguments of the wrong kind."""
     takes = "audit(model, data=None, trainer=None) takes a LightningModule instance"
     if isinstance(model, L.LightningDataModule) and isinstance(data, L.LightningModule):
         raise TypeError(f"{takes} first and the data second: the two are swapped (audit(model, data))")
@@ -388,7 +349,7 @@ def _kind(value: Any) -> str:
 
 
 def _steps(runner: L.Trainer, stage: str) -> int:
-    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit), all calls together."""
+    """How many batches ``runner`` has started in ``stage``'s loop (training batches, for fit)."""
     loop = runner.fit_loop.epoch_loop if stage == "fit" else getattr(runner, f"{stage}_loop")
     return loop.batch_progress.total.ready
 
@@ -405,21 +366,16 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 @contextmanager
 def _process_state_kept() -> Iterator[None]:
-    """Leave the random generators and Lightning's loggers' levels as the audit found them (its rank: the strategy's
-    teardown), and keep Lightning's messages out of the report meanwhile: its advice for a full run does not apply
-    to two batches."""
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    """Leave the random generators and Lightning's loggers' levels as found, and keep Lightning's messages out of the
+    report meanwhile: its advice for a full run does not apply to two batches."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.WARNING)
     try:
-        with warnings.catch_warnings():
+        with isolate_rng(include_cuda=False), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

@@ -1,18 +1,12 @@
 """What Lightning leaves on the CPU in a batch: the tensors its move cannot reach, where they sit, why, and the fix.
 
-On a GPU, Lightning moves each batch with ``LightningModule.transfer_batch_to_device`` (by default
-``lightning.fabric.utilities.apply_func.move_data_to_device``): tensors in lists, tuples, dicts, namedtuples and
-dataclasses (the fields their ``__init__`` takes), however nested, and objects with a ``to`` method, by calling it;
-anything else it hands on as it is. The simulated GPU's strategy (``lightning.py``) calls ``record`` after the
-move, which keeps what it did not reach and is on the CPU as the batch in flight; ``left_on_cpu`` tells
-``explain`` whether the CPU tensor of an operation a GPU refuses is one of them. Such a tensor is no bug by itself
-(CUDA takes 0-dim CPU tensors in element-wise operations; ``pack_padded_sequence`` wants its lengths on the CPU):
-only an operation a GPU refuses is one, and then this names its cause.
+The simulated GPU's strategy calls ``record`` after Lightning's move of each batch; ``left_on_cpu`` tells ``explain``
+whether the CPU tensor of an operation a GPU refuses is one of them. Such a tensor is no bug by itself (CUDA takes
+0-dim CPU tensors; ``pack_padded_sequence`` wants its lengths on the CPU), only the cause of a refusal.
 
 The walk follows ``apply_to_collection`` of ``lightning_utilities`` as Lightning 2.6 calls it (a ``to`` method, a
-dataclass, a ``Mapping``, a namedtuple or other ``Sequence`` but ``str``), from Lightning's public behaviour; where
-Lightning stops, it looks into objects' ``__dict__`` and ``__slots__`` and the containers they hold (not into
-``nn.Module``s, nor properties), bounded to cost nothing a step would notice (``DEPTH``, ``NODES``, ``ITEMS``).
+dataclass's ``__init__`` fields, a ``Mapping``, a ``Sequence`` but ``str``); where Lightning stops, it looks into
+objects' ``__dict__`` and ``__slots__`` (not ``nn.Module``s, nor properties), within ``DEPTH``, ``NODES``, ``ITEMS``.
 """
 
 import dataclasses
@@ -30,46 +24,24 @@ MOVED_BY_TO = "to"  # held by an object whose to() Lightning called, which did n
 NOT_A_FIELD = "not a field"  # in a dataclass, but not a field its __init__ takes
 
 # Values that hold no tensor, nor anything to look into.
-_LEAVES = (
-    str,
-    bytes,
-    bytearray,
-    int,
-    float,
-    complex,
-    type,
-    range,
-    types.ModuleType,
-    torch.nn.Module,
-    torch.dtype,
-    torch.device,
-)
+_BUILTIN_LEAVES = (str, bytes, bytearray, int, float, complex, type, range, types.ModuleType)
+_LEAVES = (*_BUILTIN_LEAVES, torch.nn.Module, torch.dtype, torch.device)
 
 
 @dataclasses.dataclass(frozen=True)
 class Unmoved:
-    """A tensor of the batch that Lightning's move left on the CPU, and why.
+    """A tensor of the batch that Lightning's move left on the CPU, and why."""
 
-    Attributes:
-        path: Where it sits in the batch, e.g. ``batch.x`` or ``batch['extra'].values``.
-        tensor: The tensor.
-        holder: The class of the object that Lightning could not look into (or whose ``to`` left it).
-        holder_path: That object's place in the batch, e.g. ``batch`` or ``batch['extra']``.
-        why: ``PLAIN``, ``MOVED_BY_TO`` or ``NOT_A_FIELD``.
-        mover: The user's ``transfer_batch_to_device`` that moved the batch instead of Lightning's, if any,
-            e.g. ``"Classifier.transfer_batch_to_device"``.
-    """
-
-    path: str
+    path: str  # where it sits in the batch, e.g. ``batch['extra'].values``
     tensor: torch.Tensor
-    holder: type
-    holder_path: str
-    why: str
-    mover: str | None = None
+    holder: type  # the class of the object that Lightning could not look into (or whose ``to`` left it)
+    holder_path: str  # that object's place in the batch, e.g. ``batch['extra']``
+    why: str  # PLAIN, MOVED_BY_TO or NOT_A_FIELD
+    mover: str | None = None  # the user's transfer_batch_to_device that moved the batch instead, if any
 
     @property
     def holder_name(self) -> str:
-        """The holder's class with its module, as Python prints it: ``my_project.data.Batch``."""
+        """The holder's class with its module: ``my_project.data.Batch``."""
         module = self.holder.__module__
         return self.holder.__qualname__ if module == "builtins" else f"{module}.{self.holder.__qualname__}"
 
@@ -130,16 +102,13 @@ _IN_FLIGHT: list[Unmoved] = []  # the batch the step now running was given
 
 
 def record(moved: Any, mover: Callable[[], str | None]) -> None:
-    """Keep, as the batch in flight, the tensors of ``moved`` (the batch after Lightning's move and
-    ``on_after_batch_transfer``) that the move does not reach and that are on the CPU; ``mover()`` names the user's
-    ``transfer_batch_to_device`` that moved it, if any."""
+    """Keep the CPU tensors of ``moved`` that Lightning's move does not reach, and who moved it (``mover()``)."""
     _IN_FLIGHT[:] = [spot for spot in _walk(moved) if spot.tensor.device.type == "cpu"]
     if _IN_FLIGHT:
         _IN_FLIGHT[:] = [dataclasses.replace(spot, mover=mover()) for spot in _IN_FLIGHT]
 
 
 def forget() -> None:
-    """No batch is in flight: a run starts."""
     _IN_FLIGHT.clear()
 
 
@@ -157,7 +126,7 @@ def same_memory(value: Any, tensor: torch.Tensor) -> bool:
 
 
 def _address(value: Any) -> int:
-    """Where a dense CPU tensor's values start in memory; 0 for anything else (a sparse one has no one storage)."""
+    """Where a dense CPU tensor's values start in memory; 0 for anything else."""
     dense = isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.layout == torch.strided
     return value.untyped_storage().data_ptr() if dense else 0
 
@@ -168,11 +137,7 @@ def in_flight() -> list[Unmoved]:
 
 
 def _walk(batch: Any) -> list[Unmoved]:
-    """Every tensor of ``batch`` that Lightning's move does not reach, with why, within the bounds.
-
-    What the batch's own code raises while it is looked at (a mapping's ``items()``, a ``__getattr__``)
-    ends the look there, with what it found: it is no reason to stop the run, which goes on with the batch.
-    """
+    """Every tensor of ``batch`` that Lightning's move does not reach, with why, within the bounds."""
     seen: dict[int, Any] = {}  # by id, holding each object, so that no id is another's while walking
     budget = [NODES]
 
@@ -207,25 +172,20 @@ def _walk(batch: Any) -> list[Unmoved]:
     try:
         for spot in walk(batch, "batch", 0, None):
             found.append(spot)
-    except Exception:  # the batch's own code (see above): the look ends, the run goes on
+    except Exception:  # the batch's own code raised (an items(), a __getattr__): the look ends, the run goes on
         pass
     finally:
-        # ``walk`` refers to itself, a cycle that only the collector frees: what it saw (the batch, on the GPU) goes
-        # now, so that it does not count in the memory of the steps after.
+        # ``walk`` refers to itself, a cycle only the collector frees: what it saw goes now, out of the memory count.
         seen.clear()
     return found
 
 
-def _key(key: Any) -> str:
-    """A mapping's key as Python writes it, where it is short (a string, a number), else its type."""
-    return repr(key) if isinstance(key, str | int | float) else f"<{type(key).__name__}>"
-
-
 def _parts(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """What ``value`` holds, with its place: a mapping's values, a sequence's or set's items, an object's attributes."""
+    """What ``value`` holds, with its place."""
     if isinstance(value, Mapping):
         for key, item in itertools.islice(value.items(), ITEMS):
-            yield f"{path}[{_key(key)}]", item
+            shown = repr(key) if isinstance(key, str | int | float) else f"<{type(key).__name__}>"
+            yield f"{path}[{shown}]", item
     elif isinstance(value, Sequence):
         fields = getattr(value, "_fields", None) if isinstance(value, tuple) else None  # a namedtuple's names
         for index, item in enumerate(itertools.islice(value, ITEMS)):

@@ -1,11 +1,7 @@
 """The explanation of a failure: what a GPU would say, at which hook and line of your code, and the fix.
 
-``explain`` turns what stopped a run on the simulated GPU into a ``DevicePlacementError``
-(where a GPU would refuse the same operation), naming the hook, the innermost line of the
-user's code (``is_user_code`` tells it from a library's), the attribute of the model that
-holds the tensor on the wrong device (or the place in the batch where Lightning's move left it:
-``batches.py``), and the rule of the guide that gives the fix; or, for anything else, into one line
-saying why the run stopped there.
+``explain`` turns what stopped a run on the simulated GPU into a ``DevicePlacementError`` where a GPU would refuse
+the same operation, or else into one line saying why the run stopped there.
 """
 
 import ast
@@ -131,9 +127,12 @@ def explain(
 ) -> DevicePlacementError | str:
     """A ``DevicePlacementError`` for what a GPU would refuse in ``err``, or else why the run stopped there."""
     chain = _with_what_torchscript_lost(exception_chain(err))
-    device_error = next((_as_device_error(link) for link in chain if _as_device_error(link) is not None), None)
-    if device_error is not None:
-        chain = chain[: next(i for i, link in enumerate(chain) if _as_device_error(link) is not None) + 1]
+    device_error = None
+    for index, link in enumerate(chain):
+        device_error = _as_device_error(link)
+        if device_error is not None:
+            chain = chain[: index + 1]
+            break
     action = next((link._audit_action for link in chain if getattr(link, "_audit_action", None)), None)
     hook = hook or _hook(action, model)
     frame = _user_frame(chain)
@@ -148,11 +147,8 @@ def explain(
         reason = _limitation(chain) or first_line(err, typed=True)
         return f"{hook} stopped at {at}: {reason}"
     kind = device_error.kind
-    lines = [
-        f"{stage} on {simulated.device(rank)}"
-        + (f" as DDP rank {rank} of {world_size}" if world_size > 1 else "")
-        + f", {hook}: {device_error.operation} at {at}",
-    ]
+    ddp = f" as DDP rank {rank} of {world_size}" if world_size > 1 else ""
+    lines = [f"{stage} on {simulated.device(rank)}{ddp}, {hook}: {device_error.operation} at {at}"]
     if frame and frame.line:
         lines.append(f"    {frame.line}")
     lines.append(f"On a GPU: {'TypeError' if kind == 'numpy' else 'RuntimeError'}: {device_error}")
@@ -166,18 +162,18 @@ def explain(
     else:
         culprit = _culprit(device_error, model)
         made = _made_at(device_error.culprit, chain) if kind == "mixed devices" else None
-        if made is not None:
-            lines += _made_lines(made, frame)
+        if made is not None and frame is not None and (frame.filename, frame.lineno) == made:
+            lines.append("The tensor on cpu is made on that line.")
+        elif made is not None:
+            line = linecache.getline(made[0], made[1]).strip()
+            lines += [f"The tensor on cpu was made at {_shown(made[0])}:{made[1]}:", *([f"    {line}"] if line else [])]
         if culprit:
             lines.append(culprit)
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
     fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
-    at_line = (
-        f" at {_shown(made[0])}:{made[1]}"
-        if made is not None and frame and made != (frame.filename, frame.lineno)
-        else ""
-    )
+    elsewhere = made is not None and frame and made != (frame.filename, frame.lineno)
+    at_line = f" at {_shown(made[0])}:{made[1]}" if elsewhere else ""
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     return DevicePlacementError(
         "\n".join(lines),
@@ -194,8 +190,7 @@ def explain(
 
 
 def _cpu_operand(chain: list[BaseException]) -> torch.Tensor | None:
-    """The CPU tensor among the operands of the call that PyTorch's own device check refused (``_audit_operands``,
-    kept by the simulated GPU's checks on code): one the user's code was seen making first."""
+    """The CPU tensor among the operands that PyTorch's own device check refused, preferring one seen made."""
     for link in chain:
         operands = getattr(link, "_audit_operands", None)
         if operands is None:
@@ -207,13 +202,9 @@ def _cpu_operand(chain: list[BaseException]) -> torch.Tensor | None:
 
 
 def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[str, int] | None:
-    """Where the user's code made the CPU ``tensor``, as ``(filename, lineno)``.
-
-    The call that made it (or the tensor it views) without a device, where the simulated GPU saw it
-    (``simulated.made_at``); else, in the functions of the user's that the error passed, outermost first, a
-    variable that holds its memory: where that was made, or assigned last; else the one CPU tensor the failing
-    function made, which it may have been computed from. Work done only once a run has failed.
-    """
+    """Where the user's code made the CPU ``tensor``: where the simulated GPU saw it made; else where a variable of
+    the user's frames (outermost first) holding its memory was made or last assigned; else the one CPU tensor the
+    failing function made."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
         return None
     made = simulated.made_at(tensor)
@@ -250,8 +241,7 @@ def _cpu(value: Any) -> bool:
 
 
 def _assigned(code: Any, name: str, before: int) -> int | None:
-    """The line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function: the ``def``
-    of its name that starts (its decorators first) where ``code`` does."""
+    """The line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function."""
     try:
         tree = ast.parse("".join(linecache.getlines(code.co_filename)))
     except (SyntaxError, ValueError, RecursionError):
@@ -272,24 +262,13 @@ def _assigned(code: Any, name: str, before: int) -> int | None:
     return max(lines, default=None)
 
 
-def _made_lines(made: tuple[str, int], frame: traceback.FrameSummary | None) -> list[str]:
-    """The lines of the report that say where the CPU tensor was made."""
-    filename, lineno = made
-    if frame is not None and (frame.filename, frame.lineno) == made:
-        return ["The tensor on cpu is made on that line."]
-    line = linecache.getline(filename, lineno).strip()
-    return [f"The tensor on cpu was made at {_shown(filename)}:{lineno}:", *([f"    {line}"] if line else [])]
-
-
 def _shown(filename: str) -> str:
-    """``filename`` relative to the working folder when it is inside it, as people type paths."""
+    """``filename`` relative to the working folder when it is inside it."""
     path = Path(filename)
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
 
 
-# PyTorch's own checks of devices, outside the simulated GPU's (an LSTM's hidden state, ...; a tensor hook
-# that returns a gradient on another device: "hook 'h' has changed the type of value (was simgpuFloatType
-# got torch.FloatTensor)", CUDAFloatType on CUDA).
+# PyTorch's own checks of devices (an LSTM's hidden state; "hook 'h' has changed the type of value (was ...)").
 _PYTORCH_DEVICE_CHECK = re.compile(
     rf"device.*\b{DEVICE_TYPE}(:\d+)?\b.*\bcpu\b|device.*\bcpu\b.*\b{DEVICE_TYPE}\b|"
     rf"changed the type of value \(was {DEVICE_TYPE}\w* got (torch\.)?\w+\)|"
@@ -297,42 +276,42 @@ _PYTORCH_DEVICE_CHECK = re.compile(
     flags=re.IGNORECASE,
 )
 
-# Operations that take one dtype for all their tensors, refusing a mix (which CUDA refuses too: the
-# simulated GPU computes in the dtypes CUDA's autocast gives). The CPU's own limits, "(CPU)", are not bugs.
+# Operations that refuse a mix of dtypes, as CUDA does; the CPU's own limits, "(CPU)", are not bugs.
 _DTYPE_MISMATCH = re.compile(
     r"dtypes? (to )?match|same dtype|dtype.* to be equal|expected scalar type \w+ but found \w+|"
     r"type \(.+\) and \w+ type \(.+\) should be the same",
     flags=re.IGNORECASE,
 )
-
-
-# A convolution's own check of its input and weight, whose types name the device: "Input type
-# (torch.FloatTensor) and weight type (simgpuFloatType) should be the same" (on CUDA, torch.cuda.FloatTensor).
+# "Input type (torch.FloatTensor) and weight type (simgpuFloatType) should be the same": types that name devices.
 _TYPES_OF_TWO_DEVICES = re.compile(r"type \(([\w.]+)\) and \w+ type \(([\w.]+)\) should be the same")
 
 
 def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
-    """``err`` if the simulated GPU refused something, or PyTorch did for mixing the simulated GPU with the CPU."""
+    """``err`` as a ``SimulatedDeviceError`` where a GPU would refuse it too, else None."""
     if isinstance(err, SimulatedDeviceError):
         return err
-    if isinstance(err, RuntimeError) and _PYTORCH_DEVICE_CHECK.search(str(err)):
-        message = simulated.as_cuda(first_line(err))
+    if not isinstance(err, RuntimeError):
+        return None
+    said, line = str(err), first_line(err)
+    types = _TYPES_OF_TWO_DEVICES.search(said)
+    if _PYTORCH_DEVICE_CHECK.search(said):
+        return SimulatedDeviceError(
+            simulated.as_cuda(line), kind="mixed devices", operation="PyTorch's own device check"
+        )
+    if types is not None and (DEVICE_TYPE in types[1]) != (DEVICE_TYPE in types[2]):
+        message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", line)
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
-    types = _TYPES_OF_TWO_DEVICES.search(str(err)) if isinstance(err, RuntimeError) else None
-    if types is not None and (DEVICE_TYPE in types.group(1)) != (DEVICE_TYPE in types.group(2)):
-        message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", first_line(err))
-        return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
-    if isinstance(err, RuntimeError) and "Expected to have finished reduction in the prior iteration" in str(err):
-        return _unused_parameters(str(err))
-    if isinstance(err, RuntimeError) and "does not have a deterministic implementation, but you set" in str(err):
-        return SimulatedDeviceError(first_line(err), kind="deterministic", operation="PyTorch's deterministic mode")
-    if isinstance(err, RuntimeError) and _DTYPE_MISMATCH.search(str(err)) and "(CPU)" not in str(err):
-        return SimulatedDeviceError(first_line(err), kind="dtype", operation="PyTorch's own dtype check")
+    if "Expected to have finished reduction in the prior iteration" in said:
+        return _unused_parameters(said)
+    if "does not have a deterministic implementation, but you set" in said:
+        return SimulatedDeviceError(line, kind="deterministic", operation="PyTorch's deterministic mode")
+    if _DTYPE_MISMATCH.search(said) and "(CPU)" not in said:
+        return SimulatedDeviceError(line, kind="dtype", operation="PyTorch's own dtype check")
     return None
 
 
 def _unused_parameters(message: str) -> SimulatedDeviceError:
-    """DDP's reducer at the second step of a run whose loss did not reach every trainable parameter, by name."""
+    """DDP's reducer at the second step when the loss did not reach every trainable parameter."""
     names = re.search(r"Parameters which did not receive grad for rank \d+: (.+)", message)
     said = (
         "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
@@ -343,17 +322,13 @@ def _unused_parameters(message: str) -> SimulatedDeviceError:
     return SimulatedDeviceError(said, kind="unused parameters", operation="DistributedDataParallel's reducer")
 
 
-# TorchScript's interpreter turns what an operation raised into a RuntimeError of its own, which keeps the
-# script's traceback as text and neither the exception nor its message.
+# TorchScript's interpreter raises a RuntimeError of its own, keeping only the script's traceback, as text.
 _TORCHSCRIPT_FAILURE = "The following operation failed in the TorchScript interpreter"
 _TORCHSCRIPT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (\S+)$', flags=re.MULTILINE)
 
 
 def _with_what_torchscript_lost(chain: list[BaseException]) -> list[BaseException]:
-    """``chain``, and innermost the exception a TorchScript function's operation raised, where one lost it.
-
-    That exception gets the script's frames, innermost last, as its stack: the line of the operation.
-    """
+    """``chain``, and innermost the exception a TorchScript function lost, with the script's frames as its stack."""
     failed = next((link for link in chain if str(link).startswith(_TORCHSCRIPT_FAILURE)), None)
     lost = simulated.last_raised() if failed is not None else None
     if lost is None or lost in chain:
@@ -373,10 +348,7 @@ _LOOP_STEPS = {
 
 
 def _hook(action: str | None, model: L.LightningModule | None) -> str:
-    """A readable name for a Lightning profiler action.
-
-    ``[Callback]EMA{...}.on_fit_start`` -> ``callback EMA.on_fit_start``.
-    """
+    """A Lightning profiler action in words: ``[Callback]EMA{...}.on_fit_start`` -> ``callback EMA.on_fit_start``."""
     if action is None:
         return "setting up"
     match = re.fullmatch(r"\[(\w+)\](.*)\.(\w+)", action, flags=re.DOTALL)
@@ -398,16 +370,14 @@ def _hook(action: str | None, model: L.LightningModule | None) -> str:
 
 _PACKAGE_FOLDERS = (path for path in sys.path if path.endswith(("site-packages", "dist-packages")))
 _LIBRARIES = tuple(str(Path(path).resolve()) for path in {*sysconfig.get_paths().values(), *_PACKAGE_FOLDERS} if path)
-# The audit's files, and the simulated GPU's (whose code may be another copy's: see simulated/__init__.py).
+# The audit's files, and the simulated GPU's (which may be another copy's: simulated/__init__.py).
 _OURS = tuple(
     str(folder) + os.sep
     for folder in (Path(__file__).resolve().parent, Path(simulated.to_cpu.__code__.co_filename).resolve().parent)
 )
-# The rest of this library (its callbacks, data modules, command line): shown as the user's code wherever
-# it is installed, so that a bug in one of its parts is named at its line.
+# The rest of this library counts as the user's code wherever it is installed, so a bug in it is named at its line.
 _KIT = str(Path(__file__).resolve().parents[1]) + os.sep
-# The packages of the models and data modules audited or run: the project's code, even where the project
-# is installed among the libraries (``pip install .``, not ``-e``). Filled in by ``count_as_user_code``.
+# The packages of the models and data modules audited, even installed among the libraries: count_as_user_code.
 _AUDITED: set[str] = set()
 # Frameworks whose own classes (a demo model, a plain DataModule) do not make their package the user's.
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_kit", "torch")
@@ -427,7 +397,7 @@ def count_as_user_code(*objects: Any) -> None:
 
 
 def is_user_code(filename: str) -> bool:
-    """Whether ``filename`` is the project's or the user's code, not the standard library's or a package's."""
+    """Whether ``filename`` is the user's code, not the standard library's or a package's."""
     path = str(Path(filename).resolve())
     if path.startswith(_OURS) or filename.startswith("<"):
         return False
@@ -435,11 +405,8 @@ def is_user_code(filename: str) -> bool:
 
 
 def _user_frame(chain: list[BaseException]) -> traceback.FrameSummary | None:
-    """The innermost frame of your code (not PyTorch's, Lightning's or another library's) that the error passed.
-
-    An error kept in a backward pass (``simulated/containment.py``) was raised in Python after the pass
-    returned: the code that called into the simulated GPU then (a hook of yours) comes first.
-    """
+    """The innermost frame of the user's code that the error passed; for an error kept in a backward pass
+    (``simulated/containment.py``), the stack kept with it first."""
     for err in reversed(chain):
         kept = getattr(err, "_audit_stack", None) or ()
         for frame in (*reversed(kept), *reversed(traceback.extract_tb(err.__traceback__))):
@@ -488,9 +455,8 @@ def _culprit(err: SimulatedDeviceError, model: L.LightningModule | None) -> str 
 
 
 def _batch_hint(err: SimulatedDeviceError, model: L.LightningModule | None) -> list[str]:
-    """A line naming the tensors that Lightning left on the CPU in the batch in flight, when the tensor on the
-    wrong device is not one of them (nor the model's) but may have been computed from them: where it is the
-    CPU tensor, those with its first (batch) dimension."""
+    """A line naming the batch's tensors that Lightning left on the CPU, from which the tensor on the wrong device
+    may have been computed (those with its first dimension, where it is on the CPU and not the model's)."""
     left, tensor = batches.in_flight(), err.culprit
     if tensor is not None and tensor.device.type == "cpu":
         if model is not None and _find_attribute(model, tensor) is not None:
@@ -509,7 +475,7 @@ _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
 def _find_attribute(model: torch.nn.Module, tensor: torch.Tensor) -> tuple[str, str] | None:
-    """Where in ``model`` a plain attribute holds ``tensor`` (or the storage it views), and in what."""
+    """Where in ``model`` a plain attribute holds ``tensor`` (or its storage), and in what."""
 
     def holds(value: Any) -> bool:
         module = isinstance(value, torch.nn.Module)

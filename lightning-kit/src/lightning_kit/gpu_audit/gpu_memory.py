@@ -1,11 +1,8 @@
 """Whether each stage the audit ran fits a GPU of a given size, and the largest batch that would (guide, rule 21).
 
-The audit counts, for each stage, the most bytes its tensors held on the simulated GPU at once, as
-``torch.cuda.max_memory_allocated`` counts them (``simulated/memory.py``), and what was held besides a batch's own.
-A GPU holds more: the allocator reserves whole segments, and CUDA's context and its libraries' workspaces take their
-share before the first tensor (``CONTEXT``, an estimate, said as such). The largest batch is a linear estimate: what
-a batch adds beyond what is held, scaled to the room left. Kernels a GPU runs of its own (cuDNN's recurrent layers
-and convolution workspaces, flash attention) are counted as the CPU computes them; DDP's gradient buckets are counted.
+Each stage's peak is counted as ``torch.cuda.max_memory_allocated`` counts it (``simulated/memory.py``), in the
+allocator's segments, plus ``CONTEXT`` (an estimate). The largest batch is a linear estimate: what a batch adds beyond
+what is held, scaled to the room left. GPU-only kernels (cuDNN workspaces, flash attention) count as the CPU's do.
 """
 
 import re
@@ -17,8 +14,7 @@ from .verdict import Outcome, Verdict
 
 GIB = 1 << 30
 MIB = 1 << 20
-# What CUDA's context (its kernels, loaded lazily), cuBLAS's workspaces and cuDNN's take on a GPU before the first
-# tensor, with PyTorch: an estimate (a few hundred MiB on current GPUs and drivers; more with every library loaded).
+# What CUDA's context, cuBLAS's and cuDNN's workspaces take before the first tensor: an estimate.
 CONTEXT = 600 * MIB
 # Usable memory of common GPUs, in GiB, by name as people write them (matched without case, spaces or dashes).
 GPUS = {
@@ -43,8 +39,7 @@ _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(g|gb|gib|m|mb|mib)$", re.IGNORECASE)
 
 
 def parse_capacity(text: str) -> int:
-    """The bytes a GPU named or sized by ``text`` holds: ``24GB``, ``24GiB``, ``16000MB`` or a name (``A10G``);
-    ValueError, in words naming what is accepted, for anything else."""
+    """The bytes a GPU named or sized by ``text`` holds: ``24GB``, ``24GiB``, ``16000MB`` or a name (``A10G``)."""
     names = {_plain(name): size for name, size in GPUS.items()} | {"a10040gb": 40, "v10016gb": 16}
     if _plain(text) in names:
         return names[_plain(text)] * GIB
@@ -79,7 +74,6 @@ def judged(verdict: Verdict, capacity: int) -> tuple[list[str], bool]:
     for outcome in verdict.outcomes:
         if outcome.peak == 0:
             continue  # not run (a stage that stopped before its first tensor)
-        # What the stage needs of a GPU: its tensors' peak in the allocator's segments, and CUDA's own (estimated).
         need, batch = memory.reserved(outcome.peak) + CONTEXT, largest_batch(outcome, capacity)
         at = f" at batch size {outcome.batch_size}" if outcome.batch_size is not None else ""
         would = f" (a batch of about {batch} would)" if batch else ""

@@ -1,19 +1,9 @@
-"""The audit in a process of its own, where a death is a verdict: ``not audited: the process died with SIGABRT in ...``.
+"""The audit in a forked process, where a death is a verdict: ``not audited: the process died with SIGABRT in ...``.
 
-The simulated GPU keeps what it raises inside PyTorch's C++ from ending the process
-(``simulated/containment.py``); what it cannot keep (C++ that aborts on its own, a user's hook that
-raises inside a backward pass by a way the simulated GPU does not see) would end the process that
-audits. ``in_a_child`` runs the audit in a forked copy of this process instead, which has the model,
-the data and everything imported already (a fork costs milliseconds, not a second interpreter's
-start): the child sends where it is (the stage, and each hook Lightning enters), each stage's outcome
-as it ends, and the verdict at the end, through a pipe. A child killed by a signal, or one that exits
-without a verdict, becomes that stage's ``NOT AUDITED`` line, naming the signal and the hook; the
-process that audits goes on.
-
-A fork needs a POSIX system, and an autograd engine whose threads for devices have not started in
-this process (PyTorch refuses a backward pass in a child forked after that); where either is
-missing, ``in_a_child`` returns None and the audit runs in this process. The child computes on one
-thread (GNU OpenMP's thread pool does not survive a fork: its next parallel region would hang).
+What the simulated GPU cannot contain (C++ that aborts on its own) would end the process that audits. A fork has
+the model and everything imported already; the child sends where it is, each stage's outcome and the verdict
+through a pipe. A fork needs POSIX, and an autograd engine whose device threads have not started in this process;
+else ``in_a_child`` returns None. The child computes on one thread (GNU OpenMP's pool does not survive a fork).
 """
 
 import contextlib
@@ -38,38 +28,34 @@ _CANNOT_FORK = 86  # the child's exit status where this process's autograd engin
 
 
 class Progress:
-    """Where the audit is: ``where`` is (stage, rank, world size, the last hook Lightning entered), None before the
-    first stage. ``send``, in a forked audit's child its pipe to the parent, is given each change of it and each
-    stage's outcome as it ends."""
+    """Where the audit is: ``where`` is (stage, rank, world size, the last hook entered), None before the first
+    stage. ``send`` (in a forked child, its pipe) is given each change of it and each stage's outcome."""
 
     def __init__(self, send: Callable[[tuple], None] = lambda message: None) -> None:
         self.where: tuple[str, int, int, str] | None = None
         self.send = send
 
-    def at_stage(self, stage: str, rank: int, world_size: int) -> None:
-        self._at((stage, rank, world_size, ""))
+    def at(self, where: tuple[str, int, int, str]) -> None:
+        self.where = where
+        self.send(("at", where))
 
     def at_hook(self, action: str) -> None:
         if self.where is not None:
-            self._at((*self.where[:3], action))
-
-    def _at(self, where: tuple[str, int, int, str]) -> None:
-        self.where = where
-        self.send(("at", where))
+            self.at((*self.where[:3], action))
 
     def ended(self, outcome: Outcome) -> None:
         self.send(("outcome", outcome))
 
 
-# A stage that has run this long is said to be running (``announced``), and again each STILL_EVERY_S after.
+# A stage that has run this long is said to be running, and again each STILL_EVERY_S after.
 LONG_STAGE_S = 5.0
 STILL_EVERY_S = 30.0
 
 
 @contextlib.contextmanager
 def announced(progress: Progress, say: Callable[[str], None] | None, describe: Callable[[str], str]) -> Iterator[None]:
-    """While the block runs, ``say`` where the audit is once a stage has run ``LONG_STAGE_S``: nothing for
-    shorter ones. Read from ``progress`` by a thread of this process (start it after any fork)."""
+    """While the block runs, ``say`` where the audit is once a stage has run ``LONG_STAGE_S``, from a thread (start it
+    after any fork)."""
     if say is None:
         yield
         return
@@ -106,16 +92,12 @@ def can_fork() -> bool:
 def in_a_child(
     run: Callable[[Progress], Verdict], describe: Callable[[str], str], say: Callable[[str], None] | None = None
 ) -> Verdict | None:
-    """``run(progress)`` in a forked child; its verdict, or one that says how the child died.
-
-    ``describe`` names a Lightning action as a hook (``explain``'s words); ``say`` is told of a long stage
-    (``announced``). None where this process cannot audit in a fork (see above).
-    """
+    """``run(progress)`` in a forked child: its verdict, or one that says how the child died; None where this
+    process cannot fork. ``describe`` names a Lightning action as a hook; ``say`` is told of a long stage."""
     if not can_fork():
         return None
     progress = Progress()
-    # The child's temporary files go in a folder the parent removes: a child that dies (killed, a crash in a
-    # kernel) cannot remove its own.
+    # The child's temporary files go in a folder the parent removes: a child that dies cannot remove its own.
     with tempfile.TemporaryDirectory(prefix="placement-audit-") as scratch:
         receiver, sender = multiprocessing.Pipe(duplex=False)
         sys.stdout.flush()
@@ -138,23 +120,23 @@ def in_a_child(
                         messages.append((kind, message))
             _, status = os.waitpid(pid, 0)
         except BaseException:  # Ctrl-C while waiting: the child goes too
-            _end(pid)
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             raise
     code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
     if code == _CANNOT_FORK:
         return None
-    outcomes = [message for kind, message in messages if kind == "outcome"]
     for kind, message in messages:
         if kind == "verdict":
             return message
         if kind == "error":
             raise message
-    return _died(outcomes, progress.where, code, describe)
+    return _died([message for kind, message in messages if kind == "outcome"], progress.where, code, describe)
 
 
 def _child(run: Callable[[Progress], Verdict], sender: Connection) -> None:
-    """The child's whole life: the audit, each message sent to the parent, and ``os._exit`` (nothing of the
-    parent's is run on the way out: no atexit handlers, no test session's teardown)."""
+    """The child's whole life, ending in ``os._exit``: no atexit handlers, no test session's teardown."""
     status = 0
     try:
         try:
@@ -199,15 +181,9 @@ def _picklable(err: BaseException) -> BaseException:
 def _died(outcomes: list[Outcome], where, code: int, describe: Callable[[str], str]) -> Verdict:
     """The verdict of a child that ended without one: what it finished, then the stage it was in, not audited."""
     how = f"died with {signal_name(-code)}" if code < 0 else f"exited with status {code} before its verdict"
-    verdict = Verdict(outcomes=list(outcomes))
+    verdict = Verdict(outcomes=outcomes)
     stage, rank, world_size, action = where if where is not None else ("fit", 0, 1, "")
     hook = describe(action) if action else "setting up"
     verdict.outcomes.append(Outcome(stage, rank, world_size, gap=f"the process {how} in {hook}"))
     verdict.notes.append("the stages after it were not audited: the audit's process ended there")
     return verdict
-
-
-def _end(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, ChildProcessError):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)

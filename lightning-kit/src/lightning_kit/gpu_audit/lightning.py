@@ -1,11 +1,4 @@
-"""The simulated GPU in Lightning: ``--accelerator simgpu``, and the audit's strategy for one GPU or a DDP rank.
-
-``SimulatedGPUAccelerator`` is registered with Lightning under the name ``simgpu``;
-``SimulatedGPUStrategy`` runs one process on ``simgpu:<rank>``, and keeps what Lightning's move of
-each batch left on the CPU for the explanation of a failure (``batches.py``); ``HookTracker`` marks each
-exception with the hook or loop step it came from; ``simulated_run`` is the run of
-``train.py --accelerator simgpu``; ``run_on_simulated_gpu`` calls one function there.
-"""
+"""The simulated GPU in Lightning: ``--accelerator simgpu``, and the audit's strategy for one GPU or a DDP rank."""
 
 import contextlib
 import re
@@ -34,24 +27,17 @@ from .simulated import SimulatedDeviceError
 from .simulated.collectives import note
 
 SIMULATED = simulated.DEVICE_TYPE  # --accelerator simgpu
-# What DistributedDataParallel's own checks say as it wraps a module (torch/nn/parallel/distributed.py, and its
-# broadcast of the module's state from rank 0), the same on GPUs: a model with nothing to train, a sparse buffer, a
-# module on two kinds of device, SyncBatchNorm off the GPU, parameters whose shapes differ between the processes.
+# DistributedDataParallel's own refusals as it wraps a module (torch/nn/parallel/distributed.py), as on GPUs.
 _DDP_REFUSES = re.compile(
     r"any parameter that requires a gradient|sparse|same type of devices|SyncBatchNorm layers only work|"
     r"DDP expects same model across all ranks",
     flags=re.IGNORECASE,
 )
-# Lightning's names for mixed precision, as a Trainer or the command line may give them.
 MIXED = {"16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed", "16": "16-mixed", "bf16": "bf16-mixed", 16: "16-mixed"}
 
 
 def mixed_precision(precision: str | int) -> MixedPrecision | None:
-    """Lightning's mixed precision on the simulated GPU, for a mixed ``precision`` (None for any other).
-
-    ``torch.autocast("simgpu")`` casts by CUDA's autocast policy (``simulated/autocast.py``);
-    ``16-mixed`` scales the loss with a ``GradScaler``, as on a CUDA GPU.
-    """
+    """Lightning's mixed precision on the simulated GPU (CUDA's autocast policy), for a mixed ``precision``."""
     return MixedPrecision(MIXED[precision], device=SIMULATED) if precision in MIXED else None
 
 
@@ -104,12 +90,8 @@ if SIMULATED not in AcceleratorRegistry:
 
 
 class SimulatedGPUStrategy(ParallelStrategy):
-    """One process on ``simgpu:<rank>``; with ``world_size`` 2, it plays that rank of a DDP run.
-
-    Its data is that rank's share (Lightning's ``DistributedSampler``). Collective
-    operations act as if every process held the same values, after checking what NCCL
-    checks: that the tensors are on this process's GPU.
-    """
+    """One process on ``simgpu:<rank>``; with ``world_size`` 2, that rank of a DDP run, whose collectives act as if
+    every process held the same values, after NCCL's check that the tensors are on this process's GPU."""
 
     strategy_name = SIMULATED
 
@@ -117,13 +99,12 @@ class SimulatedGPUStrategy(ParallelStrategy):
         device = simulated.device(rank)
         super().__init__(accelerator=SimulatedGPUAccelerator(), parallel_devices=[device])
         self._rank, self._world_size = rank, world_size
-        self._ddp_options = dict(ddp_options or {})  # DistributedDataParallel's arguments, as the run's strategy gives
+        self._ddp_options = dict(ddp_options or {})  # DistributedDataParallel's arguments
         self._process_rank: int | None = None  # Lightning's rank of this process, given back at teardown
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """While fitting as a DDP rank: the module in PyTorch's own DistributedDataParallel, as Lightning's DDP
-        strategy wraps it, on the simulated process group: its reducer finds what a GPU run's does (a parameter
-        that no loss reached, under find_unused_parameters=False, stops the second step)."""
+        """While fitting as a DDP rank: the module in PyTorch's own DistributedDataParallel, whose reducer finds what
+        a GPU run's does."""
         if not self.is_distributed or self.lightning_module.trainer.state.fn != TrainerFn.FITTING:
             return model
         lazy = [name for name, parameter in model.named_parameters() if is_lazy(parameter)]
@@ -135,8 +116,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
                 operation="DistributedDataParallel",
             )
         if self._ddp_options.get("find_unused_parameters") or self._ddp_options.get("static_graph"):
-            # DDP then looks for unused parameters itself (and copies its map of them through pinned host memory,
-            # which a device of Python's cannot give): no error of that kind to find, and the wrapper is left out.
+            # No error of that kind to find, and DDP's map of unused parameters needs pinned memory: left unwrapped.
             return model
         level = torch.distributed.get_debug_level()
         torch.distributed.set_debug_level(torch.distributed.DebugLevel.INFO)  # the reducer names unused parameters
@@ -157,8 +137,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
         try:
             return super().training_step(*args, **kwargs)
         finally:
-            # Lightning points the module's forward at training_step while DDP's forward runs, and points it back
-            # once DDP calls it: where DDP's forward stopped first (a reducer's error), the module is left so.
+            # Lightning points forward at training_step while DDP's runs: put back where a reducer's error stopped it.
             if before is None:
                 vars(module).pop("forward", None)
             else:
@@ -172,9 +151,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
     def global_rank(self) -> int:
         return self._rank
 
-    @property
-    def local_rank(self) -> int:
-        return self._rank
+    local_rank = global_rank  # one process per simulated node
 
     @property
     def node_rank(self) -> int:
@@ -194,9 +171,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        # The rank it plays is this process's only while it runs: a real DDP process keeps its rank for
-        # good, but this process goes on after the run (a test session, the audit's caller), and with
-        # rank 1 left behind every later run in it would skip what rank 0 does (its logs, its files).
+        # The rank is this process's only while it runs: with rank 1 left, later runs would skip rank 0's files.
         self._process_rank = rank_zero_only.rank
         rank_zero_only.rank = self._rank
         batches.forget()
@@ -212,14 +187,13 @@ class SimulatedGPUStrategy(ParallelStrategy):
         self.model.to(self.root_device)  # each parameter keeps its object, attributes and hooks (simulated/in_place.py)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
-        """Lightning's move of ``batch`` (or the user's ``transfer_batch_to_device``), keeping what it left on CPU."""
+        """Lightning's move of ``batch``, keeping what it left on the CPU (``batches.py``)."""
         moved = super().batch_to_device(batch, device, dataloader_idx)
         batches.record(moved, self._batch_mover)
         return moved
 
     def _batch_mover(self) -> str | None:
-        """The user's ``transfer_batch_to_device`` that Lightning calls instead of its own, if any (the data
-        module's first, as Lightning calls it)."""
+        """The user's ``transfer_batch_to_device`` that Lightning calls instead of its own, if any."""
         model = self.lightning_module
         for owner, base in ((model.trainer.datamodule, L.LightningDataModule), (model, L.LightningModule)):
             if owner is not None and is_overridden("transfer_batch_to_device", owner, base):
@@ -250,7 +224,6 @@ class SimulatedGPUStrategy(ParallelStrategy):
         return obj
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        # What a GPU run saves, with the values the simulated tensors hold.
         if self.is_global_zero:
             super().save_checkpoint(simulated.to_cpu(checkpoint), filepath, storage_options)
 
@@ -270,8 +243,7 @@ class SimulatedGPUStrategy(ParallelStrategy):
 
 
 class _WithoutTimings:
-    """DDP's logger, but for the timings of each iteration, which it takes on CPUs and CUDA GPUs only (and says so
-    on the standard error of every process run on any other device)."""
+    """DDP's logger without the timings it takes on CPUs and CUDA GPUs only (and complains of on any other device)."""
 
     def __init__(self, logger: Any) -> None:
         self._logger = logger
@@ -284,9 +256,8 @@ class _WithoutTimings:
 
 
 class StageMemory(L.Callback):
-    """Of each stage: the size of its batches, as Lightning counts a batch (``extract_batch_size``), and the bytes
-    held on the GPU besides a batch's own (the model; in training, its gradients and the optimizer's state, after a
-    step). Fit's are its training's."""
+    """Of each stage: the size of its batches, and the bytes held on the GPU besides a batch's own (after a training
+    step, with the gradients and the optimizer's state). Fit's are its training's."""
 
     def __init__(self) -> None:
         self.sizes: dict[str, int] = {}
@@ -319,7 +290,7 @@ class HookTracker(PassThroughProfiler):
     def __init__(self, progress: Any = None) -> None:
         super().__init__()
         self.actions: set[str] = set()
-        self.progress = progress  # told each action as it starts (where the audit is, for a forked audit)
+        self.progress = progress  # told each action as it starts
 
     @contextmanager
     def profile(self, action_name: str) -> Iterator[str]:
@@ -358,7 +329,7 @@ def simulating(rank: int = 0) -> Iterator[None]:
 
 
 class SimulatedRun(ExitStack):
-    """A run on the simulated GPU (--accelerator simgpu): from when the configuration asks for it to main()'s end."""
+    """A run with --accelerator simgpu: from when the configuration asks for it to main()'s end."""
 
     stage: str | None = None  # the subcommand running on the simulated GPU, if any
 
@@ -375,12 +346,9 @@ simulated_run = SimulatedRun()
 
 
 def run_on_simulated_gpu(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``function`` with its tensor arguments on the simulated GPU, and return its result (there).
-
-    For code outside a LightningModule, such as a data module's on-device augmentation.
-    Raises ``DevicePlacementError`` where a GPU would fail.
-    """
-    batches.forget()  # no batch of a run is in flight in this call
+    """Call ``function`` (code outside a LightningModule, such as an on-device augmentation) with its tensor
+    arguments on the simulated GPU; raises ``DevicePlacementError`` where a GPU would fail."""
+    batches.forget()
     with simulating(0):
         args, kwargs = move_data_to_device((args, kwargs), simulated.device(0))
         try:

@@ -1,12 +1,7 @@
 """Where the two processes of a DDP run part: the collectives each called, held against the other's.
 
-Every process of a DDP run must call the same collectives, in the same order, with tensors of the same
-shapes: NCCL matches the calls one by one. A process that calls one the other does not (a value logged with
-``sync_dist=True`` inside ``if self.trainer.is_global_zero:``, a metric computed on rank 0 alone), or a
-gather of a tensor whose size depends on the process's share of the data, leaves the other waiting: on GPUs
-nothing is printed until NCCL's watchdog stops both, 30 minutes later by default. The audit plays each
-process in turn and records its collectives (``simulated.collectives.recorded``); ``parting`` finds the first
-line of the user's code where they differ, and ``hang`` says it as a bug.
+NCCL matches the calls of the processes one by one: one that the other does not call, or of other shapes, leaves the
+other waiting, silently, until NCCL's watchdog stops both (30 minutes by default).
 """
 
 from ..guide import cite
@@ -28,12 +23,10 @@ def compare(verdict: Verdict) -> None:
 
 
 def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | None] | None:
-    """Where rank 0's collectives (``first``) and rank 1's (``second``) part, line by line of the user's code that
-    called them (itself, or through Lightning or a metric): a line that called on one rank and never on the other,
-    or whose calls differ by operation or by the shapes and dtypes of their tensors; each rank's call there (None:
-    none). Lightning's own calls (its checks of files other processes wrote, DDP's gradient all-reduce) are its to
-    keep in step; how many times a line calls is left alone too, as the ranks' decisions that Lightning reduces
-    (which checkpoint is the best) are each rank's own here, made unanimous on GPUs."""
+    """Each rank's call (or None) at the first line of the user's code where rank 0's and rank 1's collectives part.
+
+    Lightning's own calls are its to keep in step; how often a line calls is left alone, as the decisions Lightning
+    reduces (which checkpoint is the best) are each rank's own here."""
     by_line: list[dict[tuple[str, int], list[Call]]] = [{}, {}]
     for calls, lines in zip((first, second), by_line, strict=True):
         for call in calls:
@@ -52,7 +45,7 @@ def parting(first: list[Call], second: list[Call]) -> tuple[Call | None, Call | 
 
 
 def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacementError:
-    """The bug of a DDP run whose processes part at ``parted``: where, what each called, and the fix."""
+    """The bug of a DDP run whose processes part at ``parted``."""
     called = next(call for call in parted if call is not None)
     filename, lineno = called.line
     lines = [f"{stage} as DDP ranks 0 and 1 of 2: the processes part at {_shown(filename)}:{lineno}"]

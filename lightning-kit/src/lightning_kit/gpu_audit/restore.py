@@ -1,10 +1,8 @@
-"""The model the audit trains is the user's own object (as Lightning trains it, never a copy), given back as found.
+"""The model the audit trains is the user's own object (never a copy), given back as found.
 
-``as_found(model)`` notes before a pass what training changes, and puts it back after it, whatever stopped the pass:
-every parameter, moved in place to and from the simulated GPU (``simulated/in_place.py``), is again the same object
-with its CPU values, gradient, hooks and class; every submodule has its class again (a lazy module changes class
-once materialised) and the attributes it had, with the dicts, lists and sets they held refilled in place; a plain
-CPU tensor attribute changed in place has its values back. Python objects held deeper keep what the run did to them.
+Parameters (moved in place: ``simulated/in_place.py``) keep their objects, CPU values, gradients and classes;
+submodules get their classes (a lazy module changes class) and attributes back, with the dicts, lists and sets they
+held refilled in place, and plain CPU tensor attributes their values. Python objects held deeper keep their changes.
 """
 
 from collections.abc import Iterator
@@ -15,8 +13,6 @@ import torch
 
 from . import simulated
 
-_CONTAINERS = (dict, list, set)
-
 
 @contextmanager
 def as_found(model: torch.nn.Module) -> Iterator[None]:
@@ -25,7 +21,11 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
     classes = [type(module) for module in modules]
     attributes = [dict(vars(module)) for module in modules]
     held = [value for found in attributes for value in found.values()]
-    containers = {id(value): (value, _shallow(value)) for value in held if isinstance(value, _CONTAINERS)}
+    containers = {
+        id(value): (value, dict(value) if isinstance(value, dict) else list(value))
+        for value in held
+        if isinstance(value, dict | list | set)
+    }
     tensors = {id(value): (value, value.detach().clone()) for value in held if _plain_cpu(value)}
     held_tensors = [
         tensor
@@ -33,8 +33,7 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
         for tensor in (*module._parameters.values(), *module._buffers.values())
         if tensor is not None
     ]
-    # A lazy module's uninitialised parameters are marked as on the device by their class (simulated/lazy.py); a
-    # move clears a parameter's gradient before it swaps it.
+    # A lazy parameter's class marks it as on the device (simulated/lazy.py); a move clears a gradient.
     kinds = [(tensor, type(tensor)) for tensor in held_tensors]
     grads = [(tensor, tensor.grad) for tensor in held_tensors if tensor.grad is not None]
     try:
@@ -63,13 +62,8 @@ def as_found(model: torch.nn.Module) -> Iterator[None]:
                     tensor.copy_(values)
 
 
-def _shallow(container: Any) -> Any:
-    """What a dict, list or set holds, to refill it with."""
-    return dict(container) if isinstance(container, dict) else list(container)
-
-
 def _plain_cpu(value: Any) -> bool:
-    """A CPU tensor with values of its own to put back: dense, a leaf, not a parameter (those are swapped back)."""
+    """A dense CPU leaf tensor, not a parameter (those are swapped back), whose values to put back."""
     return (
         isinstance(value, torch.Tensor)
         and value.device.type == "cpu"

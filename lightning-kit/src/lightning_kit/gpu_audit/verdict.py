@@ -1,7 +1,6 @@
 """What the device audit found: a bug (``DevicePlacementError``), a part it could not audit, or a pass.
 
-``Verdict`` holds one ``Outcome`` per stage and pass, and the exit status of
-``python -m <package>.placement`` (0 passed, 1 a bug, 2 a wrong command line, 3 incomplete).
+Exit statuses of ``python -m <package>.placement``: 0 passed, 1 a bug, 2 a wrong command line, 3 incomplete.
 """
 
 from dataclasses import dataclass, field
@@ -14,51 +13,34 @@ STEP_OF_STAGE = {"fit": "training_step", "validate": "validation_step", "test": 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
+@dataclass(eq=False, repr=False)
 class DevicePlacementError(RuntimeError):
     """An operation that would fail on a GPU.
 
-    Attributes:
-        kind: A key of ``explain.FIXES`` (``"mixed devices"``, ``"another GPU"``, ``"collective mismatch"``, ...),
-            or ``"unmoved batch"`` (a tensor of the batch that Lightning could not move, ``batches.py``).
-        stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        rank: 0 on the first simulated GPU (alone, or the first process of a DDP run); 1 for the second process.
-        hook: Where it ran, e.g. ``"Classifier.training_step"`` or ``"callback EMA.on_train_batch_end"``.
-        step: The method's own name, e.g. ``"training_step"``.
-        operation: The operation that refused, e.g. ``"aten.add.Tensor"``.
-        filename: The file of the line in your code where it happened.
-        lineno: That line's number.
-        made_filename: For a tensor on the wrong device, the file of the line of your code that made it there
-            (where the fix belongs), if it is known; else ``""``.
-        made_lineno: That line's number, or 0.
+    ``kind`` is a key of ``explain.FIXES`` or ``"unmoved batch"`` (``batches.py``); ``hook`` where it ran (e.g.
+    ``"callback EMA.on_train_batch_end"``); ``filename:lineno`` the line of your code where it happened, and
+    ``made_filename:made_lineno`` the one that made the tensor on the wrong device, where known (else ``""``, 0).
+    Every field has a default, so that it pickles as exceptions do (from a forked audit): by its message.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        kind: str = "",
-        stage: str = "",
-        rank: int = 0,
-        hook: str = "",
-        operation: str = "",
-        filename: str = "",
-        lineno: int = 0,
-        made_filename: str = "",
-        made_lineno: int = 0,
-    ) -> None:
-        # Every attribute has a default, so that it pickles as exceptions do (from a forked audit's process): by its
-        # message, its attributes set after.
-        super().__init__(message)
-        self.kind = kind
-        self.stage = stage
-        self.rank = rank
-        self.hook = hook
-        self.step = hook.rpartition(".")[2]
-        self.operation = operation
-        self.filename = filename
-        self.lineno = lineno
-        self.made_filename = made_filename
-        self.made_lineno = made_lineno
+    message: str
+    kind: str = ""
+    stage: str = ""
+    rank: int = 0
+    hook: str = ""
+    operation: str = ""
+    filename: str = ""
+    lineno: int = 0
+    made_filename: str = ""
+    made_lineno: int = 0
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @property
+    def step(self) -> str:
+        """The method's own name, e.g. ``"training_step"``."""
+        return self.hook.rpartition(".")[2]
 
 
 class AuditIncompleteError(RuntimeError):
@@ -102,13 +84,10 @@ class Verdict:
     @property
     def errors(self) -> list[DevicePlacementError]:
         """Each bug once, by its line, in the order found."""
-        seen, errors = set(), []
-        for outcome in self.outcomes:
-            error = outcome.error
-            if error is not None and (error.filename, error.lineno, error.kind) not in seen:
-                seen.add((error.filename, error.lineno, error.kind))
-                errors.append(error)
-        return errors
+        unique: dict[tuple[str, int, str], DevicePlacementError] = {}
+        for error in (outcome.error for outcome in self.outcomes if outcome.error is not None):
+            unique.setdefault((error.filename, error.lineno, error.kind), error)
+        return list(unique.values())
 
     @property
     def gaps(self) -> list[Outcome]:
