@@ -5,23 +5,20 @@
 Each placement is printed as ``path:line: <what> — <the fix>``, citing the placement guide's rule (``python -m
 lightning_kit.guide``), and the exit status is 1; else 0.
 
-Found: ``.cuda()`` and ``.cpu()`` (also passed on uncalled, or through ``getattr``); ``.to(...)`` with a device
-(``"cuda"``, ``0``, ``device``, ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index;
-a device written into a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``,
-``torch.autocast("cuda")``); ``map_location`` onto an accelerator; ``non_blocking`` transfers; the global default
-(``DEFAULTS``); the legacy CUDA tensor types (``torch.cuda.FloatTensor``, also as a string); tensors made from nothing
-without ``device=`` (``torch.arange(T)``, ``torch.randn(shape)``) in ``forward``, a step or a batch or epoch hook, or
-kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``: left behind when the
-module moves).
+Found: ``.cuda()`` and ``.cpu()`` (also uncalled, or through ``getattr``); ``.to(...)`` a device (``"cuda"``, ``0``,
+``device``, ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index; a device written into
+a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``, ``torch.autocast("cuda")``); ``map_location``
+onto an accelerator; ``non_blocking``; the global default (``DEFAULTS``); the legacy CUDA tensor types (also as a
+string); tensors made from nothing without ``device=`` (``torch.arange(T)``) in ``forward``, a step or a batch or epoch
+hook, or kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``).
 
 Left alone: what takes the device from the data (``device=x.device``, ``x.new_zeros(...)``, ``.type_as(x)``, buffers,
-parameters, tensors made in a dataset or a data module); a ``.cpu()`` copy that leaves the device's computation
-(``x.detach().cpu()``, ``.cpu().numpy()``, ``.item()``, NumPy, a list's ``append``, ``torch.save``) or goes where
-PyTorch reads it on the host (``pack_padded_sequence(x, lengths.cpu())``: rule 13), itself or through the one name it
-is given; dtype conversions (``.to(torch.float16)``, ``.to(x.dtype)``); ``map_location="cpu"`` (Lightning moves the
-model afterwards); ``.to(device)`` in ``transfer_batch_to_device``, where Lightning hands the device over (rule 1);
-and ``pin_memory``, which only speeds Lightning's own copy. Reading alone cannot tell a device from a dtype in a
-variable of another name (``.to(d)``, ``.to(other)``): the device audit finds what those do wrong.
+parameters, tensors made in a data module); a ``.cpu()`` copy that leaves the device's computation (``.detach().cpu()``,
+``.cpu().numpy()``, ``.item()``, NumPy, a list's ``append``, ``torch.save``) or goes where PyTorch reads it on the host
+(``pack_padded_sequence(x, lengths.cpu())``: rule 13), itself or through the one name it is given; dtype conversions
+(``.to(torch.float16)``); ``map_location="cpu"``; ``.to(device)`` in ``transfer_batch_to_device``, where Lightning
+hands the device over (rule 1); ``pin_memory``. Reading alone cannot tell a device from a dtype in a variable of another
+name (``.to(d)``): the device audit finds what those do wrong.
 """
 
 import ast
@@ -369,8 +366,8 @@ class UnreadableError(Exception):
 
 
 def read_source(path: Path) -> str:
-    """The text of the Python file at ``path``: a regular file (``files.open_regular``) of at most
-    ``MAX_SOURCE_BYTES``, decoded as Python decodes it (UTF-8 or its coding declaration); else ``UnreadableError``."""
+    """The text of the Python file at ``path``, a regular file of at most ``MAX_SOURCE_BYTES``; else
+    ``UnreadableError``."""
     try:
         with open_regular(path) as handle:
             data = handle.read(MAX_SOURCE_BYTES + 1)
@@ -387,10 +384,10 @@ def read_source(path: Path) -> str:
     try:
         return decode_source(data)  # as Python decodes it, by its coding declaration
     except (SyntaxError, LookupError, UnicodeDecodeError) as err:
-        reason = err.reason if isinstance(err, UnicodeDecodeError) else err
-        raise UnreadableError(
-            f"is not Python source text ({reason}; Python reads UTF-8 or a coding declaration)"
-        ) from None
+        why = (
+            f"{err.reason if isinstance(err, UnicodeDecodeError) else err}; Python reads UTF-8 or a coding declaration"
+        )
+        raise UnreadableError(f"is not Python source text ({why})") from None
 
 
 def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
@@ -406,11 +403,10 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
             if errors is None:
                 raise UnreadableError(f"{path} {why}") from None
             errors.append(f"error: {path} {why}")
-            continue
         except SyntaxError as error:
             lines.append(f"{path}:{error.lineno}: not valid Python ({error.msg}) — fix the syntax first")
-            continue
-        lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
+        else:
+            lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
     return lines
 
 
@@ -422,12 +418,10 @@ def main(args: list[str] | None = None) -> int:
     errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
     names = [name for name in names if "\0" not in name]
     paths = [Path(name) for name in names] if names or errors else project_files(Path.cwd())
-    # rglob does not follow links to folders, so a link back up does not loop.
-    found = {
+    found = {  # rglob does not follow links to folders, so a link back up does not loop
         path: sorted(p for p in path.rglob("*.py") if not p.is_dir()) if path.is_dir() else [path] for path in paths
     }
-    for folder in (path for path, files in found.items() if not files):
-        # A folder of no Python files checks nothing: said, so that it does not read as a pass.
+    for folder in (path for path, files in found.items() if not files):  # said, so as not to read as a pass
         print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
     paths = [file for files in found.values() for file in files]
     lines = check(paths, errors)
