@@ -126,8 +126,7 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
         what = f"a {type(odd[0]).__name__}" if odd else "no inputs"
         return None, f"{source} holds {what}, not tensors alone"
     dtypes = [str(value.dtype).removeprefix("torch.") for value in given]
-    unsupported = [dtype for dtype in dtypes if dtype not in DTYPES]
-    if unsupported:
+    if unsupported := [dtype for dtype in dtypes if dtype not in DTYPES]:
         return None, f"{source} holds a {unsupported[0]} tensor, which JSON cannot give: inputs of {', '.join(DTYPES)}"
     rows = {value.shape[0] if value.dim() else None for value in given}
     if None in rows or len(rows) != 1 or 0 in rows:
@@ -140,8 +139,7 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
         outputs = _called(net, args, kwargs, f"{named} cannot take {source}")
     except ConfigError as err:
         return None, str(err)
-    wrong = _wrong_output(outputs)
-    if wrong:
+    if wrong := _wrong_output(outputs):
         return None, f"for {source}, {named}'s forward answers {wrong}"
     names = _positional_names(net, len(args)) + list(kwargs)
     described = {
@@ -173,12 +171,6 @@ def real_batch(model: nn.Module, datamodule: Any) -> tuple[tuple, dict, str] | N
     if args is None or not all(isinstance(value, torch.Tensor) for value in [*args, *kwargs.values()]):
         return None
     return args, kwargs, where
-
-
-def _batch_call(net: nn.Module, datamodule: Any) -> tuple[tuple | None, dict, str]:
-    """The arguments of forward that the data's first batch gives, and whence; else None and why not."""
-    batch, where = _first_batch(datamodule)
-    return (None, {}, where) if batch is None else _call_of(batch, net, where)
 
 
 def _rows(value: torch.Tensor) -> torch.Tensor:
@@ -220,10 +212,11 @@ def _parameters(net: nn.Module) -> list[inspect.Parameter]:
         return []
 
 
-def _first_batch(datamodule: Any) -> tuple[Any, str]:
-    """The first batch of the data module's first loader of ``LOADERS``, and where it came from; else None and why."""
+def _batch_call(net: nn.Module, datamodule: Any) -> tuple[tuple | None, dict, str]:
+    """The arguments of forward that the first batch of the data module's first loader of ``LOADERS`` gives, and
+    whence they came; else None and why not."""
     if datamodule is None:
-        return None, "there is no data module"
+        return None, {}, "there is no data module"
     name = type(datamodule).__name__
     failures = []
     for stage, loader_name in LOADERS:
@@ -239,12 +232,14 @@ def _first_batch(datamodule: Any) -> tuple[Any, str]:
             loaders = loader()
             if isinstance(loaders, list | tuple) and loaders and isinstance(loaders[0], DataLoader):
                 loaders = loaders[0]  # the first of several
-            return next(iter(loaders)), where
+            batch = next(iter(loaders))
         except StopIteration:
             failures.append(f"{name}.{loader_name}() is empty")
         except Exception as err:  # the user's data module: why it gave no batch, in one line
             failures.append(f"{name}.{loader_name}() gave no batch ({first_line(err, typed=True)})")
-    return None, failures[0] if failures else f"the data module {name} has no dataloader"
+        else:
+            return _call_of(batch, net, where)
+    return None, {}, failures[0] if failures else f"the data module {name} has no dataloader"
 
 
 def _call_of(batch: Any, net: nn.Module, where: str) -> tuple[tuple | None, dict, str]:

@@ -68,8 +68,7 @@ DEFAULTS = ("torch.set_default_device", "torch.set_default_tensor_type", "torch.
 DEFAULTS += ("torch.cuda.current_device",)
 # Keywords that put what a call makes on a device (or run it for one: autocast's device_type).
 DEVICE_KEYWORDS = ("device", "output_device", "device_ids", "device_type")
-# Calls whose first argument is a device type: torch.autocast("cuda").
-DEVICE_TYPE_FIRST = ("torch.autocast", "torch.amp.autocast")
+DEVICE_TYPE_FIRST = ("torch.autocast", "torch.amp.autocast")  # whose first argument is a device type: "cuda"
 # Names of variables that hold a device (or an index of one): device, dev, gpu, local_rank, ...
 DEVICE_NAME = re.compile(r"(^|_)(device|devices|dev|gpu|gpus|cuda|rank)($|_)", re.IGNORECASE)
 # Of those, the ones that hold an index or a GPU rather than a device taken from the data.
