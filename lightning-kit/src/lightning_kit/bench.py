@@ -63,8 +63,7 @@ class NearZeroNet(nn.Module):
 
 
 class StepWindow(L.Callback):
-    """Times the ``steps`` after ``warmup``: ``seconds``, the whole window's, and ``step_seconds``, the mean of its
-    steps within an epoch (the module's (e))."""
+    """Times the ``steps`` after ``warmup``: the whole window's ``seconds``, and ``step_seconds`` (module's (e))."""
 
     def __init__(self, warmup: int, steps: int) -> None:
         self.warmup, self.steps = warmup, steps
@@ -124,8 +123,7 @@ def lightning_path(make, warmup: int, steps: int, net: nn.Module, barebones: boo
 
 
 def hand_written_loop(make, warmup: int, steps: int, net: nn.Module) -> float:
-    """Seconds for ``steps`` training steps of a copy of ``net`` in a plain PyTorch loop: move, augment, forward,
-    backward, step."""
+    """Seconds for ``steps`` steps of a copy of ``net`` in a plain loop: move, augment, forward, backward, step."""
     model, datamodule, trainer = make()
     device = trainer.strategy.root_device
     model.net = net = copy.deepcopy(net).to(device)
@@ -204,8 +202,7 @@ def _training_batches(datamodule: L.LightningDataModule, device: torch.device) -
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Benchmark the training that ``cli_class`` (the project's ``KitCLI``; by default ``GenericCLI``, which takes
-    ``--model`` and ``--data``) builds from ``args``; ``prog`` names the command."""
+    """Benchmark the training ``cli_class`` builds from ``args``; ``prog`` names the command."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as("python -m lightning_kit.bench")
     parser = OneLineParser(

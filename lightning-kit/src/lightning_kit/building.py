@@ -18,8 +18,7 @@ def build(cli_class: type[KitCLI], args: list[str]) -> tuple[L.LightningModule, 
 def build_all(
     cli_class: type[KitCLI], args: list[str], prog: str | None = None
 ) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
-    """The model, data module and Trainer that ``train.py fit`` would build from ``args``; ``prog`` names the
-    command in messages (by default, the script's file name)."""
+    """The model, data module and Trainer ``train.py fit`` would build; ``prog`` names the command."""
     cli = build_cli(cli_class, args, prog)
     return cli.model, cli.datamodule, cli.trainer
 

@@ -48,8 +48,7 @@ class Example:
 
 
 def example_inputs(model: nn.Module, datamodule: Any) -> Example:
-    """An example of what ``model``'s forward takes, checked by calling it (the module's docstring); else
-    ``ConfigError``, naming the model and ``example_input_array``."""
+    """An example of what ``model``'s forward takes, checked by calling it; else ``ConfigError``."""
     named = type(model).__name__
     given = getattr(model, "example_input_array", None)
     if given is not None:
@@ -165,8 +164,7 @@ def free_axes(args: tuple, kwargs: dict, others: Any = torch.export.Dim.AUTO) ->
 
 
 def real_batch(model: nn.Module, datamodule: Any) -> tuple[tuple, dict, str] | None:
-    """A batch of the data as the model's forward takes it, unchanged (``args``, ``kwargs``, whence it came); None
-    where the data module gives none that forward takes."""
+    """A batch of the data as the model's forward takes it, unchanged, and whence it came; or None."""
     args, kwargs, where = _batch_call(model, datamodule)
     if args is None or not all(isinstance(value, torch.Tensor) for value in [*args, *kwargs.values()]):
         return None
@@ -213,8 +211,7 @@ def _parameters(net: nn.Module) -> list[inspect.Parameter]:
 
 
 def _batch_call(net: nn.Module, datamodule: Any) -> tuple[tuple | None, dict, str]:
-    """The arguments of forward that the first batch of the data module's first loader of ``LOADERS`` gives, and
-    whence they came; else None and why not."""
+    """Forward's arguments from the first batch of the data's first loader of ``LOADERS``, and whence."""
     if datamodule is None:
         return None, {}, "there is no data module"
     name = type(datamodule).__name__

@@ -80,8 +80,7 @@ def library_tests() -> Path | None:
 def find_project(
     folder: str | Path, package: str | None, config: str | Path | None, cli_class: type[KitCLI] = GenericCLI
 ) -> Project:
-    """The project in ``folder``, its package (given, ``cli_class``'s, or found), configuration and training
-    command, each checked."""
+    """The project in ``folder``: its package (given, ``cli_class``'s, or found), configuration and training."""
     folder = Path(folder)
     own = cli_class.own_package()
     has_train = (folder / "train.py").is_file()

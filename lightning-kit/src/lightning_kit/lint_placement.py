@@ -319,8 +319,7 @@ def _is_a_module(node: ast.ClassDef) -> bool:
 
 
 def _index_variable(node: ast.expr) -> bool:
-    """A variable that holds a device index or a GPU (``device=local_rank``, ``device_ids=[rank]``), not a device
-    taken from the data."""
+    """A variable holding a device index or a GPU (``device=local_rank``), not a device from the data."""
     if isinstance(node, ast.List | ast.Tuple):
         return any(_index_variable(item) for item in node.elts)
     return isinstance(node, ast.Name | ast.Attribute) and _names_a_device(node, DEVICE_INDEX_NAME)
@@ -365,8 +364,7 @@ class UnreadableError(Exception):
 
 
 def read_source(path: Path) -> str:
-    """The text of the Python file at ``path``, a regular file of at most ``MAX_SOURCE_BYTES``; else
-    ``UnreadableError``."""
+    """The text of the regular Python file at ``path``, of at most ``MAX_SOURCE_BYTES``; else ``UnreadableError``."""
     try:
         with open_regular(path) as handle:
             data = handle.read(MAX_SOURCE_BYTES + 1)
@@ -411,8 +409,7 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
 
 @command
 def main(args: list[str] | None = None) -> int:
-    """Exit status 1 where a placement was found or a file named could not be read, else 0. A folder named stands
-    for the Python files under it."""
+    """Exit status 1 where a placement was found or a file could not be read, else 0; a folder: its files."""
     names = sys.argv[1:] if args is None else args
     errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
     names = [name for name in names if "\0" not in name]

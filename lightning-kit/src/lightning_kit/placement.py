@@ -27,8 +27,7 @@ from .trust import is_config_file, read_config
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Audit the model, data and Trainer settings that ``cli_class`` builds from the same arguments; ``prog``
-    names the command in messages."""
+    """Audit what ``cli_class`` builds from the arguments; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["fit"]:
