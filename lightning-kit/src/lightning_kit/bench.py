@@ -4,29 +4,27 @@
     python -m lightning_kit.bench --model their.Module --data their.DataModule --accelerator gpu
 
 Measured in one process, on the same batches, alternating the contenders, because timings on a shared machine drift
-between runs. Each contender's figure is its best run: what else the machine does can only add time to a run, so the
-fastest of several is the steadiest estimate of the code's own cost (as ``timeit`` reports); the per-step ratios (e)
-and (f) are also given as the median over repeats of each pair of runs side by side. It measures:
+between runs. Each contender's figure is its best run: what else the machine does can only add time, so the fastest
+of several is the steadiest estimate of the code's own cost (as ``timeit`` reports); the per-step ratios (e) and (f)
+are also given as the median over repeats of each pair of runs. It measures:
 
   (a) the project's own training path: the Trainer, callbacks and logging its KitCLI builds from the arguments;
   (b) a minimal hand-written PyTorch loop doing the same work;
   (c) the data pipeline alone (batches sliced, moved and augmented, on one thread), against (d) the training
       throughput of (a);
-  (e) per-step framework overhead with a near-zero-cost network: the project's path against
-      ``Trainer(barebones=True)`` and a hand-written loop. A Trainer's step is timed within an epoch, from its start
-      to the next one's: the end of an epoch (a checkpoint, the epoch's metrics) is a cost per epoch, which (a) counts
-      and (e) does not;
+  (e) per-step overhead with a near-zero-cost network: the project's path against ``Trainer(barebones=True)`` and a
+      hand-written loop, a Trainer's step timed within an epoch, from its start to the next one's (the end of an
+      epoch, a checkpoint or the epoch's metrics, is a cost per epoch, which (a) counts and (e) does not);
   (f) with the default logger, what its TensorBoard event files cost a step: (e)'s project path against the same with
       ``--trainer.logger.init_args.tensorboard false``.
 
-The hand-written contenders are timed by ``torch.utils.benchmark.Timer``, which synchronises the accelerator. It runs
-with any configuration the project's ``train.py`` takes, for a model with a ``net`` (the network it trains) and a data
-module with a ``batch_size``; callbacks that would end training before the timed steps (``EarlyStopping``, ``Timer``)
-are left out, as validation is. The image folder reader's own benchmark is the maintainers'
-``benchmarks/image_folder.py``, not installed.
+The hand-written contenders are timed by ``torch.utils.benchmark.Timer``, which synchronises the accelerator. The
+model needs a ``net`` (the network it trains) and the data module a ``batch_size``; callbacks that would end training
+before the timed steps (``EarlyStopping``, ``Timer``) are left out, as validation is.
 """
 
 import argparse
+import collections
 import copy
 import functools
 import gc
@@ -50,8 +48,7 @@ from .installation import check_installation
 from .loggers import CSVAndTensorBoardLogger
 from .messages import errors_as_messages
 
-# Callbacks that end training early: they would stop a run before its timed steps.
-STOPPING_CALLBACKS = (EarlyStopping, Timer)
+STOPPING_CALLBACKS = (EarlyStopping, Timer)  # they would end a run before its timed steps
 
 
 class NearZeroNet(nn.Module):
@@ -66,8 +63,7 @@ class NearZeroNet(nn.Module):
 
 
 class StepWindow(L.Callback):
-    """Times the ``steps`` after ``warmup``: ``seconds``, the whole window's, the ends of epochs in it included; and
-    ``step_seconds``, the mean of its steps within an epoch, each from its start to the next one's (module's (e))."""
+    """Times the ``steps`` after ``warmup``: the whole window's ``seconds``, and ``step_seconds`` (module's (e))."""
 
     def __init__(self, warmup: int, steps: int) -> None:
         self.warmup, self.steps = warmup, steps
@@ -92,14 +88,11 @@ class StepWindow(L.Callback):
                 self.step_seconds = statistics.fmean(within)
 
 
-def lightning_path(
-    make, warmup: int, steps: int, net: nn.Module | None = None, barebones: bool = False
-) -> tuple[float, float]:
-    """Seconds for ``steps`` training steps through a Trainer, the project's own unless ``barebones``: the whole
-    window's, and the mean of a step within an epoch (``StepWindow``)."""
+def lightning_path(make, warmup: int, steps: int, net: nn.Module, barebones: bool = False) -> tuple[float, float]:
+    """Seconds for ``steps`` training steps of a copy of ``net`` through a Trainer, the project's own unless
+    ``barebones``: the whole window's, and the mean of a step within an epoch (``StepWindow``)."""
     model, datamodule, trainer = make()
-    if net is not None:
-        model.net = net
+    model.net = copy.deepcopy(net)
     window = StepWindow(warmup, steps)
     if barebones:
         # Barebones mode forbids self.log; the same step code runs with logging switched off.
@@ -129,12 +122,11 @@ def lightning_path(
     return window.seconds, window.step_seconds
 
 
-def hand_written_loop(make, warmup: int, steps: int, net: nn.Module | None = None) -> float:
-    """Seconds for ``steps`` training steps of a plain PyTorch loop: move, augment, forward, backward, step."""
+def hand_written_loop(make, warmup: int, steps: int, net: nn.Module) -> float:
+    """Seconds for ``steps`` steps of a copy of ``net`` in a plain loop: move, augment, forward, backward, step."""
     model, datamodule, trainer = make()
     device = trainer.strategy.root_device
-    net = (net if net is not None else model.net).to(device)
-    model.net = net
+    model.net = net = copy.deepcopy(net).to(device)
     optimizer = model.configure_optimizers()
     batches = _training_batches(datamodule, device)
 
@@ -210,8 +202,7 @@ def _training_batches(datamodule: L.LightningDataModule, device: torch.device) -
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Benchmark the training that ``cli_class`` (the project's ``KitCLI``; by default ``GenericCLI``, which takes
-    ``--model`` and ``--data``) builds from ``args``; ``prog`` names the command."""
+    """Benchmark the training ``cli_class`` builds from ``args``; ``prog`` names the command."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as("python -m lightning_kit.bench")
     parser = OneLineParser(
@@ -235,13 +226,9 @@ def training_benchmark(
     warmup, steps = options.warmup, options.steps
 
     with tempfile.TemporaryDirectory() as runs:
-        fixed = [
-            "--trainer.logger.init_args.save_dir", runs,
-            "--trainer.max_steps", str(warmup + steps),
-            "--trainer.max_epochs", "-1",
-            "--trainer.limit_val_batches", "0",
-            "--trainer.num_sanity_val_steps", "0",
-        ]  # fmt: skip
+        fixed = ["--trainer.logger.init_args.save_dir", runs, "--trainer.max_steps", str(warmup + steps)]
+        fixed += ["--trainer.max_epochs", "-1", "--trainer.limit_val_batches", "0"]
+        fixed += ["--trainer.num_sanity_val_steps", "0"]
 
         def make(*more: str):
             model, datamodule, trainer = build_all(cli_class, [*train_args, *fixed, *more], prog=prog)
@@ -254,28 +241,25 @@ def training_benchmark(
         boards = boards and trainer.logger.tensorboard
         csv_only = functools.partial(make, "--trainer.logger.init_args.tensorboard", "false")
         batch_size, num_classes = _measured_sizes(model, datamodule)
-        initial_net = copy.deepcopy(model.net)
+        initial_net = model.net
         near_zero = NearZeroNet(num_classes)
         print(
             f"{type(model.net).__name__}, batch {batch_size}, {trainer.strategy.root_device}, torch {torch.__version__}"
         )
 
-        times: dict[str, list[float]] = {
-            name: [] for name in ("project", "hand", "zero project", "zero bare", "zero hand", "zero csv")
-        }
+        times: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(options.repeats):
-            times["project"].append(lightning_path(make, warmup, steps, copy.deepcopy(initial_net))[0])
-            times["hand"].append(hand_written_loop(make, warmup, steps, copy.deepcopy(initial_net)))
+            times["project"].append(lightning_path(make, warmup, steps, initial_net)[0])
+            times["hand"].append(hand_written_loop(make, warmup, steps, initial_net))
             # Per step, near-zero network: a step's mean time within an epoch, by the whole window's steps.
-            times["zero project"].append(steps * lightning_path(make, warmup, steps, copy.deepcopy(near_zero))[1])
-            zero_bare = lightning_path(make, warmup, steps, copy.deepcopy(near_zero), barebones=True)[1]
-            times["zero bare"].append(steps * zero_bare)
-            times["zero hand"].append(hand_written_loop(make, warmup, steps, copy.deepcopy(near_zero)))
+            times["zero project"].append(steps * lightning_path(make, warmup, steps, near_zero)[1])
+            times["zero bare"].append(steps * lightning_path(make, warmup, steps, near_zero, barebones=True)[1])
+            times["zero hand"].append(hand_written_loop(make, warmup, steps, near_zero))
             if boards:
-                times["zero csv"].append(steps * lightning_path(csv_only, warmup, steps, copy.deepcopy(near_zero))[1])
+                times["zero csv"].append(steps * lightning_path(csv_only, warmup, steps, near_zero)[1])
         pipeline = [data_pipeline(make, batches=steps) for _ in range(options.repeats)]
 
-    best = {name: min(values) for name, values in times.items() if values}
+    best = {name: min(values) for name, values in times.items()}
     rate = {name: steps * batch_size / seconds for name, seconds in best.items()}
     pipeline_rate = max(pipeline)
     per_step_ms = {name: 1000 * best[name] / steps for name in ("zero project", "zero bare", "zero hand")}

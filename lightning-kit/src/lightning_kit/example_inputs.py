@@ -26,18 +26,13 @@ from .model_format import DTYPES, IMAGES, KEYWORD, POSITIONAL, TENSORS, TOKENS, 
 EXAMPLE_ROWS = 2
 FEWEST_TOKENS = 2  # the fewest tokens an exported sequence model takes, for the same reason
 # The data module's loaders, in the order a batch is taken from them, and the stage ``setup`` is called for.
-LOADERS = (
-    ("predict", "predict_dataloader"),
-    ("test", "test_dataloader"),
-    ("validate", "val_dataloader"),
-    ("fit", "train_dataloader"),
-)
+LOADERS = (("predict", "predict_dataloader"), ("test", "test_dataloader"), ("validate", "val_dataloader"))
+LOADERS += (("fit", "train_dataloader"),)
 
 
 @dataclass(frozen=True)
 class Example:
-    """What to export and on what: ``network(*args, **kwargs)`` (the model's forward), which answered ``outputs``,
-    and which dimensions of the inputs may vary (``dynamic_shapes``, as ``torch.export.export`` takes it)."""
+    """``network(*args, **kwargs)``, which answered ``outputs``; ``dynamic_shapes`` as ``torch.export`` takes it."""
 
     network: nn.Module
     args: tuple[torch.Tensor, ...]
@@ -49,46 +44,38 @@ class Example:
     input_names: list[str] = field(default_factory=list)  # of the flat inputs, in order
     batch: tuple | None = None  # the batch of the data the example was cut from: (args, kwargs, whence), or None
 
-    @property
-    def kind(self) -> str:
-        return self.described["kind"]
+    kind = property(lambda self: self.described["kind"])
 
 
 def example_inputs(model: nn.Module, datamodule: Any) -> Example:
-    """An example of what ``model``'s forward takes, checked by calling it (the module's docstring); else
-    ``ConfigError``, naming the model and ``example_input_array``."""
-    net, named = model, type(model).__name__
+    """An example of what ``model``'s forward takes, checked by calling it; else ``ConfigError``."""
+    named = type(model).__name__
     given = getattr(model, "example_input_array", None)
     if given is not None:
-        source = f"the example_input_array of {type(model).__name__}"
+        source = f"the example_input_array of {named}"
         if isinstance(given, torch.Tensor):
-            args, kwargs = (given,), {}
-        elif isinstance(given, tuple | list):
-            args, kwargs = tuple(given), {}
-        elif isinstance(given, Mapping):
-            args, kwargs = (), dict(given)
-        else:
+            given = (given,)
+        if not isinstance(given, tuple | list | Mapping):
             raise ConfigError(
                 f"{source} is a {type(given).__name__}: set it to what forward takes, a tensor, a tuple (positional "
                 "arguments) or a dict (keyword arguments) of tensors"
             )
-        example, why = _tensors(net, named, args, kwargs, source)
+        args, kwargs = ((), dict(given)) if isinstance(given, Mapping) else (tuple(given), {})
+        example, why = _tensors(model, named, args, kwargs, source)
         if example is None:
-            raise ConfigError(f"{why}: set example_input_array on {type(model).__name__} to what its forward takes")
+            raise ConfigError(f"{why}: set example_input_array on {named} to what its forward takes")
         return example
-    classified = _classifier_inputs(net, named, datamodule)
+    classified = _classifier_inputs(model, named, datamodule)
     if classified is not None:
         return classified
-    batch, why = _first_batch(datamodule)
-    if batch is not None:
-        args, kwargs, where = _call_of(batch, net, why)
-        why = where
-        if args is not None:
-            example, why = _tensors(net, named, args, kwargs, where)
-            if example is not None:
-                return replace(example, batch=(args, kwargs, where))
+    args, kwargs, where = _batch_call(model, datamodule)
+    why = where
+    if args is not None:
+        example, why = _tensors(model, named, args, kwargs, where)
+        if example is not None:
+            return replace(example, batch=(args, kwargs, where))
     raise ConfigError(
-        f"the export cannot tell what {named} takes ({why}): set example_input_array on {type(model).__name__} to "
+        f"the export cannot tell what {named} takes ({why}): set example_input_array on {named} to "
         "what its forward takes (a tensor, a tuple or a dict of tensors), or give the data module image_size, or "
         "seq_len and vocab_size"
     )
@@ -131,16 +118,14 @@ def _called(net: nn.Module, args: tuple, kwargs: dict, failed: str) -> Any:
 
 
 def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str) -> tuple[Example | None, str]:
-    """A model of ``TENSORS`` exported on ``args`` and ``kwargs`` (from ``source``), checked by calling it; else
-    None and why not."""
+    """A model of ``TENSORS`` on ``args`` and ``kwargs`` (from ``source``), checked by calling it; else None, why."""
     given = [*args, *kwargs.values()]
     odd = [value for value in given if not isinstance(value, torch.Tensor)]
     if not given or odd:
         what = f"a {type(odd[0]).__name__}" if odd else "no inputs"
         return None, f"{source} holds {what}, not tensors alone"
     dtypes = [str(value.dtype).removeprefix("torch.") for value in given]
-    unsupported = [dtype for dtype in dtypes if dtype not in DTYPES]
-    if unsupported:
+    if unsupported := [dtype for dtype in dtypes if dtype not in DTYPES]:
         return None, f"{source} holds a {unsupported[0]} tensor, which JSON cannot give: inputs of {', '.join(DTYPES)}"
     rows = {value.shape[0] if value.dim() else None for value in given}
     if None in rows or len(rows) != 1 or 0 in rows:
@@ -153,8 +138,7 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
         outputs = _called(net, args, kwargs, f"{named} cannot take {source}")
     except ConfigError as err:
         return None, str(err)
-    wrong = _wrong_output(outputs)
-    if wrong:
+    if wrong := _wrong_output(outputs):
         return None, f"for {source}, {named}'s forward answers {wrong}"
     names = _positional_names(net, len(args)) + list(kwargs)
     described = {
@@ -180,26 +164,22 @@ def free_axes(args: tuple, kwargs: dict, others: Any = torch.export.Dim.AUTO) ->
 
 
 def real_batch(model: nn.Module, datamodule: Any) -> tuple[tuple, dict, str] | None:
-    """A batch of the data as the model's forward takes it, unchanged (``args``, ``kwargs``, whence it came); None
-    where the data module gives none that forward takes."""
-    batch, where = _first_batch(datamodule)
-    if batch is None:
-        return None
-    args, kwargs, where = _call_of(batch, model, where)
+    """A batch of the data as the model's forward takes it, unchanged, and whence it came; or None."""
+    args, kwargs, where = _batch_call(model, datamodule)
     if args is None or not all(isinstance(value, torch.Tensor) for value in [*args, *kwargs.values()]):
         return None
     return args, kwargs, where
 
 
 def _rows(value: torch.Tensor) -> torch.Tensor:
-    """``value`` cut or repeated to ``EXAMPLE_ROWS`` rows, contiguous (it may be a view of a larger batch)."""
+    """``value`` cut or repeated to ``EXAMPLE_ROWS`` rows, contiguous (not a view of a larger batch)."""
     index = torch.arange(EXAMPLE_ROWS, device=value.device) % value.shape[0]
     return value.index_select(0, index).contiguous()
 
 
 def _wrong_output(outputs: Any) -> str:
-    """What is wrong with a network's outputs for a server to answer them (a tensor, or a tuple, a list or a dict
-    of names of them, nested or not, each with a row per example); empty where nothing is."""
+    """Why a server cannot answer ``outputs`` (tensors, nested in tuples, lists or dicts of names, each a row per
+    example); empty where it can."""
     if isinstance(outputs, torch.Tensor):
         if outputs.dim() == 0 or outputs.shape[0] != EXAMPLE_ROWS:
             return f"a tensor of shape {tuple(outputs.shape)} for {EXAMPLE_ROWS} examples, not one row per example"
@@ -217,14 +197,9 @@ def _wrong_output(outputs: Any) -> str:
 
 def _positional_names(net: nn.Module, count: int) -> list[str]:
     """The names of forward's first ``count`` positional parameters (``args_0``, ... for those of ``*args``)."""
-    names, rest = [], "args"
-    for parameter in _parameters(net):
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            names.append(parameter.name)
-        elif parameter.kind is parameter.VAR_POSITIONAL:
-            rest = parameter.name
-            break
-    names = names[:count]
+    parameters = _parameters(net)
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:count]
+    rest = next((p.name for p in parameters if p.kind is p.VAR_POSITIONAL), "args")
     return names + [f"{rest}_{index}" for index in range(count - len(names))]
 
 
@@ -235,10 +210,10 @@ def _parameters(net: nn.Module) -> list[inspect.Parameter]:
         return []
 
 
-def _first_batch(datamodule: Any) -> tuple[Any, str]:
-    """The first batch of the data module's first loader of ``LOADERS``, and where it came from; else None and why."""
+def _batch_call(net: nn.Module, datamodule: Any) -> tuple[tuple | None, dict, str]:
+    """Forward's arguments from the first batch of the data's first loader of ``LOADERS``, and whence."""
     if datamodule is None:
-        return None, "there is no data module"
+        return None, {}, "there is no data module"
     name = type(datamodule).__name__
     failures = []
     for stage, loader_name in LOADERS:
@@ -254,12 +229,14 @@ def _first_batch(datamodule: Any) -> tuple[Any, str]:
             loaders = loader()
             if isinstance(loaders, list | tuple) and loaders and isinstance(loaders[0], DataLoader):
                 loaders = loaders[0]  # the first of several
-            return next(iter(loaders)), where
+            batch = next(iter(loaders))
         except StopIteration:
             failures.append(f"{name}.{loader_name}() is empty")
         except Exception as err:  # the user's data module: why it gave no batch, in one line
             failures.append(f"{name}.{loader_name}() gave no batch ({first_line(err, typed=True)})")
-    return None, failures[0] if failures else f"the data module {name} has no dataloader"
+        else:
+            return _call_of(batch, net, where)
+    return None, {}, failures[0] if failures else f"the data module {name} has no dataloader"
 
 
 def _call_of(batch: Any, net: nn.Module, where: str) -> tuple[tuple | None, dict, str]:

@@ -27,14 +27,12 @@ from .errors import OneLineParser, UserError, command, invoked_as
 from .installation import check_installation
 from .run_record import write_whole
 
-# The library's folder where it is a checkout of its repository (src/lightning_kit/gpu_check.py): its tests beside.
-LIBRARY = Path(__file__).resolve().parents[2]
+LIBRARY = Path(__file__).resolve().parents[2]  # in a checkout of its repository, the folder of src/ and tests/
 OUTPUT_LINES = 40  # of a failed step's output, in the summary
 TRAIN = "--accelerator gpu --precision bf16-mixed --max_epochs 1 --trainer.enable_progress_bar false"
 BENCH = "--accelerator gpu --steps 20 --warmup 5 --repeats 2"
 CONFIG = Path("configs") / "synthetic.yaml"  # in the project's folder
-# pytest's exit status when no test was collected: a project without tests marked gpu.
-NO_TESTS = 5
+NO_TESTS = 5  # pytest's exit status when no test was collected: a project without tests marked gpu
 
 
 @dataclass
@@ -48,8 +46,7 @@ class Step:
     returncode: int | None = None  # None: stopped at its time limit
     seconds: float = 0.0
     output: str = ""
-    # The exit statuses that pass, and how the summary says each.
-    passing: dict[int, str] = field(default_factory=lambda: {0: "passed"})
+    passing: dict[int, str] = field(default_factory=lambda: {0: "passed"})  # the statuses that pass, as said
     not_run: str | None = None  # why there was nothing to run it on: it is not run, and fails nothing
 
     @property
@@ -73,10 +70,9 @@ class Project:
     train: tuple[str, ...]  # what follows ``python`` to train: its train.py, or ``-m lightning_kit`` without one
 
 
-def library_tests(library: Path = LIBRARY) -> Path | None:
+def library_tests() -> Path | None:
     """The library's tests, where it is a checkout of its repository (an installed wheel has none)."""
-    tests = library / "tests"
-    pyproject = library / "pyproject.toml"
+    tests, pyproject = LIBRARY / "tests", LIBRARY / "pyproject.toml"
     has_them = (tests / "conftest.py").is_file() and pyproject.is_file()
     return tests if has_them and 'name = "lightning-kit"' in pyproject.read_text(encoding="utf-8") else None
 
@@ -84,8 +80,7 @@ def library_tests(library: Path = LIBRARY) -> Path | None:
 def find_project(
     folder: str | Path, package: str | None, config: str | Path | None, cli_class: type[KitCLI] = GenericCLI
 ) -> Project:
-    """The project in ``folder``, its package (given, ``cli_class``'s, or found), configuration and training
-    command, each checked."""
+    """The project in ``folder``: its package (given, ``cli_class``'s, or found), configuration and training."""
     folder = Path(folder)
     own = cli_class.own_package()
     has_train = (folder / "train.py").is_file()
@@ -132,7 +127,7 @@ def _has_module(folder: Path, package: str, module: str) -> bool:
 
 
 def steps(folder: Path, project: Project, library: Path | None = None) -> list[Step]:
-    """The check's steps for ``project``, writing into ``folder``; ``library``: the library's tests, if any."""
+    """The check's steps for ``project``, writing into ``folder``, and for the library's tests (``library``)."""
     python, config = sys.executable, str(project.config.resolve())
     pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
     agreement = "the library's tests marked gpu, with the agreement of each placement rule"
@@ -167,7 +162,7 @@ def steps(folder: Path, project: Project, library: Path | None = None) -> list[S
 
 
 def run(step: Step, project: Path) -> Step:
-    """Run ``step``, with the sources of the project in ``project`` importable, and record what came of it."""
+    """Run ``step`` with ``project``'s sources importable, and record what came of it."""
     if step.not_run is not None:
         return step
     paths = [str(project.resolve() / "src"), os.environ.get("PYTHONPATH")]
@@ -213,7 +208,7 @@ MEMORY_COLUMNS = ("model", "steps", "audit", "CUDA's max_memory_allocated", "agr
 
 
 def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memory: list[dict[str, str]] = ()) -> str:
-    """The summary in Markdown: the machine, each step, the agreement table, the memory table, what failed."""
+    """The summary in Markdown: the machine, each step, the agreement and memory tables, what failed."""
     lines = [
         "# GPU check",
         "",
@@ -249,8 +244,7 @@ def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Run the check on the project ``args`` name; ``cli_class``: the project's command line, whose package's
-    commands are run; ``prog`` names the command in messages."""
+    """Run the check on the project ``args`` name, with ``cli_class``'s package's commands; ``prog`` names it."""
     check_installation(cli_class.__module__)
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.gpu_check"), description=__doc__.split("\n\n")[0]

@@ -27,11 +27,10 @@ def text() -> str:
 
 def rules(first: int, last: int | None = None) -> str:
     """Rules ``first`` to ``last`` (or ``first`` alone) of the guide; ValueError names the rules there are."""
-    last = first if last is None else last
     # A rule runs to the next heading of its level: the next rule's, or the section after the rules.
     sections = re.split(r"(?m)^(?=## )", text())
     numbered = [(int(found[1]), section.rstrip()) for section in sections if (found := _RULE.match(section))]
-    chosen = [section for number, section in numbered if first <= number <= last]
+    chosen = [section for number, section in numbered if first <= number <= (first if last is None else last)]
     if not chosen:
         raise ValueError(f"the guide has rules 1 to {numbered[-1][0]}")
     return "\n\n".join(chosen) + "\n"
@@ -52,17 +51,15 @@ def main(args: list[str] | None = None) -> None:
     options = parser.parse_args(args)
     if options.path:
         print(resources.files(__package__).joinpath(FILE))
-        return
-    if options.rule is None:
+    elif options.rule is None:
         sys.stdout.write(text())
-        return
-    found = _RANGE.fullmatch(options.rule.strip())
-    if found is None:
+    elif (found := _RANGE.fullmatch(options.rule.strip())) is None:
         parser.error(f"{options.rule!r} is not a rule: give its number (13) or a range (2-9)")
-    try:
-        sys.stdout.write(rules(int(found[1]), int(found[2]) if found[2] else None))
-    except ValueError as err:
-        parser.error(f"rule {options.rule}: {err}")
+    else:
+        try:
+            sys.stdout.write(rules(int(found[1]), int(found[2]) if found[2] else None))
+        except ValueError as err:
+            parser.error(f"rule {options.rule}: {err}")
 
 
 if __name__ == "__main__":

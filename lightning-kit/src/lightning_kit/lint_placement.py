@@ -5,30 +5,26 @@
 Each placement is printed as ``path:line: <what> — <the fix>``, citing the placement guide's rule (``python -m
 lightning_kit.guide``), and the exit status is 1; else 0.
 
-Found: ``.cuda()`` and ``.cpu()`` (also passed on uncalled, or through ``getattr``); ``.to(...)`` with a device
-(``"cuda"``, ``0``, ``device``, ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index;
-a device written into a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``,
-``torch.autocast("cuda")``); ``map_location`` onto an accelerator; ``non_blocking`` transfers; the global default
-(``DEFAULTS``); the legacy CUDA tensor types (``torch.cuda.FloatTensor``, also as a string); tensors made from nothing
-without ``device=`` (``torch.arange(T)``, ``torch.randn(shape)``) in ``forward``, a step or a batch or epoch hook, or
-kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``: left behind when the
-module moves).
+Found: ``.cuda()`` and ``.cpu()`` (also uncalled, or through ``getattr``); ``.to(...)`` a device (``"cuda"``, ``0``,
+``device``, ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index; a device written into
+a call (``device="cuda:1"``, ``device=local_rank``, ``device_ids=[0]``, ``torch.autocast("cuda")``); ``map_location``
+onto an accelerator; ``non_blocking``; the global default (``DEFAULTS``); the legacy CUDA tensor types (also as a
+string); tensors made from nothing without ``device=`` (``torch.arange(T)``) in ``forward``, a step or a batch or epoch
+hook, or kept as a plain attribute of a module (``self.mean = torch.tensor(...)`` in its ``__init__``).
 
 Left alone: what takes the device from the data (``device=x.device``, ``x.new_zeros(...)``, ``.type_as(x)``, buffers,
-parameters, tensors made in a dataset or a data module); a ``.cpu()`` copy that leaves the device's computation
-(``x.detach().cpu()``, ``.cpu().numpy()``, ``.item()``, NumPy, a list's ``append``, ``torch.save``) or goes where
-PyTorch reads it on the host (``pack_padded_sequence(x, lengths.cpu())``: rule 13), itself or through the one name it
-is given; dtype conversions (``.to(torch.float16)``, ``.to(x.dtype)``); ``map_location="cpu"`` (Lightning moves the
-model afterwards); ``.to(device)`` in ``transfer_batch_to_device``, where Lightning hands the device over (rule 1);
-and ``pin_memory``, which only speeds Lightning's own copy. Reading alone cannot tell a device from a dtype in a
-variable of another name (``.to(d)``, ``.to(other)``): the device audit finds what those do wrong.
+parameters, tensors made in a data module); a ``.cpu()`` copy that leaves the device's computation (``.detach().cpu()``,
+``.cpu().numpy()``, ``.item()``, NumPy, a list's ``append``, ``torch.save``) or goes where PyTorch reads it on the host
+(``pack_padded_sequence(x, lengths.cpu())``: rule 13), itself or through the one name it is given; dtype conversions
+(``.to(torch.float16)``); ``map_location="cpu"``; ``.to(device)`` in ``transfer_batch_to_device``, where Lightning
+hands the device over (rule 1); ``pin_memory``. Reading alone cannot tell a device from a dtype in a variable of another
+name (``.to(d)``): the device audit finds what those do wrong.
 """
 
 import ast
-import io
 import re
 import sys
-import tokenize
+from importlib.util import decode_source
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,7 +37,7 @@ from .guide import cite
 EXEMPT = ("gpu_audit/simulated", "gpu_audit/lightning.py", "gpu_audit/batches.py", "bench.py")
 LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
-# The fix of each kind of placement, and the rules of the guide that explain it.
+# The fix of each kind of placement, and the guide's rules that explain it.
 _FIXES_AND_RULES = {
     "cuda": (MOVED, "rules 1 to 2"),
     "cpu": ("keep tensors where Lightning put them: log them with self.log", "rule 6"),
@@ -61,7 +57,7 @@ FIXES = {kind: f"{fix} ({rules}: {cite(rules)})" for kind, (fix, rules) in _FIXE
 
 # Methods that move a tensor or module to a device, and the fix for each.
 MOVES = {"cuda": "cuda", "cpu": "cpu", "xpu": "cuda", "mps": "cuda", "hpu": "cuda", "ipu": "cuda", "mtia": "cuda"}
-# Device types: a string naming one, with or without an index, is a device written in.
+# A string naming a device type, with or without an index, is a device written in.
 DEVICE_TYPES = "cpu|cuda|mps|xpu|xla|hpu|ipu|npu|mtia|hip|meta|lazy|vulkan|privateuseone"
 DEVICE = re.compile(rf"^({DEVICE_TYPES})(:\d+)?$")
 DEVICE_PREFIX = re.compile(rf"^({DEVICE_TYPES})(:|$)")  # of an f-string: f"cuda:{rank}"
@@ -72,8 +68,7 @@ DEFAULTS = ("torch.set_default_device", "torch.set_default_tensor_type", "torch.
 DEFAULTS += ("torch.cuda.current_device",)
 # Keywords that put what a call makes on a device (or run it for one: autocast's device_type).
 DEVICE_KEYWORDS = ("device", "output_device", "device_ids", "device_type")
-# Calls whose first argument is a device type: torch.autocast("cuda").
-DEVICE_TYPE_FIRST = ("torch.autocast", "torch.amp.autocast")
+DEVICE_TYPE_FIRST = ("torch.autocast", "torch.amp.autocast")  # whose first argument is a device type: "cuda"
 # Names of variables that hold a device (or an index of one): device, dev, gpu, local_rank, ...
 DEVICE_NAME = re.compile(r"(^|_)(device|devices|dev|gpu|gpus|cuda|rank)($|_)", re.IGNORECASE)
 # Of those, the ones that hold an index or a GPU rather than a device taken from the data.
@@ -124,11 +119,9 @@ def _written(node: ast.expr, host_ok: bool = False) -> bool:
     ``host_ok``, the CPU and the meta device are not counted (``map_location="cpu"``)."""
     if isinstance(node, ast.Constant):
         value = node.value
-        if isinstance(value, bool):
-            return False
-        if isinstance(value, int):
-            return True
-        return isinstance(value, str) and DEVICE.match(value) is not None and not (host_ok and value in HOST)
+        if isinstance(value, str):
+            return DEVICE.match(value) is not None and not (host_ok and value in HOST)
+        return isinstance(value, int) and not isinstance(value, bool)
     if isinstance(node, ast.JoinedStr):
         head = node.values[0] if node.values else None
         return isinstance(head, ast.Constant) and DEVICE_PREFIX.match(str(head.value)) is not None
@@ -144,23 +137,19 @@ def _written(node: ast.expr, host_ok: bool = False) -> bool:
 def _torch_device_is_host(node: ast.Call) -> bool:
     """Whether a ``torch.device(...)`` call names the CPU or the meta device, or the device of data (``x.device``)."""
     given = [*node.args, *(keyword.value for keyword in node.keywords)]
-    if len(given) != 1:
-        return False  # torch.device("cuda", 0)
-    return (isinstance(given[0], ast.Constant) and given[0].value in HOST) or (
-        isinstance(given[0], ast.Attribute) and given[0].attr == "device"
+    return len(given) == 1 and (  # not torch.device("cuda", 0)
+        (isinstance(given[0], ast.Constant) and given[0].value in HOST) or getattr(given[0], "attr", None) == "device"
     )
 
 
 def _names_a_device(node: ast.expr, names: re.Pattern = DEVICE_NAME) -> bool:
     """Whether ``node`` is a device: written in, or a variable or attribute holding one (``device``, ``x.device``)."""
-    if _written(node):
-        return True
-    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-    return name is not None and names.search(name) is not None
+    name = getattr(node, "attr", None) or getattr(node, "id", None)  # an attribute's or a variable's
+    return _written(node) or (name is not None and names.search(name) is not None)
 
 
 def _is_module(node: ast.expr) -> bool:
-    """Whether ``node`` names a module, such as ``torch`` or ``torch.backends``, not a tensor or a class."""
+    """Whether ``node`` names a module (``torch.backends``), not a tensor or a class."""
     name = _name(node)
     return name.split(".")[0] in MODULES and name == name.lower()
 
@@ -169,33 +158,29 @@ class _Finder(ast.NodeVisitor):
     def __init__(self, parents: dict[ast.AST, ast.AST]) -> None:
         self.findings: list[Finding] = []
         self._parents = parents  # each node's parent in the tree
-        self._functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []  # the enclosing functions, innermost last
-        self._classes: list[ast.ClassDef] = []  # the enclosing classes, innermost last
+        self._scopes: list[ast.AST] = []  # the enclosing functions and classes, innermost last
+
+    @property
+    def _functions(self) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        return [scope for scope in self._scopes if not isinstance(scope, ast.ClassDef)]
 
     def _add(self, node: ast.AST, what: str, kind: str) -> None:
         self.findings.append(Finding(node.lineno, what, FIXES[kind]))
 
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self._functions.append(node)
+    def _visit_scope(self, node: ast.AST) -> None:
+        self._scopes.append(node)
         self.generic_visit(node)
-        self._functions.pop()
+        self._scopes.pop()
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815 (ast.NodeVisitor's name)
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._classes.append(node)
-        self.generic_visit(node)
-        self._classes.pop()
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _visit_scope  # noqa: N815 (NodeVisitor's names)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        name = _name(node)
-        if LEGACY_TYPE.match(name):
+        if LEGACY_TYPE.match(name := _name(node)):
             self._add(node, f"`{name}`", "legacy")
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
-        found = self._placement(node)
-        if found is not None:
+        if (found := self._placement(node)) is not None:
             self._add(node, *found)
         # `.cuda` and `.cpu` passed on uncalled: `map(torch.Tensor.cuda, xs)`, `apply(lambda m: m.cuda())` is a call
         for argument in [*node.args, *(keyword.value for keyword in node.keywords)]:
@@ -204,7 +189,7 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _placement(self, node: ast.Call) -> tuple[str, str] | None:
-        """What the call places by hand and the kind of fix, or None."""
+        """What the call places by hand and the kind of its fix, or None."""
         func, name = node.func, _name(node.func)
         method = func.attr if isinstance(func, ast.Attribute) else None
         arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
@@ -222,8 +207,7 @@ class _Finder(ast.NodeVisitor):
             if self._to_the_host(node):  # .cpu() by another name
                 return None if self._leaves_the_device(node) else (shown, "cpu")
             return shown, "to"
-        made = self._made_without_a_device(node, name)
-        if made is not None:
+        if (made := self._made_without_a_device(node, name)) is not None:
             return made
         if any(keyword.arg == "non_blocking" for keyword in node.keywords):
             return shown, "non_blocking"
@@ -253,20 +237,20 @@ class _Finder(ast.NodeVisitor):
 
     def _made_without_a_device(self, node: ast.Call, name: str) -> tuple[str, str] | None:
         """What a factory call (``torch.arange(n)``) makes on the CPU that the model's device will meet, and the
-        kind of fix; None where it is given a device (or ``**options`` that may give one), or made elsewhere."""
+        kind of fix; None where it is given a device (or ``**options``), or made elsewhere."""
         module, _, factory = name.rpartition(".")
         if module != "torch" or factory not in FACTORIES:
             return None
         if any(keyword.arg in ("device", "out", None) for keyword in node.keywords):
             return None
-        running = next((function.name for function in self._functions if RUNS_ON_THE_DEVICE.match(function.name)), None)
-        if running is not None:
+        if running := next((f.name for f in self._functions if RUNS_ON_THE_DEVICE.match(f.name)), None):
             return f"`{ast.unparse(node)}` in `{running}` is made on the CPU whatever device the model runs on", "made"
         # Kept as a plain attribute of a module in its __init__: `self.mean = torch.tensor(...)`.
         assigned = self._parents.get(node)
         kept = [_name(item) for item in getattr(assigned, "targets", ()) if _name(item).startswith("self.")]
         in_init = self._functions and self._functions[-1].name == "__init__"
-        if kept and in_init and self._classes and _is_a_module(self._classes[-1]):
+        classes = [scope for scope in self._scopes if isinstance(scope, ast.ClassDef)]
+        if kept and in_init and classes and _is_a_module(classes[-1]):
             return f"`{kept[0]}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
         return None
 
@@ -284,23 +268,17 @@ class _Finder(ast.NodeVisitor):
         """Whether a ``.cpu()``'s value leaves the device's computation (rules 6 and 13), itself or through the name
         it is given (``lengths = lengths.cpu()`` where every later use does)."""
         receiver = node.func.value  # of .cpu() or .to(...): x.detach().cpu() is a copy taken off
-        if isinstance(receiver, ast.Call) and getattr(receiver.func, "attr", None) == "detach":
-            return True
-        if self._taken_to_the_host(node):
+        detached = isinstance(receiver, ast.Call) and getattr(receiver.func, "attr", None) == "detach"
+        if detached or self._taken_to_the_host(node):
             return True
         assigned = self._parents.get(node)
-        if not (
-            isinstance(assigned, ast.Assign)
-            and len(assigned.targets) == 1
-            and isinstance(assigned.targets[0], ast.Name)
-            and self._functions
-        ):
+        target = assigned.targets[0] if isinstance(assigned, ast.Assign) and len(assigned.targets) == 1 else None
+        if not isinstance(target, ast.Name) or not self._functions:
             return False
-        name = assigned.targets[0].id
         uses = [
             use
             for use in ast.walk(self._functions[-1])
-            if isinstance(use, ast.Name) and use.id == name and isinstance(use.ctx, ast.Load)
+            if isinstance(use, ast.Name) and use.id == target.id and isinstance(use.ctx, ast.Load)
             if (use.lineno, use.col_offset) >= (assigned.end_lineno, assigned.end_col_offset)
         ]
         return bool(uses) and all(self._taken_to_the_host(use) for use in uses)
@@ -314,11 +292,10 @@ class _Finder(ast.NodeVisitor):
         call = self._parents.get(parent) if isinstance(parent, ast.keyword) else parent
         if not isinstance(call, ast.Call) or node is call.func:
             return False
-        called = _name(call.func) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
+        called = _name(call.func) or getattr(call.func, "attr", "")
         if HOST_TAKERS.search(called):
             return True
-        reader = HOST_READERS.get(called.rpartition(".")[2])
-        if reader is None:
+        if (reader := HOST_READERS.get(called.rpartition(".")[2])) is None:
             return False
         position, names = reader
         if keyword is not None:
@@ -342,16 +319,15 @@ def _is_a_module(node: ast.ClassDef) -> bool:
 
 
 def _index_variable(node: ast.expr) -> bool:
-    """A variable that holds a device index or a GPU (``device=local_rank``, ``device_ids=[rank]``), not a device
-    taken from the data."""
+    """A variable holding a device index or a GPU (``device=local_rank``), not a device from the data."""
     if isinstance(node, ast.List | ast.Tuple):
         return any(_index_variable(item) for item in node.elts)
     return isinstance(node, ast.Name | ast.Attribute) and _names_a_device(node, DEVICE_INDEX_NAME)
 
 
 def manual_placements(source: str) -> list[Finding]:
-    """Each line of ``source`` that puts a tensor or module on a device by hand, in order, with what it does there.
-    A source nested past Python's parser (which Python cannot run either) is ``UnreadableError``."""
+    """Each line of ``source`` that puts a tensor or module on a device by hand, in order; a source nested past
+    Python's parser (which Python cannot run either) is ``UnreadableError``."""
     try:
         tree = ast.parse(source)
         finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
@@ -369,20 +345,18 @@ def manual_placements(source: str) -> list[Finding]:
 def is_exempt(path: Path) -> bool:
     """One of this library's modules that play Lightning's part (a file of the same name elsewhere is not)."""
     resolved = path.resolve()
-    if not resolved.is_relative_to(LIBRARY):
-        return False
-    inside = resolved.relative_to(LIBRARY).as_posix()
-    return any(inside == exempt or inside.startswith(f"{exempt}/") for exempt in EXEMPT)
+    return resolved.is_relative_to(LIBRARY) and any(
+        Path(exempt) in (inside := resolved.relative_to(LIBRARY), *inside.parents) for exempt in EXEMPT
+    )
 
 
 def project_files(root: Path) -> list[Path]:
-    """The Python files of ``src/`` and ``train.py`` under ``root`` (either may be absent) that the check covers."""
+    """The Python files of ``src/`` and ``train.py`` under ``root`` (either may be absent)."""
     files = [*sorted((root / "src").rglob("*.py")), root / "train.py"]
     return [path for path in files if path.is_file() and not is_exempt(path)]
 
 
-# The largest source file read: a Python file of more is generated, or not a source file at all.
-MAX_SOURCE_BYTES = 4 << 20
+MAX_SOURCE_BYTES = 4 << 20  # a Python file of more is generated, or not a source file at all
 
 
 class UnreadableError(Exception):
@@ -390,8 +364,7 @@ class UnreadableError(Exception):
 
 
 def read_source(path: Path) -> str:
-    """The text of the Python file at ``path``: a regular file (``files.open_regular``) of at most
-    ``MAX_SOURCE_BYTES``, decoded as Python decodes it (UTF-8 or its coding declaration); else ``UnreadableError``."""
+    """The text of the regular Python file at ``path``, of at most ``MAX_SOURCE_BYTES``; else ``UnreadableError``."""
     try:
         with open_regular(path) as handle:
             data = handle.read(MAX_SOURCE_BYTES + 1)
@@ -406,13 +379,12 @@ def read_source(path: Path) -> str:
     if b"\0" in data:
         raise UnreadableError("is not a text file (it holds NUL bytes)")
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding)
+        return decode_source(data)  # as Python decodes it, by its coding declaration
     except (SyntaxError, LookupError, UnicodeDecodeError) as err:
-        reason = err.reason if isinstance(err, UnicodeDecodeError) else err
-        raise UnreadableError(
-            f"is not Python source text ({reason}; Python reads UTF-8 or a coding declaration)"
-        ) from None
+        why = (
+            f"{err.reason if isinstance(err, UnicodeDecodeError) else err}; Python reads UTF-8 or a coding declaration"
+        )
+        raise UnreadableError(f"is not Python source text ({why})") from None
 
 
 def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
@@ -428,28 +400,24 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
             if errors is None:
                 raise UnreadableError(f"{path} {why}") from None
             errors.append(f"error: {path} {why}")
-            continue
         except SyntaxError as error:
             lines.append(f"{path}:{error.lineno}: not valid Python ({error.msg}) — fix the syntax first")
-            continue
-        lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
+        else:
+            lines.extend(f"{path}:{finding.line}: {finding.what} — {finding.fix}" for finding in findings)
     return lines
 
 
 @command
 def main(args: list[str] | None = None) -> int:
-    """Exit status 1 where a placement was found or a file named could not be read, else 0. A folder named stands
-    for the Python files under it."""
+    """Exit status 1 where a placement was found or a file could not be read, else 0; a folder: its files."""
     names = sys.argv[1:] if args is None else args
     errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
     names = [name for name in names if "\0" not in name]
     paths = [Path(name) for name in names] if names or errors else project_files(Path.cwd())
-    # rglob does not follow links to folders, so a link back up does not loop.
-    found = {
+    found = {  # rglob does not follow links to folders, so a link back up does not loop
         path: sorted(p for p in path.rglob("*.py") if not p.is_dir()) if path.is_dir() else [path] for path in paths
     }
-    for folder in (path for path, files in found.items() if not files):
-        # A folder of no Python files checks nothing: said, so that it does not read as a pass.
+    for folder in (path for path, files in found.items() if not files):  # said, so as not to read as a pass
         print(f"warning: {folder} holds no .py files: nothing in it was checked", file=sys.stderr)
     paths = [file for files in found.values() for file in files]
     lines = check(paths, errors)

@@ -16,15 +16,8 @@ from .accelerators import check_named_choices
 from .building import build_cli, given_arguments
 from .cli import GenericCLI, KitCLI, expand_shortcuts
 from .command_line import CONFIG_FLAGS, CommandLine
-from .errors import ConfigError, RefusedArgumentError, UserError, command, invoked_as
-from .gpu_audit import (
-    EXIT_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_PASSED,
-    EXIT_USAGE,
-    run_audit,
-    simulated,
-)
+from .errors import RefusedArgumentError, UserError, command, invoked_as
+from .gpu_audit import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE, run_audit, simulated
 from .gpu_audit.gpu_memory import judged, parse_capacity
 from .gpu_audit.simulated import SimulationUnavailableError
 from .installation import check_installation
@@ -34,24 +27,20 @@ from .trust import is_config_file, read_config
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Audit the model, data and Trainer settings that ``cli_class`` builds from the same arguments; ``prog``
-    names the command in messages."""
+    """Audit what ``cli_class`` builds from the arguments; ``prog`` names the command in messages."""
     check_installation(cli_class.__module__)
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["fit"]:
         args = args[1:]
-    try:
-        given, capacity = _gpu_memory(CommandLine(expand_shortcuts(args)))
-    except ValueError as err:
-        sys.exit(_usage(f"error: {err}"))
     # The Trainer is built only for its settings (callbacks, logger, clipping, DDP's options ...): on the CPU, in one
     # process. A DDP strategy builds there, and the audit's DDP pass takes its options (find_unused_parameters, ...).
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
-    if not _is_ddp(_strategy_given(given)):
-        settings_only += ["--trainer.strategy", "auto"]
     try:
+        given, capacity = _gpu_memory(CommandLine(expand_shortcuts(args)))
+        if not _is_ddp(_strategy_given(given)):
+            settings_only += ["--trainer.strategy", "auto"]
         replaced = _device_flags_given(given, settings_only)
-    except ConfigError as err:
+    except ValueError as err:  # ConfigError is one
         sys.exit(_usage(f"error: {err}"))
     try:
         # A class that cannot be built is not audited (3), never a placement bug (1).
@@ -121,7 +110,7 @@ def _device_flags_given(args: CommandLine, settings_only: list[str]) -> list[str
 
 
 def _strategy_given(args: CommandLine) -> Any:
-    """The Trainer's strategy as ``args`` give it (a name, or a class_path and init_args), the last given; None."""
+    """The Trainer's strategy as ``args`` last give it (a name, or a class_path and init_args); None."""
     given = None
     for flag, value in args.pairs:
         if flag == "--trainer.strategy":
@@ -155,8 +144,7 @@ def _refused_value(verdict, given: dict) -> RefusedArgumentError | None:
         # "<hook> stopped at <file>:<line>: <Type>: <message>" (explain.py), or a process that died: no value's.
         _, stopped, rest = outcome.gap.partition(" stopped at ")
         reason = rest.partition(": ")[2] if stopped else ""
-        refusal = named_refusal(outcome.stage, reason, given) if reason else None
-        if refusal is not None:
+        if reason and (refusal := named_refusal(outcome.stage, reason, given)) is not None:
             return refusal
     return None
 
