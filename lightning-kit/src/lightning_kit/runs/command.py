@@ -45,10 +45,9 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
 
 def _list(options: argparse.Namespace) -> None:
     root = Path(options.folder)
-    if not root.exists():
-        raise UserError(f"FOLDER {root} does not exist: give the folder of your runs (by default runs/)")
     if not root.is_dir():
-        raise UserError(f"FOLDER {root} is not a folder: give the folder of your runs (by default runs/)")
+        problem = "is not a folder" if root.exists() else "does not exist"
+        raise UserError(f"FOLDER {root} {problem}: give the folder of your runs (by default runs/)")
     outputs = {name: getattr(options, name) for name in OUTPUTS if getattr(options, name) is not None}
     for name, path in outputs.items():
         check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
@@ -67,11 +66,7 @@ def _list(options: argparse.Namespace) -> None:
     table = Table(runs)
     sort = options.sort
     if sort:
-        descending = options.desc or sort.startswith("-")
-        try:
-            table.sort(sort.removeprefix("-") if sort not in table.columns else sort, descending)
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        table.sort(sort.removeprefix("-") if sort not in table.columns else sort, options.desc or sort.startswith("-"))
 
     def rendered(form: str) -> str:  # a CSV file holds the table alone
         return FORMATS[form](table) + (f"\n{below}" if below and form != "csv" else "")

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..errors import printable
+from ..errors import UserError, printable
 from .folders import Run, best_epoch, checkpoint_file
 
 FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")  # around the hyperparameters
@@ -41,9 +41,9 @@ class Table:
         self.columns = [*FIRST, *self.hyperparameters, "best_epoch", *val, *test, *LAST]
 
     def sort(self, column: str, descending: bool = False) -> None:
-        """Order the rows by ``column``; empty cells last either way. ValueError names the columns accepted."""
+        """Order the rows by ``column``; empty cells last either way. UserError names the columns accepted."""
         if column not in self.columns:
-            raise ValueError(f"--sort {column}: not a column; accepted: {', '.join(self.columns)}")
+            raise UserError(f"--sort {column}: not a column; accepted: {', '.join(self.columns)}")
         present = [row for row in self.rows if not _empty(row.get(column))]
         missing = [row for row in self.rows if _empty(row.get(column))]
         present.sort(key=lambda row: _sort_key(row[column]), reverse=descending)
