@@ -6,6 +6,7 @@ listed is not read. Each file is read bounded, only when it is a plain file: ``c
 never importing what it names. A file that cannot be read becomes a note on its run's row.
 """
 
+import contextlib
 import csv
 import io
 import json
@@ -63,8 +64,7 @@ class Run:
 def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
     """The runs below ``root`` (their evaluations attached, nothing read yet), the sweep folders, and notes."""
     runs: list[Run] = []
-    sweeps: list[Path] = []
-    notes: list[str] = []
+    sweeps, notes = [], []
     inside = root.resolve()
     below: dict[Path, tuple[Run, str]] = {}  # a folder in a run's evaluation: that run, and the kind of evaluation
 
@@ -162,12 +162,10 @@ def _read_status(run: Run, root: Path) -> None:
     elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
         run.status = "finished"
     run.notes.append(f"no {RUN_FILE}: status and times from its files")
-    try:
+    with contextlib.suppress(OSError):
         start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
         run.started = datetime.fromtimestamp(start).astimezone()
         run.duration_s = max(0.0, end - start)
-    except OSError:
-        pass
 
 
 def monitor_of(run: Run) -> tuple[str, str] | None:
