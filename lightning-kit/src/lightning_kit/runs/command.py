@@ -1,9 +1,6 @@
-"""The table of runs' command: a table of the runs below FOLDER (default ``runs/``).
+"""``python -m lightning_kit.runs [FOLDER]``, ``... --sort=-val/acc``, ``... --status finished --markdown runs.md``.
 
-``python -m lightning_kit.runs``, ``... runs/sweeps/lr --sort=-val/acc``, ``... --status finished --markdown
-runs.md``. It reads run folders as data, whichever project wrote them, and imports no PyTorch (nor
-``lightning_kit.cli``, which does). Curves are TensorBoard's: ``tensorboard --logdir runs``; a sweep's study,
-Optuna's dashboard's: ``python -m lightning_kit.views dashboard runs/sweeps/<study>``.
+It reads run folders as data (``folders``), whichever project wrote them, and imports no PyTorch.
 """
 
 import argparse
@@ -25,7 +22,7 @@ OUTPUTS = ("csv", "markdown")
 
 @command
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
-    """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
+    """List the runs ``args`` ask for (default: ``sys.argv[1:]``); ``prog`` names the command."""
     check_installation()
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.runs"),
@@ -48,10 +45,9 @@ def main(args: list[str] | None = None, prog: str | None = None) -> None:
 
 def _list(options: argparse.Namespace) -> None:
     root = Path(options.folder)
-    if not root.exists():
-        raise UserError(f"FOLDER {root} does not exist: give the folder of your runs (by default runs/)")
     if not root.is_dir():
-        raise UserError(f"FOLDER {root} is not a folder: give the folder of your runs (by default runs/)")
+        problem = "is not a folder" if root.exists() else "does not exist"
+        raise UserError(f"FOLDER {root} {problem}: give the folder of your runs (by default runs/)")
     outputs = {name: getattr(options, name) for name in OUTPUTS if getattr(options, name) is not None}
     for name, path in outputs.items():
         check_output_file(path, f"--{name}", overwrite=options.overwrite, overwrite_flag="--overwrite")
@@ -70,11 +66,7 @@ def _list(options: argparse.Namespace) -> None:
     table = Table(runs)
     sort = options.sort
     if sort:
-        descending = options.desc or sort.startswith("-")
-        try:
-            table.sort(sort.removeprefix("-") if sort not in table.columns else sort, descending)
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        table.sort(sort.removeprefix("-") if sort not in table.columns else sort, options.desc or sort.startswith("-"))
 
     def rendered(form: str) -> str:  # a CSV file holds the table alone
         return FORMATS[form](table) + (f"\n{below}" if below and form != "csv" else "")
@@ -83,26 +75,21 @@ def _list(options: argparse.Namespace) -> None:
     for note in notes:
         sys.stderr.write(f"note: {printable(note)}\n")
     for name, path in outputs.items():
-        _write(Path(path), rendered(name))
+        try:  # beside it, then renamed into place (a link there is replaced, not written through)
+            write_whole(Path(path), rendered(name))
+        except OSError as err:
+            raise UserError(
+                f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room"
+            ) from err
         sys.stderr.write(f"written: {printable(path)}\n")
 
 
 def _sort_values(args: list[str]) -> list[str]:
     """``--sort -val/loss`` as ``--sort=-val/loss``: argparse would take ``-val/loss`` for an option."""
-    joined, position = [], 0
-    while position < len(args):
-        if args[position] == "--sort" and position + 1 < len(args) and args[position + 1].startswith("-"):
-            joined.append(f"--sort={args[position + 1]}")
-            position += 2
+    joined: list[str] = []
+    for arg in args:
+        if joined and joined[-1] == "--sort" and arg.startswith("-"):
+            joined[-1] = f"--sort={arg}"
         else:
-            joined.append(args[position])
-            position += 1
+            joined.append(arg)
     return joined
-
-
-def _write(path: Path, text: str) -> None:
-    """Write ``path`` whole: beside it, then renamed into place (a link there is replaced, not written through)."""
-    try:
-        write_whole(path, text)  # the folder made first
-    except OSError as err:
-        raise UserError(f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room") from err

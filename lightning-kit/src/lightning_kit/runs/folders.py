@@ -1,15 +1,12 @@
 """Finding the runs below a folder, and reading each as data: its settings, metrics, status and evaluations.
 
-A run folder holds ``config.yaml`` and ``metrics.csv`` or ``run.json``. Folders under a
-run's ``validate/``, ``test/`` or ``predict/`` are its evaluations, not runs. Links to
-folders are not followed (those leading out of the folder listed are named in a note),
-and a file that links out of it is not read. Every file is read as data, bounded in
-size, only when it is a plain file: ``config.yaml`` by ``config_files``, as the command
-line reads a configuration (its aliases' expansion bounded too), with ``yaml.safe_load``,
-never importing what it names; ``metrics.csv`` with ``csv``. A file that cannot be read
-becomes a note on its run's row.
+A run folder holds ``config.yaml`` and ``metrics.csv`` or ``run.json``; folders under its ``validate/``, ``test/``
+or ``predict/`` are its evaluations. Links to folders are not followed, and a file that links out of the folder
+listed is not read. Each file is read bounded, only when it is a plain file: ``config.yaml`` by ``config_files``,
+never importing what it names. A file that cannot be read becomes a note on its run's row.
 """
 
+import contextlib
 import csv
 import io
 import json
@@ -35,15 +32,13 @@ from ..stores import STUDY_FILE
 CONFIG_FILE, METRICS_FILE = "config.yaml", "metrics.csv"
 EVALUATIONS = ("validate", "test", "predict")
 FINISHED_ONLY = ("loss.png", "confusion_matrix.csv")  # what fit ending well left, before run.json
-# run.json and study.json are a few lines; metrics.csv grows a row per logging call. (config.yaml: config_files.)
+# run.json and study.json are a few lines; metrics.csv grows a row per logging call.
 MAX_RECORD_BYTES, MAX_METRICS_BYTES = 1 << 20, 64 << 20
-# An epoch number above this is not one Lightning wrote (nor a float's 1e300, nor inf).
-MAX_EPOCH = 10**9
-# The best checkpoint of a project from before run.json named its monitor: the best validation accuracy.
-DEFAULT_MONITOR = ("val/acc", "max")
-# Settings that say where a run wrote, not how it trained: never a difference between runs.
+MAX_EPOCH = 10**9  # a larger epoch number is not one Lightning wrote
+DEFAULT_MONITOR = ("val/acc", "max")  # what a project's best checkpoint was before run.json named its monitor
+# Settings that say where a run wrote, not how it trained (a resumed run's ckpt_path: its note says which it resumes).
 NOT_HYPERPARAMETERS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "predictions")
-NOT_HYPERPARAMETERS += ("ckpt_path",)  # a resumed run's checkpoint: its row's note says which run it continues
+NOT_HYPERPARAMETERS += ("ckpt_path",)
 UNREADABLE, UNKNOWN = "unreadable", "unknown"
 
 
@@ -69,8 +64,7 @@ class Run:
 def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
     """The runs below ``root`` (their evaluations attached, nothing read yet), the sweep folders, and notes."""
     runs: list[Run] = []
-    sweeps: list[Path] = []
-    notes: list[str] = []
+    sweeps, notes = [], []
     inside = root.resolve()
     below: dict[Path, tuple[Run, str]] = {}  # a folder in a run's evaluation: that run, and the kind of evaluation
 
@@ -168,23 +162,15 @@ def _read_status(run: Run, root: Path) -> None:
     elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
         run.status = "finished"
     run.notes.append(f"no {RUN_FILE}: status and times from its files")
-    try:
+    with contextlib.suppress(OSError):
         start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
         run.started = datetime.fromtimestamp(start).astimezone()
         run.duration_s = max(0.0, end - start)
-    except OSError:
-        pass
 
 
 def monitor_of(run: Run) -> tuple[str, str] | None:
-    """The metric and direction (``max`` or ``min``) by which the run chose its best checkpoint; None for a run
-    that chose by none.
-
-    As its run.json records them (``"monitor": null``: none). A run that recorded none (from
-    before run.json, still running, or of a checkpoint callback that monitors nothing) is taken
-    to have chosen by validation accuracy, as the projects did before run.json, when it logged it;
-    else by none.
-    """
+    """The metric and direction (``max`` or ``min``) by which the run chose its best checkpoint, as its run.json
+    records them (``"monitor": null``: none); for a run that recorded none, ``DEFAULT_MONITOR`` where it logged it."""
     record = run.record or {}
     monitor, mode = record.get("monitor"), record.get("mode")
     if isinstance(monitor, str) and mode in ("max", "min"):
@@ -195,8 +181,7 @@ def monitor_of(run: Run) -> tuple[str, str] | None:
 
 
 def full_history(run: Run) -> dict[str, dict[int, float]]:
-    """The run's metrics by epoch after those of the runs it resumed (the epochs it continues): for an epoch in
-    both, the later run's value."""
+    """The run's metrics by epoch after those of the runs it resumed: for an epoch in both, the later run's."""
     chain = [run]
     while chain[-1].earlier is not None and all(chain[-1].earlier is not each for each in chain):
         chain.append(chain[-1].earlier)
@@ -208,11 +193,8 @@ def full_history(run: Run) -> dict[str, dict[int, float]]:
 
 
 def best_epoch(run: Run) -> tuple[int | None, dict[str, float], str | None]:
-    """The epoch whose validation metrics stand for the run, those metrics, and a note when it is no best epoch.
-
-    The epoch with the best monitored value (the first, on a tie); for a run that monitors no
-    metric, or never logged the one it monitors, the last validated epoch, and a note that says so.
-    """
+    """The epoch with the best monitored value (the first, on a tie), its validation metrics, and None; for a run
+    that monitors no metric or never logged it, the last validated epoch, its metrics, and a note that says so."""
     history = full_history(run)
     validation = epoch_columns(history, "val")
     monitor = monitor_of(run)
@@ -229,18 +211,16 @@ def best_epoch(run: Run) -> tuple[int | None, dict[str, float], str | None]:
     return epoch, metrics, why and f"{why}: the last validated epoch's metrics"
 
 
-def best_file(run: Run, epoch: int | None) -> str | None:
-    """The best checkpoint of a run without a record of it: ``best-epoch=<epoch>-...`` in its folder, if there."""
-    if epoch is None:
-        return None
-    found = sorted((run.folder / "checkpoints").glob(f"best-epoch={epoch}-*.ckpt"))
+def checkpoint_file(run: Run, epoch: int | None, last: bool) -> str | None:
+    """The run's recorded best checkpoint; else the one in its folder: ``last.ckpt`` where it shows its ``last``
+    validated epoch (it monitors nothing), ``best-epoch=<epoch>-...`` where it shows its best."""
+    if run.best_checkpoint:
+        return run.best_checkpoint
+    if last:
+        path = run.folder / "checkpoints" / "last.ckpt"
+        return str(path) if path.is_file() else None
+    found = sorted((run.folder / "checkpoints").glob(f"best-epoch={epoch}-*.ckpt")) if epoch is not None else []
     return str(found[-1]) if found else None
-
-
-def latest_file(run: Run) -> str | None:
-    """The run's latest checkpoint, ``checkpoints/last.ckpt``, if there: what a run that monitors nothing keeps."""
-    path = run.folder / "checkpoints" / "last.ckpt"
-    return str(path) if path.is_file() else None
 
 
 def link_resumed(runs: list[Run]) -> None:
@@ -260,12 +240,8 @@ def link_resumed(runs: list[Run]) -> None:
 
 
 def flatten(config: Any) -> dict[str, Any]:
-    """``config.yaml`` as ``{"model.lr": 0.001, "data": "pkg.data.images.ImageDataModule", ...}``.
-
-    Keys are the command line's names: a class's ``init_args`` are named under the class's own
-    key (``data.batch_size``, as ``--data.batch_size``). Lists become text. Refused (ValueError)
-    when it is no mapping; its size and depth were bounded as it was read (``config_files``).
-    """
+    """``config.yaml`` as ``{"model.lr": 0.001, "data": "pkg.data.images.ImageDataModule", ...}``: the command
+    line's names (``data.batch_size`` for a class's ``init_args``), lists as text. ValueError for no mapping."""
     if not isinstance(config, dict):
         raise ValueError("not a mapping of settings")
     flat: dict[str, Any] = {}
@@ -293,9 +269,8 @@ def _settings(path: Path, root: Path) -> dict[str, Any]:
 
 
 def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
-    """A CSVLogger's ``metrics.csv`` (a row per logging call): each column's value at each epoch (its last there),
-    ``{column: {epoch: value}}``, without a last line that has no newline yet (being written). ValueError names the
-    line that is no metrics row."""
+    """A CSVLogger's ``metrics.csv``: ``{column: {epoch: its last value there}}``, without a last line that has no
+    newline yet (being written). ValueError names the line that is no metrics row."""
     text = read_text(path, root, MAX_METRICS_BYTES)
     epochs: dict[str, dict[int, float]] = {}
     for line, row in enumerate(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])), start=2):

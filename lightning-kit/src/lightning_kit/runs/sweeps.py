@@ -1,9 +1,5 @@
-"""A sweep folder below the table: its trials by status, and a cross-validation's mean and spread over its folds.
-
-Read from the trials' run folders alone (``runs/sweeps/<study>/trial_<NNNN>/``) and the sweep's ``study.json``. The
-study itself (each trial's state, each parameter's importance) is Optuna's dashboard's to show:
-``python -m lightning_kit.views dashboard runs/sweeps/<study>``.
-"""
+"""A sweep folder below the table: its trials by status, and a cross-validation's mean and spread over its folds,
+from the trials' run folders and the sweep's ``study.json`` alone (the study itself is Optuna's dashboard's)."""
 
 import json
 import math
@@ -45,8 +41,8 @@ def summary(folder: Path, root: Path, runs: list[Run]) -> list[str]:
 
 
 def _fold_lines(trials: list[Run], folds: int, monitor: str | None, direction: str) -> list[str]:
-    """Each metric's mean and spread over the folds: the monitored one's best, and the test metrics of each fold's
-    run folder (a test of its checkpoint). A fold run again counts by its latest finished trial."""
+    """Each metric's mean and spread over the folds: the monitored one's best, and each fold's test metrics. A fold
+    run again counts by its latest finished trial."""
     by_fold = {run.settings.get(FOLD): run for run in trials if run.status == FINISHED}
     by_fold = {fold: by_fold[fold] for fold in range(folds) if fold in by_fold}
     per_metric: dict[str, dict[int, float]] = {}

@@ -7,95 +7,80 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..errors import printable
-from .folders import Run, best_epoch, best_file, latest_file
+from ..errors import UserError, printable
+from .folders import Run, best_epoch, checkpoint_file
 
-# Before the hyperparameters, and after them.
-FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")
+FIRST, LAST = ("run", "started", "status"), ("duration", "checkpoint", "note")  # around the hyperparameters
 _MISSING = object()
 
 
 class LastEpoch(int):
-    """A ``best_epoch`` cell that is no best: the last validated epoch of a run that monitors no metric. Shown
-    ``3 (last)``; a number in CSV and when sorting."""
+    """A ``best_epoch`` cell that is the last validated epoch of a run that monitors no metric: shown ``3 (last)``."""
 
 
 class Table:
     """One row per run: its folder, start, status, the hyperparameters that differ between the runs, the best
-    epoch (or, for a run that monitors no metric, the last validated one) and its validation metrics, the test
-    metrics, the duration, the best (or latest) checkpoint and notes."""
+    epoch and its validation metrics, the test metrics, the duration, the checkpoint and notes."""
 
     def __init__(self, runs: Sequence[Run]) -> None:
         self.hyperparameters = differing(runs)
-        rows, val, test = [], [], []
+        self.rows, val = [], []
         for run in runs:
-            row, validation = self._row(run)
-            rows.append(row)
-            val += validation
-            test += run.test
-        val, test = _ordered(val), _ordered(test)
-        self.metrics = set(val) | set(test)
+            epoch, metrics, last = best_epoch(run)
+            shown = LastEpoch(epoch) if last is not None and epoch is not None else epoch
+            row = {"run": run.name, "started": run.started, "status": run.status, "best_epoch": shown, **metrics}
+            row.update(run.test)
+            row.update({key: run.settings.get(key, _MISSING) for key in self.hyperparameters})
+            row.update({key: "null" for key in self.hyperparameters if row[key] is None})
+            row["duration"], row["checkpoint"] = run.duration_s, checkpoint_file(run, epoch, last is not None)
+            row["note"] = "; ".join([*run.notes, *([last] if last else [])]) or None
+            self.rows.append(row)
+            val += metrics
+        val, test = dict.fromkeys(val), dict.fromkeys(key for run in runs for key in run.test)
+        self.metrics = {*val, *test}
         self.columns = [*FIRST, *self.hyperparameters, "best_epoch", *val, *test, *LAST]
-        self.rows = rows
-
-    def _row(self, run: Run) -> tuple[dict[str, Any], list[str]]:
-        """The run's row, and the names of its validation metrics."""
-        epoch, val, last = best_epoch(run)
-        shown = LastEpoch(epoch) if last is not None and epoch is not None else epoch
-        row = {"run": run.name, "started": run.started, "status": run.status, "best_epoch": shown, **val, **run.test}
-        row.update({key: _setting(run.settings.get(key, _MISSING)) for key in self.hyperparameters})
-        checkpoint = run.best_checkpoint or (best_file(run, epoch) if last is None else latest_file(run))
-        notes = [*run.notes, *([last] if last else [])]
-        row.update(duration=run.duration_s, checkpoint=checkpoint, note="; ".join(notes) or None)
-        return row, list(val)
 
     def sort(self, column: str, descending: bool = False) -> None:
-        """Order the rows by ``column``; empty cells last either way. ValueError names the columns accepted."""
+        """Order the rows by ``column``; empty cells last either way. UserError names the columns accepted."""
         if column not in self.columns:
-            raise ValueError(f"--sort {column}: not a column; accepted: {', '.join(self.columns)}")
-        present = [row for row in self.rows if _value(row.get(column)) is not None]
-        missing = [row for row in self.rows if _value(row.get(column)) is None]
+            raise UserError(f"--sort {column}: not a column; accepted: {', '.join(self.columns)}")
+        present = [row for row in self.rows if not _empty(row.get(column))]
+        missing = [row for row in self.rows if _empty(row.get(column))]
         present.sort(key=lambda row: _sort_key(row[column]), reverse=descending)
         self.rows = present + missing
 
-    def headers(self) -> list[str]:
-        """The columns' names as shown: a metric's name comes from a file, and a terminal takes no control from it."""
-        return [printable(column) for column in self.columns]
+    def cells(self) -> list[list[str]]:
+        """The header (a metric's name comes from a file: a terminal takes no control from it), then a line a row."""
+        shown = (
+            [_shown(row.get(column), column, column in self.metrics) for column in self.columns] for row in self.rows
+        )
+        return [[printable(column) for column in self.columns], *shown]
 
     def text(self) -> str:
         """Aligned columns for a terminal."""
-        cells = [self.headers(), *([self._shown(row, column) for column in self.columns] for row in self.rows)]
+        cells = self.cells()
         widths = [max(len(line[k]) for line in cells) for k in range(len(self.columns))]
         return "".join("  ".join(map(str.ljust, line, widths)).rstrip() + "\n" for line in cells)
 
     def markdown(self) -> str:
         """A GitHub Markdown table."""
-        lines = [[header.replace("|", "\\|") for header in self.headers()], ["---"] * len(self.columns)]
-        lines += [[self._shown(row, column).replace("|", "\\|") for column in self.columns] for row in self.rows]
-        return "".join("| " + " | ".join(line) + " |\n" for line in lines)
-
-    def _shown(self, row: dict[str, Any], column: str) -> str:
-        return _shown(row.get(column), column, metric=column in self.metrics)
+        header, *rows = [[cell.replace("|", "\\|") for cell in line] for line in self.cells()]
+        return "".join("| " + " | ".join(line) + " |\n" for line in [header, ["---"] * len(header), *rows])
 
     def csv(self) -> str:
         """CSV with full values: times in ISO 8601, durations in seconds, numbers unrounded."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(self.headers())
-        for row in self.rows:
-            writer.writerow([_raw(row.get(column)) for column in self.columns])
+        writer.writerow(printable(column) for column in self.columns)
+        writer.writerows([_raw(row.get(column)) for column in self.columns] for row in self.rows)
         return out.getvalue()
 
 
 def differing(runs: Sequence[Run]) -> list[str]:
     """The settings whose values are not the same in every run (a setting one run lacks differs), in config order."""
-    keys = _ordered(key for run in runs for key in run.settings)
+    keys = dict.fromkeys(key for run in runs for key in run.settings)
     readable = [run for run in runs if run.settings]
     return [key for key in keys if len({_same(run.settings.get(key, _MISSING)) for run in readable}) > 1]
-
-
-def _setting(value: Any) -> Any:
-    return "null" if value is None else value
 
 
 def _same(value: Any) -> Any:
@@ -103,14 +88,6 @@ def _same(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return "NaN" if isinstance(value, float) and math.isnan(value) else value
-
-
-def _ordered(keys) -> list[str]:
-    return list(dict.fromkeys(keys))
-
-
-def _value(value: Any) -> Any:
-    return None if value is _MISSING else value
 
 
 def _sort_key(value: Any) -> tuple:
@@ -124,9 +101,12 @@ def _sort_key(value: Any) -> tuple:
     return (1, str(value))
 
 
+def _empty(value: Any) -> bool:
+    return value is None or value is _MISSING
+
+
 def _raw(value: Any) -> str:
-    value = _value(value)
-    if value is None:
+    if _empty(value):
         return ""
     return value.isoformat() if isinstance(value, datetime) else printable(str(value))
 

@@ -1,6 +1,5 @@
-"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked (each a
-dict of its arrays by name); inputs of different shapes (sequences or clips of different lengths) are run in one
-batch per shape."""
+"""The model behind ``POST /predict``: a LitServe ``LitAPI`` that batches the inputs ``inputs`` has checked, one batch
+per shape."""
 
 import os
 from collections import defaultdict
@@ -18,9 +17,6 @@ from . import tensors
 from .model_file import ModelInfo, read_model
 from .stopping import ModelProcessGuard
 
-# The response header that says how many requests the model answered together with this one.
-BATCH_SIZE_HEADER = "X-Batch-Size"
-
 
 async def read_input(request: Request) -> dict[str, np.ndarray]:
     """The checked input of ``request``, read in the HTTP server by its ``InputReader`` (``app.state.read_input``)."""
@@ -34,9 +30,7 @@ def cpu_threads(workers: int) -> int:
 
 
 class Model(ls.LitAPI):
-    """The model of a file, loaded in each model process: a classifier answers each input of images or tokens with
-    the predicted class and every class's probability, by name; a model of tensors answers each example with its
-    outputs for it, as they are: ``{"outputs": ...}`` (``tensors``)."""
+    """The model of a file, loaded in each model process (``command``'s docstring says what it answers)."""
 
     def __init__(
         self,
@@ -49,7 +43,7 @@ class Model(ls.LitAPI):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.model_info = model
         self.cpu_threads = cpu_threads
-        self.guard = guard  # how the model process takes SIGTERM (stopping)
+        self.guard = guard
 
     def setup(self, device: str) -> None:
         if self.guard is not None:
@@ -70,7 +64,7 @@ class Model(ls.LitAPI):
 
     @torch.inference_mode()
     def predict(self, inputs: list) -> list[tuple[object, int]]:
-        """Each input's answer, and the size of the batch it was run in."""
+        """Each input's answer, and the size of its batch."""
         if not isinstance(inputs, list):  # max_batch_size 1: LitServe hands over one input, not a list
             return self.predict([inputs])[0]
         by_shape = defaultdict(list)
@@ -95,4 +89,4 @@ class Model(ls.LitAPI):
         else:
             best = max(range(len(names)), key=answer.__getitem__)
             content = {"predicted": names[best], "probabilities": dict(zip(names, answer, strict=True))}
-        return JSONResponse(content, headers={BATCH_SIZE_HEADER: str(batch_size)})
+        return JSONResponse(content, headers={"X-Batch-Size": str(batch_size)})

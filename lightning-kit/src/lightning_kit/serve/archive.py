@@ -1,8 +1,7 @@
 """A ``.pt2`` archive read within bounds: what ``torch.export.save`` writes for a plain program, and nothing more.
 
-The archive's directory is checked before anything is inflated (unknown entries, an entry twice, encryption, an
-unknown compression, sizes past their bounds); each entry is then read in chunks, which zipfile stops at the size
-the directory says (checking its CRC), into a copy with every entry stored, so PyTorch inflates nothing.
+The directory is checked before anything is inflated; each entry is then read in chunks, which zipfile stops at the
+size the directory says, into a copy with every entry stored, so PyTorch inflates nothing.
 """
 
 import io
@@ -23,8 +22,8 @@ _SAVED_ENTRIES = re.compile(
 )
 _PAYLOAD_CONFIGS = re.compile(r"[^/]+/data/(weights|constants)/[^/]+_config\.json")
 _TENSOR_CONSTANT = "tensor_"  # torch.export's TENSOR_CONSTANT_FILENAME_PREFIX: a tensor stored raw, not pickled
-# Together the entries may inflate to a few times the file's size (torch.export.save stores them uncompressed, 1x),
-# or MIN_TOTAL_BYTES for a small file; each extra file, and each other record but the weights and constants, less.
+# Together the entries may inflate to a few times the file's size (torch.export.save stores them uncompressed), or
+# MIN_TOTAL_BYTES for a small file; each extra file, and each record but the weights and constants, less.
 INFLATION = 4
 MIN_TOTAL_BYTES = 64 * 1024 * 1024
 MAX_EXTRA_BYTES = 4 * 1024 * 1024
@@ -40,7 +39,7 @@ class ModelFileError(UserError):
 
 
 def stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
-    """The archive in ``file`` (``size`` bytes), checked as the module says, as a copy with every entry stored."""
+    """The archive in ``file`` (``size`` bytes), checked, as a copy with every entry stored."""
     with zipfile.ZipFile(file) as archive:
         entries = archive.infolist()
         if len(entries) > MAX_ENTRIES:
@@ -68,7 +67,7 @@ def stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
 
 
 def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
-    """Refuse an archive whose directory says its entries inflate past their bounds: nothing is read."""
+    """Refuse an archive whose directory says its entries inflate past their bounds."""
     total = max(INFLATION * size, MIN_TOTAL_BYTES)
     for entry in entries:
         if entry.flag_bits & 0x1:
@@ -96,7 +95,7 @@ def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
 
 
 def _read(path: Path, archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> bytes:
-    """``entry``'s bytes: zipfile's stream inflates at most a chunk at a time and stops at the directory's size."""
+    """``entry``'s bytes, inflated a chunk at a time up to the directory's size."""
     chunks = []
     try:
         with archive.open(entry) as stream:

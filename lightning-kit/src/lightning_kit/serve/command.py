@@ -43,31 +43,25 @@ from ..passwords import scrubbed
 from .model_file import ModelInfo, read_model
 from .stopping import GRACE_S, Stopper, WorkerEndedError, catch_sigterm, say, sigterm_received
 
-# Serving a model file imports no Lightning (about 4 CPU-s per process instead of 6.5); --ckpt_path does.
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # serving a model file imports no Lightning (4 CPU-s per process instead of 6.5)
     from ..cli import KitCLI
 
-# The library's own command line (``GenericCLI.command``), which builds the model of a checkpoint by default.
-GENERIC_COMMAND = "python -m lightning_kit"
+GENERIC_COMMAND = "python -m lightning_kit"  # GenericCLI.command, written down without importing it
 
-# Measured with the load test (benchmarks/serve_load.py, beside src/) on 2 CPU cores: an idle request waits the whole
-# timeout for its batch to fill (p50 10 ms at 2 or 5 ms, 16 ms at 10 ms); at concurrency 32, waiting 10 ms made
-# batches larger but answered no more requests/s, and batches of up to 8 fewer than of up to 32.
+# Measured with benchmarks/serve_load.py on 2 CPU cores: an idle request waits the whole timeout for its batch to
+# fill; at concurrency 32, waiting 10 ms answered no more requests/s, and batches of up to 8 fewer than of 32.
 MAX_BATCH_SIZE = 32
 BATCH_TIMEOUT_S = 0.005
 MAX_BODY_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 50_000_000  # a 50-megapixel photo; a larger image is refused from its header
-# LitServe answers at these addresses only; ports below 1024 need root.
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")
-# The most --timeout and --batch_timeout may be: a day.
-MAX_SECONDS = 86_400
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # LitServe answers at these addresses only
+MAX_SECONDS = 86_400  # the most --timeout and --batch_timeout may be: a day
 
 
 def parser(
     prog: str | None = None, export_command: str = EXPORT_COMMAND, train_command: str = GENERIC_COMMAND
 ) -> argparse.ArgumentParser:
-    """The command's options; ``export_command`` writes its model files, ``train_command`` builds a checkpoint's
-    model (``--ckpt_path``)."""
+    """The command's options; ``export_command`` writes model files, ``train_command`` builds a checkpoint's model."""
     described = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.serve"),
         description=__doc__.split("\n\n")[0],
@@ -79,33 +73,25 @@ def parser(
     described.add_argument("--host", choices=HOSTS, default="127.0.0.1", help="the address to answer at")
     described.add_argument("--port", type=_bounded(int, 1024, 65535), default=8000, help="1024 to 65535")
     described.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto", help="where the model runs")
-    described.add_argument(
-        "--workers_per_device", type=_bounded(int, 1), default=1, help="model processes per device (each loads it)"
-    )
-    described.add_argument("--max_batch_size", type=_bounded(int, 1), default=MAX_BATCH_SIZE, help="1: no batching")
-    described.add_argument(
-        "--batch_timeout",
-        type=_bounded(float, 0, MAX_SECONDS),
-        default=BATCH_TIMEOUT_S,
-        help="seconds to wait for a batch to fill (less than --timeout)",
-    )
-    described.add_argument(
-        "--max_body_bytes", type=_bounded(int, 1), default=MAX_BODY_BYTES, help="larger requests are refused (413)"
-    )
-    described.add_argument(
-        "--max_pixels", type=_bounded(int, 1), default=MAX_PIXELS, help="larger images are refused (413)"
-    )
-    described.add_argument(
-        "--timeout",
-        type=_bounded(float, 0, MAX_SECONDS, low_open=True),
-        default=30.0,
-        help="seconds a request may wait (504)",
-    )
+    for flag, bounded, default, text in (
+        ("--workers_per_device", _bounded(int, 1), 1, "model processes per device (each loads it)"),
+        ("--max_batch_size", _bounded(int, 1), MAX_BATCH_SIZE, "1: no batching"),
+        (
+            "--batch_timeout",
+            _bounded(float, 0, MAX_SECONDS),
+            BATCH_TIMEOUT_S,
+            "seconds to wait for a batch to fill (less than --timeout)",
+        ),
+        ("--max_body_bytes", _bounded(int, 1), MAX_BODY_BYTES, "larger requests are refused (413)"),
+        ("--max_pixels", _bounded(int, 1), MAX_PIXELS, "larger images are refused (413)"),
+        ("--timeout", _bounded(float, 0, MAX_SECONDS, low_open=True), 30.0, "seconds a request may wait (504)"),
+    ):
+        described.add_argument(flag, type=bounded, default=default, help=text)
     return described
 
 
 def _bounded(kind: type, low: float, high: float | None = None, low_open: bool = False):
-    """An argparse type: jsonargparse's number of ``kind`` from ``low`` (excluded when ``low_open``) to ``high``."""
+    """An argparse type: jsonargparse's number of ``kind`` from ``low`` (excluded if ``low_open``) to ``high``."""
     restrictions = [(">" if low_open else ">=", kind(low))] + ([] if high is None else [("<=", kind(high))])
     restricted = restricted_number_type(None, kind, restrictions)
     bounds = " and ".join(f"{op} {bound:g}" for op, bound in restrictions)
@@ -126,8 +112,11 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
     """Serve the model file ``args`` name, or the checkpoint of ``--ckpt_path`` exported by ``cli_class`` (the
     project's ``KitCLI``; by default ``GenericCLI``); ``prog`` names the command in messages."""
     check_installation(cli_class.__module__ if cli_class is not None else None)
-    export_command = EXPORT_COMMAND if cli_class is None else export_command_of(cli_class)
-    train_command = GENERIC_COMMAND if cli_class is None else cli_class.command
+    export_command, train_command = EXPORT_COMMAND, GENERIC_COMMAND
+    if cli_class is not None:  # the project's own <package>.export, where it has one
+        own, train_command = cli_class.own_package(), cli_class.command
+        if own and importlib.util.find_spec(f"{own}.export") is not None:
+            export_command = f"python -m {own}.export"
     options = parser(prog, export_command, train_command)
     known, rest = options.parse_known_args(args)
     if rest and known.ckpt_path is None:
@@ -140,22 +129,26 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
             f"argument --batch_timeout: {known.batch_timeout} is not less than --timeout {known.timeout}: "
             "no request would be answered before it times out"
         )
-    try:  # the serve extra: checked before anything else is done
+    try:  # the serve extra, before anything else is done (python_multipart reads the forms images come in)
         import litserve  # noqa: F401
-        import python_multipart  # noqa: F401  (reads the forms that images come in)
+        import python_multipart  # noqa: F401
     except ImportError as err:
         sys.exit(f'error: serving needs {err.name}, which is not installed: pip install -e ".[serve]"')
     if known.ckpt_path is None:
         handled = _one_line_errors()
-    else:  # a checkpoint is exported first: a run's errors, as train.py says them
+    else:  # a checkpoint is exported first: its errors as train.py says them
         from ..messages import errors_as_messages
 
         handled = errors_as_messages()
-    catch_sigterm()  # SIGTERM from here on stops the server where it is, the checkpoint's export removed
+    catch_sigterm()
     with handled:
         check_accelerator(SimpleNamespace(accelerator=known.accelerator))
         with model_file(known, rest, cli_class) as path:
-            say(f"reading {path} and checking it{_size(path)}")
+            try:
+                size = f" ({byte_size(path.stat().st_size)})"
+            except OSError:  # reading it says why
+                size = ""
+            say(f"reading {path} and checking it{size}")
             _, model = read_model(path, export_command)
             say(f"checked {path}: {_described(model)}")
             check_limits(known, model)
@@ -165,20 +158,12 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] | None = None, p
 
 @contextmanager
 def _one_line_errors() -> Iterator[None]:
-    """A mistake in the model file or the flags as one line, no password shown (``messages.errors_as_messages``
-    imports Lightning): the server's own errors are bugs."""
+    """A mistake in the model file or the flags as one line, no password shown (without Lightning, which
+    ``messages.errors_as_messages`` imports)."""
     try:
         yield
     except UserError as err:
         sys.exit(scrubbed(f"error: {err}"))
-
-
-def _size(path: Path) -> str:
-    """`` (12.3 MiB)``, or nothing where it cannot be told (then reading says why)."""
-    try:
-        return f" ({byte_size(path.stat().st_size)})"
-    except OSError:
-        return ""
 
 
 def _described(model: ModelInfo) -> str:
@@ -208,18 +193,9 @@ def check_limits(known: argparse.Namespace, model: ModelInfo) -> None:
         )
 
 
-def export_command_of(cli_class: type[KitCLI]) -> str:
-    """The command that exports ``cli_class``'s checkpoints: the project's ``<package>.export``, where it has one."""
-    own = cli_class.own_package()
-    if own and importlib.util.find_spec(f"{own}.export") is not None:
-        return f"python -m {own}.export"
-    return EXPORT_COMMAND
-
-
 @contextmanager
 def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCLI] | None = None) -> Iterator[Path]:
-    """The model file to serve: the one given, or ``--ckpt_path`` exported by ``cli_class`` into a temporary
-    folder."""
+    """The model file given, or ``--ckpt_path`` exported by ``cli_class`` into a temporary folder."""
     if known.model is not None:
         yield Path(known.model)
         return
@@ -240,7 +216,7 @@ def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCL
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Refuse, in one line, a port in use (before the model's workers start)."""
+    """Refuse a port in use, before the model's workers start."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
         try:
@@ -251,10 +227,10 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     """Run the server until SIGTERM or Ctrl-C (``stopping``)."""
-    if sigterm_received():  # while the checkpoint was exported, or the file read: nothing to stop yet
+    if sigterm_received():  # while the checkpoint was exported or the file read
         say(f"stopped by SIGTERM before serving {model.path}")
         return
-    from .api import Model, cpu_threads  # LitServe, the serve extra: only this command needs it
+    from .api import Model, cpu_threads  # LitServe, the serve extra
     from .inputs import InputReader
 
     # Every request taken is answered before the HTTP servers stop: LitServe's own 504 comes first.
@@ -265,10 +241,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     )
     accelerator = {"gpu": "cuda"}.get(known.accelerator, known.accelerator)
     server = stopper.server_class()(
-        api,
-        accelerator=accelerator,
-        workers_per_device=known.workers_per_device,
-        timeout=known.timeout,
+        api, accelerator=accelerator, workers_per_device=known.workers_per_device, timeout=known.timeout
     )
     server.uvicorn_graceful_timeout = graceful_s
     server.app.state.read_input = InputReader(model, known.max_body_bytes, known.max_pixels)
@@ -285,7 +258,7 @@ def serve(known: argparse.Namespace, model: ModelInfo) -> None:
     try:
         stopper.run(server, host=known.host, port=known.port, generate_client_file=False, log_level="warning")
     except WorkerEndedError as ended:
-        code = ended.exitcode
+        code = ended.args[0]
         if code is None:
             how = "with its error above"
         else:

@@ -1,8 +1,7 @@
 """A request's input, read and checked in the HTTP server before it is queued for the model.
 
-Each request is checked on its own: LitServe fails a whole batch when ``decode_request`` raises for one of its
-requests, so a bad request here answers its own 4xx and never reaches the model or its batch-mates. Decoding here
-also runs beside the model, in threads, not before it in the model's process.
+LitServe fails a whole batch when ``decode_request`` raises for one of its requests, so each request is checked here
+on its own, and decoded beside the model, in threads, not in the model's process.
 """
 
 import os
@@ -20,15 +19,12 @@ from ..model_format import IMAGES
 from . import tensors
 from .model_file import ModelInfo
 
-# What POST /predict takes for a model of images, as messages say it (of tokens or tensors: ``tensors.accepted``).
 IMAGE_FILE = "an image file as the body (Content-Type image/... or application/octet-stream), or a form with one file"
-# The size from which a JSON body of tensors is decoded in a thread, not in the event loop (a few milliseconds).
-DECODED_IN_THREAD = 64 * 1024
+DECODED_IN_THREAD = 64 * 1024  # a larger JSON body is decoded in a thread, not in the event loop
 
 
 class InputReader:
-    """Reads the input of one request for ``model``: the body (refused, 413, past ``max_body_bytes``), checked and
-    made the model's input; an image of more than ``max_pixels`` is refused from its header (413)."""
+    """Reads the input of one request for ``model``: the body, checked and made the model's input."""
 
     def __init__(self, model: ModelInfo, max_body_bytes: int, max_pixels: int) -> None:
         self.model = model
@@ -38,7 +34,7 @@ class InputReader:
         self._accepted = IMAGE_FILE if model.kind == IMAGES else tensors.accepted(model)
 
     async def __call__(self, request: Request) -> dict[str, np.ndarray]:
-        """The model's inputs by name (images: the one of ``model_file``'s claims)."""
+        """The model's inputs by name."""
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await self._body(request)
         if self.model.kind == IMAGES:
@@ -49,13 +45,12 @@ class InputReader:
             raise HTTPException(400, f"the body is empty: send {self._accepted}")
         decode = partial(tensors.decode, body, self.model)
         try:  # a large body in a thread, so that the others' requests are read meanwhile
-            decoded = await anyio.to_thread.run_sync(decode) if len(body) > DECODED_IN_THREAD else decode()
+            return await anyio.to_thread.run_sync(decode) if len(body) > DECODED_IN_THREAD else decode()
         except tensors.RequestError as err:
             raise HTTPException(err.status, str(err)) from err
-        return decoded
 
     async def _body(self, request: Request) -> bytes:
-        """The body, refused (413) once it is longer than ``max_body_bytes``: by its Content-Length, or as it comes."""
+        """The body, refused (413) past ``max_body_bytes``: by its Content-Length, or as it comes."""
         limit = self.max_body_bytes
         declared = request.headers.get("content-length")
         too_long = HTTPException(413, f"the body is larger than {limit:,} bytes (the server's --max_body_bytes)")
@@ -73,7 +68,7 @@ class InputReader:
         return b"".join(chunks)
 
     async def _image(self, request: Request, media_type: str, body: bytes) -> np.ndarray:
-        """The pixels of an image file (the body, or a form's one file), ``(3, size, size)`` as the model takes them."""
+        """The pixels of an image file (the body, or a form's one file), ``(3, size, size)``."""
         if media_type == "multipart/form-data":
             body = await self._form_file(request, body)
         elif media_type and media_type != "application/octet-stream" and not media_type.startswith("image/"):

@@ -1,18 +1,15 @@
 """The exported model a server serves: its ``.pt2`` file read as data and checked before the server starts.
 
-``torch.export.load`` unpickles parts of a ``.pt2`` file (its sample inputs with ``torch.load``, falling back to
-``weights_only=False``; weights and constants marked ``use_pickle``; custom and opaque objects with
-``pickle.loads``), and its graph names the functions it calls. So a file is loaded only when it holds nothing but
-what ``torch.export.save`` writes for a plain program (``archive``, which reads it within bounds), every
-``torch.load`` is forced to ``weights_only`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), and its graph calls only ATen
-operations and ``operator.getitem``. Tested with PyTorch 2.14 (``torch.export.pt2_archive``).
+``torch.export.load`` unpickles parts of a ``.pt2`` file (sample inputs with ``torch.load``, falling back to
+``weights_only=False``; weights and constants marked ``use_pickle``; custom objects with ``pickle.loads``), and its
+graph names the functions it calls. So a file is loaded only when it holds nothing but what ``torch.export.save``
+writes for a plain program (``archive``), every ``torch.load`` is forced to ``weights_only``, and its graph calls
+only ATen operations and ``operator.getitem``. Tested with PyTorch 2.14.
 
-What its extra files claim is checked against the program's own signature and output, for every kind alike: the
-program must take exactly the inputs its ``INPUT_FILE`` names (``model_format``), each with one batch dimension
-first that varies from 1 example up, and answer a tensor, a tuple, a list or a dict (of names) of tensors, each with
-that batch dimension first (a classifier: one tensor of a probability per class it names). The sizes an axis that
-varies takes are the program's own (its range constraints), whatever the file claims; an integer input that indexes
-an embedding takes ids below its rows. The ``call_spec`` is read with PyTorch's private pytree (``upstream.torch``).
+What its extra files claim is checked against the program's signature and output, for every kind alike: it takes
+exactly the inputs its ``INPUT_FILE`` names, each with one batch dimension first that varies from 1 up, and answers
+a tensor, a tuple, a list or a dict of tensors with that batch dimension first. The sizes that vary are the
+program's own (its range constraints), whatever the file claims.
 """
 
 import io
@@ -52,16 +49,13 @@ from ..upstream.torch import is_aten_operation, tree_leaves, tree_unflatten
 from .archive import ModelFileError, stored_copy
 
 WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-# How a message says the inputs are passed.
 BY = {POSITIONAL: "by position", KEYWORD: "by keyword"}
-# The dtypes an embedding takes its ids in.
-INDEX_DTYPES = ("int32", "int64")
+INDEX_DTYPES = ("int32", "int64")  # the dtypes an embedding takes its ids in
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the server needs to know of an exported model to check requests before they reach it: the fields of
-    its ``kind`` (``model_format``); the other kinds' are None or empty."""
+    """What the server needs to know of an exported model to check requests: the fields of its ``kind``."""
 
     path: Path
     class_names: tuple[str, ...]
@@ -76,16 +70,16 @@ class ModelInfo:
 
 
 def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[ExportedProgram, ModelInfo]:
-    """The program in the ``.pt2`` file at ``path`` and what it takes; ``ModelFileError`` saying why not (and
-    naming ``export_command``, the command that writes such files)."""
+    """The program in the ``.pt2`` file at ``path`` and what it takes; else ``ModelFileError`` naming
+    ``export_command``."""
     path = Path(path)
     stored = _read_archive(path, export_command)
     extra = {CLASS_NAMES_FILE: "", INPUT_FILE: ""}
-    # What torch.export logs is kept, not printed (a traceback, for a damaged file refused in one line): PyTorch's
-    # loggers have handlers of their own, so those are set aside too, not only the propagation.
+    # What torch.export logs (a traceback, for a damaged file refused in one line) is kept, not printed: its
+    # loggers have handlers of their own, so those are set aside too.
     logger, kept = logging.getLogger("torch.export"), logging.handlers.BufferingHandler(capacity=sys.maxsize)
     forced = os.environ.get(WEIGHTS_ONLY)
-    os.environ[WEIGHTS_ONLY] = "1"  # one variable set and put back: mock.patch.dict would rewrite the whole environment
+    os.environ[WEIGHTS_ONLY] = "1"  # set and put back: mock.patch.dict would rewrite the whole environment
     try:
         with mock.patch.object(logger, "handlers", [kept]), mock.patch.object(logger, "propagate", False):
             program = torch.export.load(stored, extra_files=extra)
@@ -99,12 +93,14 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
             del os.environ[WEIGHTS_ONLY]
         else:
             os.environ[WEIGHTS_ONLY] = forced
-    _check_operations(path, program)
+    for node in program.graph.nodes:  # ATen operations and operator.getitem only
+        if node.op == "call_function" and node.target is not operator.getitem and not is_aten_operation(node.target):
+            raise ModelFileError(f"{path} calls {node.target}, not a PyTorch tensor operation: refused")
     return program, _model_info(path, program, extra, export_command)
 
 
 def _read_archive(path: Path, export_command: str) -> io.BytesIO:
-    """The archive at ``path``, checked and read within bounds, as an archive of stored entries (nothing to inflate)."""
+    """The archive at ``path``, checked and read within bounds, its entries stored (nothing to inflate)."""
     if path.suffix != ".pt2":
         raise ModelFileError(f"{path} is not a .pt2 file: give the file {export_command} writes, or --ckpt_path")
     try:
@@ -120,16 +116,8 @@ def _read_archive(path: Path, export_command: str) -> io.BytesIO:
         raise ModelFileError(f"{path} cannot be read ({err.strerror or err})") from err
 
 
-def _check_operations(path: Path, program: ExportedProgram) -> None:
-    """Refuse a graph that calls anything but ATen operations and ``operator.getitem``."""
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is not operator.getitem and not is_aten_operation(node.target):
-            raise ModelFileError(f"{path} calls {node.target}, not a PyTorch tensor operation: refused")
-
-
 def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], export_command: str) -> ModelInfo:
-    """What the extra files say the program takes and answers, checked against its signature and output: one path
-    for every kind, a classifier's input read as one tensor input (``_claims``)."""
+    """What the extra files say the program takes and answers, checked against its signature and output."""
     if not extra[CLASS_NAMES_FILE] or not extra[INPUT_FILE]:
         raise ModelFileError(
             f"{path} was not exported by {export_command}: it has no "
@@ -196,9 +184,8 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
 
 
 def _claims(path: Path, described: dict) -> tuple[str, tuple[TensorInput, ...], str, dict]:
-    """The kind, the inputs (as ``TensorInput``), how they are passed and a classifier's other claims that
-    ``INPUT_FILE`` records; a file without a kind (exported before it was recorded) is read by its inputs' type and
-    shape. Images are one input ``(3, size, size)``, token ids one of a length that varies, both by position."""
+    """The kind, the inputs, how they are passed and a classifier's other claims that ``INPUT_FILE`` records; a file
+    exported before the kind was recorded is read by its inputs' type and shape."""
     kind = described.get("kind")
     if kind == TENSORS:
         passed, given = described.get("passed"), described.get("inputs")
@@ -231,8 +218,7 @@ def _claims(path: Path, described: dict) -> tuple[str, tuple[TensorInput, ...], 
 
 
 def _tensor_input(path: Path, entry: object) -> TensorInput:
-    """One input as ``INPUT_FILE`` records it: a name, one of ``DTYPES``, a shape of sizes from 0 (the ranges of
-    the sizes that vary are the program's: ``_check_inputs``)."""
+    """One input as ``INPUT_FILE`` records it: a name, one of ``DTYPES``, a shape of sizes from 0 (or None)."""
     if not isinstance(entry, dict):
         raise ModelFileError(f"{path} is damaged: its {INPUT_FILE} records an input that is not an object")
     name, dtype, shape = entry.get("name"), entry.get("dtype"), entry.get("shape")
@@ -246,8 +232,8 @@ def _tensor_input(path: Path, entry: object) -> TensorInput:
 
 
 def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInput, ...], passed: str):
-    """Refuse inputs the program does not take as ``INPUT_FILE`` says; else the symbol of their batch dimension,
-    the program's names of them, and ``inputs`` with the program's ranges."""
+    """Refuse inputs the program does not take as claimed; else the symbol of their batch dimension, the program's
+    names of them, and ``inputs`` with the program's ranges."""
     names = list(program.graph_signature.user_inputs)
     claimed = f"its {INPUT_FILE} says it takes {', '.join(map(str, inputs))} {BY[passed]}"
     try:
@@ -274,7 +260,7 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
         fixed = [constant_size(size) for size in sizes[1:]]
         if dtype != spec.dtype or not sizes or fixed != list(spec.shape):
             raise ModelFileError(
-                f"{path}: {claimed}, but its program takes {name} of {dtype}, shape {_shown(sizes)}: refused"
+                f"{path}: {claimed}, but its program takes {name} of {dtype}, shape {_shape(sizes, 'batch')}: refused"
             )
         if constant_size(sizes[0]) is not None:
             raise ModelFileError(
@@ -309,8 +295,7 @@ def embedding_rows(program: ExportedProgram, name: str) -> int | None:
 
 
 def _check_outputs(path: Path, program: ExportedProgram, batch):
-    """Refuse outputs the server cannot answer request by request (the module's docstring); else the program's
-    outputs (fake tensors, nested as it returns them)."""
+    """Refuse outputs the server cannot answer request by request; else the program's outputs (fake tensors)."""
     signature = program.graph_signature
     (output,) = [node for node in program.graph.nodes if node.op == "output"]
     returned = [
@@ -333,7 +318,7 @@ def _wrong_outputs(outputs, batch) -> str:
     if isinstance(outputs, torch.Tensor):
         first = outputs.shape[0] if outputs.dim() else None
         if not isinstance(first, torch.SymInt) or first.node.expr != batch or outputs.is_complex():
-            return f"a {str(outputs.dtype).removeprefix('torch.')} tensor of shape {_shown(list(outputs.shape))}"
+            return f"a {str(outputs.dtype).removeprefix('torch.')} tensor of shape {_shape(outputs.shape, 'batch')}"
         return ""
     if type(outputs) is dict and all(isinstance(key, str) for key in outputs):
         items = list(outputs.values())
@@ -347,8 +332,7 @@ def _wrong_outputs(outputs, batch) -> str:
 def _answers(outputs) -> str:
     """``a tensor (4,)``; ``a dict of mean (4,), scale ()``; ``a tuple of (4,), (any, 3)``: per example."""
     if isinstance(outputs, torch.Tensor):
-        sizes = [str(constant_size(size)) if constant_size(size) is not None else "any" for size in outputs.shape[1:]]
-        return f"a tensor ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+        return f"a tensor {_shape(outputs.shape[1:])}"
     if isinstance(outputs, dict):
         return "a dict of " + ", ".join(
             f"{key} {_answers(value).removeprefix('a tensor ')}" for key, value in outputs.items()
@@ -358,18 +342,13 @@ def _answers(outputs) -> str:
 
 def _takes(args, kwargs) -> str:
     """How a program takes its inputs, as a message says it: ``history by keyword``, ``x, y by position``."""
-    ways = []
-    if args:
-        ways.append(f"{', '.join(map(str, tree_leaves(args)))} by position")
-    if kwargs:
-        ways.append(f"{', '.join(map(str, kwargs))} by keyword")
+    ways = [f"{', '.join(map(str, tree_leaves(args)))} by position"] if args else []
+    ways += [f"{', '.join(map(str, kwargs))} by keyword"] if kwargs else []
     return " and ".join(ways) or "no inputs"
 
 
-def _shown(sizes: list) -> str:
-    """A program's shape, its sizes that vary shown as ``batch`` (the first) or ``any``."""
-    shown = [
-        str(constant_size(size)) if constant_size(size) is not None else "batch" if axis == 0 else "any"
-        for axis, size in enumerate(sizes)
-    ]
+def _shape(sizes, first: str = "any") -> str:
+    """A program's shape, ``(batch, 3)``: its sizes that vary shown as ``first`` (the first) or ``any``."""
+    fixed = map(constant_size, sizes)
+    shown = [str(size) if size is not None else first if axis == 0 else "any" for axis, size in enumerate(fixed)]
     return f"({', '.join(shown)}{',' if len(shown) == 1 else ''})"

@@ -1,16 +1,12 @@
 """How the server runs and stops: SIGTERM answers every request taken, then ends every process the server started.
 
-LitServe (0.2.19) runs no SIGTERM handler in its main process. Here a thread of ``Stopper`` sends SIGTERM to every
-HTTP server (LitServe's ``LitServer-<n>`` processes), on which uvicorn answers every request it took, and waits for
-them; then it sets the event ``LitServer.run`` waits on, whose own shutdown ends the model's processes and its
-manager. What uvicorn's shutdown lacks, the draining HTTP server adds (``server_class``); so does the server's
-``verify_worker_status`` to LitServe's start-up, which waited for ever for a model process that ended before it was
-ready. Should the server not have stopped ``stop_s`` seconds after SIGTERM, its processes are killed and it exits 1.
+LitServe (0.2.19) runs no SIGTERM handler in its main process. Here a thread of ``Stopper`` SIGTERMs every HTTP
+server (on which uvicorn answers every request it took) and waits for them, then sets the event ``LitServer.run``
+waits on, whose own shutdown ends the model's processes. Past ``stop_s`` the processes are killed and it exits 1.
 
-The signal handler (``catch_sigterm``) only sets an event: an exception raised from a handler lands wherever the
-main thread is, in LitServe's start-up too, where a finalizer could drop it (the server then served on, ignoring
-SIGTERM). A SIGTERM during an export stops the command once the export is done; during LitServe's start-up, before
-it creates its HTTP servers. Ctrl-C is LitServe's own (uvicorn's in the HTTP servers).
+The signal handler only sets an event: an exception raised from a handler lands wherever the main thread is, in
+LitServe's start-up too, where a finalizer could drop it (the server then served on, ignoring SIGTERM). Ctrl-C is
+LitServe's own (uvicorn's in the HTTP servers).
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import multiprocessing
 import os
@@ -37,29 +34,25 @@ from ..upstream.litserve import (
     setup_status,
 )
 
-# How long the HTTP servers may take to answer the requests in flight after SIGTERM, beyond --timeout (by then
-# LitServe has answered each one still waiting with its 504).
+# After SIGTERM: how long the HTTP servers may take beyond --timeout (by then LitServe has answered each request
+# still waiting with its 504); how long a connection taken has to start its request before it is closed unanswered;
+# how long a handshake the port answered just before it stopped answering new ones has to complete.
 GRACE_S = 30
-# After SIGTERM, how long a connection taken has to start its request (its headers read) before it is closed
-# unanswered: the server waits until every connection has started one, or this long.
 REQUEST_START_S = 5.0
-# After SIGTERM, how long a handshake the port answered just before it stopped answering new ones has to complete.
 HANDSHAKE_S = 0.05
 
 
 def say(line: str) -> None:
-    """Tell the person what the command is doing, at once (the server's log is a file, not a terminal)."""
+    """Tell the person what the command is doing, at once (the server's log may be a file, not a terminal)."""
     print(line, flush=True)
 
 
-# Set by SIGTERM, once catch_sigterm() has been called: the server stops at the next point that checks it.
-_REQUESTED = threading.Event()
+_REQUESTED = threading.Event()  # set by SIGTERM, once catch_sigterm() has been called
 _PID: int | None = None  # the process that caught it; a process forked from it did not
 
 
 def catch_sigterm() -> None:
-    """From now on SIGTERM sets an event instead of ending the process: what the command was doing (exporting a
-    checkpoint, starting the server) stops at the next point that checks ``sigterm_received()``, files removed."""
+    """From now on SIGTERM sets an event: what the command was doing stops where ``sigterm_received()`` is checked."""
     global _PID
     _PID = os.getpid()
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -72,7 +65,7 @@ def sigterm_received() -> bool:
 def _on_sigterm(signum, frame) -> None:
     if os.getpid() != _PID:  # a process LitServe forked, which inherited this handler
         manager = not multiprocessing.current_process().name.startswith(HTTP_PROCESS_PREFIX)
-        if manager and os.getppid() == _PID and not (_GUARD is not None and _GUARD.allowed()):
+        if manager and os.getppid() == _PID and not (_GUARD is not None and _GUARD.allowed.is_set()):
             return  # LitServe's manager, SIGTERM'd with the server's whole group: the server ends it when done
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an HTTP server before uvicorn's handlers: as if it had none
         signal.raise_signal(signal.SIGTERM)
@@ -80,51 +73,39 @@ def _on_sigterm(signum, frame) -> None:
     _REQUESTED.set()
 
 
-# The server's ModelProcessGuard, read by the processes LitServe forks (its manager).
-_GUARD: ModelProcessGuard | None = None
+_GUARD: ModelProcessGuard | None = None  # the server's, read by LitServe's manager (forked)
 
 
 class ModelProcessGuard:
-    """A model process (and LitServe's manager) ends on SIGTERM only once the server allows it, or has gone: a
+    """A model process (and LitServe's manager) ends on SIGTERM only once the server ``allowed`` it, or has gone: a
     SIGTERM to the server's whole group (SLURM's ``scancel``, systemd's stop) would otherwise end them while the
     HTTP servers still wait for their answers."""
 
     def __init__(self) -> None:
-        self._allowed = multiprocessing.get_context("spawn").Event()  # handed to the model processes it spawns
+        self.allowed = multiprocessing.get_context("spawn").Event()  # handed to the model processes it spawns
         self._server = os.getpid()
-
-    def allow(self) -> None:
-        self._allowed.set()
-
-    def allowed(self) -> bool:
-        return self._allowed.is_set()
 
     def install(self) -> None:
         """In the model process (``LitAPI.setup``)."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
-        if self.allowed() or os.getppid() != self._server:
+        if self.allowed.is_set() or os.getppid() != self._server:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.raise_signal(signal.SIGTERM)
 
 
 class StopRequestedError(Exception):
-    """Raised in the main thread where LitServe waits for its model processes or creates an HTTP server, once SIGTERM
-    has come: no HTTP server is started."""
+    """SIGTERM came before the HTTP servers started: none is started."""
 
 
 class WorkerEndedError(Exception):
-    """A model process failed to load the model (``exitcode`` None: its error is in the log), or ended while the
-    server started (LitServe would have waited for ever): ``exitcode`` negative for the signal that ended it."""
-
-    def __init__(self, exitcode: int | None) -> None:
-        super().__init__(exitcode)
-        self.exitcode = exitcode
+    """A model process failed to load the model, or ended while the server started: its exit code (``args[0]``),
+    None where its error is in the log."""
 
 
 class Stopper:
-    """Runs a ``LitServer`` until SIGTERM or Ctrl-C, then stops it (the module's docstring)."""
+    """Runs a ``LitServer`` until SIGTERM or Ctrl-C, then stops it."""
 
     def __init__(self, stop_s: float) -> None:
         self.server, self.stop_s = None, stop_s
@@ -135,8 +116,7 @@ class Stopper:
         self.finished = threading.Event()  # the main thread is out of LitServer.run
 
     def run(self, server, **options) -> None:
-        """``server.run(**options)`` in the main thread (``server`` of ``server_class()``); ``WorkerEndedError`` where
-        a model process ended during the start-up, unless SIGTERM came first."""
+        """``server.run(**options)`` (``server`` of ``server_class()``) in the main thread."""
         self.server = server
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
             signal.signal(signal.SIGINT, self._on_sigint)
@@ -152,12 +132,12 @@ class Stopper:
         finally:
             self.finished.set()
             if _REQUESTED.is_set():
-                stopping.join()  # it has said it is stopping (before this thread says it stopped), and has done
-            self.model_processes.allow()
+                stopping.join()  # it says it is stopping before this thread says it stopped
+            self.model_processes.allowed.set()
             end_children()
 
     def _on_sigint(self, signum, frame) -> None:
-        self.model_processes.allow()  # LitServe's shutdown on Ctrl-C ends them with SIGTERM
+        self.model_processes.allowed.set()  # LitServe's shutdown on Ctrl-C ends them with SIGTERM
         signal.default_int_handler(signum, frame)
 
     def _stop_when_asked(self) -> None:
@@ -172,7 +152,7 @@ class Stopper:
             os.kill(child.pid, signal.SIGTERM)
         for child in http:
             child.join(max(0.0, deadline - time.monotonic()))
-        self.model_processes.allow()  # the HTTP servers have answered what they took
+        self.model_processes.allowed.set()  # the HTTP servers have answered what they took
         request_shutdown(self.server)  # LitServe's own shutdown ends the model's processes and its manager
         if not self.finished.wait(max(0.0, deadline - time.monotonic())):
             say(f"error: the server did not stop within {self.stop_s:.0f} s of SIGTERM: its processes are killed")
@@ -181,8 +161,8 @@ class Stopper:
             os._exit(1)
 
     def shutdown_noise(self, record: logging.LogRecord) -> bool:
-        """A filter of LitServe's log: what it logs while the server stops (its queues' connections closing, its HTTP
-        servers already gone) is dropped."""
+        """A filter of LitServe's log: drops what it logs while the server stops (its queues closing, its HTTP
+        servers gone)."""
         if not self.stopping.is_set():
             return True
         error = record.exc_info[1] if record.exc_info else None
@@ -190,21 +170,20 @@ class Stopper:
 
     def server_class(self) -> type:
         """A ``LitServer`` whose HTTP servers drain on SIGTERM, and whose start-up stops where a model process
-        failed or ended (LitServe would have waited for ever), or where SIGTERM came."""
+        failed or ended (LitServe 0.2.19 would wait for ever), or where SIGTERM came."""
         WorkerSetupStatus, guard = setup_status(), self.model_processes
 
         class DrainingServer(http_server_base()):
             """uvicorn's server as LitServe runs it; the first says ``ready`` once its port takes connections.
 
-            On SIGTERM it stops answering new connections (``drop_new_handshakes``), takes those already queued
-            (their clients are sending), shuts the port for every process (later ones are refused, not reset), waits
-            until each connection taken has started its request (at most ``REQUEST_START_S``), then shuts down as
-            uvicorn does: each request started is answered, idle connections are closed.
+            On SIGTERM it stops answering new connections, takes those already queued, shuts the port for every
+            process (later ones are refused, not reset), waits for each connection taken to start its request, then
+            shuts down as uvicorn does.
             """
 
             def __init__(self, *args, **kwargs) -> None:
                 if _REQUESTED.is_set():  # SIGTERM after the model processes were ready: none is started
-                    guard.allow()  # LitServe ends them now
+                    guard.allowed.set()  # LitServe ends them now
                     raise StopRequestedError
                 super().__init__(*args, **kwargs)
 
@@ -212,7 +191,6 @@ class Stopper:
                 if self.should_exit:  # SIGTERM'd before it started: it does not listen
                     return
                 await super().startup(sockets)
-                # Said once the port takes connections (the socket listens from here on), by the first HTTP server.
                 if self.started and not self.should_exit and os.environ.get(HTTP_SERVER_ID) == "0":
                     say(self.config.app.state.ready_line)
 
@@ -221,23 +199,22 @@ class Stopper:
                 for server in self.servers:
                     server.close()  # asyncio stops accepting (and closes its own copy of the port)
                 loop = asyncio.get_running_loop()
+                protocol = functools.partial(
+                    self.config.http_protocol_class,
+                    config=self.config,
+                    server_state=self.server_state,
+                    app_state=self.lifespan.state,
+                )
                 for listener in listeners:
                     drop_new_handshakes(listener)
                     listener.setblocking(False)
-                    while True:
-                        connection = _queued(listener)
-                        if connection is None:
-                            # A handshake answered before the filter completes within a round trip: look once more.
-                            await asyncio.sleep(HANDSHAKE_S)
-                            connection = _queued(listener)
-                        if connection is None:
-                            break
-                        await loop.connect_accepted_socket(self._protocol, connection)
+                    while (connection := await _queued(listener)) is not None:
+                        await loop.connect_accepted_socket(protocol, connection)
                     with contextlib.suppress(OSError):  # another of the HTTP servers has stopped it
                         listener.shutdown(socket.SHUT_RDWR)  # the port, in every process that holds it
                     listener.close()
                 # uvicorn's shutdown closes a connection that has not started a request (its client may be sending
-                # one, a large upload on a busy machine: it would be reset): wait for each to start, bounded.
+                # one: it would be reset): wait for each to start, bounded.
                 deadline = loop.time() + REQUEST_START_S
                 while loop.time() < deadline and any(
                     getattr(connection, "cycle", True) is None for connection in self.server_state.connections
@@ -245,18 +222,13 @@ class Stopper:
                     await asyncio.sleep(0.02)
                 await super().shutdown(sockets)
 
-            def _protocol(self):
-                return self.config.http_protocol_class(
-                    config=self.config, server_state=self.server_state, app_state=self.lifespan.state
-                )
-
         class Server(server_class(DrainingServer)):
             def verify_worker_status(self) -> None:
-                """LitServe's wait for its model processes, for every one (not the first) and not for ever."""
+                """LitServe's wait for its model processes: for every one (not the first), not for ever."""
                 while not _REQUESTED.is_set():
                     stages = list(self.workers_setup_status.values())
                     ended = [worker.exitcode for worker in self.inference_workers if worker.exitcode is not None]
-                    if WorkerSetupStatus.ERROR in stages or ended:  # its error is in the log; or how it ended
+                    if WorkerSetupStatus.ERROR in stages or ended:
                         raise WorkerEndedError(None if WorkerSetupStatus.ERROR in stages else ended[0])
                     if all(stage == WorkerSetupStatus.READY for stage in stages):
                         return
@@ -282,8 +254,7 @@ def drop_new_handshakes(listener: socket.socket) -> None:
     the port is shut: refused), while handshakes already answered complete into the accept queue.
 
     Shutting a listening port resets each connection queued at it: without this filter, a connection whose
-    handshake completed between the last ``accept`` and the shutdown (a moment, longer on a busy machine) would
-    be reset rather than answered or refused. Where the kernel takes no such filter (not Linux), that moment stays.
+    handshake completed between the last ``accept`` and the shutdown would be reset. Linux only.
     """
     if sys.platform != "linux":
         return
@@ -294,12 +265,14 @@ def drop_new_handshakes(listener: socket.socket) -> None:
         listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def _queued(listener: socket.socket) -> socket.socket | None:
-    """The next connection queued at the (non-blocking) ``listener``; None when none is, or the port is shut."""
-    try:
-        return listener.accept()[0]
-    except (BlockingIOError, InterruptedError, OSError):
-        return None
+async def _queued(listener: socket.socket) -> socket.socket | None:
+    """The next connection queued at the non-blocking ``listener``, looked for once more after ``HANDSHAKE_S`` (a
+    handshake answered before the filter completes within a round trip); None when none is, or the port is shut."""
+    for wait in (0, HANDSHAKE_S):
+        await asyncio.sleep(wait)
+        with contextlib.suppress(OSError):  # BlockingIOError: none is queued
+            return listener.accept()[0]
+    return None
 
 
 def end_children() -> None:

@@ -1,8 +1,5 @@
-"""A model's inputs and answers (the format is ``command``'s): one example's JSON (tensors or token ids) decoded and
-checked against what its file records, a batch of examples made the program's arguments, and its outputs made each
-request's answer. NumPy and PyTorch alone: the HTTP server decodes (``inputs``), the model processes batch and answer
-(``api``), and the load test does both (``benchmarks/serve_load.py``).
-"""
+"""A model's inputs and answers: one example's JSON decoded and checked against what its file records, a batch made
+the program's arguments, and its outputs made each request's answer. NumPy and PyTorch alone (no LitServe)."""
 
 import json
 
@@ -12,6 +9,8 @@ import torch
 from ..model_format import TensorInput
 from ..upstream.torch import tree_flatten, tree_unflatten
 from .model_file import ModelInfo
+
+JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}
 
 
 class RequestError(ValueError):
@@ -29,8 +28,7 @@ def accepted(model: ModelInfo) -> str:
 
 
 def expected(spec: TensorInput) -> str:
-    """What one example of ``spec`` is: ``24x2 nested lists of float32``, ``(2 to 4096)x80 nested lists of
-    float32`` (a size that varies), ``a list of 4 int64``, ``one int64 number``, ``true or false``."""
+    """What one example of ``spec`` is: ``24x2 nested lists of float32``, ``a list of 4 int64``, ``true or false``."""
     if not spec.shape:
         return "true or false" if spec.dtype == "bool" else f"one {spec.dtype} number"
     if len(spec.shape) == 1:
@@ -65,7 +63,7 @@ def _not_a_number(constant: str) -> float:
 
 def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
     """One example of ``spec``: ``value`` walked level by level (never deeper than its shape), then its numbers (ids
-    below ``rows``, where it indexes an embedding)."""
+    below ``rows``)."""
     items, shape = [value], []
     for depth in range(len(spec.shape)):
         fewest, most = spec.range_of(depth)
@@ -93,7 +91,7 @@ def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
 
 
 def _numbers(items: list, spec: TensorInput) -> np.ndarray:
-    """The leaves of one example, checked to be numbers of ``spec``'s dtype, within its range."""
+    """The leaves of one example, checked to be numbers of ``spec``'s dtype within its range."""
     kinds = set(map(type, items))
     if spec.dtype == "bool":
         if kinds - {bool}:
@@ -131,9 +129,7 @@ def _first_of(items: list, kinds: set) -> str:
 
 
 def _json_type(item: object) -> str:
-    """What a decoded JSON value is, as JSON names it."""
-    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}
-    return names.get(type(item), "null" if item is None else type(item).__name__)
+    return JSON_TYPES.get(type(item), "null" if item is None else type(item).__name__)
 
 
 def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -> tuple[tuple, dict]:
@@ -150,15 +146,14 @@ def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -
 
 
 def answers(outputs, count: int) -> list:
-    """Each of ``count`` examples' share of the program's ``outputs`` (tensors, nested as ``model_file`` lets a
-    program answer), as JSON holds it."""
+    """Each of ``count`` examples' share of the program's ``outputs`` (nested tensors), as JSON holds it."""
     leaves, nesting = tree_flatten(outputs)
     rows = [_rows(leaf) for leaf in leaves]
     return [tree_unflatten([leaf[index] for leaf in rows], nesting) for index in range(count)]
 
 
 def _rows(values: torch.Tensor) -> list:
-    """``values`` as nested lists of Python numbers, each number that is not finite None (JSON's null)."""
+    """``values`` as nested lists of Python numbers, those not finite None (JSON's null)."""
     values = values.detach().cpu()
     if not values.is_floating_point() or bool(torch.isfinite(values).all()):
         return values.tolist()
