@@ -137,7 +137,7 @@ def sweep(
         "train_args": train_args,  # recorded; compared, as resolved by train.py, in "config"
         "config": configuration(trainer),
         "data": data,
-        "space": space.as_settings(),
+        "space": {name: repr(distribution) for name, distribution in space.distributions.items()},
         "space_file": space.text,  # recorded, not compared: a comment changes no trial
         "sampler": "grid" if grid else "drawn",
         "monitor": monitor,

@@ -90,8 +90,7 @@ def _digest(digest: "hashlib._Hash", dataset: Any, depth: int = 0) -> None:
         return
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, tuple | list) and all(isinstance(t, torch.Tensor) for t in tensors):
-        for tensor in tensors:
-            _tensor(digest, tensor)
+        _item(digest, tensors)  # each tensor
         return
     for name in ("samples", "imgs", "files"):
         listing = getattr(dataset, name, None)

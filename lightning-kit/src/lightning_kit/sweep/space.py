@@ -65,10 +65,6 @@ class SearchSpace:
                 values[name] = suggest(name, d.low, d.high, log=d.log, step=d.step)
         return values
 
-    def as_settings(self) -> dict[str, str]:
-        """The space as plain data, to record with the study: a re-run with another space is refused."""
-        return {name: repr(distribution) for name, distribution in self.distributions.items()}
-
     def check(self, cli_class: type[KitCLI], train_args: Sequence[str], known: set[str]) -> None:
         """Refuse, in one line naming the key, a flag train.py does not take or a value it would not accept.
 

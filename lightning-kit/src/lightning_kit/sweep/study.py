@@ -40,10 +40,9 @@ def open_study(
     refused (``StudyDiffersError``): its trials would not be comparable.
     """
     settings = json.loads(json.dumps(settings, default=str))  # as the store gives it back: lists, not tuples
-    direction = settings["direction"]
     try:
         study = optuna.create_study(
-            study_name=name, storage=storage, direction=direction, sampler=sampler, pruner=pruner
+            study_name=name, storage=storage, direction=settings["direction"], sampler=sampler, pruner=pruner
         )
     except DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
