@@ -1,11 +1,7 @@
-"""A sweep's Optuna study in optuna-dashboard, read-only.
+"""A sweep's Optuna study in optuna-dashboard, read-only: ``python -m lightning_kit.views dashboard runs/sweeps/lr``.
 
-    python -m lightning_kit.views dashboard runs/sweeps/lr    # a sweep's study: trials, values, importances
-    python -m lightning_kit.views dashboard --storage postgresql://user@host/db --study lr
-
-What it adds to ``optuna-dashboard STORAGE_URL`` (lightning-kit's README says more): the store found from the
-sweep's folder, opened read-only with every query time-bound, each failure one line, and the password on no command
-line, since the dashboard runs in this process.
+What it adds to ``optuna-dashboard STORAGE_URL``: the store found from the sweep's folder, opened read-only with every
+query time-bound, each failure one line, and the password on no command line (the dashboard runs in this process).
 """
 
 import argparse
@@ -25,14 +21,13 @@ from .runs.folders import read_text
 from .stores import STUDY_DB, STUDY_FILE
 
 PORT = 8080
-# Reading a study: how long to wait for a worker's write lock, and for any one query (a schema may loop).
-READ_LOCK_WAIT_S = 5
-READ_STATEMENT_LIMIT_S = 5
+READ_LOCK_WAIT_S = 5  # how long to wait for a worker's write lock
+READ_STATEMENT_LIMIT_S = 5  # and for any one query (a schema may loop)
 
 
 @command
 def main(args: list[str] | None = None, prog: str | None = None) -> None:
-    """Serve the view ``args`` name (default: ``sys.argv[1:]``); ``prog`` names the command in messages."""
+    """Serve the view ``args`` name (default: ``sys.argv[1:]``)."""
     check_installation()
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.views"),
@@ -68,11 +63,16 @@ def _dashboard(options: argparse.Namespace) -> None:
         if not (folder / STUDY_FILE).is_file():
             raise UserError(f"FOLDER {folder} holds no {STUDY_FILE}: give a sweep's folder (runs/sweeps/<study>)")
         named = f"the sweep in {folder} cannot be shown"
-        found = _study_of(folder, named)
+        try:  # the study's name that the sweep's study.json records (a file read as data, bounded)
+            found = json.loads(read_text(folder / STUDY_FILE, folder)).get("study_name")
+        except (OSError, ValueError, AttributeError, RecursionError, UserError) as err:
+            raise UserError(f"{named}: {STUDY_FILE} unreadable: {first_line(err)}") from None
+        if not isinstance(found, str):
+            raise UserError(f"{named}: {STUDY_FILE} names no study_name")
         if options.study is not None and options.study != found:
             raise UserError(f"--study {options.study}: the sweep in {folder} is study {found}")
         database = folder / STUDY_DB
-        if _plain_file_inside(database, folder):
+        if os.path.isfile(database) and Path(os.path.realpath(database)).is_relative_to(folder.resolve()):
             url = f"sqlite:///{database.resolve()}"
         elif url is None:  # a URL in a folder is data: it never makes this command connect anywhere
             raise UserError(f"{named}: its study is not in {STUDY_DB} there: give --storage URL")
@@ -95,24 +95,8 @@ def _dashboard(options: argparse.Namespace) -> None:
     optuna_dashboard.run_server(storage, host=options.host, port=options.port)
 
 
-def _study_of(folder: Path, named: str) -> str:
-    """The study's name that the sweep's ``study.json`` records (a file read as data, bounded)."""
-    try:
-        name = json.loads(read_text(folder / STUDY_FILE, folder)).get("study_name")
-    except (OSError, ValueError, AttributeError, RecursionError, UserError) as err:
-        raise UserError(f"{named}: {STUDY_FILE} unreadable: {first_line(err)}") from None
-    if not isinstance(name, str):
-        raise UserError(f"{named}: {STUDY_FILE} names no study_name")
-    return name
-
-
-def _plain_file_inside(path: Path, folder: Path) -> bool:
-    return os.path.isfile(path) and Path(os.path.realpath(path)).is_relative_to(folder.resolve())
-
-
 def _open(url: str, name: str | None, named: str):
-    """The store ``url``, opened read-only with every query time-bound, the study ``name`` in it (its only one when
-    None), and the store's SQLite file (None for a server)."""
+    """The store ``url`` opened read-only, the study ``name`` in it (None: its only one), and its SQLite file."""
     import optuna
 
     stores.opened(url)
@@ -154,7 +138,6 @@ def _open(url: str, name: str | None, named: str):
 
 
 def _unreadable(err: BaseException, database: str | None) -> str:
-    """Why a store could not be read, and what to do, in words."""
     reason = stores.database_reason(err) or first_line(err)
     journal = Path(f"{database}-journal") if database is not None else None
     if "readonly" not in reason.lower():
@@ -175,7 +158,6 @@ def _port(text: str) -> int:
 
 
 def _check_port(host: str, port: int) -> None:
-    """The server can listen on ``host``:``port``: not in use, an address of this machine."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except (socket.gaierror, UnicodeError) as err:

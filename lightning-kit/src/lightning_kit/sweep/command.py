@@ -1,11 +1,6 @@
 """Hyperparameter sweeps and cross-validation: many runs of a project's fit as one resumable Optuna study.
 
-    python -m lightning_kit.sweep --space configs/sweeps/example.yaml --trials 20 --config configs/synthetic.yaml
-    python -m lightning_kit.sweep --folds 5 --config configs/synthetic.yaml
-
-Every trial is an ordinary run folder, runs/sweeps/<study>/trial_<number>/. Run the same
-command again after any stop to continue; run it on several machines with one --storage to
-share the trials.
+Each trial is a run folder, runs/sweeps/<study>/trial_<number>/; the same command again continues after any stop.
 """
 
 import argparse
@@ -42,13 +37,9 @@ from .study import StudyDiffersError, open_study
 from .trial import AFTER_IT, DISK_FULL, ONE_DEVICE, SIGNAL, InterruptionError, Plan, run_trial, stop_of_the_process
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-# A grid (every combination of the space's lists) of more trials than this is a mistake.
-MAX_GRID = 10_000
-# --new_study tries name-2, name-3, ... up to this many names.
-MAX_NEW_STUDIES = 100
-# More trials than this is no sweep one can wait for (and past it, counts stop being numbers Optuna stores).
-MAX_TRIALS = 1_000_000
-# The bounds of the counts, checked by argparse as it converts them (jsonargparse's types): one line naming the flag.
+MAX_GRID = 10_000  # a grid of more trials than this is a mistake
+MAX_NEW_STUDIES = 100  # --new_study tries name-2, name-3, ... up to this
+MAX_TRIALS = 1_000_000  # past it, counts stop being numbers Optuna stores
 Trials = restricted_number_type(f"int from 1 to {MAX_TRIALS}", int, [(">=", 1), ("<=", MAX_TRIALS)])
 Folds = restricted_number_type(f"int from 2 to {MAX_GRID}", int, [(">=", 2), ("<=", MAX_GRID)])
 PruneAfter = restricted_number_type(f"int from 0 to {MAX_TRIALS}", int, [(">=", 0), ("<=", MAX_TRIALS)])
@@ -56,7 +47,7 @@ PruneAfter = restricted_number_type(f"int from 0 to {MAX_TRIALS}", int, [(">=", 
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Run the sweep that ``args`` describe over ``cli_class``'s fit; ``prog`` names the command in messages."""
+    """Run the sweep that ``args`` describe over ``cli_class``'s fit."""
     check_installation(cli_class.__module__)
     prog = prog or invoked_as(f"python -m {__package__}")
     parser = OneLineParser(
@@ -87,14 +78,19 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # each trial's end is reported here, in a line of ours
-    _check_options(parser, options)
+    if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
+        parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
+    if options.space is not None and options.trials is None and options.sampler != "grid":
+        parser.error(f"--trials N is needed with --sampler {options.sampler}: how many trials to run")
+    if options.study is not None and not STUDY_NAME.fullmatch(options.study):
+        parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
     if train_args[:1] == ["fit"]:
         train_args = train_args[1:]
     elif train_args and train_args[0] in SUBCOMMANDS:
         parser.error(f"a sweep trains: give the arguments of fit, not of {train_args[0]}")
     # SIGTERM between trials stops the sweep as Ctrl-C does; during a trial, the trial's own handlers take over.
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main_thread else None
     with simulated_run:
         try:
             with errors_as_messages():
@@ -105,10 +101,6 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
                 signal.signal(signal.SIGTERM, previous)
 
 
-def _interrupt(signum: int, frame) -> None:
-    raise KeyboardInterrupt
-
-
 _EPILOG = """The --space file is YAML, keyed by fit's own flags (without --), each a range or a list of choices:
 
   model.lr: {low: 1.0e-4, high: 0.1, log: true}     a float, log-uniform
@@ -117,15 +109,6 @@ _EPILOG = """The --space file is YAML, keyed by fit's own flags (without --), ea
   model.hidden: {low: 16, high: 64, step: 16}        an integer (both ends integers)
 
 Other arguments go to the command line's fit, as to fit itself."""
-
-
-def _check_options(parser: OneLineParser, options: argparse.Namespace) -> None:
-    if options.folds is not None and (options.trials is not None or options.sampler != "tpe"):
-        parser.error("--folds runs one trial per fold: leave out --trials and --sampler")
-    if options.space is not None and options.trials is None and options.sampler != "grid":
-        parser.error(f"--trials N is needed with --sampler {options.sampler}: how many trials to run")
-    if options.study is not None and not STUDY_NAME.fullmatch(options.study):
-        parser.error(f"--study must be a folder name of letters, digits, '.', '_' and '-', got {options.study!r}")
 
 
 def sweep(
@@ -154,12 +137,18 @@ def sweep(
         "train_args": train_args,  # recorded; compared, as resolved by train.py, in "config"
         "config": configuration(trainer),
         "data": data,
-        "space": space.as_settings(),
+        "space": {name: repr(distribution) for name, distribution in space.distributions.items()},
         "space_file": space.text,  # recorded, not compared: a comment changes no trial
         "sampler": "grid" if grid else "drawn",
         "monitor": monitor,
         "direction": direction,
     }
+    # A grid's and the folds' trials are queued when the study is created: the sampler draws none of them.
+    sampler = optuna.samplers.TPESampler() if options.sampler == "tpe" else optuna.samplers.RandomSampler()
+    # From the second epoch on: the first one's metric says more about the initial weights than the settings.
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=options.prune_after, n_warmup_steps=1)
+    if options.pruner == "none" or options.folds is not None:
+        pruner = optuna.pruners.NopPruner()
     given = options.study or ("folds" if options.folds is not None else space.path.stem)
     for attempt in itertools.count(1):
         name = given if attempt == 1 else f"{given}-{attempt}"
@@ -173,7 +162,7 @@ def sweep(
                 f"{folder} holds trials of a study not in {hidden(url)}: give another --study or move it away"
             )
         try:
-            study = open_study(name, storage, url, settings, grid, _sampler(options), _pruner(options))
+            study = open_study(name, storage, url, settings, grid, sampler, pruner)
         except StudyDiffersError as differs:
             if not options.new_study or attempt >= MAX_NEW_STUDIES:
                 raise
@@ -249,18 +238,6 @@ def _grid(space: SearchSpace) -> list[dict]:
     return [dict(zip(lists, values, strict=True)) for values in itertools.product(*lists.values())]
 
 
-def _sampler(options: argparse.Namespace) -> optuna.samplers.BaseSampler:
-    # A grid's and the folds' trials are queued when the study is created: the sampler draws none of them.
-    return optuna.samplers.TPESampler() if options.sampler == "tpe" else optuna.samplers.RandomSampler()
-
-
-def _pruner(options: argparse.Namespace) -> optuna.pruners.BasePruner:
-    if options.pruner == "none" or options.folds is not None:
-        return optuna.pruners.NopPruner()
-    # From the second epoch on: the first one's metric says more about the initial weights than the settings.
-    return optuna.pruners.MedianPruner(n_startup_trials=options.prune_after, n_warmup_steps=1)
-
-
 def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
     """The best trial and how to train it again; for folds, the metric's mean and spread over them."""
     counted = [trial for trial in study.get_trials(deepcopy=False) if trial.state in COUNTED]
@@ -276,7 +253,7 @@ def _summary(study: optuna.Study, folds: int | None, monitor: str) -> None:
                    "fix what failed and run the same command again")  # fmt: skip
             return
         values = [trial.value for trial in complete]
-        mean, spread = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+        mean, spread = statistics.mean(values), statistics.stdev(values)  # every fold: 2 or more
         summary = f"{monitor} over {len(values)} folds: mean {mean:.4f}, standard deviation {spread:.4f}"
         report(summary)
         with signals_held():  # shown with the study in Optuna's dashboard too

@@ -1,10 +1,7 @@
 """What a study trains on and with, recorded when it is created: a re-run on other data or arguments is refused.
 
-``data_fingerprint`` digests the training and validation data as ``fit`` sets them up: an in-memory data set's
-tensors (every data module of this library decodes images, a folder's included, into one), the listing, sizes and
-modification times of the files a data set names (``samples``, ``imgs`` or ``files``, as torchvision's folders
-do), else its length and a bounded sample of its items. Images added, a file replaced, another seed or split:
-another fingerprint. ``configuration`` is what train.py resolved its arguments to, as each run's ``config.yaml``.
+The data's fingerprint digests an in-memory data set's tensors, the sizes and modification times of the files a data
+set names (``samples``, ``imgs`` or ``files``, as torchvision's folders do), else its length and a sample of items.
 """
 
 import hashlib
@@ -18,15 +15,13 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 from torch.utils.data import ConcatDataset, DataLoader, Subset
 
-# A tensor up to this size is digested whole; a larger one, by SAMPLES slices spread over it.
-FULL_BYTES = 256 * 1024 * 1024
+FULL_BYTES = 256 * 1024 * 1024  # a tensor up to this size is digested whole; a larger one, by SAMPLES slices
 SAMPLES = 4096
-# Items of a data set that is neither tensors nor a file listing, read to digest it.
-ITEMS = 64
+ITEMS = 64  # items read of a data set that is neither tensors nor a file listing
 
 
 def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
-    """The digest of ``datamodule``'s training and validation data, with each one's size: set up as ``fit`` does."""
+    """The digest of ``datamodule``'s training and validation data, set up as ``fit`` does, with their sizes."""
     datamodule.prepare_data()
     datamodule.setup("fit")
     digest = hashlib.blake2b(digest_size=16)
@@ -47,7 +42,7 @@ def data_fingerprint(datamodule: L.LightningDataModule) -> dict[str, Any]:
 
 
 def configuration(trainer: L.Trainer) -> dict[str, Any]:
-    """What train.py resolved its arguments to (as a run's config.yaml says), as plain data; {} if it is not known."""
+    """What train.py resolved its arguments to (a run's config.yaml), as plain data; {} if it is not known."""
     saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
     if saver is None:
         return {}
@@ -68,12 +63,9 @@ def differences(then: Any, now: Any, prefix: str = "") -> list[str]:
         return found
     if then == now:
         return []
-    return [f"{prefix.rstrip('.') + ': ' if prefix else ''}then {_short(then)}, now {_short(now)}"]
-
-
-def _short(value: Any) -> str:
-    text = "absent" if value is None else str(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
+    then, now = ("absent" if value is None else str(value) for value in (then, now))
+    then, now = (text if len(text) <= 80 else f"{text[:77]}..." for text in (then, now))
+    return [f"{prefix.rstrip('.') + ': ' if prefix else ''}then {then}, now {now}"]
 
 
 def _size(dataset: Any) -> int | None:
@@ -98,8 +90,7 @@ def _digest(digest: "hashlib._Hash", dataset: Any, depth: int = 0) -> None:
         return
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, tuple | list) and all(isinstance(t, torch.Tensor) for t in tensors):
-        for tensor in tensors:
-            _tensor(digest, tensor)
+        _item(digest, tensors)  # each tensor
         return
     for name in ("samples", "imgs", "files"):
         listing = getattr(dataset, name, None)

@@ -1,31 +1,18 @@
 """Which trial a worker runs next: none twice, none lost, and no more than asked for, across every worker.
 
-A trial ends in exactly one of four ways, recorded with it: complete, pruned, failed by its
-own code (``error``: an exception from the model or the data; not run again), or stopped,
-to run again (``stopped``: a signal, ``kill -9``, a full disk, a lost store). A stopped
-trial is failed in the store and queued again with the same parameters (Optuna's
-``RetryFailedTrialCallback`` pattern), and the retry resumes from the newest checkpoint of
-the trial it retries.
+A trial ends complete, pruned, failed by its own code (``error``: not run again), or stopped, to run again
+(``stopped``: a signal, ``kill -9``, a full disk, a lost store): failed in the store and queued again with the same
+parameters (Optuna's ``RetryFailedTrialCallback`` pattern), resuming from its predecessor's newest checkpoint.
 
-A trial belongs to the process that took it: its host, process id and the process's start
-(``run_record.process_token``) are recorded with it. A trial left running by a process that
-is gone is stopped and queued again: on this host at once; on another, by Optuna's
-heartbeat (``store.GRACE_PERIOD_S`` after the process stopped recording it). Whatever a
-worker was doing when it stopped (even between failing a trial and queueing its retry),
-the next worker that looks mends the queue (``repair``): every stopped trial has a
-successor.
+A trial records the process that took it (host, pid, ``run_record.process_token``). One left running by a process
+that is gone is queued again: on this host at once, elsewhere by Optuna's heartbeat. Whatever a worker was doing when
+it stopped, the next worker that looks mends the queue (``repair``): every stopped trial has a successor.
 
-Each trial has an identity: a grid's point (its parameters), or for a drawn trial the trial
-its retries go back to. A worker that takes a trial runs it only if no other of its identity
-is counted, or running or waiting with a smaller number; otherwise it records it as a
-``duplicate_of`` that one and never trains it. So a point of a grid or a fold queued twice
-(two workers mending the queue at once) is still trained once.
-
-Trial numbers are given by the store, one at a time, so they order the trials: a worker
-starts a drawn trial only if the trials finished and those running with a smaller number
-leave room for it; otherwise it puts it back and waits. So two workers asking at once for
-the last trial do not both run one. A grid's trials all come from the queue, never from
-the sampler: a worker that finds none waiting waits for those running, or ends.
+A trial's identity is its grid point, or for a drawn trial the trial its retries go back to. A worker runs a trial
+only if no other of its identity is counted, or running or waiting with a smaller number; otherwise it records it as
+a ``duplicate_of`` that one. So a grid point queued twice (two workers mending at once) is trained once. The store
+numbers trials one at a time, so a worker starts a drawn trial only if the finished and the running ones with a
+smaller number leave room for it: two workers asking at once for the last trial do not both run one.
 """
 
 import json
@@ -47,25 +34,16 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from ..checkpoints import RESUMABLE
 from ..messages import report
 from ..run_record import process_alive, process_token
-from .store import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, put_back, trial_id
+from .store import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, trial_id
 
-# The trials a sweep counts: trained to the end, or stopped early as hopeless.
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 OWNER, RETRY_OF, RUN_FOLDER, RESUMED_FROM = "owner", "retry_of", "run_folder", "resumed_from"
 # How a failed trial ended: by its own code (not run again), stopped (run again), or a second of one identity.
 ERROR, STOPPED, DUPLICATE_OF = "error", "stopped", "duplicate_of"
-# A cross-validation's mean and spread over its folds, a user attribute of the study (Optuna's dashboard shows it).
 CROSS_VALIDATION = "cross_validation"
 # A trial taken but not claimed by its process for this long was taken by one that stopped at once.
 UNCLAIMED = timedelta(seconds=3 * GRACE_PERIOD_S)
-# How often a worker with nothing to start looks again.
-POLL_S = 2.0
-
-
-def claim(trial: Trial) -> None:
-    """Record this process as the one running ``trial``."""
-    pid = os.getpid()
-    trial.set_user_attr(OWNER, {"host": socket.gethostname(), "pid": pid, "process": process_token(pid)})
+POLL_S = 2.0  # how often a worker with nothing to start looks again
 
 
 @contextmanager
@@ -81,15 +59,8 @@ def signals_held() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def to_run_again(trial: FrozenTrial) -> bool:
-    """Whether ``trial`` was stopped (a signal, kill -9, a full disk, a lost store): its parameters run again."""
-    attrs = trial.user_attrs
-    return trial.state == TrialState.FAIL and DUPLICATE_OF not in attrs and (ERROR not in attrs or STOPPED in attrs)
-
-
 def queue_retry(study: optuna.Study, failed: FrozenTrial) -> None:
-    """Queue a trial with ``failed``'s parameters (chosen, or fixed for it) that resumes where ``failed`` stopped;
-    once (a retry that is no duplicate may have been queued by another worker's ``repair``)."""
+    """Queue, once, a trial with ``failed``'s parameters (chosen, or fixed for it) that resumes where it stopped."""
     for trial in study.get_trials(deepcopy=False):
         if trial.user_attrs.get(RETRY_OF) == failed.number and DUPLICATE_OF not in trial.user_attrs:
             return
@@ -132,8 +103,7 @@ def reclaim(study: optuna.Study) -> None:
 
 
 def identity(trials: list[FrozenTrial], trial: FrozenTrial | Trial, grid_names: list[str]) -> Any:
-    """``trial``'s grid point as text (None if it is of no point of the grid); for a drawn trial, the trial its
-    retries go back to."""
+    """``trial``'s grid point as text (None if of no point); for a drawn trial, the trial its retries go back to."""
     if not grid_names:
         return [trials[trial.number], *_retried(trials, trial)][-1].number
     params = {**trials[trial.number].system_attrs.get("fixed_params", {}), **trials[trial.number].params}
@@ -141,7 +111,7 @@ def identity(trials: list[FrozenTrial], trial: FrozenTrial | Trial, grid_names: 
 
 
 def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[FrozenTrial]:
-    """The trials that ``trial`` retries, newest first: each records the one before it (always of a smaller number)."""
+    """The trials that ``trial`` retries, newest first (each of a smaller number)."""
     number = trial.number
     while isinstance(retried := trials[number].user_attrs.get(RETRY_OF), int) and 0 <= retried < number:
         number = retried
@@ -149,9 +119,8 @@ def _retried(trials: list[FrozenTrial], trial: FrozenTrial | Trial) -> Iterator[
 
 
 def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: bool = False) -> None:
-    """Queue again what a stop left without a trial: a stopped trial with no successor; ``failed_too``: a grid's
-    point whose trial failed by its own code too (a new run of the sweep tries it again). (A grid is queued whole
-    before its study's settings are recorded, which every other worker waits for: ``study.open_study``.)"""
+    """Queue again a stopped trial with no successor; ``failed_too``: a grid's point whose trial failed by its own
+    code too (a new run of the sweep tries it again)."""
     trials, names = study.get_trials(deepcopy=False), list(grid[0]) if grid else []
     groups: dict[Any, list[FrozenTrial]] = {}
     for trial in trials:
@@ -161,7 +130,8 @@ def repair(study: optuna.Study, grid: list[dict[str, Any]] | None, failed_too: b
         if any(trial.state in (*COUNTED, TrialState.WAITING, TrialState.RUNNING) for trial in group):
             continue
         latest = max(group, key=lambda trial: trial.number)
-        if to_run_again(latest):
+        attrs = latest.user_attrs
+        if latest.state == TrialState.FAIL and (ERROR not in attrs or STOPPED in attrs):  # stopped: run again
             queue_retry(study, latest)
             report(f"trial {latest.number} was stopped before its retry was queued: queued again")
         elif failed_too and ERROR in latest.user_attrs:
@@ -173,24 +143,16 @@ def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
     """The checkpoint a retried trial resumes from: the newest its predecessor saved, or that one resumed from."""
     for earlier in _retried(study.get_trials(deepcopy=False), trial):
         folder = earlier.user_attrs.get(RUN_FOLDER)
-        if folder is not None and (newest := newest_checkpoint(folder)) is not None:
-            return newest
+        found = [path for name in RESUMABLE if folder and (path := Path(folder) / "checkpoints" / name).is_file()]
+        if found:  # the newer of last.ckpt and on_exception.ckpt
+            return str(max(found, key=lambda path: path.stat().st_mtime_ns))
         if earlier.user_attrs.get(RESUMED_FROM):
             return earlier.user_attrs[RESUMED_FROM]
     return None
 
 
-def newest_checkpoint(folder: str) -> str | None:
-    """The newer of a run folder's ``last.ckpt`` and ``on_exception.ckpt``, if it has one."""
-    found = [path for name in RESUMABLE if (path := Path(folder) / "checkpoints" / name).is_file()]
-    return str(max(found, key=lambda path: path.stat().st_mtime_ns)) if found else None
-
-
 def _take_waiting(study: optuna.Study, storage: RDBStorage) -> Trial | None:
-    """The waiting trial with the smallest number that this process could take first; None when none is waiting.
-
-    Optuna's ``Study._pop_waiting_trial_id``, without ``ask``'s creating a trial when none waits: a grid's come from
-    the queue alone."""
+    """The first waiting trial this process could take; None when none is waiting (``ask`` would make one)."""
     for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         try:
             if storage.set_trial_state_values(trial_id(waiting), state=TrialState.RUNNING):
@@ -201,22 +163,20 @@ def _take_waiting(study: optuna.Study, storage: RDBStorage) -> Trial | None:
 
 
 def _second_of_its_kind(study: optuna.Study, trial: Trial, grid: list[dict[str, Any]] | None) -> bool:
-    """Whether ``trial``, just taken, must not run: another of its identity was counted, or runs or waits before it
-    (a trial waiting is run before one of a larger number): ``trial`` is recorded as its duplicate, and ends."""
+    """Whether ``trial``, just taken, must not run: another of its identity was counted, or runs or waits before it:
+    ``trial`` is recorded as its duplicate, and ends."""
     trials, names = study.get_trials(deepcopy=False), list(grid[0]) if grid else []
     if (mine := identity(trials, trial, names)) is None:
         return False
     for other in trials:
-        before = other.state in COUNTED or (other.state in _TAKEN and other.number < trial.number)
+        taken = other.state in (TrialState.RUNNING, TrialState.WAITING)
+        before = other.state in COUNTED or (taken and other.number < trial.number)
         if before and DUPLICATE_OF not in other.user_attrs and identity(trials, other, names) == mine:
             with signals_held():
                 trial.set_user_attr(DUPLICATE_OF, other.number)
                 study.tell(trial, state=TrialState.FAIL)
             return True
     return False
-
-
-_TAKEN = (TrialState.RUNNING, TrialState.WAITING)
 
 
 def run_trials(
@@ -226,8 +186,7 @@ def run_trials(
     run: Callable[[Trial], None],
     grid: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Run trials with ``run`` until ``wanted`` are complete or pruned (a ``grid``: until each of its points ended),
-    across all workers."""
+    """Run trials with ``run`` until ``wanted`` are complete or pruned (a ``grid``: each of its points ended)."""
     waiting_for = None
     if grid:
         repair(study, grid, failed_too=True)
@@ -249,7 +208,8 @@ def run_trials(
         with signals_held():  # taken and claimed as one: a stop between them would leave it owned by no one
             trial = _take_waiting(study, storage) if grid else study.ask()
             if trial is not None:
-                claim(trial)
+                pid = os.getpid()
+                trial.set_user_attr(OWNER, {"host": socket.gethostname(), "pid": pid, "process": process_token(pid)})
         if trial is None:
             continue
         if _second_of_its_kind(study, trial, grid):
@@ -258,7 +218,7 @@ def run_trials(
             states = study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
             ahead = sum(t.state in COUNTED or t.number < trial.number for t in states)
             if ahead >= wanted:  # another worker took the last room first
-                put_back(storage, trial)
+                storage.set_trial_state_values(trial_id(trial), TrialState.WAITING)  # the next to ask gets it
                 continue
         with heartbeat(storage, trial):
             run(trial)

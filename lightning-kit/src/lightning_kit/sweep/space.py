@@ -1,7 +1,6 @@
-"""The search space: a YAML file keyed by train.py's own flags, each a range or a list of choices (the format is in
-``sweep --help``). Checked before any trial runs: the file itself, each range (Optuna's distributions check theirs),
-and each key and value against the command line that takes them, by building what train.py would build with them
-(without training).
+"""The search space: a YAML file keyed by train.py's own flags, each a range or a list of choices (``sweep --help``).
+
+Checked before any trial runs, each key and value by building what train.py would build with them (not training).
 """
 
 import contextlib
@@ -25,7 +24,7 @@ from ..config_files import read_config_file
 from ..errors import ConfigError
 
 RANGE_KEYS = ("low", "high", "log", "step")
-# What a float32 (the precision a model computes in) holds: a value past these becomes infinity, or zero.
+# What a float32 (a model's precision) holds: a value past these becomes infinity, or zero.
 FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 # What a sweep sets itself for every trial, or that would make a trial more than one process.
 NOT_SEARCHED = ("trainer.logger", "ckpt_path", "config", "data.fold", "trainer.devices", "trainer.num_nodes")
@@ -35,8 +34,7 @@ class SearchSpace:
     """Each flag searched (``model.lr``) and its Optuna distribution, in the file's order."""
 
     def __init__(self, path: Path, distributions: dict[str, BaseDistribution], text: str | None = None) -> None:
-        self.path, self.distributions = path, distributions
-        self.text = text  # the file's text, recorded with the study
+        self.path, self.distributions, self.text = path, distributions, text  # the text is recorded with the study
 
     @classmethod
     def read(cls, path: str | Path) -> "SearchSpace":
@@ -67,16 +65,11 @@ class SearchSpace:
                 values[name] = suggest(name, d.low, d.high, log=d.log, step=d.step)
         return values
 
-    def as_settings(self) -> dict[str, str]:
-        """The space as plain data, to record with the study: a re-run with another space is refused."""
-        return {name: repr(distribution) for name, distribution in self.distributions.items()}
-
     def check(self, cli_class: type[KitCLI], train_args: Sequence[str], known: set[str]) -> None:
         """Refuse, in one line naming the key, a flag train.py does not take or a value it would not accept.
 
-        Each key is looked up among train.py's arguments; then what train.py builds is built
-        (nothing trained) with every choice of each list and both ends of each range: together
-        first, and one at a time to name the key when together they fail.
+        What train.py builds is built with every choice of each list and both ends of each range: together first,
+        then one at a time to name the key when together they fail.
         """
         given = {flag[2:] for flag, _ in CommandLine(train_args).pairs}
         for name in self.distributions:
@@ -90,8 +83,12 @@ class SearchSpace:
                 close = difflib.get_close_matches(_plain(name), sorted(known), n=1)
                 hint = f"did you mean {close[0]}?" if close else f"see {cli_class.command} --help"
                 raise ConfigError(f"{self.path}: {name} is not an argument of {cli_class.command}: {hint}")
-        corners = self._corners()
-        for corner in corners:
+        options = {
+            name: list(d.choices) if isinstance(d, CategoricalDistribution) else [d.low, d.high]
+            for name, d in self.distributions.items()
+        }
+        count = max(len(values) for values in options.values())
+        for corner in ({name: values[k % len(values)] for name, values in options.items()} for k in range(count)):
             if refusal(cli_class, train_args, corner) is None:
                 continue
             for name, value in corner.items():
@@ -101,15 +98,6 @@ class SearchSpace:
             raise ConfigError(
                 f"{self.path}: the values {shown} are refused together: {refusal(cli_class, train_args, corner)}"
             )
-
-    def _corners(self) -> list[dict[str, Any]]:
-        """Assignments that take each choice of every list and both ends of every range at least once."""
-        options = {
-            name: list(d.choices) if isinstance(d, CategoricalDistribution) else [d.low, d.high]
-            for name, d in self.distributions.items()
-        }
-        count = max(len(values) for values in options.values())
-        return [{name: values[k % len(values)] for name, values in options.items()} for k in range(count)]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -145,11 +133,7 @@ def _flag_value(value: Any) -> str:
 
 
 def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
-    """The Optuna distribution that ``value`` describes for the key ``name`` of the space file ``path``.
-
-    Optuna's distributions refuse a range whose low is above its high, a log range from 0 or below, and a step of 0
-    or with log; the argument's own type refuses a value out of its bounds (``SearchSpace.check``).
-    """
+    """The Optuna distribution that ``value`` describes for the key ``name`` (Optuna's refuses a bad range)."""
     accepted = "a list of choices, or {low: ..., high: ...} with log: true or step: ... if wanted"
     if isinstance(value, list):
         if not value:
@@ -181,10 +165,7 @@ def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:
 
 
 def _number_refusal(value: Any) -> str | None:
-    """Why ``value`` cannot be a number a model computes with (in float32, or a 64-bit integer); None when it can.
-
-    A learning rate of 1e300 is infinity in a model, and 1e-300 is zero: an argument's type may leave them in.
-    """
+    """Why ``value`` cannot be a number a model computes with (float32, or a 64-bit integer); None when it can."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, int):
@@ -197,16 +178,9 @@ def _number_refusal(value: Any) -> str | None:
 
 
 def argument_names(trainer: L.Trainer) -> set[str]:
-    """The flags (without dashes) that train.py took to build ``trainer``: ``model.lr``, ``data.batch_size``, ...
-
-    Read from the configuration its own parser made (which LightningCLI hands the Trainer's
-    SaveConfigCallback to write as config.yaml): ``data.init_args.batch_size`` is ``data.batch_size``.
-    """
+    """The flags (without dashes) that train.py took to build ``trainer``, from its SaveConfigCallback's config."""
     saver = next((c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
-    names = set()
-    for key in saver.config.keys() if saver is not None else ():
-        names.add(_plain(key).removesuffix(".class_path"))
-    return names
+    return {_plain(key).removesuffix(".class_path") for key in (saver.config.keys() if saver is not None else ())}
 
 
 def _plain(name: str) -> str:

@@ -2,7 +2,6 @@
 
 import json
 import time
-import warnings
 from typing import Any
 
 import optuna
@@ -14,8 +13,15 @@ from ..passwords import hidden
 from .fingerprint import differences
 
 SETTINGS = "sweep"
-# How long a worker waits for the worker that is creating the study to record its settings.
-CREATION_WAIT_S = 60
+CREATION_WAIT_S = 60  # how long a worker waits for the one creating the study to record its settings
+# What defines a study, compared when it is continued: what it trains with and on, what it searches, how it judges.
+COMPARED = ("config", "data", "space", "sampler", "monitor", "direction")
+_SHOWN = {
+    "train_args": "other train.py arguments",
+    "config": "other training arguments",
+    "space": "another search space",
+    "monitor": "another monitored metric",
+}
 
 
 def open_study(
@@ -29,27 +35,22 @@ def open_study(
 ) -> optuna.Study:
     """The study ``name``: created with ``settings`` and the trials of ``grid`` queued, or loaded and checked.
 
-    Creating is atomic in the store: of two workers started at once, one creates the study
-    and queues its grid, and the other waits for its settings, so the grid is queued once.
-    A study started with other settings (what train.py resolved its arguments to, the data it
-    trains on, the space, the sampler: ``COMPARED``) is refused in one line naming what changed
-    (``StudyDiffersError``): its trials would not be comparable.
+    Creating is atomic in the store: of two workers started at once, one creates the study and queues its grid, the
+    other waits for its settings, so the grid is queued once. A study started with other ``COMPARED`` settings is
+    refused (``StudyDiffersError``): its trials would not be comparable.
     """
     settings = json.loads(json.dumps(settings, default=str))  # as the store gives it back: lists, not tuples
-    direction = settings["direction"]
     try:
         study = optuna.create_study(
-            study_name=name, storage=storage, direction=direction, sampler=sampler, pruner=pruner
+            study_name=name, storage=storage, direction=settings["direction"], sampler=sampler, pruner=pruner
         )
     except DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
     else:
         for params in grid:
             study.enqueue_trial(params)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # The metric by its name in Optuna's dashboard and plots, not "Objective 0".
-            study.set_metric_names([settings["monitor"]])
+        # The metric by its name in Optuna's dashboard and plots, not "Objective 0" (experimental: main ignores that).
+        study.set_metric_names([settings["monitor"]])
         study.set_user_attr(SETTINGS, settings)
         return study
     deadline = time.monotonic() + CREATION_WAIT_S
@@ -81,10 +82,6 @@ class StudyDiffersError(ConfigError):
         self.what = what
 
 
-# What defines a study, compared when it is continued: what it trains with and on, what it searches, how it judges.
-COMPARED = ("config", "data", "space", "sampler", "monitor", "direction")
-
-
 def _changed(key: str, then: Any, now: Any) -> str:
     """What changed in the setting ``key``, for a person: ``another search space (model.lr: then ..., now ...)``."""
     if key == "data":
@@ -100,11 +97,3 @@ def _samples(data: Any) -> str:
     if not isinstance(data, dict):
         return str(data)
     return f"{data.get('train')} training and {data.get('val')} validation samples, digest {data.get('digest')!s:.12}"
-
-
-_SHOWN = {
-    "train_args": "other train.py arguments",
-    "config": "other training arguments",
-    "space": "another search space",
-    "monitor": "another monitored metric",
-}

@@ -25,21 +25,18 @@ from ..messages import report
 from .queue import ERROR, RESUMED_FROM, RUN_FOLDER, resume_point, signals_held, stop_and_retry
 from .space import SearchSpace, flags
 
-# Each trial trains in this process, on one device unless told otherwise (and then refused: see __main__).
+# Each trial trains in this process, on one device (more is refused: command._monitored).
 ONE_DEVICE = ["--trainer.devices", "1"]
 
 
 def fit_only(cli_class: type[KitCLI]) -> type[KitCLI]:
-    """``cli_class`` with the command line of ``fit`` alone: the parsers of the other subcommands took a second of
-    every trial."""
+    """``cli_class`` with ``fit``'s command line alone: the other subcommands' parsers took a second a trial."""
     fit = staticmethod(lambda: {"fit": LightningCLI.subcommands()["fit"]})
     return type(cli_class.__name__, (cli_class,), {"__module__": cli_class.__module__, "subcommands": fit})
 
 
 class InterruptionError(Exception):
-    """A stop of the process stopped a trial: it is queued again, to resume from ``saved`` (None: from its newest
-    checkpoint, or its start). ``reason``: what stopped it (``SIGNAL``, ``DISK_FULL``, ``STORE_LOST``), ``detail``
-    what was said."""
+    """A stop of the process (``reason``, what was said: ``detail``) stopped a trial: it is queued again."""
 
     def __init__(self, number: int, saved: Path | None, reason: str = "", detail: str = ""):
         super().__init__(number, saved, reason)
@@ -47,19 +44,19 @@ class InterruptionError(Exception):
 
 
 SIGNAL, DISK_FULL, STORE_LOST = "Ctrl-C or SIGTERM", "the disk is full", "the store was lost"
-# What writing a file says when the disk (or the quota, or the file size limit) has no room for it.
+AFTER_IT = "after the trial ended"  # what stopped a sweep that had just completed its trial
+# The disk, the quota, or the file size limit has no room.
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # What the store raises when it cannot be reached (Optuna wraps SQLAlchemy's errors in StorageInternalError).
 _STORE_ERRORS = (OperationalError, InterfaceError, DisconnectionError, StorageInternalError)
 
 
 def stop_of_the_process(err: BaseException) -> tuple[str, str] | None:
-    """What stopped the process, if ``err`` is a stop of the process or the machine and not of the trial's own code:
-    (``SIGNAL``, ``DISK_FULL`` or ``STORE_LOST``, what was said), else None.
+    """(``SIGNAL``, ``DISK_FULL`` or ``STORE_LOST``, what was said) if ``err`` is a stop of the process or the
+    machine, not of the trial's own code; else None.
 
-    A stop is found anywhere in the chain of exceptions ``err`` was raised from or while handling: Lightning turns
-    Ctrl-C (and a SIGTERM outside training) into ``SystemExit(1)`` raised while handling the ``KeyboardInterrupt``;
-    ``torch.save`` on a full disk raises a ``RuntimeError`` while handling the ``OSError``.
+    Found anywhere in ``err``'s chain: Lightning turns Ctrl-C into ``SystemExit(1)`` raised while handling the
+    ``KeyboardInterrupt``; ``torch.save`` on a full disk raises a ``RuntimeError`` while handling the ``OSError``.
     """
     found = None
     for link in exception_chain(err):
@@ -73,11 +70,8 @@ def stop_of_the_process(err: BaseException) -> tuple[str, str] | None:
 
 
 class ReportEpochs(L.Callback):
-    """Report the monitored metric to the trial after each epoch that validated, and stop ``fit`` if it is pruned.
-
-    Stopped the way early stopping stops a run: at the end of the epoch, its checkpoints
-    and metrics written.
-    """
+    """Report the monitored metric to the trial after each epoch that validated; stop ``fit`` (as early stopping
+    does) if it is pruned."""
 
     def __init__(self, trial: Trial, monitor: str) -> None:
         self.trial, self.monitor = trial, monitor
@@ -112,13 +106,9 @@ class Plan:
 
 
 def run_trial(plan: Plan, trial: Trial) -> None:
-    """Train ``trial``'s parameters as train.py would, and tell the study how it ended: in exactly one of four ways.
-
-    Complete; pruned (a trial that diverges, its learning rate too high, say, is pruned, not failed: that is the
-    answer to what it tried); stopped, to run again (a signal, a full disk, a lost store: ``stop_of_the_process``;
-    it is failed and queued again, to resume from its newest checkpoint, and ``InterruptionError`` stops the
-    sweep); or failed by its own code (anything else: recorded as its ``error``, not run again, and raised).
-    """
+    """Train ``trial``'s parameters as train.py would, and tell the study how it ended: complete; pruned (a trial
+    that diverges too: that is the answer to what it tried); stopped, to run again (``stop_of_the_process``: it is
+    queued again, and ``InterruptionError`` stops the sweep); or failed by its own code (recorded, and raised)."""
     reporter = ReportEpochs(trial, plan.monitor)
     folder = plan.folder / f"trial_{trial.number:04d}"
     try:
@@ -145,8 +135,11 @@ def run_trial(plan: Plan, trial: Trial) -> None:
             plan.study.tell(trial, state=TrialState.PRUNED)
         report(f"trial {trial.number} diverged: pruned ({err})")
     except BaseException as err:
-        if (stop := stop_of_the_process(err)) is None:
-            _fail(plan.study, trial, err)
+        if (stop := stop_of_the_process(err)) is None:  # failed by its own code
+            message: Any = err.code if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+            with signals_held(), contextlib.suppress(Exception):  # else left running: reclaimed later
+                trial.set_user_attr(ERROR, " ".join(str(message).split())[:500])
+                plan.study.tell(trial, state=TrialState.FAIL)
             raise
         with contextlib.suppress(Exception):  # the store lost: the next run finds the trial left running, and queues it
             stop_and_retry(plan.study, trial, f"{stop[0]}: {stop[1]}")
@@ -156,47 +149,24 @@ def run_trial(plan: Plan, trial: Trial) -> None:
             raise InterruptionError(trial.number, None, SIGNAL, AFTER_IT)
 
 
-# What stopped a sweep that had just completed its trial.
-AFTER_IT = "after the trial ended"
-
-
 def _tell(plan: Plan, trial: Trial, trainer: L.Trainer, reporter: ReportEpochs, folder: Path) -> None:
     if reporter.pruned_after is not None:
         with signals_held():
             plan.study.tell(trial, state=TrialState.PRUNED)
         report(f"trial {trial.number} pruned after epoch {reporter.pruned_after}: {folder}")
         return
-    best = _best(plan, trial, trainer)
-    if best is None:
-        raise ConfigError(
-            f"trial {trial.number} ended without a {plan.monitor} to judge it by: a sweep needs validation "
-            "(leave --trainer.limit_val_batches and --trainer.check_val_every_n_epoch at their defaults)"
-        )
-    with signals_held():
-        plan.study.tell(trial, best)
-    report(f"trial {trial.number} finished: {plan.monitor}={best:.4f} in {folder}")
-
-
-def _best(plan: Plan, trial: Trial, trainer: L.Trainer) -> float | None:
-    """The trial's best monitored value: of this fit's checkpoints, and of every epoch reported before it resumed.
-
-    Lightning does not carry the best score into a checkpoint folder other than the one it was saved in, so a
-    retry (a folder of its own) judged by its own fit alone would forget the epochs its predecessors trained, and
-    one resumed after its last epoch (killed while the run was ending) would have nothing to be judged by.
-    """
+    # Of this fit's checkpoints, and of every epoch reported before it resumed: Lightning's best score is of the
+    # retry's own folder alone.
     best = getattr(trainer.checkpoint_callback, "best_model_score", None)
     scores = [float(best)] if best is not None and math.isfinite(float(best)) else []
     reported = plan.study.get_trials(deepcopy=False)[trial.number].intermediate_values.values()
     scores += [value for value in reported if math.isfinite(value)]
     if not scores:
-        return None
-    return max(scores) if plan.study.direction == StudyDirection.MAXIMIZE else min(scores)
-
-
-def _fail(study: optuna.Study, trial: Trial, err: BaseException) -> None:
-    """Fail ``trial`` by its own code, ``err`` recorded with it; a trial that another process ended meanwhile stays
-    as it is, and a store that cannot take it leaves it running (the next run finds its process gone)."""
-    message: Any = err.code if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
-    with signals_held(), contextlib.suppress(Exception):
-        trial.set_user_attr(ERROR, " ".join(str(message).split())[:500])
-        study.tell(trial, state=TrialState.FAIL)
+        raise ConfigError(
+            f"trial {trial.number} ended without a {plan.monitor} to judge it by: a sweep needs validation "
+            "(leave --trainer.limit_val_batches and --trainer.check_val_every_n_epoch at their defaults)"
+        )
+    best = max(scores) if plan.study.direction == StudyDirection.MAXIMIZE else min(scores)
+    with signals_held():
+        plan.study.tell(trial, best)
+    report(f"trial {trial.number} finished: {plan.monitor}={best:.4f} in {folder}")

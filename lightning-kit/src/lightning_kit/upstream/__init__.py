@@ -1,10 +1,6 @@
-"""Every private name of another project that the library relies on, one module per project.
-
-A private name (``LightningCLI._run_subcommand``, ``litserve``'s internals, ``torch.utils._pytree``) carries no
-promise between releases. Each module here holds one project's, with the versions it is known to work with, so
-that a release that renames one fails a test (``tests/test_upstream.py``, run at the newest versions pinned and at
-the lowest declared) instead of silently turning a guarantee off. The simulated GPU's own private names of PyTorch
-live with it and are listed there (``gpu_audit/simulated/__init__.py``).
+"""Every private name of another project that the library relies on, one module per project, with the versions
+known to work: a release that renames one fails ``tests/test_upstream.py`` instead of silently turning a guarantee
+off. (The simulated GPU's private names of PyTorch live with it, in ``gpu_audit/simulated/__init__.py``.)
 """
 
 from typing import NamedTuple

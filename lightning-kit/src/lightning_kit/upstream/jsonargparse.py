@@ -1,9 +1,7 @@
-"""jsonargparse's wording, which the library reads to turn its errors into one line: none of it is a promise.
+"""jsonargparse's wording, which the parser reads to turn its errors into one line: none of it is a promise.
 
-jsonargparse (with argparse under it) says what was wrong with a command line in text meant for a person; the
-parser reads it for the key and the reason (``parser.one_line``, ``parser.KitArgumentParser.error``) with each
-pattern here, so that a release that words them otherwise fails ``tests/test_upstream_jsonargparse.py`` (each
-pattern held against what the installed jsonargparse says of a real bad input), not the one-line errors.
+A release that words them otherwise fails ``tests/test_upstream_jsonargparse.py`` (each pattern held against what
+the installed jsonargparse says of a real bad input), not the one-line errors.
 """
 
 import re
@@ -30,9 +28,9 @@ GIVEN_VALUE = re.compile(r"Given value: (?P<value>[^\n]*)")
 
 
 def out_of_bounds(message: str) -> tuple[str, str] | None:
-    """The value given and what is accepted (the bounds it broke, ``or null`` where its type takes None), where
-    ``message`` is a restricted type's refusal; None otherwise. Both are read after the innermost key's heading:
-    the classes around it (``--data``'s union of a data module and None) say nothing of the value."""
+    """The value given and what is accepted (the bounds, ``or null`` where its type takes None), where ``message`` is
+    a restricted type's refusal; None otherwise. Read after the innermost key's heading: the classes around it say
+    nothing of the value."""
     keys = [found for found in HEADINGS.finditer(message) if found["key"]]
     innermost = message[keys[-1].end() :] if keys else message
     found = RESTRICTION.search(innermost)
@@ -43,6 +41,5 @@ def out_of_bounds(message: str) -> tuple[str, str] | None:
 
 
 def is_bounded_number(value) -> bool:
-    """Whether ``value`` is a number jsonargparse parsed as one of its bounded types (``restricted_number_type``,
-    ``PositiveInt``): those classes are made in ``jsonargparse.typing``, as subclasses of ``int`` or ``float``."""
+    """Whether ``value`` is a number jsonargparse parsed as one of its bounded types (made in its ``typing``)."""
     return isinstance(value, int | float) and type(value).__module__ == "jsonargparse.typing"

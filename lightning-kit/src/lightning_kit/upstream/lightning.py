@@ -1,7 +1,5 @@
-"""Lightning's private names the library relies on, each with what it is for and the versions known to work.
-
-``OVERRIDES`` are LightningCLI's private methods that ``cli.KitCLI`` overrides: Lightning offers no hook at these
-points. ``PRIVATES`` are the names the library reads or calls, through the functions below.
+"""Lightning's private names the library relies on: ``OVERRIDES``, LightningCLI's private methods that ``cli.KitCLI``
+overrides (Lightning offers no hook there), and ``PRIVATES``, read or called through the functions below.
 """
 
 from types import MethodType
@@ -127,8 +125,7 @@ PRIVATES = (
 
 
 def other_rank_processes(launcher) -> list | None:
-    """The processes Lightning's launcher started for the other ranks (``--devices N`` run as a script, in the first
-    process), or None where another launcher (or none) started the run."""
+    """The processes Lightning's launcher started for the other ranks; None where another launcher (or none) did."""
     return launcher.procs if isinstance(launcher, _launcher_class()) else None
 
 

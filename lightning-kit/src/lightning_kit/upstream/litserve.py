@@ -1,17 +1,13 @@
 """LitServe's private names the server relies on, each with what it is for and the versions known to work.
 
-The drain on SIGTERM (``serve/stopping.py``) is the HTTP server's: LitServe offers no way to choose the class of
-the uvicorn servers it starts (``LitServer._start_server`` makes each from its module's name
-``litserve.server._Server``; ``LitServer.run``'s uvicorn options choose the protocol, the loop and the lifespan,
-never the server). So ``stopping.Stopper`` subclasses ``_Server``, and ``server_class`` runs LitServe's own
-``_start_server`` code with that name read as the subclass. uvicorn's ``Server.startup`` and ``Server.shutdown`` are
-overridden, and the attributes they read (``servers``, ``server_state.connections``, ``config.http_protocol_class``,
-``lifespan.state``, ``started``, ``should_exit``) are checked by ``tests/test_serve_faults.py`` only; so is
-``LitServer.verify_worker_status``, public, which the server overrides. LitServe 0.2.17 or later (``_Server``);
-``tests/test_upstream.py`` checks every entry against the LitServe installed.
+LitServe offers no way to choose the class of the uvicorn servers it starts (``LitServer._start_server`` makes each
+from its module's name ``_Server``), so the drain on SIGTERM (``serve/stopping.py``) subclasses ``_Server``, and
+``server_class`` runs LitServe's own ``_start_server`` with that name read as the subclass. The uvicorn attributes
+the overrides read are checked by ``tests/test_serve_faults.py``.
 """
 
 import contextlib
+import functools
 import inspect
 from types import FunctionType
 
@@ -20,6 +16,7 @@ from . import Private
 # The name of each HTTP server's process, ``LitServer-<n>``, and what it finds its own ``<n>`` in.
 HTTP_PROCESS_PREFIX = "LitServer-"
 HTTP_SERVER_ID = "LITSERVE_WORKER_ID"
+VERSIONS = "litserve 0.2.18 to 0.2.19"
 
 
 def http_server_base() -> type:
@@ -30,9 +27,7 @@ def http_server_base() -> type:
 
 
 def server_class(http_server_class: type) -> type:
-    """A ``LitServer`` whose HTTP servers are ``http_server_class`` (a subclass of ``http_server_base()``): its
-    ``_start_server`` is LitServe's own code with the name ``_Server`` read as it. Nothing of LitServe's is
-    reassigned: another ``LitServer`` in the process starts LitServe's own servers."""
+    """A ``LitServer`` whose HTTP servers are ``http_server_class``; nothing of LitServe's is reassigned."""
     from litserve import LitServer
 
     start = _start_server()
@@ -76,10 +71,6 @@ def _in_source(text: str) -> str:
     return line.strip()
 
 
-def _assigned(attribute: str) -> str:
-    return _in_source(f"self.{attribute} = ")
-
-
 def _uvicorn_method(name: str):
     """uvicorn's ``Server.<name>``, which the draining server overrides with the parameters ``(self, sockets)``."""
     import uvicorn.server
@@ -90,69 +81,52 @@ def _uvicorn_method(name: str):
     return method
 
 
+# What LitServer's start-up sets, each found by a line of litserve.server's source: the text it holds, and its use.
+_IN_SOURCE = {
+    "LitServer._shutdown_event": (
+        "self._shutdown_event = ",
+        "set on SIGTERM: LitServer.run then runs its own shutdown (the HTTP servers first, then the model's processes)",
+    ),
+    "LitServer.workers_setup_status": (
+        "self.workers_setup_status = ",
+        "each model process's stage: the HTTP servers are started once all are ready, none where one failed",
+    ),
+    "LitServer.inference_workers": (
+        "self.inference_workers = ",
+        "the model's processes, one that ended during the start-up stops it",
+    ),
+    "LitServer.uvicorn_graceful_timeout": (
+        "self.uvicorn_graceful_timeout = ",
+        "how long LitServe's shutdown waits for an HTTP server to answer what it took, after SIGTERM",
+    ),
+    f"{HTTP_PROCESS_PREFIX}<n>": (
+        f'name=f"{HTTP_PROCESS_PREFIX}',
+        "the name of each HTTP server's process: the model's processes end once none is left",
+    ),
+    HTTP_SERVER_ID: (
+        f'os.environ["{HTTP_SERVER_ID}"]',
+        "set by _Server.run: the first HTTP server (0) says the server is ready",
+    ),
+}
 PRIVATES = (
     Private(
         "LitServer._start_server",
         "LitServe's own code, run by server_class's subclass with _Server read as the draining server",
-        "litserve 0.2.18 to 0.2.19",
+        VERSIONS,
         _start_server,
         FunctionType,
     ),
     Private(
         "litserve.server._Server",
         "the uvicorn server LitServe starts: subclassed to drain on SIGTERM",
-        "litserve 0.2.18 to 0.2.19",
+        VERSIONS,
         http_server_base,
         type,
     ),
-    Private(
-        "LitServer._shutdown_event",
-        "set on SIGTERM: LitServer.run then runs its own shutdown (the HTTP servers first, then the model's processes)",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _assigned("_shutdown_event"),
-        str,
-    ),
-    Private(
-        "LitServer.workers_setup_status",
-        "each model process's stage: the HTTP servers are started once all are ready, none where one failed",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _assigned("workers_setup_status"),
-        str,
-    ),
-    Private(
-        "litserve.utils.WorkerSetupStatus",
-        "the stages in workers_setup_status",
-        "litserve 0.2.18 to 0.2.19",
-        setup_status,
-        type,
-    ),
-    Private(
-        "LitServer.inference_workers",
-        "the model's processes, one that ended during the start-up stops it",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _assigned("inference_workers"),
-        str,
-    ),
-    Private(
-        "LitServer.uvicorn_graceful_timeout",
-        "how long LitServe's shutdown waits for an HTTP server to answer what it took, after SIGTERM",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _assigned("uvicorn_graceful_timeout"),
-        str,
-    ),
-    Private(
-        f"{HTTP_PROCESS_PREFIX}<n>",
-        "the name of each HTTP server's process: the model's processes end once none is left",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _in_source(f'name=f"{HTTP_PROCESS_PREFIX}'),
-        str,
-    ),
-    Private(
-        HTTP_SERVER_ID,
-        "set by _Server.run: the first HTTP server (0) says the server is ready",
-        "litserve 0.2.18 to 0.2.19",
-        lambda: _in_source(f'os.environ["{HTTP_SERVER_ID}"]'),
-        str,
+    Private("litserve.utils.WorkerSetupStatus", "the stages in workers_setup_status", VERSIONS, setup_status, type),
+    *(
+        Private(name, use, VERSIONS, functools.partial(_in_source, text), str)
+        for name, (text, use) in _IN_SOURCE.items()
     ),
     Private(
         "uvicorn.server.Server.startup",

@@ -1,5 +1,4 @@
-"""PyTorch's private names the library relies on (the simulated GPU's live with it), with the versions known to
-work."""
+"""PyTorch's private names the library relies on (the simulated GPU's live with it)."""
 
 from types import FunctionType
 
