@@ -12,11 +12,9 @@ from ..metric_logs import parse_name
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``, which goes on judging across a resume.
 
-    A resumed run writes into a new run folder, and for a new folder Lightning's own forgets
-    the scores so far: the first epoch after the resume became the best, however it scored.
-    This one keeps the best checkpoints' scores and paths (in the earlier run's folder) and
-    saves a new best only when it beats them. Lightning never deletes a checkpoint outside
-    the callback's own folder, so the earlier run's stay as they are.
+    A resumed run writes into a new run folder, for which Lightning's own forgets the scores so far (the first epoch
+    after the resume became the best). This one keeps the earlier best checkpoints' scores and paths; Lightning never
+    deletes a checkpoint outside the callback's own folder.
     """
 
     def __init__(self, *args: Any, monitor_named_in: str = "", **kwargs: Any) -> None:

@@ -10,12 +10,9 @@ from ..metric_logs import parse_name
 class BestEpoch(L.Callback):
     """The epoch and validation metrics of the checkpoint callback's best checkpoint, for the end of ``fit``.
 
-    Taken from the checkpoint callback itself: when it saves a new best checkpoint (its
-    ``best_model_path`` or ``best_model_score`` changes), the metrics of that moment are
-    recorded, so the metrics printed belong to the checkpoint it names (a checkpoint callback that
-    monitors no metric has no best: nothing is recorded). Kept in checkpoints, so a resumed run
-    still knows the best epoch of the runs it continues. Epochs count from 0, as Lightning's
-    ``epoch`` in checkpoint names and ``metrics.csv``.
+    Recorded when the checkpoint callback saves a new best (its ``best_model_path`` or ``best_model_score`` changes),
+    so the metrics printed belong to the checkpoint it names; a callback that monitors nothing has no best. Kept in
+    checkpoints across a resume. Epochs count from 0, as in Lightning's checkpoint names and ``metrics.csv``.
     """
 
     def __init__(self) -> None:

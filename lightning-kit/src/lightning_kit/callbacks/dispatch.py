@@ -1,10 +1,7 @@
-"""The per-step price of callbacks: Lightning calls each batch-level hook of every callback at every step.
-
-It calls the base class's empty hooks too, each through a profiler context and a formatted
-action name (a few microseconds apiece): a dozen callbacks cost about 70 such calls a step,
-which for a small network is a tenth of the step or more. Lightning skips a hook attribute that
-is not callable, so each batch-level hook a callback inherits unchanged from ``Callback`` is set
-to ``None`` on that callback, and the hooks it does override run as before.
+"""The per-step price of callbacks: Lightning calls every batch-level hook of every callback at every step, the
+base class's empty ones too, each through a profiler context (a few microseconds apiece; for a small network a tenth
+of the step or more). Lightning skips a hook attribute that is not callable, so each one a callback inherits
+unchanged is set to ``None`` on it.
 """
 
 from collections.abc import Iterable

@@ -15,16 +15,10 @@ class DivergenceError(UserError):
 class StopOnDivergence(L.Callback):
     """Stop ``fit`` when the training loss or the weights become NaN or infinite, before such a model is saved.
 
-    Every save is checked before it is written, whoever asks for it: the checkpoint callbacks
-    (best and last), the interruption checkpoint, a ``trainer.save_checkpoint`` call. The check
-    covers the loss of every step so far (kept on the device, so no step waits for it) and the
-    weights being saved. Between saves it runs every ``check_every`` steps, and at once when a
-    stop is asked for (Ctrl-C, SIGTERM: a checkpoint is saved next), so a diverged run stops
-    with one line, and the last good checkpoints stay as they are.
-
-    ``InterruptCheckpoint`` must come before it in the callbacks: its stop is then seen in the
-    same step, and, as it asks every process of a DDP run to stop at the same step, every
-    process takes part in the check.
+    Every save is checked before it is written, whoever asks for it, on the losses of every step so far (kept on the
+    device, so no step waits) and the weights being saved; between saves every ``check_every`` steps, and at once
+    when a stop is asked for. ``InterruptCheckpoint`` must come before it, so that every process of a DDP run takes
+    part in the check of a stop in the same step.
     """
 
     def __init__(self, check_every: int = 20) -> None:

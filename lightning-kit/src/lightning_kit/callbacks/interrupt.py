@@ -14,17 +14,13 @@ from .divergence import DivergenceError
 
 
 class InterruptCheckpoint(L.Callback):
-    """Stop ``fit`` cleanly on Ctrl-C or SIGTERM, and save ``on_exception.ckpt`` to resume from.
+    """Stop ``fit`` cleanly on Ctrl-C or SIGTERM (what SLURM sends before it kills a job), and save
+    ``on_exception.ckpt`` to resume from with ``--ckpt_path last``, exactly as a run that never stopped.
 
-    SIGTERM is what SLURM and most schedulers send before they kill a job. Either
-    signal, received by any process of a DDP run, asks every process to stop: after
-    the training step under way, or, during validation, once the validation has
-    finished. A run resumed with ``--ckpt_path last`` then continues exactly as one
-    that never stopped. A second Ctrl-C stops at once, without a checkpoint. Nothing
-    is saved by a run that stopped before it trained a step, or that failed.
-
-    (Lightning's own ``OnExceptionCheckpoint`` is not used: with it installed, every
-    new ``fit`` silently resumes from the last checkpoint it can find.)
+    A signal to any process of a DDP run stops every process, after the training step under way or once the
+    validation under way has finished. A second Ctrl-C stops at once, without a checkpoint; a run that failed, or
+    trained no step, saves nothing. (Lightning's ``OnExceptionCheckpoint`` is not used: with it, every new ``fit``
+    silently resumes from the last checkpoint it can find.)
     """
 
     FILENAME = "on_exception.ckpt"

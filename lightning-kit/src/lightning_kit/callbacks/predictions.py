@@ -26,15 +26,13 @@ MAX_DEPTH = 8
 class CSVPredictionWriter(BasePredictionWriter):
     """Write ``predict``'s output to a CSV file, one row per input, in the order of the inputs.
 
-    The first column is ``file`` (the data module's ``predict_names``) or ``index``. A classifier's output,
-    ``(batch, classes)`` where the class names are known (the module's ``class_names``, else the data module's), is
-    written as ``predicted``, ``label`` (where the data module's ``predict_labelled`` says the inputs have labels)
-    and ``p_<class>``; any other output as it is (``_outputs``), then the labels (``_labels``). A batch
-    ``predict_step`` returned None for writes no row (a run whose every batch did writes no file).
+    The first column is ``file`` (the data module's ``predict_names``) or ``index``. A classifier's output
+    ``(batch, classes)``, where the class names are known, is written as ``predicted``, ``label`` (where the data
+    module's ``predict_labelled`` says so) and ``p_<class>``; any other output as it is (``_outputs``), then the
+    labels (``_labels``). A batch for which ``predict_step`` returned None writes no row.
 
-    The file is written beside its final name and renamed when complete, so a run that fails leaves no partial
-    file; an existing file is replaced only when asked to. A path that cannot be written is refused in one line
-    before predicting (by the command line, before the data is read).
+    The file is written beside its final name and renamed when complete, so a failed run leaves no partial file; an
+    existing file is replaced only when asked to.
 
     Args:
         path: The CSV file to write. Under several processes, each writes its own

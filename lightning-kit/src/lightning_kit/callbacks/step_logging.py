@@ -11,10 +11,9 @@ SHORT_EPOCH_WARNING = r"The number of training batches \(\d+\) is smaller than t
 
 
 class StepLogging(L.Callback):
-    """Lower Lightning's logging interval (``log_every_n_steps``, 50 by default) to an epoch's batches where an epoch
-    has fewer: a run of short epochs would otherwise record nothing a step logs (``train/loss`` per step), and the
-    curves of its runs would show validation alone. Lightning's warning of such epochs, which this answers, is not
-    shown. Added only where the interval was not given: one given is kept, and warned of, as given.
+    """Lower Lightning's logging interval (``log_every_n_steps``) to an epoch's batches where an epoch has fewer, so
+    that short epochs still record what a step logs, and silence Lightning's warning of them. Added only where the
+    interval was not given.
     """
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -20,13 +20,11 @@ VAL_FRACTION = 0.1
 class ImageFolderDataModule(ImageSplits):
     """Your own images: one folder per class of image files (torchvision's ``ImageFolder`` layout).
 
-    ``root`` is either ``root/<class>/*.jpg`` (validation images drawn from it with ``val_fraction``; no test
-    split), or ``root/train/<class>/...`` with optional ``root/val/<class>/...`` and ``root/test/<class>/...``.
-    Class names are the training folder's subfolder names, sorted (``image_files``). Images are decoded once,
-    resized whole to ``image_size`` squared and cached in ``cache_dir`` as the ``uint8`` tensors the loaders
-    slice (``image_decoding``). The per-channel mean and standard deviation of the training split become the
-    network's normalisation, saved in its checkpoints. The arguments it shares with ``ImageSplits`` and
-    ``InMemoryDataModule`` are described there (``--help`` reads them from there).
+    ``root`` is either ``root/<class>/*.jpg`` (``val_fraction`` of it validates; no test split), or
+    ``root/train/<class>/...`` with optional ``val/`` and ``test/`` beside it. Images are decoded once, resized whole
+    to ``image_size`` squared and cached in ``cache_dir``; the training split's per-channel mean and standard
+    deviation become the network's normalisation. The arguments shared with ``ImageSplits`` and
+    ``InMemoryDataModule`` are described there.
 
     Args:
         root: The image folder (see above).
@@ -34,10 +32,9 @@ class ImageFolderDataModule(ImageSplits):
         val_fraction: Share of the training images held out for validation when there is no ``val/`` folder.
         cache_dir: Folder for the decoded images; ``null`` decodes on every run.
         seed: Seed of the train/validation split.
-        folds: Cross-validation: the training images (with ``val/``'s, if any) split into this
-            many folds, stratified by class and chosen with ``seed``; ``fold`` is the validation
-            set, the others train. ``val_fraction`` does not apply. By default (``None``) the
-            ``val/`` folder, or ``val_fraction`` of the training images, validates.
+        folds: Cross-validation: the training images (with ``val/``'s) split into this many folds, stratified by
+            class and chosen with ``seed``; fold ``fold`` validates. By default (``None``) the ``val/`` folder, or
+            ``val_fraction`` of the training images, validates.
         fold: The fold, from 0 to ``folds - 1``, that validates.
     """
 

@@ -43,19 +43,14 @@ def load_images(
 ) -> tuple[torch.Tensor, tuple[int, ...]]:
     """Decode ``files`` into one ``uint8`` tensor ``(N, 3, size, size)``; also the indices of ``files`` it holds.
 
-    Each image is turned upright (EXIF orientation), made RGB (grayscale repeated, alpha dropped, palettes looked
-    up, 16-bit scaled to 8) and resized whole, squashed and never cropped, with antialiased bilinear filtering.
-    ``workers`` threads decode (all CPUs when None).
+    Each image is turned upright (EXIF), made RGB (16-bit scaled to 8) and resized whole, never cropped, with
+    antialiased bilinear filtering, by ``workers`` threads (all CPUs when None). An unreadable file stops everything
+    with an ``UnreadableImageError`` naming the first few, unless ``skip_unreadable`` (each then reported and left out).
 
-    A file that cannot be decoded stops everything with an ``UnreadableImageError`` naming the first few, unless
-    ``skip_unreadable``: then each is left out with one line on stdout (an error still, if none can be read).
-
-    With ``cache_dir``, the result is kept there as one file ``images-<key>.pt``, keyed by ``size``,
-    ``skip_unreadable`` and each file's real path and content, so a later call with the same files reads it
-    instead of decoding; other files make another cache file, and the old ones stay until removed. A cache
-    folder that cannot be written is an error before any decoding; a cache file that cannot be written once the
-    images are decoded (a full disk), a warning. A damaged cache file is decoded again and replaced. Files are
-    written beside their name and renamed, so processes sharing the folder (DDP ranks) never read a partial one.
+    With ``cache_dir``, the result is kept there as ``images-<key>.pt``, keyed by ``size``, ``skip_unreadable`` and
+    each file's real path and content. An unwritable cache folder is an error before decoding; a cache file that
+    cannot be written (a full disk), a warning; a damaged one is decoded again. Files are written beside their name
+    and renamed, so processes sharing the folder (DDP ranks) never read a partial one.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"the image size must be a positive integer, got {size!r}")
@@ -94,12 +89,10 @@ MIN_STD_LEVELS = 1.0
 
 
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) standard deviation of ``uint8`` images ``(N, C, H, W)``, in [0, 1] units.
+    """Per-channel mean and population standard deviation of ``uint8`` images ``(N, C, H, W)``, in [0, 1] units.
 
-    Sums of values and of their squares are kept as exact integers, a chunk of images
-    at a time, so any number of images costs little memory and no rounding drift; only
-    the final division is in float64. A channel that never varies (a folder of images with no green in them)
-    gets the standard deviation of one level, 1/255, not 0: normalising by it keeps the values finite.
+    Exact integer sums, a chunk at a time (little memory, no rounding drift). A channel that never varies gets the
+    standard deviation of one level, 1/255, not 0, so normalising by it keeps the values finite.
     """
     if images.dtype != torch.uint8 or images.ndim != 4 or images.numel() == 0:
         raise ValueError(f"expected non-empty uint8 images (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -175,10 +168,9 @@ def _reason(err: Exception) -> str:
 def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
     """One image file's bytes as ``uint8`` RGB ``(size, size, 3)``, decoded exactly as ``load_images`` decodes each.
 
-    For bytes from elsewhere (a request to the server): an image of more than ``max_pixels``
-    pixels is refused from its header, before any pixel is decoded, so a small file that would
-    decode to gigabytes (a decompression bomb) costs nothing. Raises ``ImageTooLargeError`` for
-    that, and ``UnreadableImageError`` with the decoder's reason for bytes that are no image it reads.
+    For bytes from elsewhere (a request to the server): an image of more than ``max_pixels`` pixels (a
+    decompression bomb) is refused from its header with ``ImageTooLargeError``; bytes that are no image it reads
+    raise ``UnreadableImageError`` with the decoder's reason.
     """
     try:
         return _decode(data, size, max_pixels)

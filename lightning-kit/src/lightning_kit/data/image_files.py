@@ -48,15 +48,11 @@ def _top(root: Path) -> tuple["_Listing", tuple[str, ...]]:
 
 
 def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -> ImageFiles:
-    """Every image inside the class folders of ``root``, sorted, with the index of its class.
+    """Every image inside the class folders of ``root``, sorted, with the index of its class; each file once.
 
-    Files are images by their extension, in any case; hidden files and folders are ignored. Images directly in
-    ``root`` are an error rather than silently left out: they belong to no class. Each file is listed once (see
-    ``_Listing``), so no image lands in both the training and the validation split.
-
-    With ``class_names`` (the training split's, when reading ``val/`` or ``test/``) labels index into it, so they
-    mean the same in every split: a class folder it does not name is an error, and one of its classes may have no
-    folder. Without it, the classes are ``find_classes(root)`` and each must hold at least one image.
+    Images are files by extension, in any case; hidden ones are ignored; images directly in ``root`` are an error.
+    With ``class_names`` (the training split's, for ``val/`` or ``test/``) labels index into it, so they mean the
+    same in every split: a class folder it does not name is an error. Without it, every class must hold an image.
     """
     root = Path(root)
     listing, found = _top(root)
@@ -91,11 +87,9 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
 
 
 def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
-    """The files to predict on, given as one image, a ``.txt`` list of images (``_read_list``), or a folder.
-
-    A folder whose subfolders are all classes of ``class_names``, and that holds no images of its own, is read as
-    labelled (``list_labelled_images``); any other folder gives every image under it, sorted, without labels. A
-    FIFO, device or socket is refused by name without being opened.
+    """The files to predict on: one image, a ``.txt`` list of images (``_read_list``), or a folder. A folder of
+    class folders only (of ``class_names``) is labelled; any other gives every image under it, unlabelled.
+    A FIFO, device or socket is refused by name without being opened.
     """
     path, classes = Path(path), tuple(class_names)
     accepted = f"give an image, a {LIST_SUFFIX} file listing images, or a folder of images"
@@ -149,10 +143,9 @@ class _Found:
 
 
 class _Listing:
-    """One listing of the folder ``root``: links are followed only to files inside it, never to folders, so a
-    listing cannot loop (a folder reached twice, through a bind mount, is entered once) nor leave ``root``. Each file
-    is listed once, under its own path where it has one in ``root`` (a link to it is a second name, left out); what
-    was left out is said in one line (``report``).
+    """One listing of the folder ``root``. Links are followed only to files inside it, never to folders, so a
+    listing neither loops nor leaves ``root``; each file is listed once, under its own path; what was left out is
+    said in one line (``report``).
     """
 
     def __init__(self, root: Path) -> None:
@@ -230,10 +223,8 @@ class _Listing:
 
 
 def _read_list(list_file: Path) -> tuple[Path, ...]:
-    """The images a ``.txt`` file names, one a line, in its order (blank lines and ``#`` comments skipped).
-
-    Each line is a path as the command line would take it: absolute, or relative to the list's folder, through
-    ``..`` or links. Each must name a plain file (a FIFO or device would never finish reading).
+    """The images a ``.txt`` file names, one a line (blank lines and ``#`` comments skipped), each a path absolute
+    or relative to the list's folder, and a plain file (a FIFO or device would never finish reading).
     """
     try:
         with open_regular(list_file) as file:
@@ -264,10 +255,7 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
 
 
 def report_once(line: str) -> None:
-    """Print ``line`` from the first process only: the others of a DDP run list and read the same files.
-
-    The rank is Lightning's own (``rank_zero_only.rank``, which Lightning sets); a process without Lightning,
-    a server decoding images, is the only one."""
+    """Print ``line`` from the first process only (Lightning's rank; a process without Lightning is the only one)."""
     if getattr(rank_zero_only, "rank", 0) == 0:
         sys.stdout.write(f"{line}\n")
         sys.stdout.flush()

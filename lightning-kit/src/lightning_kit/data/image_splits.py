@@ -12,11 +12,8 @@ from .memory import InMemoryDataModule, InMemoryDataset
 
 
 class ImageSplits(InMemoryDataModule):
-    """What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator,
-    and predictions on image files (``predict_path``).
-
-    Subclasses set ``image_size``, pass on what they are given of the arguments below (and of
-    ``InMemoryDataModule``'s), and call ``self.setup_predict(stage)`` from their ``setup``.
+    """What the image data modules share: square RGB ``uint8`` images, augmented on the accelerator, and
+    predictions on image files. Subclasses set ``image_size`` and call ``self.setup_predict(stage)`` from ``setup``.
 
     Args:
         augment: Random crop (an eighth of the size as padding) and horizontal flip on training batches.

@@ -38,17 +38,13 @@ class EpochShuffle(RandomSampler):
 
 
 class InMemoryDataModule(L.LightningDataModule, ABC):
-    """Serves the ``train``, ``val`` and ``test`` splits that a subclass's ``setup`` puts in ``self.splits``.
+    """Serves the ``train``, ``val`` and ``test`` splits that a subclass's ``setup`` puts in ``self.splits``, each an
+    ``InMemoryDataset`` of (inputs, labels); training batches are shuffled per epoch.
 
-    Each split is an ``InMemoryDataset`` of (inputs, labels) tensors. Subclasses take ``batch_size``,
-    ``seed`` and ``num_workers`` in their own signature (where the command line reads them) and pass them
-    on here; they set in ``__init__`` what the model takes from the data: ``num_classes`` and
-    ``class_names`` (the name of each label, in order). Training batches are shuffled per epoch.
-
-    ``predict`` runs, in order, on a ``predict`` split when ``setup`` made one (your files),
-    otherwise on the test split. For the predictions CSV, ``predict_names`` names each
-    input (a file; ``None``: its index) and ``predict_labelled`` says whether the labels
-    are true ones (otherwise they are -1).
+    Subclasses take ``batch_size``, ``seed`` and ``num_workers`` in their own signature (where the command line
+    reads them) and pass them on; their ``__init__`` sets ``num_classes`` and ``class_names``. ``predict`` runs on a
+    ``predict`` split when ``setup`` made one, else on the test split; ``predict_names`` names each input for the
+    predictions CSV (``None``: its index) and ``predict_labelled`` says whether its labels are true ones.
 
     Args:
         batch_size: Samples per batch, per device.
