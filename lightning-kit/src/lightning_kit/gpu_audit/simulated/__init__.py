@@ -46,10 +46,7 @@ Replaced or set while ``simulating()`` is active: ``torch._C._group_tensors_by_d
 (``cuda_api``); ``torch.distributed.new_group`` inside ``process_group()`` (``collectives``).
 """
 
-import sys
-import types
-
-from . import collectives, memory  # noqa: F401 (with those below, every file: see the end)
+from . import collectives, memory  # noqa: F401 (simulated.memory, simulated.collectives)
 from .backend import enable
 from .code_checks import forget_named_cuda, made_at, named_cuda, simulating
 from .containment import last_raised
@@ -96,33 +93,3 @@ __all__ = [
     "told",
     "warned",
 ]
-
-# PyTorch has one spare device type, so a process has one simulated GPU. A second copy of this package in the same
-# process (a project made from the template before lightning_kit, another copy of the library) takes over the first
-# copy's names, in each of its files, and so its tensor type, kernels and state.
-_first = next(
-    (
-        module
-        for module in list(sys.modules.values())
-        if isinstance(module, types.ModuleType)
-        and vars(module).get("_SIMULATED_GPU_FIRST_PACKAGE")
-        and vars(module).get("__name__") != __name__
-    ),
-    None,
-)
-if _first is None:
-    _SIMULATED_GPU_FIRST_PACKAGE = True
-else:
-    _files = [module for name, module in list(sys.modules.items()) if name.startswith(f"{__name__}.")]
-    for _copy in (*_files, sys.modules[__name__]):
-        _original = sys.modules.get(_copy.__name__.replace(__name__, _first.__name__, 1))
-        if _original is None:
-            continue  # a file the first copy has not (an older library): nothing of its state to share
-        vars(_copy).update(
-            {
-                name: value
-                for name, value in vars(_original).items()
-                if not name.startswith("__") and not isinstance(value, types.ModuleType)
-            }
-        )
-    del _SIMULATED_GPU_FIRST_PACKAGE
