@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -85,18 +86,15 @@ def check_memory(
     )
 
 
+@dataclass(frozen=True)
 class Arguments:
     """A table of what each argument accepts (a test, and its words: ``a positive integer``), and ``rules`` over
     several; ``flags``: arguments written otherwise than ``prefix + name`` (``{"devices": "--devices"}``)."""
 
-    def __init__(
-        self,
-        prefix: str,
-        table: Mapping[str, tuple[Callable[[Any], bool], str]],
-        rules: Callable[[Mapping[str, Any], Callable[[str], str]], str | None] = lambda values, flag: None,
-        flags: Mapping[str, str] | None = None,
-    ) -> None:
-        self.prefix, self.table, self.rules, self.flags = prefix, dict(table), rules, dict(flags or {})
+    prefix: str
+    table: Mapping[str, tuple[Callable[[Any], bool], str]]
+    rules: Callable[[Mapping[str, Any], Callable[[str], str]], str | None] = lambda values, flag: None
+    flags: Mapping[str, str] = field(default_factory=dict)
 
     def flag(self, name: str) -> str:
         return self.flags.get(name, f"{self.prefix}{name}")

@@ -174,7 +174,7 @@ class KitCLI(LightningCLI):
         super().parse_arguments(parser, [*subcommand_given, *config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        check_no_nul((f"--{key}", value) for key, value in config.items())  # a --config file's ("\\0")
+        check_no_nul((f"--{key}", value) for key, value in config.items())  # a --config file's (YAML's "\0")
         ckpt_path = choose_checkpoint(subcommand, config, args)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
@@ -189,9 +189,8 @@ class KitCLI(LightningCLI):
         check_run_arguments(config)  # before LightningCLI seeds with them
 
     def _parse_ckpt_path(self) -> None:
-        """Private (upstream.lightning.OVERRIDES), and not LightningCLI's: there the checkpoint's hyperparameters
-        override the flags given (a new --model.lr on resume was silently dropped). The checkpoint's run folder's
-        config.yaml gives the settings instead, under the flags given (``parse_arguments``)."""
+        """Private (upstream.lightning.OVERRIDES): LightningCLI's lets the checkpoint's hyperparameters override the
+        flags given (a new --model.lr on resume dropped); here its run's config.yaml is under them."""
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -236,8 +235,8 @@ class KitCLI(LightningCLI):
             # Checkpoints written beside their final name and renamed: never left truncated.
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         if trainer_config.get("accelerator") == SIMULATED:
-            # Lightning would pick a CPU strategy for an accelerator it does not know. The
-            # tracker names the hook in which a GPU would fail.
+            # Lightning would pick a CPU strategy for an accelerator it does not know. The tracker names the hook in
+            # which a GPU would fail.
             kwargs.update(accelerator="auto", strategy=SimulatedGPUStrategy())
             mixed = mixed_precision(trainer_config.get("precision"))
             if mixed is not None:  # autocast on the simulated GPU, by CUDA's rules
@@ -257,9 +256,8 @@ class KitCLI(LightningCLI):
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
     def _run_subcommand(self, subcommand: str) -> None:
-        # Private (upstream.lightning.OVERRIDES): LightningCLI's run of before_<subcommand>, the Trainer's method and
-        # after_<subcommand>, which the documented hooks cannot wrap as a whole.
-        # A run refused once Lightning has made its log folder (a missing split, say) leaves no empty folder behind.
+        # Private (upstream.lightning.OVERRIDES): the run of before_<subcommand>, the Trainer's method and
+        # after_<subcommand> as a whole. A run refused once Lightning made its log folder leaves no empty folder.
         with (
             no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None),
             warnings.catch_warnings(),
@@ -269,18 +267,15 @@ class KitCLI(LightningCLI):
                 warnings.filterwarnings("ignore", message="The dirpath has changed from")
             try:
                 super()._run_subcommand(subcommand)
-            except OSError as err:
-                lost = lost_run_folder(err, self.trainer)
-                if lost is None:
+            except (OSError, *REFUSALS) as err:
+                if isinstance(err, OSError):
+                    failure = lost_run_folder(err, self.trainer)
+                else:  # a value given to the model or the data that a DataLoader, an optimizer or the class refused
+                    failure = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
+                    failure = failure or empty_split(err, subcommand)
+                if failure is None:
                     raise
-                raise lost from err
-            except REFUSALS as err:
-                # A value given to the model or the data that a DataLoader, an optimizer or the class itself refused.
-                refusal = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
-                refusal = refusal or empty_split(err, subcommand)
-                if refusal is None:
-                    raise
-                raise refusal from err
+                raise failure from err
 
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
@@ -291,13 +286,13 @@ class KitCLI(LightningCLI):
                 f"fit trained on no batch: {type(data).__name__}.train_dataloader() yielded none "
                 "(an empty training split?): nothing was trained"
             )
-        best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
         # The best checkpoint's numbers, not the last epoch's, when there is a best.
-        metrics = best.metrics if best is not None and best.epoch is not None else self.trainer.callback_metrics
+        best = next((c for c in self.trainer.callbacks if isinstance(c, BestEpoch) and c.epoch is not None), None)
+        metrics = best.metrics if best is not None else self.trainer.callback_metrics
         # Without metrics of its own to name (GenericCLI), every validation metric of the module.
         names = self.summary_metrics or sorted(name for name in metrics if name.startswith("val"))
         summary = " ".join(f"{name}={float(metrics[name]):.4f}" for name in names if name in metrics)
-        if best is not None and best.epoch is not None:
+        if best is not None:
             summary = f"best epoch {best.epoch}: {summary}"
         if self.trainer.world_size > 1:
             # Every process reports: the values are synced, so they must agree.

@@ -78,10 +78,11 @@ def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
 
 def split_run_configs(args: CommandLine) -> tuple[list[Path], CommandLine]:
     """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
-    found, rest = args.split(
-        lambda flag, value: flag in ("-c", "--config") and value is not None and is_config_file(value)
-        and in_run_folder(Path(value))
-    )  # fmt: skip
+
+    def run_config(flag: str, value: str | None) -> bool:
+        return flag in ("-c", "--config") and value is not None and is_config_file(value) and in_run_folder(Path(value))
+
+    found, rest = args.split(run_config)
     return [Path(value) for value in found], rest
 
 
@@ -174,7 +175,7 @@ def check_new_log_dir(trainer) -> None:
     """The folder of a run's logs can be made, and is not an earlier run's: Lightning's CSV logger would delete its
     metrics."""
     root, logger = trainer.get("default_root_dir"), trainer.get("logger")
-    if root is not None:  # used: parser.check_root_dir_used refuses it where the logger has a folder of its own
+    if root is not None:  # used: parser.check_run_arguments refuses it where the logger has a folder of its own
         check_folder_path(root, "the run's folder", "--trainer.default_root_dir")
     init_args = getattr(logger, "init_args", None) or {}
     for name in ("name", "version", "sub_dir"):

@@ -134,17 +134,13 @@ def check_no_nul(named: Iterable[tuple[str, Any]]) -> None:
 
 
 def check_run_arguments(config) -> None:
-    """The Trainer's arguments and the seed, against ``arguments.TRAINER`` and ``arguments.RUN``."""
-    TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
+    """The Trainer's arguments and the seed, against ``arguments.TRAINER`` and ``arguments.RUN``; and
+    ``--trainer.default_root_dir``, which Lightning ignores where the first logger has a folder of its own."""
+    trainer = config.trainer
+    TRAINER.check({name: trainer.get(name) for name in TRAINER.table if name in trainer})
     if "seed_everything" in config:
         RUN.check({"seed_everything": config.seed_everything})
-    check_root_dir_used(config.trainer)
-
-
-def check_root_dir_used(trainer) -> None:
-    """Refuse ``--trainer.default_root_dir`` where Lightning ignores it: the first logger has a folder of its own."""
-    root = trainer.get("default_root_dir")
-    loggers = trainer.get("logger")
+    root, loggers = trainer.get("default_root_dir"), trainer.get("logger")
     first = loggers[0] if isinstance(loggers, list) and loggers else loggers
     arguments = first.get("init_args") if isinstance(first, Namespace | dict) else None
     save_dir = arguments.get("save_dir") if isinstance(arguments, Namespace | dict) else None
