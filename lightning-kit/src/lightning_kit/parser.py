@@ -53,10 +53,6 @@ class KitArgumentParser(LightningArgumentParser):
     #: Arguments whose default is a class by its path alone (``KitCLI.default_classes``).
     class_defaults: tuple[str, ...] = ()
 
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
     def get_defaults(self, *args, **kwargs) -> Namespace:
         """A default class by its path alone: a class chosen in its place (``--data their.Data``) starts from its own
         defaults, where jsonargparse would keep the default class's values for the arguments both take."""
