@@ -115,25 +115,33 @@ class KitCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     @classmethod
+    def _project_settings(cls) -> ProjectFile:
+        """What the project says of itself (``packages``, ``monitor``); here, its package is the command line's."""
+        package = cls.__module__.partition(".")[0]
+        return ProjectFile(Path("."), packages=() if package in (__package__, "__main__") else (package,))
+
+    @classmethod
     def own_package(cls) -> str | None:
         """The project's top-level package; None for the library's own command line."""
-        package = cls.__module__.partition(".")[0]
-        return None if package in (__package__, "__main__") else package
+        packages = cls._project_settings().packages
+        return packages[0].partition(".")[0] if packages else None
 
     @classmethod
     def trusted(cls) -> tuple[str, ...]:
         """The modules whose classes a run's config.yaml or a checkpoint may name."""
-        own = cls.own_package()
-        return (*([own] if own else []), *cls.trusted_modules)
+        return (*cls._project_settings().packages, *cls.trusted_modules)
 
     @classmethod
     def monitored(cls) -> tuple[str, str] | None:
-        """``monitor``: a method, as GenericCLI's is read from the project's pyproject.toml."""
-        return cls.monitor
+        """The metric that chooses the best checkpoint, and how."""
+        return cls._project_settings().monitor or cls.monitor
 
     @classmethod
     def monitor_named_in(cls) -> str:
         """Where the monitored metric's name is given, as a message says it."""
+        project = cls._project_settings()
+        if project.monitor:
+            return f"{project.path}'s [tool.lightning-kit] monitor"
         return f"the monitor of {cls.__module__}.{cls.__qualname__}"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -320,25 +328,7 @@ class GenericCLI(KitCLI):
     command = "python -m lightning_kit"
 
     @classmethod
-    def own_package(cls) -> str | None:
-        packages = cls._project_settings().packages
-        return packages[0].partition(".")[0] if packages else None
-
-    @classmethod
-    def trusted(cls) -> tuple[str, ...]:
-        return (*cls._project_settings().packages, *cls.trusted_modules)
-
-    @classmethod
-    def monitored(cls) -> tuple[str, str] | None:
-        return cls._project_settings().monitor or cls.monitor
-
-    @classmethod
-    def monitor_named_in(cls) -> str:
-        project = cls._project_settings()
-        return f"{project.path}'s [tool.lightning-kit] monitor" if project.monitor else super().monitor_named_in()
-
-    @staticmethod
-    def _project_settings() -> ProjectFile:
+    def _project_settings(cls) -> ProjectFile:
         """The working folder's project's ``[tool.lightning-kit]`` (empty without one); a mistake in it is one line."""
         path = project_file()
         return read_project(path) if path is not None else ProjectFile(Path("."))

@@ -308,23 +308,24 @@ def _under(flag: str, key: str) -> bool:
 
 def _named_in(message: str, given: dict[str, Any]) -> dict[str, Any]:
     """The arguments of ``given`` (three at most) that ``message`` names: by name, or by a value that cannot be a
-    coincidence."""
+    coincidence (a negative number, a word)."""
     named = {}
     for flag, value in given.items():
-        name = flag.rpartition(".")[2]
-        if re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message) or _value_named(value, message):
+        if _mentions(message, flag.rpartition(".")[2]) or (_telling(value) and _mentions(message, str(value))):
             named[flag] = value
     return dict(list(named.items())[:3])
 
 
-def _value_named(value: Any, message: str) -> bool:
-    if isinstance(value, bool) or value is None:
+def _mentions(message: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", message) is not None
+
+
+def _telling(value: Any) -> bool:
+    if isinstance(value, bool):
         return False
-    negative = isinstance(value, int | float) and value < 0
-    word = isinstance(value, str) and len(value.strip()) >= 3 and not value.strip().replace(".", "").isdigit()
-    if not (negative or word):
-        return False
-    return re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w])", message) is not None
+    if isinstance(value, int | float):
+        return value < 0
+    return isinstance(value, str) and len(value.strip()) >= 3 and not value.strip().replace(".", "").isdigit()
 
 
 def _shown(arguments: dict[str, Any]) -> str:
