@@ -58,22 +58,17 @@ def checkpoint_run_settings(
             logger = (trained.get("trainer") or {}).get("logger")
         else:
             report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
-    if subcommand != "fit" and ckpt_path.parent.name == "checkpoints":
-        settings += _evaluation_outputs(subcommand, run_dir, logger)
-    return settings
-
-
-def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
-    """Flags that put an evaluation's logs (and predictions) in its checkpoint's run folder, beside the training's:
-    ``runs/lightning_logs/version_3/validate/version_0/metrics.csv``, not a new, mostly empty ``version_4``."""
+    if subcommand == "fit" or ckpt_path.parent.name != "checkpoints":
+        return settings
+    # An evaluation's logs beside the training's (runs/lightning_logs/version_3/validate/version_0/metrics.csv), not
+    # in a new, mostly empty version_4.
     class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
-    outputs = []
     if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger", "CSVAndTensorBoardLogger"):
-        outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
-        outputs += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
+        settings += ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
+        settings += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
     if subcommand == "predict":
-        outputs += ["--predictions.path", str(run_dir / "predictions.csv")]
-    return outputs
+        settings += ["--predictions.path", str(run_dir / "predictions.csv")]
+    return settings
 
 
 def split_run_configs(args: CommandLine) -> tuple[list[Path], CommandLine]:
