@@ -90,9 +90,8 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
     raise CheckpointError(f"--ckpt_path last: no checkpoint under {runs_root}/ holds a trained model to resume")
 
 
-# torch.save stores a checkpoint's records uncompressed, so reading one takes about its size on disk.
-# An archive whose records would inflate to more than this many times its size was not written by
-# torch.save: a few megabytes of compressed zeros can inflate to gigabytes and exhaust the memory.
+# torch.save stores records uncompressed: an archive that would inflate to more than this many times its size was not
+# written by it (a few megabytes of compressed zeros can inflate to gigabytes and exhaust the memory).
 INFLATION_LIMIT = 10
 
 

@@ -201,7 +201,7 @@ def _dotted_strings(value: Any) -> Iterator[tuple[tuple[str, ...], str]]:
 
 def _folder_values(settings: Any) -> list[Path]:
     """Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir)."""
-    tables = {id(value): value for _, value in _walk(settings) if isinstance(value, dict)}.values()
+    tables = {id(value): value for _, value in _walk(settings) if isinstance(value, dict)}.values()  # each once
     named = (table.get(key) for table in tables for key in _FOLDER_KEYS)
     return [Path(value) for value in named if isinstance(value, str) and value]
 
