@@ -1,19 +1,17 @@
 """What arguments accept: the bounds of one value as jsonargparse types, and the Trainer's table.
 
-A class of the library or of a project says what each of its arguments accepts in its signature, with
-jsonargparse's types (``jsonargparse.typing``'s ``PositiveInt``, ``OpenUnitInterval``, ``restricted_number_type``,
-or the bounded types here: ``BatchSize``, ``Seed``, ``Workers``...): the command line refuses a value out of its
-bounds in one line naming the flag, before the class is built. What relates two arguments (a fold below the number
-of folds, heads that divide the width, a size that fits in memory) stays code in the class's constructor.
-
-Lightning's Trainer cannot carry bounds of its own, so its arguments, and LightningCLI's seed, keep a table here
-(``TRAINER``, ``RUN``): ``Arguments.check`` holds the values given against it, one line naming the flag.
+A class says what each argument accepts in its signature, with jsonargparse's types (``PositiveInt``...) or the
+bounded types here (``BatchSize``, ``Seed``, ``Workers``...): the command line refuses a value out of bounds in one
+line naming the flag, before the class is built. What relates two arguments (heads that divide the width, a size
+that fits in memory) stays code in the constructor. Lightning's Trainer cannot carry bounds, so its arguments and
+LightningCLI's seed keep a table here (``TRAINER``, ``RUN``).
 """
 
 import math
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -32,9 +30,8 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-# The bounds of single values that the library's classes and the projects' take, as types jsonargparse checks where
-# the value is parsed. A value it parsed is an instance of the type (an int or float still): KitArgumentParser gives
-# the classes plain numbers, which a checkpoint's weights_only load reads back.
+# A value jsonargparse parsed is an instance of its type (an int or float still): KitArgumentParser gives the
+# classes plain numbers, which a checkpoint's weights_only load reads back.
 Seed = restricted_number_type("Seed", int, [(">=", 0), ("<=", SEED_MAX)])
 # Past the data's size a batch is all of it; the bound keeps the count within what loaders index with.
 BatchSize = restricted_number_type("BatchSize", int, [(">=", 1), ("<=", 2**31 - 1)])
@@ -77,9 +74,8 @@ def check_memory(
     needed: int, what: str, flags: Sequence[str], values: Sequence[Any], error: type[Exception] = ConfigError
 ) -> None:
     """Refuse arguments asking for more memory than is available, with the estimate, before anything is allocated.
-
-    A plain ``nn.Module`` names its arguments rather than flags and raises a ``ValueError`` (``error``): the command
-    line that built it names the flags given (``parser.constructor_failure``)."""
+    A plain ``nn.Module`` raises a ``ValueError`` (``error``) naming its arguments, which the command line names as
+    flags (``parser.constructor_failure``)."""
     available = available_memory()
     if available is None or needed <= available:
         return
@@ -90,27 +86,21 @@ def check_memory(
     )
 
 
+@dataclass(frozen=True)
 class Arguments:
-    """A table of the values each argument accepts (a test, and its words in the message: ``a positive integer``),
-    and a check of the rules over several; an argument not in ``values`` is not checked.
+    """A table of what each argument accepts (a test, and its words: ``a positive integer``), and ``rules`` over
+    several; ``flags``: arguments written otherwise than ``prefix + name`` (``{"devices": "--devices"}``)."""
 
-    ``flags``: arguments written otherwise than ``prefix + name`` (``{"devices": "--devices"}``).
-    """
-
-    def __init__(
-        self,
-        prefix: str,
-        table: Mapping[str, tuple[Callable[[Any], bool], str]],
-        rules: Callable[[Mapping[str, Any], Callable[[str], str]], str | None] = lambda values, flag: None,
-        flags: Mapping[str, str] | None = None,
-    ) -> None:
-        self.prefix, self.table, self.rules, self.flags = prefix, dict(table), rules, dict(flags or {})
+    prefix: str
+    table: Mapping[str, tuple[Callable[[Any], bool], str]]
+    rules: Callable[[Mapping[str, Any], Callable[[str], str]], str | None] = lambda values, flag: None
+    flags: Mapping[str, str] = field(default_factory=dict)
 
     def flag(self, name: str) -> str:
         return self.flags.get(name, f"{self.prefix}{name}")
 
     def check(self, values: Mapping[str, Any]) -> None:
-        """Raise a ``ConfigError`` naming the first argument in ``values`` that is not accepted, or rule not met."""
+        """Raise a ``ConfigError`` naming the first argument in ``values`` not accepted, or rule not met."""
         for name, (test, description) in self.table.items():
             if name not in values:
                 continue
@@ -123,9 +113,8 @@ class Arguments:
             raise ConfigError(broken)
 
 
-# Lightning's Trainer: the arguments it divides by, counts with or treats specially. Lightning
-# checks some of these itself, others only deep inside a run (a division by zero), and names
-# none as the flag a person typed.
+# Lightning's Trainer: the arguments it divides by, counts with or treats specially. Lightning checks some itself,
+# others only deep inside a run (a division by zero), and names none as the flag a person typed.
 
 
 def _at_least(least: int) -> Callable[[Any], bool]:
@@ -142,8 +131,7 @@ def _positive_or_all(value) -> bool:
 
 
 def _batches(value) -> bool:
-    """A whole number of batches (Lightning takes a float with an integer value, 3.0, as that many), or a share of
-    them in [0, 1]."""
+    """A whole number of batches (3.0 is 3, as Lightning takes it), or a share of them in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
     whole = is_integer(value) or (isinstance(value, float) and value.is_integer())

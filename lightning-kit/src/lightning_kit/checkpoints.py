@@ -30,11 +30,8 @@ class CheckpointError(UserError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint through ``written_whole``: a run killed while saving leaves the previous checkpoint whole.
-
-    (Lightning's own writer goes through a temporary file in ``$TMPDIR``, which is copied, not renamed, when it is on
-    another file system.)
-    """
+    """Each checkpoint written beside its name and renamed (``written_whole``): a run killed while saving leaves the
+    previous one whole. (Lightning's goes through ``$TMPDIR``, copied, not renamed, from another file system.)"""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         with written_whole(Path(path)) as temporary, temporary.open("xb") as file:
@@ -48,8 +45,7 @@ def class_path(cls: type) -> str:
 
 
 class RunClasses(L.Callback):
-    """Name, in every checkpoint, the classes of the model and the data module that saved it: what a run's
-    ``config.yaml`` says is held against it before the weights are used (``check_architecture``)."""
+    """Name in every checkpoint the classes of the model and the data module that saved it (``check_architecture``)."""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         data = trainer.datamodule
@@ -60,8 +56,8 @@ class RunClasses(L.Callback):
 
 
 def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
-    """The newest run's ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root``, of a run that trained; those that
-    cannot be read (a FIFO or device is never opened) or hold no training step are passed over, told to ``report``."""
+    """The newest run's ``last.ckpt`` or ``on_exception.ckpt`` under ``runs_root`` that holds a training step; those
+    passed over are told to ``report``."""
     candidates = {}
     for path in (path for name in RESUMABLE for path in Path(runs_root).glob(f"*/checkpoints/{name}")):
         try:
@@ -70,9 +66,14 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
             report(f"passing over {path}: it cannot be read (a broken link?)")
     if not candidates:
         raise CheckpointError(f"--ckpt_path last: no run under {runs_root}/ has a last.ckpt or on_exception.ckpt")
+
     # The newest run by Lightning's numbering of its folders (version_3 after version_2), then by file time: a clock
     # set back (a laptop's, a cluster node's) must not make an older run's checkpoint the newest.
-    for path in sorted(candidates, key=lambda path: (_run_number(path), candidates[path]), reverse=True):
+    def run_number(path: Path) -> int:
+        found = _VERSION.fullmatch(path.parent.parent.name)
+        return int(found[1]) if found else -1
+
+    for path in sorted(candidates, key=lambda path: (run_number(path), candidates[path]), reverse=True):
         try:
             check_file(path)
             # Memory-mapped: only the few values read here are loaded, not the weights.
@@ -89,20 +90,14 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
     raise CheckpointError(f"--ckpt_path last: no checkpoint under {runs_root}/ holds a trained model to resume")
 
 
-def _run_number(checkpoint: Path) -> int:
-    found = _VERSION.fullmatch(checkpoint.parent.parent.name)
-    return int(found[1]) if found else -1
-
-
-# torch.save stores a checkpoint's records uncompressed, so reading one takes about its size on disk.
-# An archive whose records would inflate to more than this many times its size was not written by
-# torch.save: a few megabytes of compressed zeros can inflate to gigabytes and exhaust the memory.
+# torch.save stores records uncompressed: an archive that would inflate to more than this many times its size was not
+# written by it (a few megabytes of compressed zeros can inflate to gigabytes and exhaust the memory).
 INFLATION_LIMIT = 10
 
 
 def check_file(path: str | Path) -> None:
-    """Raise ``CheckpointError`` unless ``path`` is a regular, non-empty file that reading cannot blow up: decided from
-    its metadata and its zip archive's directory alone (no FIFO or device is opened, no record inflated)."""
+    """Raise ``CheckpointError`` unless ``path`` is a regular, non-empty file that reading cannot blow up, from its
+    metadata and its zip directory alone: no FIFO or device is opened, no record inflated."""
     path = Path(path)
     try:
         info = path.stat()
@@ -138,8 +133,7 @@ _PYTORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Che
 
 
 def load_refusal(err: BaseException) -> str:
-    """What is wrong with the file, from ``torch.load``'s exception: the line of PyTorch's refusal that names what the
-    file holds ("Unsupported operand 132", "unsupported GLOBAL posix.system"), never its advice to load it unsafely."""
+    """The line of ``torch.load``'s refusal that names what the file holds ("unsupported GLOBAL posix.system")."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     said = [line for line in lines if not line.startswith(_PYTORCH_BOILERPLATE)]
     if said:
@@ -151,8 +145,7 @@ def load_refusal(err: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Trained:
-    """What a checkpoint says about the model it holds: its weights' shapes by name, its class names, and the class
-    of the model that saved it, where it says (``RunClasses``)."""
+    """A checkpoint's weights' shapes by name, its class names, and its model's class where it says (``RunClasses``)."""
 
     shapes: dict[str, torch.Size]
     class_names: list[str] | None
@@ -160,9 +153,8 @@ class Trained:
 
 
 def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
-    """What the Lightning checkpoint ``path`` holds, read with ``weights_only=True`` (a tampered checkpoint cannot run
-    code) after ``check_file``; the classes its hyperparameters name are held to ``trust.check_trusted`` for the
-    command line ``args`` before anything is imported."""
+    """What the Lightning checkpoint ``path`` holds, read as data (``weights_only``: a tampered one cannot run code),
+    the classes its hyperparameters name held to ``check_trusted`` before anything is imported."""
     path = Path(path)
     check_file(path)
     try:
@@ -183,12 +175,8 @@ def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
 
 
 def check_architecture(path: str | Path, trained: Trained, model: L.LightningModule) -> None:
-    """Raise ``CheckpointError`` unless the weights and classes ``trained`` read from ``path`` fit ``model``.
-
-    A model of another class than the one that saved the weights (a run's config.yaml edited since) would load
-    weights of the same shapes and silently evaluate another model; classes in another order, or renamed, would
-    fit the weights and silently name every prediction wrongly: the data's class names must be the checkpoint's.
-    """
+    """Raise ``CheckpointError`` unless ``trained`` (read from ``path``) fits ``model``: its class, its weights' shapes,
+    and its class names, which in another order would fit the weights and name every prediction wrongly."""
     if trained.model_class is not None and trained.model_class != class_path(type(model)):
         raise CheckpointError(
             f"{path} holds the weights of a {trained.model_class}, but the model built is a {class_path(type(model))} "

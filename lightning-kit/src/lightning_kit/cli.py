@@ -9,9 +9,8 @@ A project subclasses ``KitCLI`` with its classes and defaults, and runs it with 
 
     main(ProjectCLI)  # train.py
 
-``GenericCLI`` takes any ``LightningModule`` and ``LightningDataModule`` by class path
-(``--model their.Module --data their.DataModule``): the library's own commands use it, for a
-project that has no ``KitCLI`` of its own.
+``GenericCLI`` takes any ``LightningModule`` and ``LightningDataModule`` by class path (``--model their.Module
+--data their.DataModule``), for a project without a ``KitCLI`` of its own.
 """
 
 import sys
@@ -37,7 +36,7 @@ from .callbacks import (
     StopOnDivergence,
     skip_empty_batch_hooks,
 )
-from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, read_checkpoint
+from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, class_path, read_checkpoint
 from .command_line import CommandLine
 from .config_files import bound_yaml_loading, check_files_given
 from .errors import DataUnavailableError, command, invoked_as
@@ -64,7 +63,6 @@ from .parser import (
     KitArgumentParser,
     check_given_against_data,
     check_no_nul,
-    check_parsed_text,
     check_run_arguments,
     constructor_failure,
     empty_split,
@@ -88,8 +86,8 @@ Shortcuts: --accelerator, --devices, --strategy, --num_nodes, --precision and
 class KitCLI(LightningCLI):
     """LightningCLI with a project's defaults, checked checkpoints and clear answers to common mistakes.
 
-    A project sets the class attributes below in a subclass (see the module's docstring); every
-    other method is LightningCLI's hook, overridden here, and may be extended as Lightning's are.
+    A project sets the class attributes below in a subclass; the methods are LightningCLI's hooks, which it may
+    extend as Lightning's.
     """
 
     #: The LightningModule; with ``subclass_mode_model``, the base of the classes ``--model`` may name.
@@ -97,8 +95,7 @@ class KitCLI(LightningCLI):
     subclass_mode_model: bool = False
     #: The classes used when the command line names none: ``{"model.net": Net, "data": DataModule}``.
     default_classes: ClassVar[dict[str, type]] = {}
-    #: What the model takes from the data: argument -> the data module's attribute. Each link applies
-    #: when the data module has the attribute and the class takes the argument.
+    #: What the model takes from the data: argument -> the data module's attribute, where it has one.
     data_links: ClassVar[dict[str, str]] = {}
     #: Modules beyond the project's package whose classes a run's config.yaml or a checkpoint may name.
     trusted_modules: tuple[str, ...] = ()
@@ -118,35 +115,41 @@ class KitCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     @classmethod
-    def own_package(cls) -> str | None:
-        """The package of the project this command line is (its top-level package); None for the library's own."""
+    def _project_settings(cls) -> ProjectFile:
+        """What the project says of itself (``packages``, ``monitor``); here, its package is the command line's."""
         package = cls.__module__.partition(".")[0]
-        return None if package in (__package__, "__main__") else package
+        return ProjectFile(Path("."), packages=() if package in (__package__, "__main__") else (package,))
+
+    @classmethod
+    def own_package(cls) -> str | None:
+        """The project's top-level package; None for the library's own command line."""
+        packages = cls._project_settings().packages
+        return packages[0].partition(".")[0] if packages else None
 
     @classmethod
     def trusted(cls) -> tuple[str, ...]:
-        """The modules whose classes a run's config.yaml or a checkpoint may name: the project's and those it trusts."""
-        own = cls.own_package()
-        return (*([own] if own else []), *cls.trusted_modules)
+        """The modules whose classes a run's config.yaml or a checkpoint may name."""
+        return (*cls._project_settings().packages, *cls.trusted_modules)
 
     @classmethod
     def monitored(cls) -> tuple[str, str] | None:
-        """The metric that chooses the best checkpoint, and how (``monitor``)."""
-        return cls.monitor
+        """The metric that chooses the best checkpoint, and how."""
+        return cls._project_settings().monitor or cls.monitor
 
     @classmethod
     def monitor_named_in(cls) -> str:
         """Where the monitored metric's name is given, as a message says it."""
+        project = cls._project_settings()
+        if project.monitor:
+            return f"{project.path}'s [tool.lightning-kit] monitor"
         return f"the monitor of {cls.__module__}.{cls.__qualname__}"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({key: {"class_path": _class_path(cls)} for key, cls in self.default_classes.items()})
+        parser.set_defaults({key: {"class_path": class_path(cls)} for key, cls in self.default_classes.items()})
         parser.class_defaults = tuple(self.default_classes)
         # `predict` writes its probabilities here: --predictions.path out.csv
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
-        # The data decides the class count, its names and the input size, so the network and
-        # the Classifier cannot disagree with it. Each link applies when the data module has
-        # the attribute and the network takes the argument: a network without one is left as is.
+        # The data decides the class count, its names and the input size, so the model cannot disagree with it.
         for target, source in self.data_links.items():
             parser.link_arguments(f"data.{source}", target, apply_on="instantiate")
 
@@ -165,12 +168,13 @@ class KitCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Read once, and checked before any parsing: jsonargparse imports the classes it is given.
         args = CommandLine.of(args)
-        check_no_nul(args)
+        check_no_nul(args.named())
         check_command_line(args)
         check_files_given(args)  # too large, not text, or expanding without end: refused before being read
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
         run_configs, args = split_run_configs(args)
-        if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and _no_model(args):
+        no_model = not args.gives("--model", "--config", "-c")  # a --config may name one
+        if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and no_model:
             # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).
             run_configs = run_config_of_checkpoint(args)
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
@@ -178,7 +182,7 @@ class KitCLI(LightningCLI):
         super().parse_arguments(parser, [*subcommand_given, *config_flags(run_configs), *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        check_parsed_text(config)
+        check_no_nul((f"--{key}", value) for key, value in config.items())  # a --config file's (YAML's "\0")
         ckpt_path = choose_checkpoint(subcommand, config, args)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
@@ -193,9 +197,8 @@ class KitCLI(LightningCLI):
         check_run_arguments(config)  # before LightningCLI seeds with them
 
     def _parse_ckpt_path(self) -> None:
-        """Private (upstream.lightning.OVERRIDES), and not LightningCLI's: there the checkpoint's hyperparameters
-        override the flags given (a new --model.lr on resume was silently dropped). The checkpoint's run folder's
-        config.yaml gives the settings instead, under the flags given (``parse_arguments``)."""
+        """Private (upstream.lightning.OVERRIDES): LightningCLI's lets the checkpoint's hyperparameters override the
+        flags given (a new --model.lr on resume dropped); here its run's config.yaml is under them."""
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -240,8 +243,8 @@ class KitCLI(LightningCLI):
             # Checkpoints written beside their final name and renamed: never left truncated.
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         if trainer_config.get("accelerator") == SIMULATED:
-            # Lightning would pick a CPU strategy for an accelerator it does not know. The
-            # tracker names the hook in which a GPU would fail.
+            # Lightning would pick a CPU strategy for an accelerator it does not know. The tracker names the hook in
+            # which a GPU would fail.
             kwargs.update(accelerator="auto", strategy=SimulatedGPUStrategy())
             mixed = mixed_precision(trainer_config.get("precision"))
             if mixed is not None:  # autocast on the simulated GPU, by CUDA's rules
@@ -261,9 +264,8 @@ class KitCLI(LightningCLI):
             check_architecture(self.config_init[self.subcommand].ckpt_path, self._trained, self.model)
 
     def _run_subcommand(self, subcommand: str) -> None:
-        # Private (upstream.lightning.OVERRIDES): LightningCLI's run of before_<subcommand>, the Trainer's method and
-        # after_<subcommand>, which the documented hooks cannot wrap as a whole.
-        # A run refused once Lightning has made its log folder (a missing split, say) leaves no empty folder behind.
+        # Private (upstream.lightning.OVERRIDES): the run of before_<subcommand>, the Trainer's method and
+        # after_<subcommand> as a whole. A run refused once Lightning made its log folder leaves no empty folder.
         with (
             no_empty_folders_left(self.trainer.logger if self.trainer.is_global_zero else None),
             warnings.catch_warnings(),
@@ -273,20 +275,15 @@ class KitCLI(LightningCLI):
                 warnings.filterwarnings("ignore", message="The dirpath has changed from")
             try:
                 super()._run_subcommand(subcommand)
-            except OSError as err:
-                lost = lost_run_folder(err, self.trainer)
-                if lost is None:
+            except (OSError, *REFUSALS) as err:
+                if isinstance(err, OSError):
+                    failure = lost_run_folder(err, self.trainer)
+                else:  # a value given to the model or the data that a DataLoader, an optimizer or the class refused
+                    failure = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
+                    failure = failure or empty_split(err, subcommand)
+                if failure is None:
                     raise
-                raise lost from err
-            except REFUSALS as err:
-                # A value given to the model or the data that a DataLoader, an optimizer or the class itself refused.
-                refusal = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
-                if refusal is None:
-                    empty = empty_split(err, subcommand)
-                    if empty is None:
-                        raise
-                    raise empty from err
-                raise refusal from err
+                raise failure from err
 
     def after_fit(self) -> None:
         log_dir = self.trainer.log_dir  # every process must ask: the answer is broadcast from rank 0
@@ -297,13 +294,13 @@ class KitCLI(LightningCLI):
                 f"fit trained on no batch: {type(data).__name__}.train_dataloader() yielded none "
                 "(an empty training split?): nothing was trained"
             )
-        best = next((callback for callback in self.trainer.callbacks if isinstance(callback, BestEpoch)), None)
         # The best checkpoint's numbers, not the last epoch's, when there is a best.
-        metrics = best.metrics if best is not None and best.epoch is not None else self.trainer.callback_metrics
+        best = next((c for c in self.trainer.callbacks if isinstance(c, BestEpoch) and c.epoch is not None), None)
+        metrics = best.metrics if best is not None else self.trainer.callback_metrics
         # Without metrics of its own to name (GenericCLI), every validation metric of the module.
         names = self.summary_metrics or sorted(name for name in metrics if name.startswith("val"))
         summary = " ".join(f"{name}={float(metrics[name]):.4f}" for name in names if name in metrics)
-        if best is not None and best.epoch is not None:
+        if best is not None:
             summary = f"best epoch {best.epoch}: {summary}"
         if self.trainer.world_size > 1:
             # Every process reports: the values are synced, so they must agree.
@@ -317,24 +314,12 @@ class KitCLI(LightningCLI):
             report(f"run folder: {log_dir}")
 
 
-def _no_model(args: CommandLine) -> bool:
-    """Whether ``args`` name no model: neither ``--model`` nor a ``--config`` (which may name one)."""
-    return not args.gives("--model", "--config", "-c")
-
-
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 class GenericCLI(KitCLI):
     """The command line of any Lightning project: ``--model their.Module --data their.DataModule``.
 
-    What the library's own commands (``python -m lightning_kit.placement``, ...) build from a command
-    line. What a project's ``KitCLI`` says in Python, a project without one says in the
-    ``[tool.lightning-kit]`` table of its ``pyproject.toml`` (``project.py``), found from the folder
-    the command runs in: its own ``packages``, whose classes its runs' config.yaml and checkpoints may
-    name, and the metric to ``monitor`` (and its ``mode``) that chooses the best checkpoint. Without
-    one, no best checkpoint is chosen by a metric, since the module's metrics are its own.
+    What a project's ``KitCLI`` says in Python, a project without one says in the ``[tool.lightning-kit]`` table of
+    the working folder's ``pyproject.toml``: its ``packages`` (trusted) and the metric to ``monitor``, without which
+    no best checkpoint is chosen, as the module's metrics are its own.
     """
 
     subclass_mode_model = True
@@ -343,25 +328,7 @@ class GenericCLI(KitCLI):
     command = "python -m lightning_kit"
 
     @classmethod
-    def own_package(cls) -> str | None:
-        packages = cls._project_settings().packages
-        return packages[0].partition(".")[0] if packages else None
-
-    @classmethod
-    def trusted(cls) -> tuple[str, ...]:
-        return (*cls._project_settings().packages, *cls.trusted_modules)
-
-    @classmethod
-    def monitored(cls) -> tuple[str, str] | None:
-        return cls._project_settings().monitor or cls.monitor
-
-    @classmethod
-    def monitor_named_in(cls) -> str:
-        project = cls._project_settings()
-        return f"{project.path}'s [tool.lightning-kit] monitor" if project.monitor else super().monitor_named_in()
-
-    @staticmethod
-    def _project_settings() -> ProjectFile:
+    def _project_settings(cls) -> ProjectFile:
         """The working folder's project's ``[tool.lightning-kit]`` (empty without one); a mistake in it is one line."""
         path = project_file()
         return read_project(path) if path is not None else ProjectFile(Path("."))
@@ -379,9 +346,7 @@ def expand_shortcuts(args: list[str]) -> list[str]:
 @command
 def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) -> None:
     """Run ``cli_class``'s command line on ``args`` (default: ``sys.argv[1:]``); without a subcommand, ``fit``.
-
-    What a project's ``train.py`` calls. A mistake ends in one line and exit status 1 or 2.
-    """
+    A mistake ends in one line and exit status 1 or 2."""
     args = sys.argv[1:] if args is None else list(args)
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
         args = ["fit", *args]
@@ -402,22 +367,16 @@ def make(
     every run, and ``callbacks`` beside them); ``run``: the subcommand is run, else its classes are only built."""
     silence_the_unactionable()
     bound_yaml_loading()
-    own = cli_class.own_package()
+    own, named_in = cli_class.own_package(), cli_class.monitor_named_in()
     formatter = type(
         "_ProjectHelpFormatter", (HelpFormatter,), {"own_choices": {"data": f"{own}.", "model.net": f"{own}."}}
     )
     best = []
-    if cli_class.monitored() is not None:
-        # The best epoch by the monitored metric (validation accuracy), every epoch.
-        monitor, mode = cli_class.monitored()
-        best = [
-            BestCheckpoint(
-                monitor=monitor,
-                mode=mode,
-                filename="best-{epoch}-{step}",
-                monitor_named_in=cli_class.monitor_named_in(),
-            )
-        ]
+    if (monitored := cli_class.monitored()) is not None:  # the best epoch by the monitored metric, every epoch
+        monitor, mode = monitored
+        best.append(
+            BestCheckpoint(monitor=monitor, mode=mode, filename="best-{epoch}-{step}", monitor_named_in=named_in)
+        )
     return cli_class(
         cli_class.model_class,
         None,  # any LightningDataModule, or none where the model has dataloaders of its own (LightningCLI's way)

@@ -1,11 +1,10 @@
 """Configuration files read as data with bounds: a file too large, not text, or expanding without end is refused.
 
 Nine YAML aliases of nine aliases, a few lines deep, stand for billions of values ("billion laughs"), which the
-command line would copy and print without end: every YAML text jsonargparse loads goes through ``load_yaml``, which
-counts the values a document stands for before anything expands it.
+command line would copy and print without end: every YAML text jsonargparse loads is counted before it expands.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,30 +45,23 @@ def read_config_file(path: Path) -> str:
 
 
 def check_files_given(args: Iterable[str]) -> None:
-    """Check each configuration file the command line gives before jsonargparse reads it: the value of ``--config``,
-    of a flag that takes a whole group or class (``--data``: no dot), and any ``.yaml``, ``.yml`` or ``.json``."""
+    """Read, bounded, each configuration file the command line gives, before jsonargparse does: the value of
+    ``--config``, of a flag that takes a whole group or class (``--data``: no dot), and any ``.yaml``/``.json``."""
     for flag, value in CommandLine.of(args).pairs:
-        if flag == "--ckpt_path":
+        whole = flag in CONFIG_FLAGS or (flag.startswith("--") and "." not in flag)
+        if flag == "--ckpt_path" or "\n" in value or not (whole or value.endswith(CONFIG_SUFFIXES)):
             continue
-        config_flag = flag in CONFIG_FLAGS or (flag.startswith("--") and "." not in flag)
-        if (config_flag or value.endswith(CONFIG_SUFFIXES)) and "\n" not in value and _is_file(value):
+        try:  # a FIFO or device counts, refused by read_config_file
+            is_file = Path(value).exists() and not Path(value).is_dir()
+        except (OSError, ValueError):  # a name too long or with a NUL: YAML text
+            is_file = False
+        if is_file:
             read_config_file(Path(value))
 
 
-def _is_file(value: str) -> bool:
-    """Whether ``value`` names something other than a folder: a file, or a FIFO or device read_config_file refuses."""
-    try:
-        return Path(value).exists() and not Path(value).is_dir()
-    except (OSError, ValueError):  # a name too long or with a NUL: YAML text
-        return False
-
-
 def check_yaml(text: str, source: str) -> None:
-    """Refuse YAML ``text`` (from ``source``) that is too large, nests too deep, or whose aliases expand too far.
-
-    The document is composed (aliases kept as references), never constructed: counting the values each node stands
-    for, each node once, takes time in the size of the text.
-    """
+    """Refuse YAML ``text`` that is too large, nests too deep, or whose aliases expand too far: composed (aliases
+    kept as references), never constructed, so counting takes time in the size of the text."""
     if len(text) > MAX_BYTES:
         raise ConfigError(f"{source} is over {MAX_BYTES >> 20} MiB, more than a configuration holds")
     try:
@@ -100,16 +92,14 @@ def _expanded(node: yaml.Node, counted: dict[int, int], depth: int, source: str)
     return total
 
 
-def _bounded(load: Callable) -> Callable:
+def bound_yaml_loading() -> None:
+    """Make jsonargparse check every YAML text before loading it with its own loader; once, however often called."""
+    load = get_loader("yaml")
+    if getattr(load, "__name__", "") == "load_yaml":
+        return
+
     def load_yaml(text: str, path: str = "") -> Any:
         check_yaml(text, path or "a YAML value")
         return load(text)
 
-    return load_yaml
-
-
-def bound_yaml_loading() -> None:
-    """Make jsonargparse check every YAML text before loading it, with its own loader."""
-    load = get_loader("yaml")
-    if getattr(load, "__name__", "") != "load_yaml":  # once, however often called
-        set_loader("yaml", _bounded(load), exceptions=(yaml.YAMLError,))
+    set_loader("yaml", load_yaml, exceptions=(yaml.YAMLError,))

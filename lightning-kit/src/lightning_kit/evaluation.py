@@ -44,13 +44,9 @@ def choose_checkpoint(subcommand: str, config, args: CommandLine) -> str | None:
 def checkpoint_run_settings(
     subcommand: str, ckpt_path: Path, logger, args: CommandLine, run_configs: list[Path]
 ) -> list[str]:
-    """Flags that give a run from a checkpoint the settings of the run that saved it.
-
-    Without ``--config``, the run's own ``config.yaml`` decides the model and the data (the
-    data source, normalisation and class count the weights were trained with); a run's
-    config.yaml given with --config (``run_configs``) takes its place. An evaluation also
-    writes its logs and predictions into that run's folder.
-    """
+    """Flags that give a run from a checkpoint the settings of the run that saved it: its ``config.yaml`` (or a run's
+    given with --config, ``run_configs``) decides the model and the data the weights were trained with, where no
+    --config is given. An evaluation also writes its logs and predictions into that run's folder."""
     run_dir, settings = ckpt_path.parent.parent, config_flags(run_configs)
     if not run_configs and not args.gives("-c", "--config"):
         if (run_dir / "config.yaml").is_file():
@@ -62,43 +58,32 @@ def checkpoint_run_settings(
             logger = (trained.get("trainer") or {}).get("logger")
         else:
             report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
-    if subcommand != "fit" and ckpt_path.parent.name == "checkpoints":
-        settings += _evaluation_outputs(subcommand, run_dir, logger)
-    return settings
-
-
-def _evaluation_outputs(subcommand: str, run_dir: Path, logger) -> list[str]:
-    """Flags that put an evaluation's logs (and predictions) in its checkpoint's run folder, beside the training's.
-
-    ``runs/lightning_logs/version_3/validate/version_0/metrics.csv``, not a new, mostly empty
-    ``version_4``; flags given on the command line still win.
-    """
+    if subcommand == "fit" or ckpt_path.parent.name != "checkpoints":
+        return settings
+    # An evaluation's logs beside the training's (runs/lightning_logs/version_3/validate/version_0/metrics.csv), not
+    # in a new, mostly empty version_4.
     class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
-    outputs = []
     if str(class_path).rpartition(".")[2] in ("CSVLogger", "TensorBoardLogger", "CSVAndTensorBoardLogger"):
-        outputs = ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
-        outputs += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
+        settings += ["--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.logger.init_args.name", subcommand]
+        settings += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
     if subcommand == "predict":
-        outputs += ["--predictions.path", str(run_dir / "predictions.csv")]
-    return outputs
+        settings += ["--predictions.path", str(run_dir / "predictions.csv")]
+    return settings
 
 
 def split_run_configs(args: CommandLine) -> tuple[list[Path], CommandLine]:
     """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
-    found, rest = args.split(
-        lambda flag, value: flag in ("-c", "--config") and value is not None and _is_run_config(value)
-    )
+
+    def run_config(flag: str, value: str | None) -> bool:
+        return flag in ("-c", "--config") and value is not None and is_config_file(value) and in_run_folder(Path(value))
+
+    found, rest = args.split(run_config)
     return [Path(value) for value in found], rest
 
 
-def _is_run_config(value: str) -> bool:
-    return is_config_file(value) and in_run_folder(Path(value))
-
-
 def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
-    """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), read as data
-    and checked like any run's: for a command line with no model of its own to parse the run's settings with
-    (``GenericCLI``), which builds the run's model and data from it. None given, or none there: empty."""
+    """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), checked like
+    any run's, for a command line with no model of its own (``GenericCLI``); empty where there is none."""
     given = _given_ckpt_path(args)
     if given is None:
         return []
@@ -114,12 +99,11 @@ def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
 
 
 def config_flags(paths: list[Path]) -> list[str]:
-    """``--config <path>`` for each of ``paths``."""
     return [flag for path in paths for flag in ("--config", str(path))]
 
 
 def _given_ckpt_path(args: CommandLine) -> str | None:
-    """The last ``--ckpt_path`` given on the command line, if any (``null`` for none)."""
+    """The last ``--ckpt_path`` given, None for none (or ``null``)."""
     given = args.last("--ckpt_path")
     return None if given is None or given.strip().lower() in ("null", "none", "~") else given
 
@@ -137,12 +121,9 @@ def _check_evaluated_weights(subcommand: str, config) -> None:
 
 
 def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
-    """An evaluation runs on the whole split unless told otherwise, and says so when it is told.
-
-    A limit on the batches counts when given on the command line, directly or in a --config
-    file of the person's; one only in a run's saved config.yaml (a training's two validation
-    batches) is not applied.
-    """
+    """An evaluation runs on the whole split unless told otherwise, and says so when it is told: a limit counts
+    given on the command line or in a --config file of the person's, never only in a run's saved config.yaml (a
+    training's two validation batches)."""
     split, limit = EVALUATIONS[subcommand]
     whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
     given = [key for key in whole if _limit_given(key, args)]
@@ -155,7 +136,7 @@ def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
 
 
 def _limits(value) -> bool:
-    """Whether a Trainer limit of ``value`` leaves batches out (the fraction ``1.0`` is all; ``1`` is one batch)."""
+    """Whether a Trainer limit of ``value`` leaves batches out (``1.0`` is all; ``1`` is one batch)."""
     return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
 
 
@@ -186,10 +167,10 @@ def _warn_about_changes(trained: dict, args: CommandLine) -> None:
 
 
 def check_new_log_dir(trainer) -> None:
-    """The folder of a run's logs can be made, and a run never writes into an earlier run's folder: Lightning's
-    CSV logger would delete its metrics. ``trainer``: the Trainer's parsed arguments."""
+    """The folder of a run's logs can be made, and is not an earlier run's: Lightning's CSV logger would delete its
+    metrics."""
     root, logger = trainer.get("default_root_dir"), trainer.get("logger")
-    if root is not None:  # used: parser.check_root_dir_used refuses it where the logger has a folder of its own
+    if root is not None:  # used: parser.check_run_arguments refuses it where the logger has a folder of its own
         check_folder_path(root, "the run's folder", "--trainer.default_root_dir")
     init_args = getattr(logger, "init_args", None) or {}
     for name in ("name", "version", "sub_dir"):
@@ -213,8 +194,7 @@ def check_new_log_dir(trainer) -> None:
 
 
 def lost_run_folder(err: OSError, trainer) -> UserError | None:
-    """A run's failure to write into its own folder, removed or replaced (a link to nowhere) while it ran, as one line;
-    None for an error of any other file."""
+    """One line for a run's failure to write into its own folder, removed or replaced while it ran; else None."""
     folder, name = trainer.log_dir, getattr(err, "filename", None)
     if folder is None or not isinstance(name, str | bytes | os.PathLike):
         return None
@@ -228,7 +208,7 @@ def lost_run_folder(err: OSError, trainer) -> UserError | None:
 
 
 def _runs_root(logger) -> Path:
-    """The folder holding the runs of the configured CSV or TensorBoard logger (``runs/lightning_logs``)."""
+    """The folder of the configured CSV or TensorBoard logger's runs (``runs/lightning_logs``)."""
     init_args = getattr(logger, "init_args", None) or {}
     return Path(init_args.get("save_dir") or "runs") / (init_args.get("name") or "lightning_logs")
 
@@ -237,42 +217,28 @@ def _runs_root(logger) -> Path:
 def no_empty_folders_left(logger) -> Iterator[None]:
     """Run the body; if it fails (a refusal, say), remove the folders of ``logger`` that it made and left empty.
 
-    Lightning makes a CSV or TensorBoard logger's run folder (``runs/lightning_logs/version_3/test/version_0``)
-    before the data is set up, so a run refused then (a missing split, a missing prediction folder) would
-    leave it behind, empty. Removed: that folder, when it was not there before, and the folders above it
-    that were not either, each only if it holds nothing (``rmdir``): never a file, nor a folder that was
-    there before, nor the folder of another run writing beside this one (another worker of a sweep).
+    Lightning makes a logger's run folder (``runs/lightning_logs/version_3/test/version_0``) before the data is set
+    up, so a run refused then would leave it behind, empty. Removed, each only if it holds nothing (``rmdir``): that
+    folder and those above it that were not there before; never a file, nor another run's (a sweep's worker's).
     """
     root = getattr(logger, "root_dir", None)
     root = Path(root) if isinstance(root, str | os.PathLike) else None
-    before = _entries(root) if root is not None else set()
+    before: set[str] = set()
+    with contextlib.suppress(OSError):  # no folder yet
+        before = set(os.listdir(root)) if root is not None else set()
     absent = [folder for folder in (root, *root.parents) if not folder.exists()] if root is not None else []
     try:
         yield
     except BaseException:
-        made = _run_folder(logger)
+        # The run folder, once the logger chose its version (Lightning's CSV and TensorBoard loggers' _version).
+        made = getattr(logger, "log_dir", None) if getattr(logger, "_version", None) is not None else None
+        made = Path(made) if isinstance(made, str | os.PathLike) else None
         if root is not None and made is not None and made.parent == root and made.name not in before:
             _remove_empty(made)
         for folder in absent:  # root, then the folders above it, the nearest first
             with contextlib.suppress(OSError):  # not empty, or gone: left as it is
                 folder.rmdir()
         raise
-
-
-def _run_folder(logger) -> Path | None:
-    """The run folder ``logger`` writes to, once it has chosen its version (choosing it makes nothing); else None."""
-    if getattr(logger, "_version", None) is None:  # Lightning's CSV and TensorBoard loggers, until they choose
-        return None
-    log_dir = getattr(logger, "log_dir", None)
-    return Path(log_dir) if isinstance(log_dir, str | os.PathLike) else None
-
-
-def _entries(root: Path) -> set[str]:
-    """The names in the folder ``root``; none when it is no folder."""
-    try:
-        return set(os.listdir(root))
-    except OSError:
-        return set()
 
 
 def _remove_empty(folder: Path) -> None:

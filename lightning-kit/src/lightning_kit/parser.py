@@ -1,19 +1,12 @@
-"""The parser under ``KitCLI``: LightningCLI's, with shorter help and one-line errors.
-
-- ``KitArgumentParser``: a mistake on the command line exits with one line naming the flag, what it
-  accepts and what was given, instead of the usage and a nest of alternatives; a value out of the bounds
-  its type gives (``arguments.BatchSize``, ``jsonargparse.typing.PositiveInt``) is such a mistake;
-- ``HelpFormatter``: ``--data`` and ``--model.net`` list the project's classes, not every one imported;
-- ``check_run_arguments`` and ``check_given_against_data``: what ``KitCLI`` checks of a parsed
-  configuration, the Trainer's arguments and the seed, then each value the data sets;
-- ``constructor_failure`` and ``run_refusal``: a class of the project's that refused the values it was given,
-  when built or once running, as one line naming the argument, its value and the class's own message.
-"""
+"""The parser under ``KitCLI``: LightningCLI's, with shorter help and one-line errors, and the checks of what it
+parsed: the Trainer's arguments, the values the data sets, and a class that refused its arguments (as it was built,
+or once running) as one line naming the argument, its value and the class's own message."""
 
 import inspect
 import re
 import sys
 import traceback
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from jsonargparse import DefaultHelpFormatter, Namespace
@@ -21,7 +14,6 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
 from .arguments import RUN, TRAINER
-from .command_line import CommandLine
 from .errors import (
     ConfigError,
     DataUnavailableError,
@@ -36,11 +28,8 @@ from .upstream import jsonargparse as said
 
 
 class HelpFormatter(DefaultHelpFormatter):
-    """Lists only the project's classes as choices for ``--data`` and ``--model.net``.
-
-    jsonargparse lists every imported subclass: for ``--model.net``, each ``nn.Module`` of
-    PyTorch and its libraries, some hundreds of lines that bury the options people look for.
-    """
+    """Lists only the project's classes as choices for ``--data`` and ``--model.net``, where jsonargparse lists every
+    imported subclass: for ``--model.net``, hundreds of PyTorch's ``nn.Module``."""
 
     #: Where the project's choices live: argument -> module prefix (set per command line by ``cli.make``).
     own_choices: ClassVar[dict[str, str]] = {}
@@ -58,20 +47,15 @@ class HelpFormatter(DefaultHelpFormatter):
 
 
 class KitArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, with shorter help and one-line errors; a configuration it writes out (``--print_config``,
-    the run's ``config.yaml``) holds no password of a URL in it (``passwords.scrubbed``: ``me:***@host``)."""
+    """LightningCLI's parser, with shorter help and one-line errors; what it writes out (``--print_config``, the
+    run's ``config.yaml``) holds no password of a URL (``me:***@host``)."""
 
     #: Arguments whose default is a class by its path alone (``KitCLI.default_classes``).
     class_defaults: tuple[str, ...] = ()
 
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
     def get_defaults(self, *args, **kwargs) -> Namespace:
-        """The defaults, a default class by its path alone: a class chosen in its place (``--data their.Data``) starts
-        from its own defaults, filled in once parsed. jsonargparse would keep the default class's values for the
-        arguments the chosen class also takes (``batch_size``), as it keeps values given before a class changes."""
+        """A default class by its path alone: a class chosen in its place (``--data their.Data``) starts from its own
+        defaults, where jsonargparse would keep the default class's values for the arguments both take."""
         defaults = super().get_defaults(*args, **kwargs)
         for key in self.class_defaults:
             if isinstance(defaults.get(key), Namespace) and "class_path" in defaults[key]:
@@ -82,13 +66,12 @@ class KitArgumentParser(LightningArgumentParser):
         return scrubbed(super().dump(*args, **kwargs))
 
     def instantiate(self, namespace: Namespace, *args, **kwargs) -> Namespace:
-        """Build the classes from plain numbers: a value parsed as a bounded type is an instance of it (an ``int``
-        of the class ``BatchSize``), which a class would keep in its hyperparameters, and a checkpoint's
-        ``weights_only`` load would refuse."""
+        """Build the classes from plain numbers, not jsonargparse's bounded types (an ``int`` of the class
+        ``BatchSize``), which hyperparameters would keep and a checkpoint's ``weights_only`` load refuse."""
         return super().instantiate(_plain_numbers(namespace), *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
-        """Exit with one line naming the flag, what it accepts and what was given, instead of the usage and a nest."""
+        """Exit with one line naming the flag, what it accepts and what was given."""
         if not self.exit_on_error:
             super().error(message, ex)  # raises: parsing inside jsonargparse, not the user's command line
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
@@ -108,10 +91,8 @@ class KitArgumentParser(LightningArgumentParser):
 
 
 def one_line(message: str) -> str:
-    """jsonargparse's nested message as one line naming the flag: ``Parser key "model.net": Problem with given
-    class_path ...: Parser key "width": Expected a <class 'int'>. Got value: x`` is ``--model.net.init_args.width:
-    Expected a <class 'int'>. Got value: x``; a number out of its type's bounds, ``--data.batch_size must be v>=1 and
-    v<=2147483647, got 0``."""
+    """jsonargparse's nested message as one line naming the flag (``--model.net.init_args.width: Expected a <class
+    'int'>. Got value: x``); a number out of its type's bounds, ``--data.batch_size must be v>=1 ..., got 0``."""
     parts: list[str] = []
     for found in said.HEADINGS.finditer(message):
         # A class's arguments are under init_args, but for --model's and --data's own (--data.batch_size).
@@ -128,7 +109,7 @@ def one_line(message: str) -> str:
 
 
 def _plain_numbers(value: Any) -> Any:
-    """``value`` with every number of a subclass of ``int`` or ``float`` (jsonargparse's bounded types) made plain."""
+    """``value`` with every number of jsonargparse's bounded types made plain."""
     if isinstance(value, Namespace):
         return Namespace(**{key: _plain_numbers(item) for key, item in vars(value).items()})
     if type(value) in (list, tuple):
@@ -140,35 +121,22 @@ def _plain_numbers(value: Any) -> Any:
     return value
 
 
-def check_no_nul(args: CommandLine) -> None:
-    """Refuse, before anything reads a file it names, an argument holding a NUL character: one line naming its flag
-    (a value from Python's ``main([...])``, which no shell can pass), not ValueError's traceback from ``open``."""
-    for flag, arg in args.named():
-        if (refusal := nul_refusal(flag if "\0" not in flag else "an argument", arg)) is not None:
-            raise ConfigError(refusal)
-
-
-def check_parsed_text(config) -> None:
-    """Refuse a value holding a NUL character that a --config file gave (YAML's "\\0" escape), naming its key."""
-    for key, value in config.items():
-        if (refusal := nul_refusal(f"--{key}", value)) is not None:
+def check_no_nul(named: Iterable[tuple[str, Any]]) -> None:
+    """Refuse a value holding a NUL character, by its flag: given to Python's ``main([...])`` (no shell can pass one),
+    or by a --config file (YAML's "\\0"). Checked before anything reads a file, not ValueError's traceback."""
+    for flag, value in named:
+        if (refusal := nul_refusal(flag if "\0" not in flag else "an argument", value)) is not None:
             raise ConfigError(refusal)
 
 
 def check_run_arguments(config) -> None:
-    """The Trainer's arguments and the seed, each against what it accepts (``arguments.TRAINER``, ``arguments.RUN``)."""
-    TRAINER.check({name: config.trainer.get(name) for name in TRAINER.table if name in config.trainer})
+    """The Trainer's arguments and the seed, against ``arguments.TRAINER`` and ``arguments.RUN``; and
+    ``--trainer.default_root_dir``, which Lightning ignores where the first logger has a folder of its own."""
+    trainer = config.trainer
+    TRAINER.check({name: trainer.get(name) for name in TRAINER.table if name in trainer})
     if "seed_everything" in config:
         RUN.check({"seed_everything": config.seed_everything})
-    check_root_dir_used(config.trainer)
-
-
-def check_root_dir_used(trainer) -> None:
-    """Refuse ``--trainer.default_root_dir`` where Lightning does not use it: its first logger has a folder of its
-    own, under which the run's logs and checkpoints go (the default logger's is runs/). It ran, and wrote nowhere
-    near the folder asked for."""
-    root = trainer.get("default_root_dir")
-    loggers = trainer.get("logger")
+    root, loggers = trainer.get("default_root_dir"), trainer.get("logger")
     first = loggers[0] if isinstance(loggers, list) and loggers else loggers
     arguments = first.get("init_args") if isinstance(first, Namespace | dict) else None
     save_dir = arguments.get("save_dir") if isinstance(arguments, Namespace | dict) else None
@@ -180,11 +148,8 @@ def check_root_dir_used(trainer) -> None:
 
 
 def check_given_against_data(config, datamodule, model: LightningModule, data_links: dict[str, str]) -> None:
-    """A value given for an argument the data sets (``KitCLI.data_links``) that differs from the data's stops the run.
-
-    The link would replace it without a word: ``--model.net.init_args.image_size 64`` would train at
-    the data's 32. Given means set to other than the class's default, by a flag or a --config file.
-    """
+    """A value given (other than the class's default) for an argument the data sets (``KitCLI.data_links``) that
+    differs from the data's stops the run: the link would replace it without a word."""
     for target, source in data_links.items():
         given, data_value = config.get(target), getattr(datamodule, source, None)
         owner = type(model.net) if target.startswith("model.net.") else type(model)
@@ -207,32 +172,37 @@ _DEVICES = re.compile(r"\b(device|devices|cuda|simgpu|gpu)\b", re.IGNORECASE)
 def given_arguments(config, model_class: type | None = None) -> dict[str, Any]:
     """The arguments given to the model's and the data's classes (and to the classes given as their arguments), by
     flag, where the value is not the class's default: ``{"--data.batch_size": 0, "--model.net.init_args.width": 8}``.
+    ``model_class``: the model's class where the configuration names none."""
+    return _configured(config, model_class)[0]
 
-    ``model_class`` is the model's class where the configuration names none (a ``KitCLI`` with one model class).
-    """
+
+def _configured(config, model_class: type | None) -> tuple[dict[str, Any], dict[str, type]]:
+    """The arguments given (``given_arguments``), and the classes the configuration builds, by key (``model.net``)."""
     given: dict[str, Any] = {}
+    classes: dict[str, type] = {"model": model_class} if model_class is not None else {}
+
+    def visit(node: Namespace, key: str, flag: str, cls: type | None) -> None:
+        arguments = node
+        if "class_path" in node:
+            cls = _loaded_class(node.get("class_path"))
+            arguments = node.get("init_args") or Namespace()
+            # A class's arguments are under init_args, but for --model's and --data's own (--data.batch_size).
+            flag = f"{flag}.init_args" if "." in key else flag
+        if cls is not None:
+            classes[key] = cls
+        parameters = inspect.signature(cls).parameters if cls is not None else {}
+        for name, value in vars(arguments).items() if isinstance(arguments, Namespace) else ():
+            if isinstance(value, Namespace) and key.count(".") < 4:
+                visit(value, f"{key}.{name}", f"{flag}.{name}", None)
+                continue
+            default = parameters.get(name)
+            if default is None or default.default is inspect.Parameter.empty or not _same(value, default.default):
+                given[f"{flag}.{name}"] = value
+
     for key, cls in (("model", model_class), ("data", None)):
-        node = config.get(key)
-        if isinstance(node, Namespace):
-            _given_in(node, f"--{key}", cls, given, depth=0)
-    return given
-
-
-def _given_in(node: Namespace, flag: str, cls: type | None, given: dict[str, Any], depth: int) -> None:
-    if "class_path" in node:
-        cls = _loaded_class(node.get("class_path"))
-        arguments = node.get("init_args") or Namespace()
-        prefix = flag if depth == 0 else f"{flag}.init_args"  # --data.batch_size, --model.net.init_args.width
-    else:
-        arguments, prefix = node, flag
-    parameters = inspect.signature(cls).parameters if cls is not None else {}
-    for name, value in vars(arguments).items() if isinstance(arguments, Namespace) else ():
-        if isinstance(value, Namespace) and depth < 4:
-            _given_in(value, f"{prefix}.{name}", None, given, depth + 1)
-            continue
-        default = parameters.get(name)
-        if default is None or default.default is inspect.Parameter.empty or not _same(value, default.default):
-            given[f"{prefix}.{name}"] = value
+        if isinstance(config.get(key), Namespace):
+            visit(config.get(key), key, f"--{key}", cls)
+    return given, classes
 
 
 def _same(value: Any, default: Any) -> bool:
@@ -254,52 +224,52 @@ def _loaded_class(class_path: Any) -> type | None:
 
 
 def constructor_failure(err: BaseException, config, model_class: type | None = None) -> BaseException | None:
-    """What to show for ``err``, raised while the model's and the data's classes were built: for a class that refused
-    the arguments it was given, one line (``RefusedArgumentError``); for a class that failed otherwise, or on its
-    defaults (a bug of its own), one line with what it raised and the line that raised it (``NotBuiltError``),
-    rather than jsonargparse's nest of alternatives; None where no class of the configuration raised it, or where
-    it raised a one-line mistake itself.
-
-    Which class raised is read from the traceback of what it raised: the outermost ``__init__`` of a class the
-    configuration names.
-    """
+    """One line for ``err``, raised as the configuration's classes were built, in place of jsonargparse's nest: which
+    argument the class refused (``RefusedArgumentError``), or what the class raised and where (``NotBuiltError``).
+    None where no class of the configuration raised it (read from the traceback: the outermost ``__init__`` of one),
+    or where it raised a one-line mistake itself."""
     root = exception_chain(err, context=False)[-1]
     if isinstance(root, UserError):
-        return None  # said in one line already (a constructor's check of its arguments)
-    built = _class_being_built(root, config, model_class)
+        return None
+    given, classes = _configured(config, model_class)
+    built = _class_being_built(root, classes)
     if built is None:
         return None
     key, cls = built
-    given = {flag: value for flag, value in given_arguments(config, model_class).items() if _under(flag, key)}
+    given = {flag: value for flag, value in given.items() if _under(flag, key)}
     if not isinstance(root, REFUSALS) or not given:
-        return _not_built(root, cls)
+        frame = traceback.extract_tb(root.__traceback__)[-1] if root.__traceback__ is not None else None
+        where = f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
+        return NotBuiltError(f"{cls.__module__}.{cls.__qualname__} could not be built: {_reason(root)}{where}")
     named = _named_in(_reason(root), given) or (given if len(given) == 1 else {})
     if named:
-        return RefusedArgumentError(f"{_shown(named)}: {cls.__name__} refused {'it' if len(named) == 1 else 'them'}: "
-                           f"{_reason(root)}")  # fmt: skip
-    return RefusedArgumentError(f"--{key} ({cls.__module__}.{cls.__qualname__}) refused its arguments {_shown(given)}: "
-                       f"{_reason(root)}")  # fmt: skip
-
-
-def _not_built(root: BaseException, cls: type) -> NotBuiltError:
-    """A class that raised ``root`` as it was built, not on an argument given: one line with its reason and where."""
-    frame = traceback.extract_tb(root.__traceback__)[-1] if root.__traceback__ is not None else None
-    where = f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
-    return NotBuiltError(f"{cls.__module__}.{cls.__qualname__} could not be built: {_reason(root)}{where}")
+        return RefusedArgumentError(f"{_shown(named)}: {cls.__name__} refused {_it(named)}: {_reason(root)}")
+    return RefusedArgumentError(
+        f"--{key} ({cls.__module__}.{cls.__qualname__}) refused its arguments {_shown(given)}: {_reason(root)}"
+    )
 
 
 def run_refusal(err: BaseException, config, stage: str, model_class: type | None = None) -> RefusedArgumentError | None:
-    """One line for a run that stopped on a value given to the model or the data, once running (a DataLoader's
-    ``batch_size`` 0, an optimizer's negative learning rate, a negative size): the error's message names the
-    argument, or its value where that cannot be a coincidence (a negative number, a word). None otherwise."""
+    """One line for a run that stopped, once running, on a value given to the model or the data (a DataLoader's
+    ``batch_size`` 0, an optimizer's negative learning rate); None otherwise."""
     root = exception_chain(err, context=False)[-1]
     if not isinstance(root, REFUSALS) or isinstance(root, UserError) or _DEVICES.search(str(root)):
         return None
-    named = _named_in(_reason(root), given_arguments(config, model_class))
-    if not named:
+    return _refusal(stage, _reason(root), given_arguments(config, model_class))
+
+
+def named_refusal(stage: str, reason: str, given: dict[str, Any]) -> RefusedArgumentError | None:
+    """``run_refusal`` for a stage that stopped for ``reason`` (``"ValueError: batch_size should be ..."``)."""
+    if reason.partition(":")[0] not in {cls.__name__ for cls in REFUSALS}:
         return None
-    which = "it" if len(named) == 1 else "them"
-    return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {which}: {_reason(root)}")
+    return _refusal(stage, reason, given)
+
+
+def _refusal(stage: str, reason: str, given: dict[str, Any]) -> RefusedArgumentError | None:
+    """One line where ``reason`` names arguments of ``given`` by name or by a value that cannot be a coincidence (a
+    negative number, a word), and says nothing of devices (a placement bug: the audit's business)."""
+    named = _named_in(reason, given) if not _DEVICES.search(reason) else {}
+    return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {_it(named)}: {reason}") if named else None
 
 
 def empty_split(err: BaseException, stage: str) -> DataUnavailableError | None:
@@ -308,15 +278,8 @@ def empty_split(err: BaseException, stage: str) -> DataUnavailableError | None:
     chain = exception_chain(err)
     if not any(isinstance(link, ValueError) and "num_samples=0" in str(link) for link in chain):
         return None
-    made = next(
-        (
-            frame
-            for link in chain
-            for frame in reversed(traceback.extract_tb(link.__traceback__))
-            if frame.name.endswith("_dataloader")
-        ),
-        None,
-    )
+    frames = (frame for link in chain for frame in reversed(traceback.extract_tb(link.__traceback__)))
+    made = next((frame for frame in frames if frame.name.endswith("_dataloader")), None)
     where = f"{made.name}() ({made.filename}:{made.lineno})" if made is not None else "a dataloader"
     return DataUnavailableError(
         f"{stage} stopped: {where} made a shuffled DataLoader over no samples (an empty split?): "
@@ -324,21 +287,8 @@ def empty_split(err: BaseException, stage: str) -> DataUnavailableError | None:
     )
 
 
-def named_refusal(stage: str, reason: str, given: dict[str, Any]) -> RefusedArgumentError | None:
-    """One line for a stage that stopped for ``reason`` (``"ValueError: batch_size should be ..."``), where that names
-    arguments of ``given`` by name or by a value that cannot be a coincidence; None otherwise (as ``run_refusal``)."""
-    kind = reason.partition(":")[0]
-    if kind not in {cls.__name__ for cls in REFUSALS} or _DEVICES.search(reason):
-        return None
-    named = _named_in(reason, given)
-    if not named:
-        return None
-    return RefusedArgumentError(f"{_shown(named)}: {stage} stopped on {'it' if len(named) == 1 else 'them'}: {reason}")
-
-
-def _class_being_built(root: BaseException, config, model_class: type | None) -> tuple[str, type] | None:
-    """The configuration's key of the class whose ``__init__`` raised ``root``, and the class."""
-    classes = _configured_classes(config, model_class)
+def _class_being_built(root: BaseException, classes: dict[str, type]) -> tuple[str, type] | None:
+    """The key of the class whose ``__init__`` raised ``root``, and the class."""
     tb = root.__traceback__
     while tb is not None:
         frame = tb.tb_frame
@@ -350,24 +300,6 @@ def _class_being_built(root: BaseException, config, model_class: type | None) ->
     return None
 
 
-def _configured_classes(config, model_class: type | None) -> dict[str, type]:
-    """The classes the configuration builds for the model and the data (and inside them), by key."""
-    found: dict[str, type] = {}
-    if model_class is not None:
-        found["model"] = model_class
-    stack = [(key, config.get(key)) for key in ("model", "data")]
-    while stack:
-        key, node = stack.pop()
-        if not isinstance(node, Namespace):
-            continue
-        if "class_path" in node and (cls := _loaded_class(node.get("class_path"))) is not None:
-            found[key] = cls
-        inner = node.get("init_args") if "class_path" in node else node
-        if isinstance(inner, Namespace) and key.count(".") < 4:
-            stack += [(f"{key}.{name}", value) for name, value in vars(inner).items() if isinstance(value, Namespace)]
-    return found
-
-
 def _under(flag: str, key: str) -> bool:
     """Whether ``flag`` is an argument of the class at ``key`` itself (not of a class inside it)."""
     rest = flag.removeprefix(f"--{key}.")
@@ -375,28 +307,34 @@ def _under(flag: str, key: str) -> bool:
 
 
 def _named_in(message: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of ``given`` that ``message`` names: by name, or by a value that cannot be a coincidence."""
+    """The arguments of ``given`` (three at most) that ``message`` names: by name, or by a value that cannot be a
+    coincidence (a negative number, a word)."""
     named = {}
     for flag, value in given.items():
-        name = flag.rpartition(".")[2]
-        if re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message) or _value_named(value, message):
+        if _mentions(message, flag.rpartition(".")[2]) or (_telling(value) and _mentions(message, str(value))):
             named[flag] = value
     return dict(list(named.items())[:3])
 
 
-def _value_named(value: Any, message: str) -> bool:
-    if isinstance(value, bool) or value is None:
+def _mentions(message: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", message) is not None
+
+
+def _telling(value: Any) -> bool:
+    if isinstance(value, bool):
         return False
-    negative = isinstance(value, int | float) and value < 0
-    word = isinstance(value, str) and len(value.strip()) >= 3 and not value.strip().replace(".", "").isdigit()
-    if not (negative or word):
-        return False
-    return re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w])", message) is not None
+    if isinstance(value, int | float):
+        return value < 0
+    return isinstance(value, str) and len(value.strip()) >= 3 and not value.strip().replace(".", "").isdigit()
 
 
 def _shown(arguments: dict[str, Any]) -> str:
     return ", ".join(f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}" for flag, value in
                      arguments.items())  # fmt: skip
+
+
+def _it(named: dict[str, Any]) -> str:
+    return "it" if len(named) == 1 else "them"
 
 
 def _reason(err: BaseException) -> str:

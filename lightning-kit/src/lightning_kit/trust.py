@@ -1,10 +1,10 @@
-"""Which code a configuration or a checkpoint may make this project import: decided here, before anything is imported.
+"""Which code a configuration or a checkpoint may make this project import: decided before anything is imported.
 
 A run folder (its ``config.yaml``, its checkpoints) and a data folder are data. The class paths they name are
-imported only when the code is the project's own package, this library or one it is built on (``BUILT_ON``); named
-on the current command line or in a ``--config`` file that is not in a run folder; or in a module the project trusts
-(``KitCLI.trusted_modules``). Code in a run or data folder is never imported, even when named: a shared run folder
-must not run code by being evaluated. Where a module lives is found without importing it (no ``__init__.py`` runs).
+imported only from the project's own package, this library or one it is built on (``BUILT_ON``), a module named on
+the command line or in a ``--config`` file outside a run folder, or one the project trusts (``trusted_modules``).
+Code in a run or data folder is never imported, even when named: a shared run folder must not run code by being
+evaluated. Where a module lives is found without importing it (no ``__init__.py`` runs).
 """
 
 import importlib.util
@@ -42,9 +42,8 @@ class UntrustedCodeError(UserError):
 
 
 def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), folders: Iterable[Path] = ()) -> None:
-    """Raise ``UntrustedCodeError`` unless every module ``settings`` (read as data from ``source``) would make us
-    import may be imported; ``args``, the command line, names trusted classes; ``folders`` are further run or data
-    folders (the checkpoint's run)."""
+    """Raise ``UntrustedCodeError`` unless every module ``settings`` (data from ``source``) would import may be;
+    ``args``, the command line, names trusted classes; ``folders``: further run or data folders."""
     kept_out = _kept_out_folders([*folders, *_folder_values(settings)])
     named = named_modules(args, kept_out)
     for keys, name in _dotted_strings(settings):
@@ -68,18 +67,16 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
 
 
 def trust_modules(modules: Iterable[str]) -> None:
-    """Trust ``modules`` (and those below each) instead of what was trusted before: what one command line trusted is
-    not trusted by the next one in the same process (a test's, another project's)."""
+    """Trust ``modules`` (and those below each) instead of what the previous command line in the process trusted."""
     _trusted[:] = dict.fromkeys(modules)
 
 
 def check_command_line(args: Iterable[str]) -> None:
-    """Check, before it is parsed, the classes the command line names and the files it passes with --config (one
-    from a run folder is data like any other file of the run)."""
-    kept_out = _kept_out_folders([])
+    """Check, before it is parsed, the classes the command line names and the files it passes with --config."""
+    kept_out = _kept_out_folders()
     check_trusted(_flag_values(CommandLine.of(args)), "the command line", args)
     for config in config_files(args):
-        # named_modules() does not count what a run's config.yaml names as named by the person.
+        # One in a run folder is data like any other file of the run: what it names is not named by the person.
         check_trusted(read_config(config), config, args, [config.parent] if in_run_folder(config, kept_out) else [])
 
 
@@ -87,7 +84,7 @@ def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str
     """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
     values: list[Any] = list(_flag_values(CommandLine.of(args)))
     for config in config_files(args):
-        if not in_run_folder(config, kept_out or _kept_out_folders([])):
+        if not in_run_folder(config, kept_out or _kept_out_folders()):
             values.append(read_config(config))
     return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
 
@@ -98,12 +95,8 @@ def config_files(args: Iterable[str]) -> list[Path]:
 
 
 def is_config_file(value: str) -> bool:
-    return "\n" not in value and _exists(value)
-
-
-def _exists(path: str) -> bool:
     try:
-        return Path(path).exists()
+        return "\n" not in value and Path(value).exists()
     except (OSError, ValueError):  # a name too long or with a NUL: YAML text
         return False
 
@@ -115,20 +108,19 @@ def read_config(path: Path) -> Any:
         raise UserError(f"--config {path} is not a regular file: give a .yaml file")
     try:
         return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        reason = first_line(err)
-        raise UserError(f"--config {path} cannot be read as YAML: {reason}") from err
+    except yaml.YAMLError as err:  # (not UTF-8: refused as not text)
+        raise UserError(f"--config {path} cannot be read as YAML: {first_line(err)}") from err
 
 
 def in_run_folder(path: Path, kept_out: Sequence[Path] = ()) -> bool:
     """Whether ``path`` is in a folder of runs or data, or beside a run's checkpoints or logged hyperparameters."""
     folder = path.resolve().parent
-    if any(folder.is_relative_to(root) for root in kept_out or _kept_out_folders([])):
+    if any(folder.is_relative_to(root) for root in kept_out or _kept_out_folders()):
         return True
     return (folder / "checkpoints").is_dir() or (folder / "hparams.yaml").is_file()
 
 
-def _kept_out_folders(extra: Iterable[Path]) -> list[Path]:
+def _kept_out_folders(extra: Iterable[Path] = ()) -> list[Path]:
     """The run and data folders, resolved: ``runs/`` and ``data/`` where the command runs, and ``extra``."""
     folders = [Path(name) for name in DATA_FOLDERS] + [Path(folder) for folder in extra]
     cwd = Path.cwd().resolve()
@@ -137,9 +129,8 @@ def _kept_out_folders(extra: Iterable[Path]) -> list[Path]:
 
 
 def _locate(name: str) -> tuple[str, list[Path]] | None:
-    """The deepest module that importing ``name`` would run, and every file and folder it would read; found
-    without importing anything. None when importing ``name`` would run no code (nothing by that name, or only
-    namespace folders: ``data.csv`` with a ``data/`` folder)."""
+    """The deepest module that importing ``name`` would run, and every file and folder it would read, found without
+    importing; None where it would run no code (nothing by that name, or only namespace folders: ``data.csv``)."""
     parts = name.split(".")
     try:
         spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not imported
@@ -156,7 +147,7 @@ def _locate(name: str) -> tuple[str, list[Path]] | None:
             break
         module, spec = f"{module}.{part}", child
         specs.append(child)
-    if not any(_runs_code(found) for found in specs):
+    if not any(found.origin not in (None, "namespace") for found in specs):
         return None
     places = [Path(found.origin).resolve() for found in specs if found.has_location and found.origin]
     places += [Path(location).resolve() for found in specs for location in found.submodule_search_locations or ()]
@@ -164,8 +155,8 @@ def _locate(name: str) -> tuple[str, list[Path]] | None:
 
 
 def _find_in(name: str, locations: list[str]) -> ModuleSpec | None:
-    """The spec of the module ``name`` in a package's ``locations``, as ``PathFinder`` finds it, without importing
-    (``PathFinder.find_spec`` itself needs the parent package imported when ``name`` is a namespace package)."""
+    """The spec of the module ``name`` in a package's ``locations``, without importing (``PathFinder.find_spec`` needs
+    the parent package imported when ``name`` is a namespace package)."""
     portions = []
     for location in locations:
         finder = pkgutil.get_importer(location)
@@ -181,19 +172,13 @@ def _find_in(name: str, locations: list[str]) -> ModuleSpec | None:
     return namespace
 
 
-def _runs_code(spec: ModuleSpec) -> bool:
-    return spec.origin is not None and spec.origin != "namespace"
-
-
 def _within(module: str, packages: Iterable[str]) -> bool:
     return any(module == package or module.startswith(f"{package}.") for package in packages)
 
 
 def _walk(value: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """Each value inside ``value``, with the keys that lead to it (a class's ``init_args`` and class keys not counted).
-
-    Shared objects (YAML anchors) are entered once, so a file of nested aliases cannot make this walk explode.
-    """
+    """Each value inside ``value``, with the keys that lead to it (``init_args`` and class keys not counted); shared
+    objects (YAML anchors) entered once, so nested aliases cannot make this walk explode."""
     seen: set[int] = set()
     stack: list[tuple[tuple[str, ...], Any]] = [((), value)]
     while stack:
@@ -215,8 +200,8 @@ def _dotted_strings(value: Any) -> Iterator[tuple[tuple[str, ...], str]]:
 
 
 def _folder_values(settings: Any) -> list[Path]:
-    """Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir or root)."""
-    tables = {id(value): value for _, value in _walk(settings) if isinstance(value, dict)}.values()
+    """Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir)."""
+    tables = {id(value): value for _, value in _walk(settings) if isinstance(value, dict)}.values()  # each once
     named = (table.get(key) for table in tables for key in _FOLDER_KEYS)
     return [Path(value) for value in named if isinstance(value, str) and value]
 
@@ -230,7 +215,7 @@ def _flag(keys: tuple[str, ...]) -> str:
 
 
 def _flag_values(args: CommandLine) -> list[Any]:
-    """The values given to flags in ``args``, each read as YAML (``--data '{class_path: x.Y}'`` is a dict)."""
+    """The values of ``args``' flags, read as YAML (``--data '{class_path: x.Y}'`` is a dict)."""
     values = []
     for value in args.values():
         try:
