@@ -16,7 +16,7 @@ def check_accelerator(trainer) -> None:
             "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
         )
     if accelerator in ("cpu", "gpu", "cuda", "auto"):
-        return  # nothing more to check: the server's choices, checked without importing Lightning
+        return  # the server's choices, checked without importing Lightning
     from .gpu_audit.lightning import SIMULATED  # registers the simulated GPU with Lightning
 
     if accelerator == SIMULATED:
@@ -40,7 +40,7 @@ def check_accelerator(trainer) -> None:
 
 
 def _check_simulated(trainer) -> None:
-    """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
+    """The simulated GPU is one process on one device (the device audit plays DDP)."""
     if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
         raise ConfigError(
             f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
@@ -48,12 +48,11 @@ def _check_simulated(trainer) -> None:
         )
 
 
-# The profilers a Trainer takes by name (Lightning's Trainer checks the same list).
 PROFILERS = ("simple", "advanced", "pytorch", "xla")
 
 
 def check_named_choices(trainer) -> None:
-    """The strategy and profiler given by name are ones Lightning has (one it lacks: a traceback from the Trainer)."""
+    """The strategy and profiler given by name are ones Lightning has (else: a traceback from the Trainer)."""
     strategy = trainer.get("strategy")
     if isinstance(strategy, str):
         from lightning.pytorch.strategies import StrategyRegistry

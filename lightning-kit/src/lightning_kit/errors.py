@@ -56,9 +56,11 @@ LONGEST_LINE = 300
 
 
 def first_line(err: BaseException, typed: bool = False) -> str:
-    """The one way an exception is said in one line: the first line of its message, cut at ``LONGEST_LINE`` (its
-    type's name where it says nothing); ``typed``: after its type's name (``ValueError: ...``)."""
-    lines = str(err).strip().splitlines()
+    """The one way an exception is said in one line: an ``OSError``'s reason (its caller names the file), else the
+    first line of its message, cut at ``LONGEST_LINE`` (its type's name where it says nothing); ``typed``: after its
+    type's name (``ValueError: ...``)."""
+    said = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    lines = said.strip().splitlines()
     text = lines[0].strip()[:LONGEST_LINE] if lines else ""
     if typed:
         return f"{type(err).__name__}: {text or '(no message)'}"
@@ -130,7 +132,7 @@ class OutputError(Exception):
     """The command's standard output cannot take what it writes: a full disk, a file-size limit, a closed pipe."""
 
     def __init__(self, err: OSError) -> None:
-        super().__init__(err.strerror or str(err))
+        super().__init__(first_line(err))
         self.errno = err.errno
 
 
@@ -141,23 +143,18 @@ class _GuardedOutput:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def _guarded(self, method: str, *args: Any) -> Any:
-        try:
-            return getattr(self._stream, method)(*args)
-        except OSError as err:
-            raise OutputError(err) from None
-
-    def write(self, text: str) -> int:
-        return self._guarded("write", text)
-
-    def writelines(self, lines: Any) -> None:
-        self._guarded("writelines", lines)
-
-    def flush(self) -> None:
-        self._guarded("flush")
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+        found = getattr(self._stream, name)
+        if name not in ("write", "writelines", "flush"):
+            return found
+
+        def guarded(*args: Any) -> Any:
+            try:
+                return found(*args)
+            except OSError as err:
+                raise OutputError(err) from None
+
+        return guarded
 
 
 def cut_short(stream: Any) -> bool:
@@ -223,11 +220,11 @@ def command(main: Main) -> Main:
 
 def _file_errors_of_threads(args: threading.ExceptHookArgs) -> None:
     """A library's thread (TensorBoard's event writer) stopped by a file it cannot write: one line, no traceback."""
-    if isinstance(args.exc_value, OSError) and not isinstance(args.exc_value, OutputError):
+    if isinstance(args.exc_value, OSError):
         err = args.exc_value
         name = os.fsdecode(err.filename) if isinstance(err.filename, str | bytes | os.PathLike) else ""
         owner = type(args.thread).__module__.partition(".")[0] if args.thread is not None else ""
         where = f"a thread of {owner}'s" if owner and owner != "threading" else "a thread"
-        sys.stderr.write(f"error: {where} stopped: {err.strerror or err}{': ' + name if name else ''}\n")
+        sys.stderr.write(f"error: {where} stopped: {first_line(err)}{': ' + name if name else ''}\n")
         return
     sys.__excepthook__(args.exc_type, args.exc_value, args.exc_traceback)

@@ -117,7 +117,7 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     except OSError as err:  # a full disk, past the file size limit, a folder made read-only since the check
         cause = DISK_ERRORS.get(err.errno, "")
         raise UserError(
-            f"--output: {written} could not be written ({err.strerror or err}{': ' + cause if cause else ''}); "
+            f"--output: {written} could not be written ({first_line(err)}{': ' + cause if cause else ''}); "
             "nothing was left in its place"
         ) from err
     return Exported(targets if no_onnx is None else targets[:1], no_onnx)

@@ -92,17 +92,24 @@ def missing_requirements() -> list[str]:
 
 def difference(library: Installed | None, project: ProjectFile) -> str | None:
     """Why ``library`` is not the one ``project`` names, in words; None where it is (or where it cannot be told)."""
-    if library is None:
-        return None  # run from its source folder, not installed
-    if project.url is not None:
-        return _url_difference(library, project.url)
-    return _specifier_difference(library, project.specifier) if project.specifier else None
+    named_url = project.url
+    if library is None or (named_url is None and not project.specifier):
+        return None  # run from its source folder, not installed; or named by no version
+    if named_url is None:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
 
-
-def _url_difference(library: Installed, named_url: str) -> str | None:
-    scheme, _, rest = named_url.partition("+") if named_url.startswith("git+") else ("", "", named_url)
-    if scheme == "git":
-        base, revision = _git_parts(rest)
+        try:
+            accepted = SpecifierSet(project.specifier).contains(Version(library.version), prereleases=True)
+        except (InvalidSpecifier, InvalidVersion):
+            return None
+        return None if accepted else f"version {library.version} is outside {project.specifier}"
+    if named_url.startswith("git+"):
+        # git+https://host/repo@<rev>#subdirectory=...: the repository's URL and the revision (None if none).
+        base = named_url.removeprefix("git+").partition("#")[0]
+        parsed = urllib.parse.urlsplit(base)
+        path, at, revision = parsed.path.rpartition("@")
+        base, revision = (urllib.parse.urlunsplit(parsed._replace(path=path)), revision) if at else (base, None)
         installed_commit = library.commit or library.version_commit
         if revision is None or not _COMMIT.fullmatch(revision):
             # A tag or branch: from that repository, at the revision pip was given (where a branch is now needs git).
@@ -127,25 +134,6 @@ def _url_difference(library: Installed, named_url: str) -> str | None:
             return f"it was copied from that folder at commit {library.version_commit}, which is at {now[:9]} now"
         return None
     return None if library.url == named_url else "it was installed from elsewhere"
-
-
-def _specifier_difference(library: Installed, specifier: str) -> str | None:
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        accepted = SpecifierSet(specifier).contains(Version(library.version), prereleases=True)
-    except (InvalidSpecifier, InvalidVersion):
-        return None
-    return None if accepted else f"version {library.version} is outside {specifier}"
-
-
-def _git_parts(url: str) -> tuple[str, str | None]:
-    """``https://host/repo@<rev>#subdirectory=...`` as the repository's URL and the revision (None if none)."""
-    without_fragment = url.partition("#")[0]
-    parsed = urllib.parse.urlsplit(without_fragment)
-    path, at, revision = parsed.path.rpartition("@")
-    return (urllib.parse.urlunsplit(parsed._replace(path=path)), revision) if at else (without_fragment, None)
 
 
 def _file_path(url: str) -> Path:
@@ -197,13 +185,10 @@ def install_command(project: ProjectFile | None) -> str:
 def missing_line(project: ProjectFile | None) -> str | None:
     """One line naming the library's requirements missing here and the command that installs ``project``'s library
     with them; None where none is missing."""
-    missing = missing_requirements()
-    if not missing:
+    if not (missing := missing_requirements()):
         return None
-    return without_credentials(
-        f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?): "
-        f"{install_command(project)}"
-    )
+    needs = f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?)"
+    return without_credentials(f"{needs}: {install_command(project)}")
 
 
 def problem(start: str | Path | None = None) -> str | None:
@@ -244,8 +229,7 @@ def check_installation(module: str | None = None) -> None:
     if os.environ.get(CHECKED) == checked or any(os.environ.get(name, "0") not in ("", "0") for name in _RANKS):
         return
     os.environ[CHECKED] = checked
-    found = _problem_of(project)
-    if found is not None:
+    if (found := _problem_of(project)) is not None:
         sys.stderr.write(f"warning: {found}\n")
         sys.stderr.flush()
 

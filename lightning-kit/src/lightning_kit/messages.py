@@ -34,9 +34,8 @@ def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
     """The Trainer flag Lightning refused against the data (a ``val_check_interval`` past the epoch): a ValueError
     raised in Lightning's code naming it in backticks. Anything else stays a traceback: a bug to report."""
     frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
-    if not isinstance(err, ValueError) or not frames:
-        return None
-    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in frames[-1].f_code.co_filename:
+    in_lightning = frames and f"{os.sep}lightning{os.sep}pytorch{os.sep}" in frames[-1].f_code.co_filename
+    if not (isinstance(err, ValueError) and in_lightning):
         return None
     named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
     return f"--trainer.{named[0]}" if named else None
@@ -48,7 +47,7 @@ def disk_line(err: BaseException) -> str | None:
     if isinstance(err, OSError) and err.errno in DISK_ERRORS:
         name = err.filename or _file_being_written(err)
         where = f" {name}" if name else ""
-        return f"error: cannot write{where}: {err.strerror or err}: {DISK_ERRORS[err.errno]}"
+        return f"error: cannot write{where}: {first_line(err)}: {DISK_ERRORS[err.errno]}"
     if isinstance(err, RuntimeError) and re.search(r"failed writing file|file write failed|unexpected pos", str(err)):
         return (
             "error: a file (a checkpoint) could not be written whole: the disk is full or the file would pass "

@@ -5,6 +5,7 @@ password. The standard library only: the table of runs imports it without PyTorc
 
 import errno
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
     except NotAFileError as err:
         raise ConfigError(f"{named} is {err.kind}, not a file: give the path of a file {what}") from None
     except OSError as err:
-        raise ConfigError(f"{named} cannot be read ({err.strerror or err}): give a file {what}") from None
+        raise ConfigError(f"{named} cannot be read ({first_line(err)}): give a file {what}") from None
     if header and header != SQLITE_HEADER:  # an empty file is a new database to SQLite
         raise ConfigError(
             f"{named} is not an SQLite database (corrupt, truncated or another kind of file): "
@@ -130,50 +131,33 @@ def explained(reason: str) -> str:
     """What a database's error ``reason`` means, and what to do (without any remembered password)."""
     text = scrubbed(" ".join(reason.split()))[:300]
     lowered = text.lower()
-    for needles, meaning in _MEANINGS:
-        if any(needle in lowered for needle in needles):
+    for needles, meaning in _MEANINGS.items():
+        if re.search(needles, lowered):
             return f"{meaning} ({text})"
     return f"{text}: check the store, or give another --storage"
 
 
-_MEANINGS = (
-    (
-        ("file is not a database", "malformed", "not an sqlite"),
-        "the file is not a whole SQLite database (corrupt or truncated): restore it from a copy, "
-        "or move it away to start a new study",
-    ),
-    (
-        ("readonly database", "read-only", "read only"),
-        "it is read-only: make the file and its folder writable, or give another --storage",
-    ),
-    (
-        ("database or disk is full", "no space left", "disk quota"),
-        "the disk is full: free some space, or give a --storage on another disk",
-    ),
-    (
-        ("disk i/o error", "file too large"),
-        "the disk refused a write (full, or past the file size limit of ulimit -f): free space or raise the limit",
-    ),
-    (("interrupted",), "a query ran past its time bound (a schema that loops?): restore the file from a copy"),
-    (("database is locked",), "another process holds it locked: wait for it, or give another --storage"),
-    (("unable to open database file",), "the file cannot be opened: check its folder exists and is writable"),
-    (
-        ("password authentication failed", "authentication failed", "access denied", "no password supplied"),
-        "the server refused the user name or password: check them",
-    ),
-    (
-        ("does not exist",),
-        "the server has no such database or user: create it, or give another --storage",
-    ),
-    (
-        ("connection refused", "could not connect", "timeout", "timed out", "name or service not known", "no route"),
-        "the server cannot be reached: check the host and port, and that it runs",
-    ),
-    (
-        ("invalid integer value", "invalid port", "port out of range", "invalid connection option", "invalid dsn"),
-        "the URL's host, port or options are wrong: check them",
-    ),
-)
+# What a database's error says (any of the words, lowered), and what it means.
+_MEANINGS = {
+    "file is not a database|malformed|not an sqlite": "the file is not a whole SQLite database (corrupt or "
+    "truncated): restore it from a copy, or move it away to start a new study",
+    "readonly database|read-only|read only": "it is read-only: make the file and its folder writable, or give "
+    "another --storage",
+    "database or disk is full|no space left|disk quota": "the disk is full: free some space, or give a --storage on "
+    "another disk",
+    "disk i/o error|file too large": "the disk refused a write (full, or past the file size limit of ulimit -f): free "
+    "space or raise the limit",
+    "interrupted": "a query ran past its time bound (a schema that loops?): restore the file from a copy",
+    "database is locked": "another process holds it locked: wait for it, or give another --storage",
+    "unable to open database file": "the file cannot be opened: check its folder exists and is writable",
+    "authentication failed|access denied|no password supplied": "the server refused the user name or "
+    "password: check them",
+    "does not exist": "the server has no such database or user: create it, or give another --storage",
+    "connection refused|could not connect|timeout|timed out|name or service not known|no route": "the server cannot "
+    "be reached: check the host and port, and that it runs",
+    "invalid integer value|invalid port|port out of range|invalid connection option|invalid dsn": "the URL's host, "
+    "port or options are wrong: check them",
+}
 
 
 def database_reason(err: BaseException) -> str | None:
