@@ -19,8 +19,13 @@ def check_accelerator(trainer) -> None:
         return  # the server's choices, checked without importing Lightning
     from .gpu_audit.lightning import SIMULATED  # registers the simulated GPU with Lightning
 
-    if accelerator == SIMULATED:
-        _check_simulated(trainer)
+    if accelerator == SIMULATED and (
+        str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None)
+    ):
+        raise ConfigError(  # one process on one device (the device audit plays DDP)
+            f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
+            "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
+        )
     if isinstance(accelerator, str):
         from lightning.pytorch.accelerators import AcceleratorRegistry
 
@@ -37,15 +42,6 @@ def check_accelerator(trainer) -> None:
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise UserError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
-
-
-def _check_simulated(trainer) -> None:
-    """The simulated GPU is one process on one device (the device audit plays DDP)."""
-    if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
-        raise ConfigError(
-            f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
-            "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
-        )
 
 
 PROFILERS = ("simple", "advanced", "pytorch", "xla")

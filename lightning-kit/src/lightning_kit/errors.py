@@ -137,8 +137,7 @@ class OutputError(Exception):
 
 
 class _GuardedOutput:
-    """A command's standard output, whose failure to write is an ``OutputError``, not an ``OSError`` from wherever
-    the command printed (or, buffered, from the interpreter's exit)."""
+    """Standard output whose failure to write is an ``OutputError``, not an ``OSError`` from wherever it printed."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream

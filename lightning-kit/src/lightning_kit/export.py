@@ -42,21 +42,9 @@ from .trust import check_trusted, read_config, trust_modules
 
 __all__ = ["IMAGES", "TENSORS", "TOKENS", "Exported", "example_inputs", "export", "load_trained", "main"]
 
-# What of a run's config.yaml builds its model and data.
 RUN_SETTINGS = ("seed_everything", "model", "data")
-# What torch.export warns of every nn.RNN (GRU, LSTM) in a network, and of nothing else: its `_flat_weights`.
+# What torch.export warns of every nn.RNN (GRU, LSTM), its `_flat_weights`, and of nothing else: not the user's.
 RNN_WEIGHTS_WARNING = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\](, )?)+ were assigned during export\."
-
-
-class Probabilities(nn.Module):
-    """What the file of a classifier holds: the network, then a softmax over its logits."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs).softmax(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -98,7 +86,9 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     example = example_inputs(model, datamodule)
     classifier = example.kind in (IMAGES, TOKENS)
-    network = Probabilities(example.network).eval() if classifier else example.network.eval()
+    # A classifier's file answers probabilities: a softmax over the network's logits.
+    network = nn.Sequential(example.network, nn.Softmax(dim=-1)) if classifier else example.network
+    network.eval()
     program = _exported(network, example)
     described = example.described if classifier else _described(program, example)
     class_names = _class_names(model, datamodule, example.outputs) if classifier else []
@@ -124,8 +114,7 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
 
 
 def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProgram:
-    """``network`` exported on the example: every axis free where forward lets it vary, else the batch dimension
-    alone; ``UserError`` with torch.export's reason."""
+    """``network`` exported with every axis forward lets vary free, else the batch alone; else ``UserError``."""
     attempts = [example.dynamic_shapes]
     if example.kind == TENSORS:
         attempts.append(free_axes(example.args, example.kwargs, others=None))
@@ -133,7 +122,6 @@ def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProg
     for dynamic_shapes in attempts:
         try:
             with warnings.catch_warnings():
-                # PyTorch warns of nn.GRU's and nn.LSTM's own weights in every export of one: not the user's.
                 warnings.filterwarnings("ignore", message=RNN_WEIGHTS_WARNING, category=UserWarning)
                 return torch.export.export(network, example.args, example.kwargs, dynamic_shapes=dynamic_shapes)
         except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
@@ -159,8 +147,7 @@ _CLOSE_DEFAULT = (1e-4, 1e-5)
 
 
 def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Example, datamodule) -> None:
-    """Refuse (``UserError``) a program, loaded back from ``archive``, that answers a batch of the data (else the
-    example) otherwise than forward, or cannot take it."""
+    """Refuse a program (loaded back) that answers a batch of the data otherwise than forward, or cannot take it."""
     batch = example.batch or real_batch(example.network, datamodule)
     args, kwargs, where = batch if batch is not None else (example.args, example.kwargs, "the example")
     loaded = torch.export.load(io.BytesIO(archive.getvalue())).module()

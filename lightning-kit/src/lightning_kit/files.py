@@ -75,9 +75,7 @@ def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite
     while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
         folder = folder.parent  # the nearest folder that is there; those below it are made when writing
     try:
-        descriptor, probe = tempfile.mkstemp(prefix=".probe.", dir=folder)
-        os.close(descriptor)
-        os.unlink(probe)
+        tempfile.TemporaryFile(prefix=".probe.", dir=folder).close()
     except OSError as err:
         reason = f"{folder} is not a folder" if isinstance(err, NotADirectoryError) else first_line(err)
         raise ConfigError(

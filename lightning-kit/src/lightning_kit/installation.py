@@ -183,8 +183,7 @@ def install_command(project: ProjectFile | None) -> str:
 
 
 def missing_line(project: ProjectFile | None) -> str | None:
-    """One line naming the library's requirements missing here and the command that installs ``project``'s library
-    with them; None where none is missing."""
+    """One line naming what the library lacks here and the command that installs it; None where nothing is missing."""
     if not (missing := missing_requirements()):
         return None
     needs = f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?)"
@@ -192,8 +191,7 @@ def missing_line(project: ProjectFile | None) -> str | None:
 
 
 def problem(start: str | Path | None = None) -> str | None:
-    """One line saying how the library installed differs from the one the project at or above ``start`` (default:
-    the working folder) names, with the command that installs it; None where they agree."""
+    """One line on how the library installed differs from the one ``start``'s project names; None where they agree."""
     return _problem_of(find_project(start))
 
 

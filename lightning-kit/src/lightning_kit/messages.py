@@ -42,8 +42,7 @@ def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
 
 
 def disk_line(err: BaseException) -> str | None:
-    """One line for a write the disk refused (full, past ``ulimit -f``, read-only): an ``OSError``, or PyTorch's
-    ``RuntimeError`` for a checkpoint it could not write whole; else None."""
+    """One line for a write the disk refused (an ``OSError``, or PyTorch's of a checkpoint), or None."""
     if isinstance(err, OSError) and err.errno in DISK_ERRORS:
         name = err.filename or _file_being_written(err)
         where = f" {name}" if name else ""
@@ -84,8 +83,7 @@ def _file_being_written(err: BaseException) -> str | None:
 
 @contextmanager
 def errors_as_messages(not_built: int = 1) -> Iterator[None]:
-    """Stop with one line, no traceback and no password, for errors the user can fix; ``NotBuiltError`` exits
-    ``not_built``."""
+    """Stop with one line, no traceback nor password, for errors the user can fix; NotBuiltError exits ``not_built``."""
     try:
         yield
     except SIGTERMException:

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import quote, unquote
 
 MASK = "***"
-# Query parameters whose values are secrets.
 _SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
 # A URL in running text, after "://": it ends at a blank or a quote, but a password may hold a few blanks before '@'.
 _SCHEME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")

@@ -50,8 +50,7 @@ def find_project(start: str | Path | None = None) -> ProjectFile | None:
 
 
 def project_file(start: str | Path | None = None) -> Path | None:
-    """The nearest ``pyproject.toml`` at or above ``start`` (default: the working folder), passing over one inside a
-    project's ``runs/`` or ``data/``, which it did not write."""
+    """The nearest ``pyproject.toml`` at or above ``start`` (default: cwd) not inside a project's runs/ or data/."""
     try:
         folder = Path(start if start is not None else os.getcwd()).resolve()
     except OSError:  # the working folder was removed
@@ -96,15 +95,14 @@ def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:
     """A PEP 508 requirement of the library as ``(url, specifier, marker)``; None for another package or none."""
     requirement, _, marker = text.partition(";")
     head = requirement.strip()
-    named = _NAME.match(head)
-    if named is None:
+    if (named := _NAME.match(head)) is None:
         return None
     rest = head[named.end() :].lstrip()
     if rest.startswith("["):
-        closed = rest.find("]")
-        if closed < 0:
+        _, closed, rest = rest.partition("]")
+        if not closed:
             return None
-        rest = rest[closed + 1 :].lstrip()
+        rest = rest.lstrip()
     if rest.startswith("@"):
         url = rest[1:].strip()
         return (url, None, marker.strip()) if url and not any(part.isspace() for part in url) else None
@@ -149,8 +147,7 @@ def _settings(path: Path, table: Any) -> tuple[tuple[str, ...], tuple[str, str] 
     where = f"{path}: [tool.{TABLE}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table of settings")
-    unknown = sorted(set(table) - _SETTINGS)
-    if unknown:
+    if unknown := sorted(set(table) - _SETTINGS):
         raise ConfigError(f"{where} has no setting {unknown[0]!r}: it takes {', '.join(sorted(_SETTINGS))}")
     packages = table.get("packages", [])
     if not isinstance(packages, list) or not all(isinstance(p, str) and _MODULE.fullmatch(p) for p in packages):

@@ -41,9 +41,9 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
     path = Path(path)
     what = "to keep a study in"
     if path.is_symlink() and (no_link or not path.exists()):  # to nothing: SQLite would make a file where it points
-        what = f"a link (to {os.path.realpath(path)})" if path.exists() else f"a link to nothing ({os.readlink(path)})"
+        link = f"a link (to {os.path.realpath(path)})" if path.exists() else f"a link to nothing ({os.readlink(path)})"
         raise ConfigError(
-            f"{named} is {what}: a study's file is not written through a link: move the link away, or give "
+            f"{named} is {link}: a study's file is not written through a link: move the link away, or give "
             "--storage sqlite:///<the file> to use that file"
         )
     try:
@@ -87,8 +87,7 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
 def sqlite_connector(
     path: str | Path, *, read_only: bool, lock_wait_s: float, statement_limit_s: float = STATEMENT_LIMIT_S
 ) -> Callable[[], sqlite3.Connection]:
-    """Connections to the SQLite file ``path`` for SQLAlchemy's ``creator``: read-only if asked, and a statement past
-    ``statement_limit_s`` interrupted (``OperationalError: interrupted``, which ``explained`` explains)."""
+    """Connections to the SQLite file ``path`` for SQLAlchemy's ``creator``, each statement time-bound."""
     target = f"file:{quote(os.path.abspath(path))}?mode={'ro' if read_only else 'rwc'}"
     # Once one statement ran out of time, every later one of these connections stops at once: the file is suspect,
     # and a caller's fallback query (Optuna has some) would only wait as long again.
@@ -171,7 +170,6 @@ def database_reason(err: BaseException) -> str | None:
     return None
 
 
-# OSError numbers that mean the disk or the file system refused a write, and what to do.
 DISK_ERRORS = {
     errno.ENOSPC: "the disk is full: free some space",
     errno.EDQUOT: "the disk quota is used up: free some space",
