@@ -70,11 +70,8 @@ def scrubbed(text: str) -> str:
 
 def hidden_command(args: Iterable[str]) -> list[str]:
     """A command line's arguments with every URL in them hidden (``--storage URL`` and ``--storage=URL`` alike)."""
-    shown = []
-    for arg in map(str, args):
-        found = _URL_ARGUMENT.fullmatch(arg)
-        shown.append(scrubbed(f"{found[1] or ''}{hidden(found[2])}" if found else arg))
-    return shown
+    matched = [(arg, _URL_ARGUMENT.fullmatch(arg)) for arg in map(str, args)]
+    return [scrubbed(f"{found[1] or ''}{hidden(found[2])}" if found else arg) for arg, found in matched]
 
 
 def shown_command(args: Sequence[str]) -> str:
