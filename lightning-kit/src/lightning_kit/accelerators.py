@@ -16,11 +16,16 @@ def check_accelerator(trainer) -> None:
             "Use --accelerator cpu, or --accelerator auto to take a GPU when one is present."
         )
     if accelerator in ("cpu", "gpu", "cuda", "auto"):
-        return  # nothing more to check: the server's choices, checked without importing Lightning
+        return  # the server's choices, checked without importing Lightning
     from .gpu_audit.lightning import SIMULATED  # registers the simulated GPU with Lightning
 
-    if accelerator == SIMULATED:
-        _check_simulated(trainer)
+    if accelerator == SIMULATED and (
+        str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None)
+    ):
+        raise ConfigError(  # one process on one device (the device audit plays DDP)
+            f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
+            "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
+        )
     if isinstance(accelerator, str):
         from lightning.pytorch.accelerators import AcceleratorRegistry
 
@@ -39,21 +44,11 @@ def check_accelerator(trainer) -> None:
         raise UserError("--accelerator mps needs an Apple GPU, and this machine has none: use cpu or auto")
 
 
-def _check_simulated(trainer) -> None:
-    """The simulated GPU is one process on one device; the device audit also plays a second DDP process."""
-    if str(trainer.devices) not in ("1", "auto") or trainer.num_nodes != 1 or trainer.strategy not in ("auto", None):
-        raise ConfigError(
-            f"--accelerator {trainer.accelerator} runs one process on one simulated GPU: leave --devices, "
-            "--num_nodes and --strategy at their defaults (python -m lightning_kit.placement also audits DDP)"
-        )
-
-
-# The profilers a Trainer takes by name (Lightning's Trainer checks the same list).
 PROFILERS = ("simple", "advanced", "pytorch", "xla")
 
 
 def check_named_choices(trainer) -> None:
-    """The strategy and profiler given by name are ones Lightning has (one it lacks: a traceback from the Trainer)."""
+    """The strategy and profiler given by name are ones Lightning has (else: a traceback from the Trainer)."""
     strategy = trainer.get("strategy")
     if isinstance(strategy, str):
         from lightning.pytorch.strategies import StrategyRegistry

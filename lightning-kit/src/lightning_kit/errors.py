@@ -37,13 +37,11 @@ class RefusedArgumentError(ConfigError):
 
 
 class NotBuiltError(UserError):
-    """A class of the configuration raised while it was built on values no argument accounts for (its defaults): the
-    command's status says what it then did not do (1; the audit's: 3, not audited)."""
+    """A class of the configuration raised while built on its defaults: exit 1 (the audit's: 3, not audited)."""
 
 
 def exception_chain(err: BaseException | None, context: bool = True) -> list[BaseException]:
-    """``err`` and the exceptions it was raised from (``__cause__``) or, unless not ``context``, during
-    (``__context__``), outermost first; each once, however the chain loops back on itself."""
+    """``err`` and the exceptions it was raised from (or, with ``context``, during), outermost first, each once."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
@@ -58,9 +56,11 @@ LONGEST_LINE = 300
 
 
 def first_line(err: BaseException, typed: bool = False) -> str:
-    """What ``err`` says, as one line: the first line of its message, cut at ``LONGEST_LINE`` characters (its type's
-    name where it says nothing); ``typed``: after its type's name (``ValueError: ...``, ``(no message)`` for none)."""
-    lines = str(err).strip().splitlines()
+    """The one way an exception is said in one line: an ``OSError``'s reason (its caller names the file), else the
+    first line of its message, cut at ``LONGEST_LINE`` (its type's name where it says nothing); ``typed``: after its
+    type's name (``ValueError: ...``)."""
+    said = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    lines = said.strip().splitlines()
     text = lines[0].strip()[:LONGEST_LINE] if lines else ""
     if typed:
         return f"{type(err).__name__}: {text or '(no message)'}"
@@ -83,32 +83,26 @@ def first_few(names: Sequence[str], shown: int = 3) -> str:
 
 
 def invoked_as(default: str) -> str:
-    """How this process's command was typed, for messages: ``python -m <module>`` when run with ``-m``, else
-    ``default``."""
+    """How this process's command was typed: ``python -m <module>`` when run with ``-m``, else ``default``."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else default
 
 
 def signal_name(number: int) -> str:
-    """A signal's name for messages: ``SIGKILL``, or ``signal 64`` for a number that has none."""
+    """``SIGKILL``, or ``signal 64`` for a number that has no name."""
     try:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
 
 
-# Control characters (C0, DEL and C1): what a folder's name or a file's text could carry to a terminal.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def printable(text: str) -> str:
-    """``text`` on one line, without the control characters a folder's name or a file could carry to a terminal."""
-    return _CONTROL.sub("?", text)
+    """``text`` on one line, without the control characters (C0, DEL, C1) a file name could carry to a terminal."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "?", text)
 
 
 def nul_refusal(name: str, value: object) -> str | None:
-    """What is wrong with ``value`` (or an item of it) given for ``name`` when it is text holding a NUL character,
-    which the system refuses in a path (it surfaced as ValueError's traceback); None otherwise."""
+    """The refusal of ``value`` (or an item of it) for ``name`` where it holds a NUL, which no path can; else None."""
     values = value if isinstance(value, list | tuple) else [value]
     if any(isinstance(one, str | os.PathLike) and "\0" in str(one) for one in values):
         return f"{name} holds a NUL character (\\0), which no file name, URL or name can hold: give it without"
@@ -116,8 +110,8 @@ def nul_refusal(name: str, value: object) -> str | None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``argparse`` parser whose every mistake is one line, exit 2; a value holding a NUL character, and an empty
-    value for an option whose default is not empty (an empty path, URL or column is never meant), are mistakes."""
+    """An ``argparse`` parser whose every mistake is one line, exit 2; a NUL in a value, or an empty value for an
+    option whose default is not empty (an empty path, URL or column is never meant), is one."""
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (options: {self.prog} --help)\n")
@@ -138,39 +132,32 @@ class OutputError(Exception):
     """The command's standard output cannot take what it writes: a full disk, a file-size limit, a closed pipe."""
 
     def __init__(self, err: OSError) -> None:
-        super().__init__(err.strerror or str(err))
+        super().__init__(first_line(err))
         self.errno = err.errno
 
 
 class _GuardedOutput:
-    """A command's standard output, whose failure to write is an ``OutputError``, not an ``OSError`` raised from
-    wherever the command printed (or, buffered, from the interpreter's exit). Everything else is the stream's."""
+    """Standard output whose failure to write is an ``OutputError``, not an ``OSError`` from wherever it printed."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def _guarded(self, method: str, *args: Any) -> Any:
-        try:
-            return getattr(self._stream, method)(*args)
-        except OSError as err:
-            raise OutputError(err) from None
-
-    def write(self, text: str) -> int:
-        return self._guarded("write", text)
-
-    def writelines(self, lines: Any) -> None:
-        self._guarded("writelines", lines)
-
-    def flush(self) -> None:
-        self._guarded("flush")
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+        found = getattr(self._stream, name)
+        if name not in ("write", "writelines", "flush"):
+            return found
+
+        def guarded(*args: Any) -> Any:
+            try:
+                return found(*args)
+            except OSError as err:
+                raise OutputError(err) from None
+
+        return guarded
 
 
 def cut_short(stream: Any) -> bool:
-    """Whether what was written to ``stream``, a file, stopped at the file-size limit (``ulimit -f``): the system
-    writes a write that would pass it only up to it, and Python takes that short write as done, without an error."""
+    """Whether ``stream``, a file, stopped at ``ulimit -f``: Python takes the short write there as done, silently."""
     if resource is None:
         return False
     try:
@@ -185,20 +172,13 @@ def cut_short(stream: Any) -> bool:
         return False
 
 
-def _discard(stream: Any) -> None:
-    """What is left in ``stream``'s buffer goes nowhere: the interpreter's flush at exit must not fail on it again."""
-    # Not a file of this process (pytest's capture): nothing will be flushed at exit.
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-
-
 Main = TypeVar("Main", bound=Callable[..., Any])
 INTERRUPTED = 128 + signal.SIGINT  # a command ended by Ctrl-C, as a shell says it
 
 
 def command(main: Main) -> Main:
-    """A command's ``main``: what it prints reaches any standard output, or ends in one line (README: "What a command
-    prints"); a Ctrl-C that reaches its end is ``interrupted (Ctrl-C)``, exit 130, as a shell says SIGINT ended it."""
+    """A command's ``main``: what it prints reaches standard output, or ends in one line (README: "What a command
+    prints"); a Ctrl-C is ``interrupted (Ctrl-C)``, exit 130, as a shell says it."""
 
     @functools.wraps(main)
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -220,11 +200,13 @@ def command(main: Main) -> Main:
                 if cut_short(original):
                     raise OutputError(OSError(errno.EFBIG, os.strerror(errno.EFBIG)))
         except OutputError as err:
-            _discard(original)
+            # What is left in the buffer goes nowhere: the flush at exit must not fail on it again (no file: a capture).
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), original.fileno())
             if err.errno == errno.EPIPE:
                 raise SystemExit(1) from None
             raise SystemExit(f"error: the standard output cannot be written: {err}") from None
-        except KeyboardInterrupt:  # Ctrl-C where the command keeps nothing of its own: the shell's status for it
+        except KeyboardInterrupt:
             sys.stderr.write("interrupted (Ctrl-C)\n")
             raise SystemExit(INTERRUPTED) from None
         finally:
@@ -236,13 +218,12 @@ def command(main: Main) -> Main:
 
 
 def _file_errors_of_threads(args: threading.ExceptHookArgs) -> None:
-    """A thread of a library's (TensorBoard's event writer) stopped by a file that went away or cannot be written:
-    one line on standard error, not a traceback; any other exception in a thread is shown as Python shows it."""
-    if isinstance(args.exc_value, OSError) and not isinstance(args.exc_value, OutputError):
+    """A library's thread (TensorBoard's event writer) stopped by a file it cannot write: one line, no traceback."""
+    if isinstance(args.exc_value, OSError):
         err = args.exc_value
         name = os.fsdecode(err.filename) if isinstance(err.filename, str | bytes | os.PathLike) else ""
         owner = type(args.thread).__module__.partition(".")[0] if args.thread is not None else ""
         where = f"a thread of {owner}'s" if owner and owner != "threading" else "a thread"
-        sys.stderr.write(f"error: {where} stopped: {err.strerror or err}{': ' + name if name else ''}\n")
+        sys.stderr.write(f"error: {where} stopped: {first_line(err)}{': ' + name if name else ''}\n")
         return
     sys.__excepthook__(args.exc_type, args.exc_value, args.exc_traceback)

@@ -4,10 +4,9 @@
     python -m my_project.export --ckpt_path last    # a project's own command line (its KitCLI)
     python -m my_project.export --ckpt_path runs/lightning_logs/version_3/checkpoints/last.ckpt --output model.pt2
 
-writes ``model.pt2`` (``torch.export``) beside the run's checkpoints folder, and ``model.onnx`` when ``onnx`` and
-``onnxscript`` are installed: the model's own ``forward``, on inputs ``example_inputs`` finds, with what it takes in
-``input.json`` (``model_format``). Before a file is written, its program is loaded back and run on a batch of the
-data beside forward (the README's ``export`` says what is refused). Loading needs PyTorch alone::
+writes ``model.pt2`` (``torch.export`` of the model's ``forward``, what it takes in ``input.json``) beside the run's
+checkpoints folder, and ``model.onnx`` when ``onnx`` and ``onnxscript`` are installed. Before a file is written, its
+program is loaded back and run on a batch of the data beside forward. Loading needs PyTorch alone::
 
     import json, torch
     extra = {"class_names.json": "", "input.json": ""}
@@ -43,21 +42,9 @@ from .trust import check_trusted, read_config, trust_modules
 
 __all__ = ["IMAGES", "TENSORS", "TOKENS", "Exported", "example_inputs", "export", "load_trained", "main"]
 
-# What of a run's config.yaml builds its model and data.
 RUN_SETTINGS = ("seed_everything", "model", "data")
-# What torch.export warns of every nn.RNN (GRU, LSTM) in a network, and of nothing else: its `_flat_weights`.
+# What torch.export warns of every nn.RNN (GRU, LSTM), its `_flat_weights`, and of nothing else: not the user's.
 RNN_WEIGHTS_WARNING = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\](, )?)+ were assigned during export\."
-
-
-class Probabilities(nn.Module):
-    """What the file of a classifier (of images or tokens) holds: the network, then a softmax over its logits."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs).softmax(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -69,8 +56,7 @@ class Exported:
 
 
 def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = GenericCLI) -> tuple[nn.Module, object]:
-    """The model of ``ckpt_path`` with its weights, and its data module, built by ``cli_class`` from its run's
-    ``config.yaml`` and ``args``."""
+    """The model of ``ckpt_path`` with its weights, and its data module, built from its config.yaml and ``args``."""
     check_file(ckpt_path)  # the checkpoint named is the first thing wrong when it is not there
     config = ckpt_path.parent.parent / "config.yaml"
     given = any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args)
@@ -81,7 +67,7 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
     trained = read_checkpoint(ckpt_path, args)
     settings = []
     if not given:
-        # The run's settings, without those of `fit` itself (ckpt_path, ...), which building the model does not take.
+        # The run's settings, without those of `fit` itself (ckpt_path, ...).
         run = read_config(config) or {}
         check_trusted(run, config, args, [config.parent])  # read as data: built only from code it may import
         settings = ["--config", yaml.safe_dump({key: run[key] for key in RUN_SETTINGS if key in run})]
@@ -92,21 +78,22 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
 
 
 def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str = "auto") -> Exported:
-    """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says; return the files written. What
-    torch.export cannot export, or whose program answers otherwise than forward, is ``UserError``, nothing written;
-    where torch.onnx fails, the ``.pt2`` is written all the same and ``Exported.no_onnx`` says why."""
+    """Write ``output`` (``.pt2``), and its ``.onnx`` sibling as ``onnx`` says. What torch.export cannot export, or
+    whose program answers otherwise than forward, is ``UserError``, nothing written; where torch.onnx fails, the
+    ``.pt2`` is written all the same and ``Exported.no_onnx`` says why."""
     targets = check_outputs(output, overwrite, onnx)
     if onnx == "yes" and not _has_onnx():
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     example = example_inputs(model, datamodule)
     classifier = example.kind in (IMAGES, TOKENS)
-    network = Probabilities(example.network).eval() if classifier else example.network.eval()
+    # A classifier's file answers probabilities: a softmax over the network's logits.
+    network = nn.Sequential(example.network, nn.Softmax(dim=-1)) if classifier else example.network
+    network.eval()
     program = _exported(network, example)
     described = example.described if classifier else _described(program, example)
     class_names = _class_names(model, datamodule, example.outputs) if classifier else []
     extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(described)}
-    # The archive is made in memory and written by Python: PyTorch's archive writer, given a file, ends the process
-    # (SIGABRT, in C++) where a write fails (a full disk, past ulimit -f), and Python's writes raise OSError instead.
+    # Made in memory: PyTorch's archive writer, given a file, aborts the process (SIGABRT) where a write fails.
     archive = io.BytesIO()
     torch.export.save(program, archive, extra_files=extra_files)
     _check_against_forward(archive, network, example, datamodule)
@@ -115,21 +102,19 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
         with written_whole(output) as temporary:
             temporary.write_bytes(archive.getbuffer())
         del archive
-        if len(targets) > 1:
-            written = targets[1]
-        no_onnx = _write_onnx(program, example, class_names, targets[1]) if len(targets) > 1 else None
+        written = targets[-1]
+        no_onnx = _write_onnx(program, example, class_names, written) if len(targets) > 1 else None
     except OSError as err:  # a full disk, past the file size limit, a folder made read-only since the check
         cause = DISK_ERRORS.get(err.errno, "")
         raise UserError(
-            f"--output: {written} could not be written ({err.strerror or err}{': ' + cause if cause else ''}); "
+            f"--output: {written} could not be written ({first_line(err)}{': ' + cause if cause else ''}); "
             "nothing was left in its place"
         ) from err
     return Exported(targets if no_onnx is None else targets[:1], no_onnx)
 
 
 def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProgram:
-    """``network`` exported on the example: every axis free where forward lets it vary, else (where torch.export
-    cannot keep one free) with the batch dimension alone free; ``UserError`` with torch.export's reason."""
+    """``network`` exported with every axis forward lets vary free, else the batch alone; else ``UserError``."""
     attempts = [example.dynamic_shapes]
     if example.kind == TENSORS:
         attempts.append(free_axes(example.args, example.kwargs, others=None))
@@ -137,7 +122,6 @@ def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProg
     for dynamic_shapes in attempts:
         try:
             with warnings.catch_warnings():
-                # PyTorch warns of nn.GRU's and nn.LSTM's own list of weights in every export of one: not the user's.
                 warnings.filterwarnings("ignore", message=RNN_WEIGHTS_WARNING, category=UserWarning)
                 return torch.export.export(network, example.args, example.kwargs, dynamic_shapes=dynamic_shapes)
         except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
@@ -146,8 +130,7 @@ def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProg
 
 
 def _described(program: torch.export.ExportedProgram, example: Example) -> dict:
-    """What the file of a model of tensors records of its inputs: each one's dtype and the sizes of one example, as
-    the program takes them (``None`` where a size varies, with the range the program takes)."""
+    """``INPUT_FILE`` of a model of tensors: each input's dtype and sizes as the program takes them."""
     placeholders = {node.name: node.meta.get("val") for node in program.graph.nodes if node.op == "placeholder"}
     inputs = []
     for entry, name in zip(example.described["inputs"], program.graph_signature.user_inputs, strict=True):
@@ -164,8 +147,7 @@ _CLOSE_DEFAULT = (1e-4, 1e-5)
 
 
 def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Example, datamodule) -> None:
-    """Refuse (``UserError``) a file, loaded back from ``archive``'s bytes, that answers a batch of the data (else
-    the example) otherwise than the model's forward, or cannot take it."""
+    """Refuse a program (loaded back) that answers a batch of the data otherwise than forward, or cannot take it."""
     batch = example.batch or real_batch(example.network, datamodule)
     args, kwargs, where = batch if batch is not None else (example.args, example.kwargs, "the example")
     loaded = torch.export.load(io.BytesIO(archive.getvalue())).module()
@@ -178,8 +160,8 @@ def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Exa
                 f"the exported file of {example.named} cannot take {where}, which its forward takes "
                 f"({first_line(err, typed=True)}): nothing was written"
             ) from err
-    # Looser than assert_close's own tolerances (float32: rtol 1.3e-6): the program may run forward's operations in
-    # another order. The loosest of the outputs' dtypes holds for all of them.
+    # Looser than assert_close's own (float32: rtol 1.3e-6): the program may order forward's operations otherwise.
+    # The loosest of the outputs' dtypes holds for all of them.
     tolerances = [_CLOSE.get(leaf.dtype, _CLOSE_DEFAULT) for leaf in tree_leaves(expected) if torch.is_tensor(leaf)]
     rtol, atol = max(tolerances, default=_CLOSE_DEFAULT)
     try:
@@ -193,14 +175,13 @@ def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Exa
 
 
 def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_names: list[str], path: Path):
-    """Write ``program`` as ONNX to ``path``, its inputs named by forward's parameters; None, or why it could not
-    be converted."""
+    """Write ``program`` as ONNX to ``path``, inputs named by forward's parameters; None, or why it could not."""
     classifier = example.kind in (IMAGES, TOKENS)
     # ONNX names each value once: an output named as an input is renamed.
     outputs = [f"{name}_output" if name in example.input_names else name for name in _output_names(example.outputs)]
     try:
         with warnings.catch_warnings():
-            # Its dimensions named as the export named them ("batch"): torch.onnx warns of each one shared, needlessly.
+            # torch.onnx warns of each dimension name shared ("batch"), needlessly.
             warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
             onnx_program = torch.onnx.export(
                 program,
@@ -223,8 +204,7 @@ def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_n
 
 
 def _output_names(outputs, name: str | None = None) -> list[str]:
-    """The names of an ONNX file's outputs, flat, as torch.export flattens them: ``output`` for one tensor, else a
-    dict's keys and a tuple's positions (``output_0``), joined where they nest (``pair_1``, ``stats.mean``)."""
+    """An ONNX file's output names, flat as torch.export flattens them: ``output``, ``output_0``, ``stats.mean``."""
     if isinstance(outputs, torch.Tensor):
         return [name or "output"]
     if isinstance(outputs, dict):
@@ -244,11 +224,10 @@ def _class_names(model, datamodule, logits: torch.Tensor) -> list[str]:
 
 
 def check_outputs(output: str | Path, overwrite: bool, onnx: str) -> list[Path]:
-    """The files ``export`` writes for ``--output`` (as given), each checked: a file can be written there."""
+    """The files ``export`` writes for ``--output``, each checked: a file can be written there."""
     path = Path(output)
     targets = [path] + ([path.with_suffix(".onnx")] if onnx == "yes" or (onnx == "auto" and _has_onnx()) else [])
-    for target in targets:
-        shown = output if target == path else target  # as given: "model.pt2/" names a folder
+    for shown in [output, *targets[1:]]:  # as given: "model.pt2/" names a folder
         check_output_file(shown, "--output", overwrite=overwrite, overwrite_flag="--overwrite")
     return targets
 
@@ -259,8 +238,7 @@ def _has_onnx() -> bool:
 
 @command
 def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, prog: str | None = None) -> None:
-    """Export the checkpoint that ``args`` name, its model and data built by ``cli_class`` (the project's
-    ``KitCLI``); ``prog`` names the command in messages."""
+    """Export the checkpoint ``args`` name, built by ``cli_class`` (the project's KitCLI); ``prog``: the command."""
     check_installation(cli_class.__module__)
     parser = OneLineParser(
         prog=prog or invoked_as("python -m lightning_kit.export"),

@@ -1,5 +1,5 @@
-"""Files a user names: read only when they are plain files (a FIFO would wait for a writer that may never come, a
-device may never end), written only where a file can go."""
+"""Files a user names: read only when plain files (a FIFO may wait forever, a device never end), written only where
+a file can go."""
 
 import os
 import stat
@@ -9,9 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, first_line
 
-# What a path that is not a plain file is, by the type bits of its mode.
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -37,8 +36,8 @@ def kind_of(mode: int) -> str | None:
 
 
 def open_regular(path: str | Path) -> BinaryIO:
-    """``path`` opened for binary reading, links followed, when it is a plain file; else ``NotAFileError``. Checked
-    again on the open file: a FIFO put in its place meanwhile is opened without waiting (``O_NONBLOCK``) and refused."""
+    """``path`` opened for binary reading where it is a plain file, else ``NotAFileError``; checked again once open
+    (without waiting: ``O_NONBLOCK``), so a FIFO put in its place meanwhile is refused too."""
     kind = kind_of(os.stat(path).st_mode)
     if kind is not None:
         raise NotAFileError(path, kind)
@@ -57,9 +56,8 @@ def open_regular(path: str | Path) -> BinaryIO:
 
 
 def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite_flag: str) -> None:
-    """Refuse, in one line naming ``flag``, an output ``path`` that could not be written, before the long work that
-    would produce it starts: a folder, a path in a folder no file can be created in (tried), or something already
-    there unless it is a file or a link and ``overwrite`` (the output is renamed into place: a link is replaced)."""
+    """Refuse, in one line naming ``flag`` and before the long work starts, an output ``path`` that could not be
+    written: a folder, in a folder no file can be created in (tried), or there already unless ``overwrite``."""
     text = os.fspath(path)
     path = Path(text)
     if not text.strip():
@@ -77,20 +75,17 @@ def check_output_file(path: str | Path, flag: str, *, overwrite: bool, overwrite
     while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
         folder = folder.parent  # the nearest folder that is there; those below it are made when writing
     try:
-        descriptor, probe = tempfile.mkstemp(prefix=".probe.", dir=folder)
-        os.close(descriptor)
-        os.unlink(probe)
+        tempfile.TemporaryFile(prefix=".probe.", dir=folder).close()
     except OSError as err:
-        reason = f"{folder} is not a folder" if isinstance(err, NotADirectoryError) else err.strerror or str(err)
+        reason = f"{folder} is not a folder" if isinstance(err, NotADirectoryError) else first_line(err)
         raise ConfigError(
             f"{flag} {path} cannot be written ({reason}): give a file in a folder you can write to"
         ) from err
 
 
 def check_folder_path(path: str | Path, what: str, flag: str) -> None:
-    """Refuse, in one line naming ``flag``, a folder ``path`` (``what`` it is for) that cannot be made or used: a part
-    that is not a folder, or a link that points nowhere (making the folder would create folders wherever it points).
-    A link to a folder that is there is used (runs kept on another disk)."""
+    """Refuse, in one line naming ``flag``, a folder ``path`` (``what`` it is for) that cannot be made: a part that is
+    not a folder, or a link to nothing (making it would create folders where it points); a link to a folder is used."""
     path = Path(path)
     for part in [*reversed(path.parents), path]:
         if part == part.parent or part == Path("."):
@@ -107,23 +102,21 @@ def check_folder_path(path: str | Path, what: str, flag: str) -> None:
             )
 
 
-# The temporary files of writes in progress (``written_whole``): hidden, and named by the writing process.
+# The temporary files of writes in progress (``written_whole``): hidden, named by the writing process.
 TEMPORARY_PREFIX = ".saving."
 
 
 @contextmanager
 def written_whole(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to: renamed to ``path`` when the block ends, removed if it fails, so
-    a reader never sees half a file (a checkpoint, a run's record); one a killed process left is removed by the next
-    write in that folder."""
+    """A temporary path beside ``path`` to write to, renamed to ``path`` when the block ends and removed if it fails:
+    a reader never sees half a file; one a killed process left is removed by the next write in that folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for left in path.parent.glob(f"{TEMPORARY_PREFIX}*"):
         pid = left.name[len(TEMPORARY_PREFIX) :].split(".", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             left.unlink(missing_ok=True)
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}.{path.name}")
-    # Whatever stands at that name (a link planted there, a reused pid's leftover) is removed,
-    # not written through: the bytes go to a new file beside ``path`` and nowhere else.
+    # Whatever stands at that name (a planted link, a reused pid's leftover) is removed, not written through.
     temporary.unlink(missing_ok=True)
     try:
         yield temporary
@@ -134,7 +127,7 @@ def written_whole(path: Path) -> Iterator[Path]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with id ``pid`` exists on this host (any process, another user's too)."""
+    """Whether a process with id ``pid`` exists on this host (another user's too)."""
     try:
         os.kill(pid, 0)
     except PermissionError:

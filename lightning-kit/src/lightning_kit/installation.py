@@ -1,6 +1,5 @@
-"""Whether the library installed is the one the project names, and has what it needs: said at start-up, in one line
-(README: "The library installed is the one the project names"). The standard library only: a project's package
-imports this first, so that a library installed without its requirements (``--no-deps``) is one line too.
+"""Whether the library installed is the one the project names, and has what it needs: one line at start-up (README:
+"The library installed is the one the project names"). The standard library only: imported before the requirements.
 """
 
 import importlib.metadata
@@ -17,19 +16,16 @@ from .files import NotAFileError, open_regular
 from .passwords import scrubbed
 from .project import DISTRIBUTION, ProjectFile, find_project, marker_applies
 
-# Set once a process has said what it found of a project (its pyproject.toml's path), for it and the processes it starts
-# (DDP ranks, sweeps' trials, servers).
+# Set to the project's pyproject.toml once said, for this process and those it starts (DDP ranks, trials, servers).
 CHECKED = "LIGHTNING_KIT_INSTALLATION_CHECKED"
 # The processes of a distributed run that are not its first: they stay quiet.
 _RANKS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
 _COMMIT = re.compile(r"^[0-9a-f]{7,64}$")  # SHA-1's 40 hex digits, SHA-256's 64, or a prefix of either
-# What a git file the start-up check reads may hold: HEAD, a ref, "gitdir: <path>" are one short line; packed-refs a
-# line per ref. A larger file, or one that is not a plain file, is not git's: nothing is told of it.
+# The most a git file read may hold: HEAD, a ref, "gitdir: <path>" are one line; packed-refs a line per ref.
 _SMALL, _PACKED = 4096, 1 << 20
 # A branch or tag HEAD names: "refs/heads/<name>", with none of the parts git refuses ("..", a leading "/" or "-").
 _REF = re.compile(r"refs/(?:[A-Za-z0-9_][A-Za-z0-9_.+-]*/)*[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-# The user information of a URL in a requirement (git+https://<token>@host/..., https://me:<token>@host/...): a
-# token pip is given, which no message shows. Tried only after each "://".
+# The user information of a URL (git+https://<token>@host/...): a token pip is given, which no message shows.
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s@:]*(?::[^\s@]*)?@")
 # The commit in a version setuptools-scm derived from git: 0.1.1.dev5+g1a2b3c4d5 (and .d20261202 when dirty).
 _VERSION_COMMIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
@@ -84,11 +80,9 @@ def missing_requirements() -> list[str]:
     missing = []
     for text in required:
         marker = text.partition(";")[2]
-        if "extra" in marker:
-            continue  # an extra's
         name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", text)
-        if name is None or not marker_applies(marker):
-            continue
+        if "extra" in marker or name is None or not marker_applies(marker):
+            continue  # an extra's, or not for this environment
         try:
             importlib.metadata.distribution(name[1])
         except importlib.metadata.PackageNotFoundError:
@@ -98,21 +92,27 @@ def missing_requirements() -> list[str]:
 
 def difference(library: Installed | None, project: ProjectFile) -> str | None:
     """Why ``library`` is not the one ``project`` names, in words; None where it is (or where it cannot be told)."""
-    if library is None:
-        return None  # the library runs from its source folder, not installed: nothing to tell
-    if project.url is not None:
-        return _url_difference(library, project.url)
-    return _specifier_difference(library, project.specifier) if project.specifier else None
+    named_url = project.url
+    if library is None or (named_url is None and not project.specifier):
+        return None  # run from its source folder, not installed; or named by no version
+    if named_url is None:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
 
-
-def _url_difference(library: Installed, named_url: str) -> str | None:
-    scheme, _, rest = named_url.partition("+") if named_url.startswith("git+") else ("", "", named_url)
-    if scheme == "git":
-        base, revision = _git_parts(rest)
+        try:
+            accepted = SpecifierSet(project.specifier).contains(Version(library.version), prereleases=True)
+        except (InvalidSpecifier, InvalidVersion):
+            return None
+        return None if accepted else f"version {library.version} is outside {project.specifier}"
+    if named_url.startswith("git+"):
+        # git+https://host/repo@<rev>#subdirectory=...: the repository's URL and the revision (None if none).
+        base = named_url.removeprefix("git+").partition("#")[0]
+        parsed = urllib.parse.urlsplit(base)
+        path, at, revision = parsed.path.rpartition("@")
+        base, revision = (urllib.parse.urlunsplit(parsed._replace(path=path)), revision) if at else (base, None)
         installed_commit = library.commit or library.version_commit
         if revision is None or not _COMMIT.fullmatch(revision):
-            # A tag or branch: installed from that repository, at the revision named when pip installed it (which
-            # commit a branch is at now cannot be told without git).
+            # A tag or branch: from that repository, at the revision pip was given (where a branch is now needs git).
             if library.url is None or library.url.removeprefix("git+").rstrip("/") != base.rstrip("/"):
                 return "it was installed from elsewhere"
             if revision is not None and library.requested is not None and library.requested != revision:
@@ -136,38 +136,13 @@ def _url_difference(library: Installed, named_url: str) -> str | None:
     return None if library.url == named_url else "it was installed from elsewhere"
 
 
-def _specifier_difference(library: Installed, specifier: str) -> str | None:
-    # packaging is one of the library's requirements: it is there, as the check of them (first) has found.
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        accepted = SpecifierSet(specifier).contains(Version(library.version), prereleases=True)
-    except (InvalidSpecifier, InvalidVersion):
-        return None
-    return None if accepted else f"version {library.version} is outside {specifier}"
-
-
-def _git_parts(url: str) -> tuple[str, str | None]:
-    """``https://host/repo@<rev>#subdirectory=...`` as the repository's URL and the revision (None if none)."""
-    without_fragment = url.partition("#")[0]
-    parsed = urllib.parse.urlsplit(without_fragment)
-    path, at, revision = parsed.path.rpartition("@")
-    if not at:
-        return without_fragment, None
-    return urllib.parse.urlunsplit(parsed._replace(path=path)), revision
-
-
 def _file_path(url: str) -> Path:
-    parsed = urllib.parse.urlsplit(url)
-    return Path(urllib.parse.unquote(parsed.path)).resolve()
+    return Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).resolve()
 
 
 def _head_commit(folder: Path) -> str | None:
-    """The commit checked out in the git repository ``folder`` lies in, read from its files as data (no git run, each
-    file through ``_small``); None where it cannot be told. HEAD's ``ref:`` is followed only to a ref inside the
-    repository (``refs/...``), and what is read is a commit only where it is one (hex digits).
-    """
+    """The commit checked out in the git repository ``folder`` lies in, its files read as bounded data (git is not
+    run); HEAD's ``ref:`` is followed only inside the repository (``refs/...``). None where it cannot be told."""
     for candidate in [folder, *folder.parents][:8]:
         git = candidate / ".git"
         if git.is_file():  # a worktree or submodule: "gitdir: <path>"
@@ -193,7 +168,7 @@ def _head_commit(folder: Path) -> str | None:
 
 
 def _small(path: Path, most: int) -> str | None:
-    """The text of ``path`` where it is a plain file of at most ``most`` bytes; None where it is not."""
+    """The text of ``path`` where it is a plain file of at most ``most`` bytes, else None."""
     try:
         with open_regular(path) as file:
             data = file.read(most + 1)
@@ -203,26 +178,20 @@ def _small(path: Path, most: int) -> str | None:
 
 
 def install_command(project: ProjectFile | None) -> str:
-    """The command that installs the library ``project`` names."""
     named = project.requirement if project is not None else None
     return f"pip install {shlex.quote(named)}" if named else "pip install lightning-kit"
 
 
 def missing_line(project: ProjectFile | None) -> str | None:
-    """One line naming the library's requirements missing here (``pip install --no-deps``), and the command that
-    installs the library ``project`` names with them; None where none is missing."""
-    missing = missing_requirements()
-    if not missing:
+    """One line naming what the library lacks here and the command that installs it; None where nothing is missing."""
+    if not (missing := missing_requirements()):
         return None
-    return without_credentials(
-        f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?): "
-        f"{install_command(project)}"
-    )
+    needs = f"lightning-kit is installed without what it needs ({', '.join(missing)}; installed with --no-deps?)"
+    return without_credentials(f"{needs}: {install_command(project)}")
 
 
 def problem(start: str | Path | None = None) -> str | None:
-    """One line saying how the library installed differs from the one named by the project at or above ``start``
-    (a folder; by default the working folder), with the command that installs it; None where they agree."""
+    """One line on how the library installed differs from the one ``start``'s project names; None where they agree."""
     return _problem_of(find_project(start))
 
 
@@ -233,9 +202,8 @@ def _problem_of(project: ProjectFile | None) -> str | None:
         return None
     command = install_command(project)
     if project.url is not None and project.url.startswith("file:"):
-        # pip keeps the wheel it built of a folder by the folder's URL (a name like lightning-kit reads to it as a
-        # name and a version), and counts a copy installed from that URL as the requirement met: the folder as it is
-        # now is installed only when pip is told to build it again.
+        # pip keeps the wheel it built of a folder by the folder's URL and counts a copy from that URL as the
+        # requirement met: the folder as it is now is installed only when pip is told to build it again.
         command = command.replace("pip install ", "pip install --force-reinstall --no-deps --no-cache-dir ", 1)
     return without_credentials(
         f"{library.described()} is installed, but {project.path} names {project.requirement} ({why}): "
@@ -249,10 +217,9 @@ def without_credentials(text: str) -> str:
 
 
 def check_installation(module: str | None = None) -> None:
-    """At a command's start: stop in one line where the library lacks what it needs; say in one line (on stderr)
-    where it is not the library the project names, once for a project, by the first process of a run. ``module``,
-    one of the project's, finds its ``pyproject.toml`` from its folder; else the working folder's is the project's.
-    """
+    """At a command's start: stop in one line where the library lacks what it needs; warn in one line where it is
+    not the one the project names (once, by a run's first process). The project is ``module``'s, else the working
+    folder's."""
     project = find_project(_folder_of(module))
     if (missing := missing_line(project)) is not None:
         sys.exit(f"error: {missing}")
@@ -260,15 +227,13 @@ def check_installation(module: str | None = None) -> None:
     if os.environ.get(CHECKED) == checked or any(os.environ.get(name, "0") not in ("", "0") for name in _RANKS):
         return
     os.environ[CHECKED] = checked
-    found = _problem_of(project)
-    if found is not None:
+    if (found := _problem_of(project)) is not None:
         sys.stderr.write(f"warning: {found}\n")
         sys.stderr.flush()
 
 
 def _folder_of(module: str | None) -> Path | None:
-    """The folder of ``module``'s file (imported already: it is the one running), where its project is found; None
-    for the library's own modules."""
+    """The folder of ``module``'s file (imported: it is running); None for the library's own modules."""
     if not module or module.partition(".")[0] == __package__:
         return None
     location = getattr(sys.modules.get(module), "__file__", None)

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .arguments import TRAINER
 from .callbacks import InterruptCheckpoint
-from .errors import NotBuiltError, RefusedArgumentError, UserError, exception_chain
+from .errors import NotBuiltError, RefusedArgumentError, UserError, exception_chain, first_line
 from .gpu_audit.explain import explain
 from .gpu_audit.lightning import simulated_run
 from .gpu_audit.verdict import DevicePlacementError
@@ -25,37 +25,28 @@ from .supervision import ProcessWatch, lost_a_process, lost_process_line
 
 
 def report(line: str) -> None:
-    """Print ``line``, every password hidden, with one write: lines from DDP processes sharing a log (or a SLURM
-    output file) never split."""
+    """Print ``line``, every password hidden, in one write: lines of DDP processes sharing a log never split."""
     sys.stdout.write(f"{scrubbed(line)}\n")
     sys.stdout.flush()
 
 
-def _user_error_behind(err: BaseException) -> UserError | None:
-    """The user's mistake that ``err`` was raised from, if one was."""
-    return next((link for link in exception_chain(err, context=False) if isinstance(link, UserError)), None)
-
-
 def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
-    """The Trainer flag that Lightning's own check of it against the data refused (a ``val_check_interval`` longer
-    than the epoch), if ``err`` is that: a ValueError raised in Lightning's code naming the argument in backticks.
-    Anything else stays a traceback: a bug to report."""
+    """The Trainer flag Lightning refused against the data (a ``val_check_interval`` past the epoch): a ValueError
+    raised in Lightning's code naming it in backticks. Anything else stays a traceback: a bug to report."""
     frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
-    if not isinstance(err, ValueError) or not frames:
-        return None
-    if f"{os.sep}lightning{os.sep}pytorch{os.sep}" not in frames[-1].f_code.co_filename:
+    in_lightning = frames and f"{os.sep}lightning{os.sep}pytorch{os.sep}" in frames[-1].f_code.co_filename
+    if not (isinstance(err, ValueError) and in_lightning):
         return None
     named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
     return f"--trainer.{named[0]}" if named else None
 
 
 def disk_line(err: BaseException) -> str | None:
-    """One line for a write the disk or file system refused (full, past ``ulimit -f``, read-only), or None: ``err`` is
-    the ``OSError`` itself, or PyTorch's ``RuntimeError`` for a checkpoint it could not write whole."""
+    """One line for a write the disk refused (an ``OSError``, or PyTorch's of a checkpoint), or None."""
     if isinstance(err, OSError) and err.errno in DISK_ERRORS:
         name = err.filename or _file_being_written(err)
         where = f" {name}" if name else ""
-        return f"error: cannot write{where}: {err.strerror or err}: {DISK_ERRORS[err.errno]}"
+        return f"error: cannot write{where}: {first_line(err)}: {DISK_ERRORS[err.errno]}"
     if isinstance(err, RuntimeError) and re.search(r"failed writing file|file write failed|unexpected pos", str(err)):
         return (
             "error: a file (a checkpoint) could not be written whole: the disk is full or the file would pass "
@@ -65,8 +56,7 @@ def disk_line(err: BaseException) -> str | None:
 
 
 def memory_line(err: BaseException) -> str | None:
-    """One line for memory the machine could not give (a size given too large: a data set's, a batch's, a
-    network's width), or None: Python's MemoryError, PyTorch's allocator refusing on the CPU, CUDA out of memory."""
+    """One line for memory the machine could not give (Python's, PyTorch's CPU allocator's, CUDA's), or None."""
     text = " ".join(str(err).split())
     cpu = isinstance(err, RuntimeError) and "can't allocate memory" in text
     if not (isinstance(err, MemoryError) or cpu or type(err).__name__ == "OutOfMemoryError"):
@@ -80,8 +70,7 @@ def memory_line(err: BaseException) -> str | None:
 
 
 def _file_being_written(err: BaseException) -> str | None:
-    """The name of the file a failed ``write`` was writing (a write's error names none): the file object open for
-    writing in the innermost frame of ``err``'s traceback that holds one."""
+    """The file a failed ``write`` was writing (its error names none): the innermost frame's file open for writing."""
     for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
         for value in frame.f_locals.values():
             mode = getattr(value, "mode", None)
@@ -94,8 +83,7 @@ def _file_being_written(err: BaseException) -> str | None:
 
 @contextmanager
 def errors_as_messages(not_built: int = 1) -> Iterator[None]:
-    """Stop with one line, not a traceback and no password shown, for errors the user can fix from the command line;
-    a class that could not be built (``NotBuiltError``) with the status ``not_built``."""
+    """Stop with one line, no traceback nor password, for errors the user can fix; NotBuiltError exits ``not_built``."""
     try:
         yield
     except SIGTERMException:
@@ -111,7 +99,8 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
         raise
     except Exception as err:
         # The mistake itself, or the one jsonargparse wrapped when it instantiated a class.
-        mistake = err if isinstance(err, MisconfigurationException) else _user_error_behind(err)
+        wrapped = (link for link in exception_chain(err, context=False) if isinstance(link, UserError))
+        mistake = err if isinstance(err, MisconfigurationException) else next(wrapped, None)
         if isinstance(mistake, RefusedArgumentError | NotBuiltError):  # a status of their own: the line written here
             sys.stderr.write(scrubbed(f"error: {mistake}") + "\n")
             sys.stderr.flush()
@@ -129,13 +118,13 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
             sys.exit(memory)
         if isinstance(err, RuntimeError) and re.search(r"cannot be converted to type \w+ without overflow", str(err)):
             sys.exit(
-                f"error: a number given overflows the model's numbers ({' '.join(str(err).split())}): "
+                f"error: a number given overflows the model's numbers ({first_line(err)}): "
                 "give smaller values (a learning rate, a weight decay, a range in a space file)"
             )
         if lost_a_process(err):
             sys.exit(lost_process_line(ProcessWatch.ended() or "another process of the DDP run stopped"))
         if (flag := _trainer_flag_refused_by_lightning(err)) is not None:
-            sys.exit(f"error: {flag}: {' '.join(str(err).split())}")
+            sys.exit(f"error: {flag}: {first_line(err)}")
         found = explain(err, stage=simulated_run.stage, rank=0, world_size=1) if simulated_run.stage else None
         if not isinstance(found, DevicePlacementError):
             raise
@@ -146,18 +135,14 @@ def errors_as_messages(not_built: int = 1) -> Iterator[None]:
 _UNACTIONABLE_WARNINGS = (
     # train.py hands LightningCLI the arguments after expanding --accelerator & co: intended.
     ("LightningCLI's args parameter is intended to run from within Python", UserWarning),
-    # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated;
-    # nothing in this project calls it.
+    # Lightning 2.6 itself checks isinstance(spec, LeafSpec), which torch 2.10 deprecated.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds: until
-    # LightningCLI moves on, there is nothing for a project to change.
+    # jsonargparse 4.49 deprecated parser-wide instantiators, which LightningCLI itself still adds.
     (r"\s*``ArgumentParser.add_instantiator`` was deprecated", DeprecationWarning),
 )
+# An advertisement; the seed is in config.yaml; an unused GPU gets its own warning.
 _UNACTIONABLE_INFO = (
-    # An advertisement for a cloud service, printed by every run.
     "💡 Tip: For seamless cloud logging",
-    # The seed is in the run's config.yaml; a GPU present but unused gets its own warning, and
-    # --accelerator gpu without one stops with a message.
     "Seed set to ",
     "GPU available: ",
     "TPU available: ",

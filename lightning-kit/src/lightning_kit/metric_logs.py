@@ -1,17 +1,10 @@
-"""What each logged metric's name says of its stage (the table of runs reads ``metrics.csv`` by it).
-
-A name says its stage in any of the usual ways, ``val/mae``, ``val_mae``, ``mae/val``, with
-Lightning's ``_epoch`` or ``_step`` added when a metric is logged both per step and per epoch.
-Validation and test metrics are per epoch (a validation run more than once an epoch keeps its
-last), unless their name says ``_step``.
-
-Only the standard library: the table of runs reads it without PyTorch.
+"""What a logged metric's name says of its stage (``val/mae``, ``val_mae``, ``mae/val``) and whether Lightning logged
+it per step (``_step``). The standard library only: the table of runs reads it without PyTorch.
 """
 
 import re
 from typing import NamedTuple
 
-# How stages are written, and the stage each stands for.
 STAGES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 
 _WORDS = "|".join(sorted(STAGES, key=len, reverse=True))

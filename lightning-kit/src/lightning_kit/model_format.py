@@ -1,40 +1,30 @@
-"""What an exported model file holds beside its program: the names of its extra files and the kinds of input.
+"""What an exported model file holds beside its program, written by the export and read by the server (which imports
+no Lightning: the standard library only).
 
-The export (``lightning_kit.export``) writes them and the server (``lightning_kit.serve``) reads them;
-kept here, in the standard library alone, so that serving a model file imports no Lightning.
-
-``INPUT_FILE`` is JSON. For ``IMAGES`` and ``TOKENS``: ``{"kind", "dtype", "shape", "varies"}`` and
-``image_size``, or ``seq_len`` and ``vocab_size``; the program answers class probabilities, named by
-``CLASS_NAMES_FILE``. For ``TENSORS``: ``{"kind": "tensors", "passed": "positional" | "keyword",
-"inputs": [{"name", "dtype", "shape", "ranges"}, ...]}``, each shape that of one example (the batch
-dimension, which varies, left out), ``null`` for a size that varies too, whose fewest and most (``null``:
-any) ``ranges`` gives; the program answers forward's outputs as they are (a tensor, a tuple or a dict of
-tensors, each of a row per example), and ``CLASS_NAMES_FILE`` is an empty list.
+``INPUT_FILE`` is JSON. For ``IMAGES`` and ``TOKENS``: ``{"kind", "dtype", "shape", "varies"}`` and ``image_size``, or
+``seq_len`` and ``vocab_size``; the program answers class probabilities, named by ``CLASS_NAMES_FILE``. For
+``TENSORS``: ``{"kind": "tensors", "passed": "positional" | "keyword", "inputs": [{"name", "dtype", "shape",
+"ranges"}, ...]}``, each shape one example's, ``null`` for a size that varies, whose fewest and most (``null``: any)
+``ranges`` gives; the program answers forward's outputs as they are, and ``CLASS_NAMES_FILE`` is an empty list.
 """
 
 import sys
 from dataclasses import dataclass
 
-# The extra files of a ``.pt2``: the class names (a JSON list) and what the inputs are (JSON: their kind and sizes).
 CLASS_NAMES_FILE = "class_names.json"
 INPUT_FILE = "input.json"
-# The kinds of input an exported file takes (``INPUT_FILE``'s "kind"), decided by the model and the data module.
+# The kinds of input an exported file takes (``INPUT_FILE``'s "kind").
 IMAGES = "images"  # uint8 (batch, 3, image_size, image_size): the data module has an image_size
 TOKENS = "tokens"  # int64 (batch, length), ids in [0, vocab_size): the data module has a seq_len and a vocab_size
 TENSORS = "tensors"  # named tensors of fixed dtypes and shapes, each with a batch dimension: any other network
-# How a model of tensors takes its inputs (``INPUT_FILE``'s "passed"): forward(*inputs), or forward(**inputs).
-POSITIONAL = "positional"
-KEYWORD = "keyword"
-# The dtypes an input of a model of tensors may have (as PyTorch names them, without ``torch.``): those JSON's
-# numbers and booleans can give.
+POSITIONAL, KEYWORD = "positional", "keyword"  # INPUT_FILE's "passed": forward(*inputs), or forward(**inputs)
+# The dtypes an input of a model of tensors may have: those JSON's numbers and booleans can give.
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-# The command that writes model files, named in messages (a project's server names its own, ``<package>.export``).
 EXPORT_COMMAND = "python -m lightning_kit.export"
 
 
 def constant_size(size: object) -> int | None:
-    """An exported program's size of an axis (``int`` or ``torch.SymInt``) as a number, where it is one (a symbol
-    torch.export found to stand for one too); None where it varies."""
+    """An exported program's size of an axis (``int`` or ``torch.SymInt``) as a number; None where it varies."""
     if isinstance(size, int):
         return size
     expr = getattr(getattr(size, "node", None), "expr", None)
@@ -42,8 +32,7 @@ def constant_size(size: object) -> int | None:
 
 
 def size_range(program: object, size: object) -> tuple[int, int | None] | None:
-    """The sizes an exported ``program`` takes along an axis of ``size``: None where it is fixed, else its symbol's
-    range, the most None where unbounded (``(0, None)`` where the program records none: it checks them itself)."""
+    """The sizes ``program`` takes along an axis of ``size``: None where fixed, else ``(fewest, most or None)``."""
     if constant_size(size) is not None:
         return None
     bounds = program.range_constraints.get(size.node.expr)
@@ -55,8 +44,7 @@ def size_range(program: object, size: object) -> tuple[int, int | None] | None:
 
 @dataclass(frozen=True)
 class TensorInput:
-    """One input of a model of tensors: its name (forward's parameter), dtype, and the shape of one example, where
-    an axis whose size varies (a clip's length) is None, with the sizes the program takes in ``ranges``."""
+    """One input of a model of tensors: forward's parameter, its dtype and one example's shape."""
 
     name: str
     dtype: str  # one of DTYPES
@@ -64,7 +52,7 @@ class TensorInput:
     ranges: tuple[tuple[int, int | None] | None, ...] = ()  # per axis: (fewest, most or None: any) where it varies
 
     def range_of(self, axis: int) -> tuple[int, int | None]:
-        """The sizes axis ``axis`` (of one example) takes: one, where it is fixed."""
+        """The fewest and most sizes ``axis`` takes."""
         size = self.shape[axis]
         if size is not None:
             return size, size
@@ -81,13 +69,12 @@ class TensorInput:
         return described
 
     def __str__(self) -> str:
-        """``history (float32, 24x2)``; ``audio (float32, (2 to 4096)x80)`` where the first size varies; ``weight
-        (float32, one number)`` for an input of one number per example."""
+        """``history (float32, 24x2)``, ``audio (float32, (2 to 4096)x80)``, ``weight (float32, one number)``."""
         sizes = "x".join(map(self.size_said, range(len(self.shape)))) if self.shape else "one number"
         return f"{self.name} ({self.dtype}, {sizes})"
 
     def size_said(self, axis: int) -> str:
-        """``24``; ``(2 to 4096)`` or ``(2 or more)`` for a size that varies."""
+        """``24``, ``(2 to 4096)`` or ``(2 or more)``."""
         fewest, most = self.range_of(axis)
         if fewest == most:
             return str(fewest)

@@ -1,11 +1,8 @@
-"""URLs and command lines as a person or a file may see them: with every password hidden.
+"""URLs and command lines as a person or a file may see them: with every password hidden, here and nowhere else.
 
-Everything that shows a URL (``--storage postgresql+psycopg://me:pw@host/db``) or a command line goes through
-``hidden``, ``hidden_command`` or ``scrubbed`` (any text, such as a driver's error message), here and nowhere else.
-A URL is shown as given with everything between the user name and the last ``@`` of its authority masked (a password
-may hold an unescaped ``@``), and every string that SQLAlchemy or a driver might read as its password (up to the first
-``@`` or the last, raw or decoded) hidden wherever else it appears. ``remember`` notes a password, which ``scrubbed``
-then hides anywhere (a driver's message quoting it). The standard library only.
+A URL is shown with everything between its user name and the last ``@`` of its authority masked (a password may hold
+an unescaped ``@``), and every string SQLAlchemy or a driver might read as its password (up to the first ``@`` or the
+last, raw or decoded) hidden wherever else it appears; ``remember``ed ones anywhere. The standard library only.
 """
 
 import re
@@ -14,10 +11,8 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import quote, unquote
 
 MASK = "***"
-# Query parameters whose values are secrets.
 _SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
-# A URL in running text, after its scheme's "://": it ends at a blank or a quote, but a password may hold a few
-# blanks before its '@'.
+# A URL in running text, after "://": it ends at a blank or a quote, but a password may hold a few blanks before '@'.
 _SCHEME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 _URL_TAIL = re.compile(r"(?:[^@\s'\"]*(?: [^@\s'\"]*){0,3}@)?[^\s'\"]*")
 # An argument of a command line that is a URL, or a flag's value given as --flag=URL.
@@ -35,28 +30,23 @@ def hidden(url: str) -> str:
         return _mask_query(text) if "=" in text else text
     result = _by_pattern(text)
     for secret in _candidates(text):
-        if len(secret) >= _SHORTEST_SCRUBBED:
-            result = _replace(result, secret)
+        result = result.replace(secret, MASK)
     return result
 
 
 def unescaped_at(url: str) -> bool:
-    """Whether ``url`` has more than one ``@`` before its query: a password with an ``@`` not written ``%40``, from
-    inside which SQLAlchemy and the drivers read the host."""
+    """Whether ``url`` has more than one ``@`` before its query: a password's ``@`` not written ``%40``."""
     _, separator, rest = str(url).partition("://")
     return bool(separator) and not rest.startswith("/") and rest.partition("?")[0].count("@") > 1
 
 
 def remember(url: str) -> None:
     """Note ``url``'s password (and secret query values): ``scrubbed`` hides them in any text from now on."""
-    for secret in _candidates(str(url)):
-        if len(secret) >= _SHORTEST_SCRUBBED:
-            _remembered.add(secret)
+    _remembered.update(_candidates(str(url)))
 
 
 def scrubbed(text: str) -> str:
-    """``text`` with every URL in it hidden, and every remembered password replaced by ``***``; in time linear in the
-    text: URLs are found from each ``://``, never by trying every position."""
+    """``text`` with every URL in it hidden, and every remembered password; in linear time (from each ``://``)."""
     text = str(text)
     if "://" in text:
         pieces, done = [], 0
@@ -74,17 +64,14 @@ def scrubbed(text: str) -> str:
             done = end
         text = "".join([*pieces, text[done:]])
     for secret in sorted(_remembered, key=len, reverse=True):
-        text = _replace(text, secret)
+        text = text.replace(secret, MASK)
     return text
 
 
 def hidden_command(args: Iterable[str]) -> list[str]:
     """A command line's arguments with every URL in them hidden (``--storage URL`` and ``--storage=URL`` alike)."""
-    shown = []
-    for arg in map(str, args):
-        found = _URL_ARGUMENT.fullmatch(arg)
-        shown.append(scrubbed(f"{found[1] or ''}{hidden(found[2])}" if found else arg))
-    return shown
+    matched = [(arg, _URL_ARGUMENT.fullmatch(arg)) for arg in map(str, args)]
+    return [scrubbed(f"{found[1] or ''}{hidden(found[2])}" if found else arg) for arg, found in matched]
 
 
 def shown_command(args: Sequence[str]) -> str:
@@ -105,9 +92,7 @@ def _by_pattern(text: str) -> str:
 
 def _mask_query(text: str) -> str:
     """``text`` with the values of secret-looking ``key=value`` pairs (after ``?``, ``&`` or ``;``) masked."""
-    head, mark, query = text.partition("?")
-    if not mark:
-        head, query = "", text
+    head, mark, query = text.partition("?") if "?" in text else ("", "", text)
     masked = _QUERY_PAIR.sub(
         lambda found: f"{found[1]}{found[2]}={MASK if _SECRET_KEY.search(found[2]) else found[3]}", query
     )
@@ -115,24 +100,15 @@ def _mask_query(text: str) -> str:
 
 
 def _candidates(text: str) -> list[str]:
-    """What in ``text`` may be a password, raw and decoded: up to the last ``@`` of the authority (as the pattern
-    reads it) or the first (as SQLAlchemy's URL pattern and the drivers read it)."""
+    """What in ``text`` may be a password, raw and decoded, longest first: up to the last ``@`` of the authority or
+    the first (as SQLAlchemy and the drivers read it); none shorter than ``_SHORTEST_SCRUBBED``."""
     found: list[str] = []
     _, separator, rest = text.partition("://")
     if separator and not rest.startswith("/") and "@" in rest:
-        userinfo = rest.rpartition("@")[0]
-        found.append(userinfo.partition(":")[2])
-        first = rest.partition("@")[0]  # an '@' in the query or path: the user information ends at the first
-        found.append(first.partition(":")[2])
-    for _, key, value in _QUERY_PAIR.findall(text.partition("?")[2]):
-        if _SECRET_KEY.search(key):
-            found.append(value)
+        found.append(rest.rpartition("@")[0].partition(":")[2])
+        found.append(rest.partition("@")[0].partition(":")[2])  # an '@' in the query or path: it ends at the first
+    found += [value for _, key, value in _QUERY_PAIR.findall(text.partition("?")[2]) if _SECRET_KEY.search(key)]
     variants = set()
     for secret in found:
-        if secret:
-            variants.update({secret, unquote(secret), quote(secret, safe=""), quote(unquote(secret), safe="")})
-    return sorted((secret for secret in variants if secret and secret != MASK), key=len, reverse=True)
-
-
-def _replace(text: str, secret: str) -> str:
-    return text.replace(secret, MASK) if secret and secret != MASK else text
+        variants.update({secret, unquote(secret), quote(secret, safe=""), quote(unquote(secret), safe="")})
+    return sorted((secret for secret in variants if len(secret) >= _SHORTEST_SCRUBBED), key=len, reverse=True)

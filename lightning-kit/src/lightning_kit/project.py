@@ -1,6 +1,6 @@
-"""The project a command runs for: its ``pyproject.toml`` (the nearest from a folder up), read as data with bounds and
-with the standard library only, so that ``installation`` can read it where the library's own requirements are missing:
-the library it requires, and ``[tool.lightning-kit]``, which configures the library's commands (README).
+"""The project a command runs for: the nearest ``pyproject.toml`` up, read with bounds and the standard library only
+(``installation`` reads it where the library's requirements are missing): the library it requires, and
+``[tool.lightning-kit]``, which configures the library's commands (README).
 """
 
 import os
@@ -19,8 +19,8 @@ DISTRIBUTION = "lightning-kit"
 MAX_BYTES = 1 << 20
 # How far up from a folder a project's file is looked for (a package in src/<name>/ finds it two folders up).
 MAX_LEVELS = 32
-# The library's name at the start of a requirement, as PEP 508 and PEP 503 spell it (the rest is parsed by hand, in
-# one pass: a pattern of the whole requirement backtracked for minutes on a line of blanks).
+# The library's name at the start of a requirement (PEP 503); the rest is parsed by hand, in one pass: a pattern of
+# the whole requirement backtracked for minutes on a line of blanks.
 _NAME = re.compile(r"lightning[-_.]kit(?![\w.-])", re.IGNORECASE)
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _SETTINGS = {"packages", "monitor", "mode"}
@@ -41,20 +41,16 @@ class ProjectFile:
 
 
 def find_project(start: str | Path | None = None) -> ProjectFile | None:
-    """The project of ``project_file(start)``; None where there is none, or where it cannot be read (``read_project``
-    says why, for a command that needs it)."""
+    """The project of ``project_file(start)``; None where there is none or it cannot be read (``read_project``)."""
     path = project_file(start)
-    if path is None:
-        return None
     try:
-        return read_project(path)
+        return read_project(path) if path is not None else None
     except (ConfigError, OSError):
         return None
 
 
 def project_file(start: str | Path | None = None) -> Path | None:
-    """The path of the nearest ``pyproject.toml`` at or above ``start`` (default: the working folder), passing over
-    one inside a project's folder of runs or data (``runs/``, ``data/`` beside its own), which it did not write."""
+    """The nearest ``pyproject.toml`` at or above ``start`` (default: cwd) not inside a project's runs/ or data/."""
     try:
         folder = Path(start if start is not None else os.getcwd()).resolve()
     except OSError:  # the working folder was removed
@@ -75,12 +71,12 @@ def read_project(path: Path) -> ProjectFile:
     except ModuleNotFoundError:  # Python 3.10: the library requires tomli there
         import tomli as tomllib
     try:
-        with open_regular(path) as file:  # a FIFO put in its place since it was found is refused, never waited on
+        with open_regular(path) as file:  # a FIFO is refused, never waited on
             data = file.read(MAX_BYTES + 1)
     except NotAFileError as err:
         raise ConfigError(str(err)) from err
     except OSError as err:
-        raise ConfigError(f"{path} cannot be read ({err.strerror or err})") from err
+        raise ConfigError(f"{path} cannot be read ({first_line(err)})") from err
     if len(data) > MAX_BYTES:
         raise ConfigError(f"{path} is over {MAX_BYTES >> 20} MiB: no project's pyproject.toml is that large")
     try:
@@ -96,20 +92,17 @@ def read_project(path: Path) -> ProjectFile:
 
 
 def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:
-    """A requirement of the library, as PEP 508 writes one (name, extras, then a URL or a version specifier, then
-    an environment marker), as ``(url, specifier, marker)``; None where ``text`` requires another package or is
-    no requirement. Read in one pass over the text."""
+    """A PEP 508 requirement of the library as ``(url, specifier, marker)``; None for another package or none."""
     requirement, _, marker = text.partition(";")
     head = requirement.strip()
-    named = _NAME.match(head)
-    if named is None:
+    if (named := _NAME.match(head)) is None:
         return None
     rest = head[named.end() :].lstrip()
     if rest.startswith("["):
-        closed = rest.find("]")
-        if closed < 0:
+        _, closed, rest = rest.partition("]")
+        if not closed:
             return None
-        rest = rest[closed + 1 :].lstrip()
+        rest = rest.lstrip()
     if rest.startswith("@"):
         url = rest[1:].strip()
         return (url, None, marker.strip()) if url and not any(part.isspace() for part in url) else None
@@ -117,8 +110,7 @@ def library_requirement(text: str) -> tuple[str | None, str | None, str] | None:
 
 
 def marker_applies(marker: str) -> bool:
-    """Whether a requirement's environment marker (``python_version < "3.11"``) holds here: by ``packaging``'s
-    reading of it; a marker that cannot be read is taken to."""
+    """Whether a requirement's environment marker holds here, by ``packaging``; one it cannot read is taken to."""
     if not marker.strip():
         return True
     try:
@@ -136,8 +128,7 @@ def marker_applies(marker: str) -> bool:
 
 
 def _library_requirement(project: dict) -> str | None:
-    """The project's first requirement of the library whose marker holds here: in its dependencies, else in an
-    extra."""
+    """The project's first requirement of the library whose marker holds here: a dependency, else an extra's."""
     groups = [project.get("dependencies")]
     extras = project.get("optional-dependencies")
     groups += list(extras.values()) if isinstance(extras, dict) else []
@@ -150,15 +141,13 @@ def _library_requirement(project: dict) -> str | None:
 
 
 def _settings(path: Path, table: Any) -> tuple[tuple[str, ...], tuple[str, str] | None]:
-    """``[tool.lightning-kit]``'s packages and monitor, each setting checked: one line naming the key and what it
-    accepts."""
+    """``[tool.lightning-kit]``'s packages and monitor, each checked: one line naming the key and what it takes."""
     if table is None:
         return (), None
     where = f"{path}: [tool.{TABLE}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table of settings")
-    unknown = sorted(set(table) - _SETTINGS)
-    if unknown:
+    if unknown := sorted(set(table) - _SETTINGS):
         raise ConfigError(f"{where} has no setting {unknown[0]!r}: it takes {', '.join(sorted(_SETTINGS))}")
     packages = table.get("packages", [])
     if not isinstance(packages, list) or not all(isinstance(p, str) and _MODULE.fullmatch(p) for p in packages):

@@ -1,15 +1,8 @@
 """A run's status record, ``run.json`` in its folder: written by every ``fit``, read by the table of runs.
 
-At the start of ``fit`` it says ``running``, with the start time, the host, the process
-(its id and, where the system tells, when it started: a later process given the same id
-is told apart) and the command line. At the end it says how the run ended, ``finished``,
-``interrupted`` (Ctrl-C or SIGTERM), ``diverged`` or ``failed`` (any other error, with
-its message), with the end time, the duration and the best checkpoint. A run killed
-outright (kill -9, a power cut) cannot write its end: its record stays ``running``, and
-the table, finding its process gone, calls it interrupted. The file is written beside
-its name and renamed into place, so a reader never sees half of it.
-
-Only the standard library: the table of runs reads it without importing PyTorch.
+It says ``running`` (with the process, told apart from a later one given its id) until the run ends ``finished``,
+``interrupted``, ``diverged`` or ``failed``; a run killed outright stays ``running``, and the table, finding its
+process gone, calls it interrupted. The standard library only: the table of runs reads it without PyTorch.
 """
 
 import json
@@ -25,7 +18,6 @@ from .passwords import hidden_command, scrubbed
 
 RUN_FILE = "run.json"
 RUNNING, FINISHED, INTERRUPTED, DIVERGED, FAILED = "running", "finished", "interrupted", "diverged", "failed"
-# How a run ends, as its record says.
 ENDINGS = (FINISHED, INTERRUPTED, DIVERGED, FAILED)
 
 
@@ -57,7 +49,6 @@ def ended_record(record: dict[str, Any], status: str, **details: Any) -> dict[st
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``path`` whole (``write_whole``)."""
     write_whole(path, json.dumps(record, indent=1))
 
 
@@ -68,10 +59,7 @@ def write_whole(path: Path, text: str) -> None:
 
 
 def process_token(pid: int) -> str | None:
-    """What tells process ``pid`` apart from a later one given the same id: the boot and its start tick.
-
-    Linux only (``/proc``); None elsewhere, or when the process is gone.
-    """
+    """What tells process ``pid`` apart from a later one given its id: the boot and its start tick (Linux only)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         # The command name (field 2) may hold spaces and parentheses: count the fields after its last ')'.

@@ -1,34 +1,28 @@
-"""Database stores (a study's SQLite file, a server's URL) as the sweep and the dashboard open them.
-
-An SQLite file is checked before SQLite opens it (``check_sqlite_file``), every statement on it is time-bound
-(``sqlite_connector``: a schema that loops ends in a line instead of a hang), and every failure of a store becomes
-one line naming the store, without its password, and what to do (``failure_line``). Only the standard library at
-import: the table of runs takes its names without loading PyTorch.
+"""Database stores (a study's SQLite file, a server's URL) as the sweep and the dashboard open them: an SQLite file
+checked before SQLite opens it, every statement time-bound, every failure one line naming the store without its
+password. The standard library only: the table of runs imports it without PyTorch.
 """
 
 import errno
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
-from .errors import ConfigError, UserError, exception_chain, first_line
-from .files import kind_of, open_regular
+from .errors import ConfigError, exception_chain, first_line
+from .files import NotAFileError, kind_of, open_regular
 from .passwords import hidden, remember, scrubbed
 
 # A sweep's folder holds these: what the dashboard reads to find its study, and the study's SQLite file by default.
 STUDY_FILE, STUDY_DB = "study.json", "study.db"
 SQLITE_HEADER = b"SQLite format 3\x00"
-# The files SQLite keeps beside a database: its rollback journal, its write-ahead log and that log's index.
-SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
-# How long one SQL statement may run before it is stopped: Optuna's take milliseconds.
-STATEMENT_LIMIT_S = 60
-# SQLite calls the progress handler every this many virtual machine instructions.
-_PROGRESS_EVERY = 10_000
-# The store opened last by this process, as shown to a person, and the flag that named it (for failure_line).
-_opened: list[tuple[str, str]] = []
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # the files SQLite keeps beside a database
+STATEMENT_LIMIT_S = 60  # how long one SQL statement may run: Optuna's take milliseconds
+_PROGRESS_EVERY = 10_000  # SQLite virtual machine instructions between two calls of the progress handler
+_opened: list[tuple[str, str]] = []  # the stores this process opened, as shown, and their flags (for failure_line)
 
 
 def sqlite_database(url: str) -> str | None:
@@ -42,44 +36,32 @@ def sqlite_database(url: str) -> str | None:
 
 
 def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: bool = False) -> None:
-    """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use, or would hang on.
-
-    Refused: a path that is a folder, FIFO, device or socket (links followed, or with
-    ``no_link`` a link itself); a link to nothing (SQLite would make the file it points to);
-    a file that is not an SQLite database; for ``writing``, a file or folder that cannot be
-    written (a missing folder is made later, if it can be).
-    """
+    """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use or would hang on: not a
+    plain file, a link to nothing (or with ``no_link`` any link), not SQLite's; for ``writing``, not writable."""
     path = Path(path)
     what = "to keep a study in"
     if path.is_symlink() and (no_link or not path.exists()):  # to nothing: SQLite would make a file where it points
-        what = f"a link (to {os.path.realpath(path)})" if path.exists() else f"a link to nothing ({os.readlink(path)})"
+        link = f"a link (to {os.path.realpath(path)})" if path.exists() else f"a link to nothing ({os.readlink(path)})"
         raise ConfigError(
-            f"{named} is {what}: a study's file is not written through a link: move the link away, or give "
+            f"{named} is {link}: a study's file is not written through a link: move the link away, or give "
             "--storage sqlite:///<the file> to use that file"
         )
     try:
-        mode = path.stat().st_mode
+        with open_regular(path) as file:  # a FIFO or device is refused, not waited on
+            header = file.read(len(SQLITE_HEADER))
     except FileNotFoundError:
-        mode = None
+        header = None
+    except NotAFileError as err:
+        raise ConfigError(f"{named} is {err.kind}, not a file: give the path of a file {what}") from None
     except OSError as err:
-        raise ConfigError(f"{named} cannot be read ({err.strerror or err}): give a file {what}") from None
-    if mode is not None:
-        kind = kind_of(mode)
-        if kind is not None:
-            raise ConfigError(f"{named} is {kind}, not a file: give the path of a file {what}")
-        try:
-            with open_regular(path) as file:  # a FIFO swapped in since the stat is refused, not waited on
-                header = file.read(len(SQLITE_HEADER))
-        except (OSError, UserError) as err:
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
-            raise ConfigError(f"{named} cannot be read ({reason}): give a file {what}") from None
-        if header and header != SQLITE_HEADER:  # an empty file is a new database to SQLite
-            raise ConfigError(
-                f"{named} is not an SQLite database (corrupt, truncated or another kind of file): "
-                "restore it from a copy, or move it away to start a new study there"
-            )
-        if writing and not os.access(path, os.W_OK):
-            raise ConfigError(f"{named} is read-only: make it writable, or give another --storage")
+        raise ConfigError(f"{named} cannot be read ({first_line(err)}): give a file {what}") from None
+    if header and header != SQLITE_HEADER:  # an empty file is a new database to SQLite
+        raise ConfigError(
+            f"{named} is not an SQLite database (corrupt, truncated or another kind of file): "
+            "restore it from a copy, or move it away to start a new study there"
+        )
+    if header is not None and writing and not os.access(path, os.W_OK):
+        raise ConfigError(f"{named} is read-only: make it writable, or give another --storage")
     for suffix in SQLITE_COMPANIONS:  # SQLite opens these beside the file, following links, and waits on a FIFO
         companion = path.with_name(path.name + suffix)
         what_it_is = "a link" if companion.is_symlink() else companion.exists() and kind_of(companion.stat().st_mode)
@@ -105,14 +87,11 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
 def sqlite_connector(
     path: str | Path, *, read_only: bool, lock_wait_s: float, statement_limit_s: float = STATEMENT_LIMIT_S
 ) -> Callable[[], sqlite3.Connection]:
-    """A function making connections to the SQLite file ``path``: read-only if asked, every statement time-bound.
-
-    For SQLAlchemy's ``create_engine(..., creator=...)``. A statement past ``statement_limit_s``
-    is interrupted, and so is every later statement of these connections: SQLite raises
-    ``OperationalError: interrupted``, which ``explained`` explains.
-    """
-    absolute = os.path.abspath(path)
-    target = f"file:{quote(absolute)}?mode=ro" if read_only else f"file:{quote(absolute)}?mode=rwc"
+    """Connections to the SQLite file ``path`` for SQLAlchemy's ``creator``, each statement time-bound."""
+    target = f"file:{quote(os.path.abspath(path))}?mode={'ro' if read_only else 'rwc'}"
+    # Once one statement ran out of time, every later one of these connections stops at once: the file is suspect,
+    # and a caller's fallback query (Optuna has some) would only wait as long again.
+    stopped: list[bool] = []
 
     def connect() -> sqlite3.Connection:
         connection = sqlite3.connect(
@@ -132,10 +111,6 @@ def sqlite_connector(
         connection.set_progress_handler(over_time, _PROGRESS_EVERY)
         return connection
 
-    # Once one statement ran out of time, every later one of these connections stops at once: the file is suspect,
-    # and a caller's fallback query (Optuna has some) would only wait as long again.
-    stopped: list[bool] = []
-
     return connect
 
 
@@ -148,60 +123,40 @@ def opened(url: str, flag: str = "--storage") -> None:
 def failure_line(err: BaseException) -> str | None:
     """One line for a store's failure behind ``err``, naming the store last opened; None for any other error."""
     reason = database_reason(err)
-    if reason is None or not _opened:
-        return None
-    shown, flag = _opened[-1]
-    return f"{flag} {shown}: {explained(reason)}"
+    return f"{_opened[-1][1]} {_opened[-1][0]}: {explained(reason)}" if reason is not None and _opened else None
 
 
 def explained(reason: str) -> str:
-    """What a database's error ``reason`` means, and what to do, in words (without any remembered password)."""
+    """What a database's error ``reason`` means, and what to do (without any remembered password)."""
     text = scrubbed(" ".join(reason.split()))[:300]
     lowered = text.lower()
-    for needles, meaning in _MEANINGS:
-        if any(needle in lowered for needle in needles):
+    for needles, meaning in _MEANINGS.items():
+        if re.search(needles, lowered):
             return f"{meaning} ({text})"
     return f"{text}: check the store, or give another --storage"
 
 
-_MEANINGS = (
-    (
-        ("file is not a database", "malformed", "not an sqlite"),
-        "the file is not a whole SQLite database (corrupt or truncated): restore it from a copy, "
-        "or move it away to start a new study",
-    ),
-    (
-        ("readonly database", "read-only", "read only"),
-        "it is read-only: make the file and its folder writable, or give another --storage",
-    ),
-    (
-        ("database or disk is full", "no space left", "disk quota"),
-        "the disk is full: free some space, or give a --storage on another disk",
-    ),
-    (
-        ("disk i/o error", "file too large"),
-        "the disk refused a write (full, or past the file size limit of ulimit -f): free space or raise the limit",
-    ),
-    (("interrupted",), "a query ran past its time bound (a schema that loops?): restore the file from a copy"),
-    (("database is locked",), "another process holds it locked: wait for it, or give another --storage"),
-    (("unable to open database file",), "the file cannot be opened: check its folder exists and is writable"),
-    (
-        ("password authentication failed", "authentication failed", "access denied", "no password supplied"),
-        "the server refused the user name or password: check them",
-    ),
-    (
-        ("does not exist",),
-        "the server has no such database or user: create it, or give another --storage",
-    ),
-    (
-        ("connection refused", "could not connect", "timeout", "timed out", "name or service not known", "no route"),
-        "the server cannot be reached: check the host and port, and that it runs",
-    ),
-    (
-        ("invalid integer value", "invalid port", "port out of range", "invalid connection option", "invalid dsn"),
-        "the URL's host, port or options are wrong: check them",
-    ),
-)
+# What a database's error says (any of the words, lowered), and what it means.
+_MEANINGS = {
+    "file is not a database|malformed|not an sqlite": "the file is not a whole SQLite database (corrupt or "
+    "truncated): restore it from a copy, or move it away to start a new study",
+    "readonly database|read-only|read only": "it is read-only: make the file and its folder writable, or give "
+    "another --storage",
+    "database or disk is full|no space left|disk quota": "the disk is full: free some space, or give a --storage on "
+    "another disk",
+    "disk i/o error|file too large": "the disk refused a write (full, or past the file size limit of ulimit -f): free "
+    "space or raise the limit",
+    "interrupted": "a query ran past its time bound (a schema that loops?): restore the file from a copy",
+    "database is locked": "another process holds it locked: wait for it, or give another --storage",
+    "unable to open database file": "the file cannot be opened: check its folder exists and is writable",
+    "authentication failed|access denied|no password supplied": "the server refused the user name or "
+    "password: check them",
+    "does not exist": "the server has no such database or user: create it, or give another --storage",
+    "connection refused|could not connect|timeout|timed out|name or service not known|no route": "the server cannot "
+    "be reached: check the host and port, and that it runs",
+    "invalid integer value|invalid port|port out of range|invalid connection option|invalid dsn": "the URL's host, "
+    "port or options are wrong: check them",
+}
 
 
 def database_reason(err: BaseException) -> str | None:
@@ -215,7 +170,6 @@ def database_reason(err: BaseException) -> str | None:
     return None
 
 
-# OSError numbers that mean the disk or the file system refused a write, and what to do.
 DISK_ERRORS = {
     errno.ENOSPC: "the disk is full: free some space",
     errno.EDQUOT: "the disk quota is used up: free some space",

@@ -16,14 +16,11 @@ from .upstream.lightning import other_rank_processes
 
 
 class ProcessWatch(L.Callback):
-    """End every process of a DDP run that Lightning started (``--devices N``) when one of them dies, with one line:
-    otherwise the others wait in their next collective until the process group's timeout, half an hour. The first
-    process watches the others' exits, the others the first's (torchrun and SLURM watch their processes themselves).
-    """
+    """End every process of a DDP run Lightning started (``--devices N``) when one dies, with one line: else the
+    others wait half an hour in their next collective. (torchrun and SLURM watch their processes themselves.)"""
 
     POLL_SECONDS = 1.0
-    # A process Lightning started for another rank leaves a stop asked for by a signal with 0: Lightning's own watch
-    # (fabric's _ChildProcessObserver) would kill the first process for any other status.
+    # A rank Lightning started leaves a stop by a signal with 0: fabric's _ChildProcessObserver kills for any other.
     started_by_lightning = False
     _children: ClassVar[list] = []  # the processes of the other ranks, in the first process
     _done: threading.Event | None = None  # made when watching starts: a callback must stay copyable
@@ -42,23 +39,22 @@ class ProcessWatch(L.Callback):
                 threading.Thread(target=self._watch_child, args=(done, rank, child), daemon=True).start()
 
     def _watch_first(self, done: threading.Event, parent: int) -> None:
-        """In a process Lightning started: the first process is gone when this one's parent changes."""
+        """The first process is gone when this one's parent changes."""
         while not done.wait(self.POLL_SECONDS):
             if os.getppid() != parent:
                 _leave_at_once("the process of rank 0 ended")
 
     @staticmethod
     def _watch_child(done: threading.Event, rank: int, child) -> None:
-        """In the first process: learn the moment another rank's process ends, waiting, not polling: Lightning's own
-        watch polls every 5 seconds and then kills this process without a word, and while this thread waits its polls
-        see nothing."""
+        """Learn the moment another rank's process ends, waiting: Lightning's watch polls every 5 seconds, then kills
+        this process without a word (while this thread waits, its polls see nothing)."""
         code = child.wait()
         if code != 0 and not done.is_set():
             _leave_at_once(f"the process of rank {rank} ended with exit code {code}")
 
     @classmethod
     def ended(cls) -> str | None:
-        """Which other process ended before its time, and how, as the first process sees it."""
+        """Which other process ended before its time, and how."""
         for rank, child in enumerate(cls._children, start=1):
             if child.poll() not in (None, 0):
                 return f"the process of rank {rank} ended with exit code {child.returncode}"
@@ -74,7 +70,7 @@ class ProcessWatch(L.Callback):
 
 
 def _leave_at_once(ended: str) -> None:
-    """Leave with the line at once: the main thread may be blocked in a collective that never returns."""
+    """Leave at once: the main thread may be blocked in a collective that never returns."""
     sys.stderr.write(f"{lost_process_line(ended)}\n")
     sys.stderr.flush()
     os._exit(1)
@@ -101,15 +97,14 @@ def lost_a_process(err: BaseException) -> bool:
 
 
 def leave_process_group() -> None:
-    """Shut DDP's process group down while Python is still whole; Lightning does this at exit for NCCL only. A gloo
-    group (DDP on CPUs) left to interpreter shutdown can abort a finished run with "terminate called without an
-    active exception", and a non-zero exit code that fails the job (pytorch/pytorch#179291)."""
+    """Shut DDP's process group down while Python is whole (Lightning does for NCCL only): a gloo group left to
+    interpreter shutdown can abort a finished run with a non-zero exit code (pytorch/pytorch#179291)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
 def check_cpu_processes(trainer) -> None:
-    """DDP on the CPU starts one process per device: more than the machine's CPUs only slows it down, or hangs it."""
+    """DDP on the CPU starts one process per device: more than the machine's CPUs slows it down, or hangs it."""
     on_cpu = trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
     devices = trainer.devices
     count = devices if isinstance(devices, int) else int(devices) if str(devices).isdigit() else None
