@@ -56,10 +56,10 @@ LONGEST_LINE = 300
 
 
 def first_line(err: BaseException, typed: bool = False) -> str:
-    """The one way an exception is said in one line: an ``OSError``'s reason (its caller names the file), else the
-    first line of its message, cut at ``LONGEST_LINE`` (its type's name where it says nothing); ``typed``: after its
-    type's name (``ValueError: ...``)."""
-    said = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    """The one way an exception is said in one line: the first line of its message, cut at ``LONGEST_LINE`` (its
+    type's name where it says nothing), or an ``OSError``'s reason alone, where the caller names the file.
+    ``typed``, for an error of the user's code, whose whole first line is kept: after its type's name."""
+    said = err.strerror if isinstance(err, OSError) and err.strerror and not typed else str(err)
     lines = said.strip().splitlines()
     text = lines[0].strip()[:LONGEST_LINE] if lines else ""
     if typed:
