@@ -47,6 +47,18 @@ RUN_SETTINGS = ("seed_everything", "model", "data")
 RNN_WEIGHTS_WARNING = r"The tensor attributes ([\w.]+\._flat_weights\[\d+\](, )?)+ were assigned during export\."
 
 
+class Probabilities(nn.Module):
+    """What the file of a classifier (of images or tokens) holds: the network, then a softmax over its logits; its
+    input is named ``inputs``, as the server's messages and a loaded program's signature say."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs).softmax(dim=-1)
+
+
 @dataclass(frozen=True)
 class Exported:
     """What ``export`` wrote, and why no ``.onnx`` where torch.onnx could not export it."""
@@ -86,8 +98,7 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
         raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     example = example_inputs(model, datamodule)
     classifier = example.kind in (IMAGES, TOKENS)
-    # A classifier's file answers probabilities: a softmax over the network's logits.
-    network = nn.Sequential(example.network, nn.Softmax(dim=-1)) if classifier else example.network
+    network = Probabilities(example.network) if classifier else example.network
     network.eval()
     program = _exported(network, example)
     described = example.described if classifier else _described(program, example)
