@@ -12,16 +12,22 @@ from packaging.version import Version
 
 from lightning_kit.upstream import lightning as lightning_privates
 from lightning_kit.upstream import litserve as litserve_privates
+from lightning_kit.upstream import optuna as optuna_privates
 from lightning_kit.upstream import torch as torch_privates
 
-PRIVATES = [*lightning_privates.PRIVATES, *torch_privates.PRIVATES, *litserve_privates.PRIVATES]
+PRIVATES = [
+    *lightning_privates.PRIVATES,
+    *torch_privates.PRIVATES,
+    *litserve_privates.PRIVATES,
+    *optuna_privates.PRIVATES,
+]
 OVERRIDES = lightning_privates.OVERRIDES
 
 
 @pytest.mark.parametrize("private", PRIVATES, ids=[private.name for private in PRIVATES])
 def test_each_private_name_is_found_as_the_library_uses_it(private) -> None:
     assert isinstance(private.find(), private.kind), private.use
-    assert private.versions.split()[0] in {"lightning", "litserve", "torch", "uvicorn"}
+    assert private.versions.split()[0] in {"lightning", "litserve", "optuna", "torch", "uvicorn"}
 
 
 @pytest.mark.parametrize("override", OVERRIDES, ids=[override.method for override in OVERRIDES])

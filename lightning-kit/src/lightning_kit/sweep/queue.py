@@ -34,7 +34,8 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from ..checkpoints import RESUMABLE
 from ..messages import report
 from ..run_record import process_alive, process_token
-from .store import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, trial_id
+from ..upstream.optuna import trial_id
+from .store import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S
 
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 OWNER, RETRY_OF, RUN_FOLDER, RESUMED_FROM = "owner", "retry_of", "run_folder", "resumed_from"

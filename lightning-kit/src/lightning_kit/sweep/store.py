@@ -3,8 +3,6 @@
 Optuna's RDB storage in both cases (not its journal file, which a killed process can leave locked): each change is
 one transaction, and Optuna's heartbeat fails a trial whose worker went silent. SQLite takes its write lock when a
 transaction begins (``BEGIN IMMEDIATE``), so two processes that both read a trial as running cannot both change it.
-
-One private Optuna name is used, here only: ``Trial._trial_id`` (for the heartbeat and the queue); Optuna 5.0.0.
 """
 
 import json
@@ -16,7 +14,6 @@ import optuna
 import sqlalchemy
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
-from optuna.trial import FrozenTrial, Trial
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import NoSuchModuleError, OperationalError, SQLAlchemyError
 
@@ -113,11 +110,6 @@ _LASTING = ("not a database", "malformed", "readonly", "full", "i/o", "interrupt
 
 def _reason(err: BaseException) -> str:
     return stores.database_reason(err) or first_line(err.__cause__ or err)
-
-
-def trial_id(trial: Trial | FrozenTrial) -> int:
-    """The storage's id of ``trial`` (Optuna's private ``_trial_id``: see the module's docstring)."""
-    return trial._trial_id
 
 
 def write_study_file(folder: Path, study: optuna.Study, url: str, monitor: str, folds: int | None) -> None:
