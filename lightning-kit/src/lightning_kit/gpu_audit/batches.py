@@ -139,16 +139,17 @@ def in_flight() -> list[Unmoved]:
 def _walk(batch: Any) -> list[Unmoved]:
     """Every tensor of ``batch`` that Lightning's move does not reach, with why, within the bounds."""
     seen: dict[int, Any] = {}  # by id, holding each object, so that no id is another's while walking
-    budget = [NODES]
+    budget = NODES
 
     def walk(value: Any, path: str, depth: int, left: tuple[type, str, str] | None) -> Iterator[Unmoved]:
         if isinstance(value, torch.Tensor):
             if left is not None:
                 yield Unmoved(path, value, *left)
             return
-        if value is None or isinstance(value, _LEAVES) or depth > DEPTH or budget[0] <= 0 or id(value) in seen:
+        nonlocal budget
+        if value is None or isinstance(value, _LEAVES) or depth > DEPTH or budget <= 0 or id(value) in seen:
             return
-        budget[0] -= 1
+        budget -= 1
         seen[id(value)] = value
         kind = type(value)
         if left is not None:  # inside what Lightning hands on as it is: everything in it stays

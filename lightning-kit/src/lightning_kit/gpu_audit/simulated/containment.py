@@ -63,19 +63,21 @@ def raise_kept() -> None:
 
 def discard() -> None:
     """Forget the kept exception, if any, and the last one raised (see ``last_raised``)."""
-    _raised[0] = None
+    global _raised
+    _raised = None
     with _lock:
         _kept.clear()
 
 
 # The last exception an entry point raised outside a backward pass: TorchScript's interpreter turns it into a
 # RuntimeError of its own that keeps neither it nor its message.
-_raised: list[BaseException | None] = [None]
+_raised: BaseException | None = None
 
 
 def last_raised() -> BaseException | None:
     """The last exception the simulated GPU's entry points raised outside a backward pass, taken: once only."""
-    err, _raised[0] = _raised[0], None
+    global _raised
+    err, _raised = _raised, None
     return err
 
 
@@ -100,6 +102,7 @@ def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def entry(*args: Any, **kwargs: Any) -> Any:
+            global _raised
             backward = torch._C._current_autograd_node() is not None
             if _kept and not backward:
                 raise_kept()  # back in Python after a backward pass that kept one
@@ -108,7 +111,7 @@ def contained(benign: Callable[..., Any] | None = None) -> Callable[[Callable[..
                     return function(*args, **kwargs)
             except BaseException as err:
                 if not backward:
-                    _raised[0] = err
+                    _raised = err
                     raise
                 with contextlib.suppress(BaseException):  # nothing may leave for C++ here
                     keep(err)

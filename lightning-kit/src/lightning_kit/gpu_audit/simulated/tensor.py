@@ -88,7 +88,8 @@ class SimulatedTensor(torch.Tensor):
 def _dispatch(func, args, kwargs):
     """An operation checked by CUDA's rules, computed on the CPU, its results wrapped. What fails in the simulated
     GPU's own steps is ``NotSimulatedError``; the operation's own errors go on as they are."""
-    _operations[0] += 1
+    global _operations
+    _operations += 1
     kwargs = kwargs or {}
     try:
         plan = _plan(func)
@@ -256,17 +257,17 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = Tr
     return wrapper
 
 
-_operations = [0]  # how many operations the simulated GPU has run in this process
+_operations = 0  # how many operations the simulated GPU has run in this process
 
 
 @contextmanager
 def count_operations() -> Iterator[SimpleNamespace]:
     """``with count_operations() as counted:`` ... ``counted.count``: the operations run inside."""
-    counted, start = SimpleNamespace(count=0), _operations[0]
+    counted, start = SimpleNamespace(count=0), _operations
     try:
         yield counted
     finally:
-        counted.count = _operations[0] - start
+        counted.count = _operations - start
 
 
 class _Plan:
