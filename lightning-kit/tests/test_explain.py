@@ -1,5 +1,7 @@
 """The explanation of what stopped an audit that is not a placement bug: the hook, the line of your code, and why."""
 
+import os
+
 import lightning as L
 import pytest
 import torch
@@ -57,7 +59,7 @@ def test_a_project_installed_among_the_libraries_is_still_your_code(tmp_path, mo
     model_file.write_text(INSTALLED_MODEL, encoding="utf-8")
     monkeypatch.syspath_prepend(str(site_packages))
     # As the libraries' folders are found when the audit is imported: this one among them, and no project yet.
-    monkeypatch.setattr(explain, "_LIBRARIES", (*explain._LIBRARIES, str(site_packages.resolve())))
+    monkeypatch.setattr(explain, "INSTALLED", (*explain.INSTALLED, f"{site_packages.resolve()}{os.sep}"))
     monkeypatch.setattr(explain, "_AUDITED", set())
     from installed_project.model import OffsetOnTheCPU
 

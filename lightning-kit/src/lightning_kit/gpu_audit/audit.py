@@ -119,8 +119,7 @@ def _run(
             stages.append(stage)
         else:
             verdict.skipped[stage] = f"{type(data if data is not None else model).__name__} has no data for it"
-    simulated.forget_named_cuda()
-    simulated.forget_warned()
+    simulated.forget_notes()
     with _process_state_kept(), tempfile.TemporaryDirectory(prefix="placement-audit-") as root:
         for rank, world_size in PASSES:
             tracker = HookTracker(progress)

@@ -9,7 +9,6 @@ import linecache
 import os
 import re
 import sys
-import sysconfig
 import traceback
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from ..guide import cite
 from ..upstream.torch import tree_flatten
 from . import batches, simulated
 from .simulated import DEVICE_TYPE, SimulatedDeviceError
+from .simulated.devices import INSTALLED
 from .verdict import STEP_OF_STAGE, DevicePlacementError
 
 # The fix for each kind of bug, and the rule of the guide that explains it.
@@ -368,13 +368,7 @@ def _hook(action: str | None, model: L.LightningModule | None) -> str:
     return f"{owner}.{method}"
 
 
-_PACKAGE_FOLDERS = (path for path in sys.path if path.endswith(("site-packages", "dist-packages")))
-_LIBRARIES = tuple(str(Path(path).resolve()) for path in {*sysconfig.get_paths().values(), *_PACKAGE_FOLDERS} if path)
-# The audit's files, and the simulated GPU's (which may be another copy's: simulated/__init__.py).
-_OURS = tuple(
-    str(folder) + os.sep
-    for folder in (Path(__file__).resolve().parent, Path(simulated.to_cpu.__code__.co_filename).resolve().parent)
-)
+_OURS = str(Path(__file__).resolve().parent) + os.sep  # the audit's files, the simulated GPU's among them
 # The rest of this library counts as the user's code wherever it is installed, so a bug in it is named at its line.
 _KIT = str(Path(__file__).resolve().parents[1]) + os.sep
 # The packages of the models and data modules audited, even installed among the libraries: count_as_user_code.
@@ -401,7 +395,7 @@ def is_user_code(filename: str) -> bool:
     path = str(Path(filename).resolve())
     if path.startswith(_OURS) or filename.startswith("<"):
         return False
-    return path.startswith((_KIT, *_AUDITED)) or not path.startswith(_LIBRARIES)
+    return path.startswith((_KIT, *_AUDITED)) or not path.startswith(INSTALLED)
 
 
 def _user_frame(chain: list[BaseException]) -> traceback.FrameSummary | None:

@@ -24,7 +24,7 @@ from ..upstream.lightning import device_dtype_mixin
 from . import batches, simulated
 from .explain import explain, is_user_code
 from .simulated import SimulatedDeviceError
-from .simulated.collectives import note
+from .simulated.collectives import nccl_refusal, note
 
 SIMULATED = simulated.DEVICE_TYPE  # --accelerator simgpu
 # DistributedDataParallel's own refusals as it wraps a module (torch/nn/parallel/distributed.py), as on GPUs.
@@ -230,16 +230,8 @@ class SimulatedGPUStrategy(ParallelStrategy):
     def check_collective(self, tensor: torch.Tensor, operation: str) -> None:
         """Raise ``SimulatedDeviceError`` where NCCL would refuse ``tensor``: off this process's GPU."""
         if tensor.device != self.root_device:
-            device = simulated.as_cuda(tensor.device)
-            raise SimulatedDeviceError(
-                f"{operation} of a tensor on {device} in process {self._rank}, whose GPU is "
-                f"{simulated.as_cuda(self.root_device)}: NCCL refuses it "
-                f"(No backend type associated with device type {device.split(':')[0]})",
-                kind="sync_dist",
-                operation=f"torch.distributed.{operation}",
-                devices=(simulated.as_cuda(self.root_device), device),
-                culprit=tensor,
-            )
+            name = f"torch.distributed.{operation}"
+            raise nccl_refusal(operation, tensor, self._rank, kind="sync_dist", operation=name)
 
 
 class _WithoutTimings:

@@ -48,9 +48,9 @@ Replaced or set while ``simulating()`` is active: ``torch._C._group_tensors_by_d
 
 from . import collectives, memory  # noqa: F401 (simulated.memory, simulated.collectives)
 from .backend import enable
-from .code_checks import forget_named_cuda, made_at, named_cuda, simulating
+from .code_checks import forget_notes, made_at, named_cuda, simulating
 from .containment import last_raised
-from .deterministic import forget_warned, warned
+from .deterministic import warned
 from .devices import (
     DEVICE_COUNT,
     DEVICE_TYPE,
@@ -80,8 +80,7 @@ __all__ = [
     "current_device",
     "device",
     "enable",
-    "forget_named_cuda",
-    "forget_warned",
+    "forget_notes",
     "last_raised",
     "made_at",
     "memory",

@@ -23,6 +23,7 @@ from torch.utils.hooks import BackwardHook
 from . import cuda_api, in_place, lazy
 from .backend import enable
 from .containment import _kept, discard, in_backward, keep, raise_kept
+from .deterministic import _forward_lines, _warned
 from .devices import (
     _CPU,
     _CUDA,
@@ -349,12 +350,14 @@ _named: dict[tuple[str, int], str] = {}  # each line of the user's code that nam
 
 
 def named_cuda() -> list[tuple[str, int, str]]:
-    """The lines of the user's code that named CUDA itself, and how, since ``forget_named_cuda``."""
+    """The lines of the user's code that named CUDA itself, and how, since ``forget_notes``."""
     return [(filename, lineno, how) for (filename, lineno), how in _named.items()]
 
 
-def forget_named_cuda() -> None:
-    _named.clear()
+def forget_notes() -> None:
+    """Forget what ``named_cuda`` and ``deterministic.warned`` say, for a new audit."""
+    for seen in (_named, _warned, _forward_lines):
+        seen.clear()
 
 
 @contextmanager

@@ -44,6 +44,18 @@ def _flat(value: Any) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
+def nccl_refusal(what: str, tensor: torch.Tensor, rank: int, **details: Any) -> SimulatedDeviceError:
+    """NCCL's refusal of ``tensor`` in ``what``: it is off the GPU of process ``rank``."""
+    device, gpu = as_cuda(tensor.device), as_cuda(current_device())
+    return SimulatedDeviceError(
+        f"{what} of a tensor on {device} in process {rank}, whose GPU is {gpu}: NCCL refuses it "
+        f"(No backend type associated with device type {device.split(':')[0]})",
+        devices=(gpu, device),
+        culprit=tensor,
+        **details,
+    )
+
+
 def _checked_only(operation: str, checked: int):
     """A collective whose result is in place already: it checks its first ``checked`` arguments alone."""
 
@@ -86,20 +98,10 @@ class SimulatedProcessGroup(dist.ProcessGroup):
     def _checked(self, operation: str, *tensors: Any) -> None:
         """Raise ``SimulatedDeviceError`` where NCCL would refuse a tensor: off this process's GPU."""
         note(operation, tensors, depth=2)
-        gpu = current_device()
+        gpu, name = current_device(), f"torch.distributed.{operation}"
         for tensor in _flat(tensors):
             if tensor.device != gpu and not (self._backend == HOST_BACKEND and tensor.device.type == "cpu"):
-                device = as_cuda(tensor.device)
-                raise SimulatedDeviceError(
-                    f"torch.distributed.{operation} of a tensor on {device} in process {self.rank()}, whose GPU is "
-                    f"{as_cuda(gpu)}: NCCL refuses it (No backend type associated with device type "
-                    f"{tensor.device.type if tensor.device.type != DEVICE_TYPE else 'cuda'})",
-                    kind="collective",
-                    operation=f"torch.distributed.{operation}",
-                    devices=(as_cuda(gpu), device),
-                    argument="tensor",
-                    culprit=tensor,
-                )
+                raise nccl_refusal(name, tensor, self.rank(), kind="collective", operation=name, argument="tensor")
 
     def allreduce(self, tensors, opts=None):
         self._checked("all_reduce", tensors)

@@ -175,10 +175,5 @@ _forward_lines: dict[str | None, tuple[str, int]] = {}  # by forward operation, 
 
 
 def warned() -> list[tuple[tuple[str, int] | None, str]]:
-    """Where deterministic mode's ``warn_only`` warned, and of which kernel, since ``forget_warned``."""
+    """Where deterministic mode's ``warn_only`` warned, and of which kernel, since ``forget_notes``."""
     return list(_warned.items())
-
-
-def forget_warned() -> None:
-    _warned.clear()
-    _forward_lines.clear()

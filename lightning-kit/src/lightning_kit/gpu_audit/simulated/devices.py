@@ -100,7 +100,7 @@ def legacy_type(tensor: torch.Tensor) -> str:
     return name if tensor.device.type == "cpu" else name.replace("torch.", "torch.cuda.", 1)
 
 
-# Code that is never the user's: PyTorch's and the audit's; by default neither is whatever is installed (_INSTALLED).
+# Code that is never the user's: PyTorch's and the audit's; by default neither is whatever is installed (INSTALLED).
 _NEVER_USERS = tuple(
     {
         os.path.join(form, "")  # as code names its file, and resolved
@@ -110,12 +110,12 @@ _NEVER_USERS = tuple(
 )
 _AUDIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "audit.py")
 _LIBRARIES = {*sysconfig.get_paths().values(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))}
-_INSTALLED = tuple(str(Path(path).resolve()) + os.sep for path in _LIBRARIES if path)
+INSTALLED = tuple(str(Path(path).resolve()) + os.sep for path in _LIBRARIES if path)
 
 
 def _not_installed(filename: str) -> bool:
     """The default test of the user's code: a file outside the libraries installed, and not ``<string>``."""
-    return not filename.startswith("<") and not str(Path(filename).resolve()).startswith(_INSTALLED)
+    return not filename.startswith("<") and not str(Path(filename).resolve()).startswith(INSTALLED)
 
 
 class _State:
