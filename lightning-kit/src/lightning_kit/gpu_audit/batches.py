@@ -48,54 +48,39 @@ class Unmoved:
     def cause(self) -> str:
         """Why the tensor is on the CPU, in a sentence."""
         it = f"The tensor on cpu is `{self.path}`, {tuple(self.tensor.shape)} {self.tensor.dtype}, which"
-        holder = (
-            f"the batch, a {self.holder_name}"
-            if self.holder_path == "batch"
-            else f"`{self.holder_path}`, a {self.holder_name}"
-        )
-        if self.mover is not None:
-            return (
-                f"{it} {self.mover} left on the CPU: it is in {holder}, and that hook moves the batches "
-                "instead of Lightning."
-            )
-        if self.why == MOVED_BY_TO:
-            return (
-                f"{it} stayed on the CPU: Lightning moved {holder}, by calling its to() method, which does not move "
-                "this tensor."
-            )
-        if self.why == NOT_A_FIELD:
-            return (
-                f"{it} Lightning left on the CPU: it is in {holder}, but not a field that its __init__ takes, and "
-                "Lightning moves only those of a dataclass."
-            )
-        return (
-            f"{it} Lightning left on the CPU: it is in {holder}, which Lightning cannot move. Lightning moves only "
-            "tensors in lists, tuples, dicts, namedtuples and dataclasses, and objects with a .to(device) method; "
-            "it hands anything else on as it is."
-        )
+        where = "the batch" if self.holder_path == "batch" else f"`{self.holder_path}`"
+        why = _MOVER if self.mover is not None else self.why
+        return _CAUSES[why].format(it=it, holder=f"{where}, a {self.holder_name}", mover=self.mover)
 
     def fix(self) -> str:
         """What to change, for the ``Fix:`` line."""
-        hook = (
-            "or override the LightningModule's transfer_batch_to_device(self, batch, device, dataloader_idx) "
-            "hook to move it"
-        )
-        if self.mover is not None:
-            return (
-                f"move `{self.path}` in {self.mover} too ({self.path}.to(device)), or give {self.holder_name} a "
-                "to(self, device) method that returns it moved, and call that there"
-            )
-        if self.why == MOVED_BY_TO:
-            return f"make {self.holder_name}.to(device) move every tensor it holds and return the moved object, {hook}"
-        if self.why == NOT_A_FIELD:
-            return (
-                f"make it a field of {self.holder_name} that __init__ takes, give {self.holder_name} a "
-                f"to(self, device) method that returns it moved, {hook}"
-            )
-        return (
-            f"give {self.holder_name} a to(self, device) method that returns it with its tensors moved (or make it "
-            f"a dataclass or a NamedTuple), {hook}"
-        )
+        why = _MOVER if self.mover is not None else self.why
+        return _FIXES[why].format(self=self, holder=self.holder_name, hook=_HOOK)
+
+
+_MOVER = "mover"  # the user's transfer_batch_to_device moved the batch instead of Lightning
+_CAUSES = {
+    _MOVER: "{it} {mover} left on the CPU: it is in {holder}, and that hook moves the batches instead of Lightning.",
+    MOVED_BY_TO: "{it} stayed on the CPU: Lightning moved {holder}, by calling its to() method, which does not move "
+    "this tensor.",
+    NOT_A_FIELD: "{it} Lightning left on the CPU: it is in {holder}, but not a field that its __init__ takes, and "
+    "Lightning moves only those of a dataclass.",
+    PLAIN: "{it} Lightning left on the CPU: it is in {holder}, which Lightning cannot move. Lightning moves only "
+    "tensors in lists, tuples, dicts, namedtuples and dataclasses, and objects with a .to(device) method; it hands "
+    "anything else on as it is.",
+}
+_HOOK = (
+    "or override the LightningModule's transfer_batch_to_device(self, batch, device, dataloader_idx) hook to move it"
+)
+_FIXES = {
+    _MOVER: "move `{self.path}` in {self.mover} too ({self.path}.to(device)), or give {holder} a to(self, device) "
+    "method that returns it moved, and call that there",
+    MOVED_BY_TO: "make {holder}.to(device) move every tensor it holds and return the moved object, {hook}",
+    NOT_A_FIELD: "make it a field of {holder} that __init__ takes, give {holder} a to(self, device) method that "
+    "returns it moved, {hook}",
+    PLAIN: "give {holder} a to(self, device) method that returns it with its tensors moved (or make it a dataclass "
+    "or a NamedTuple), {hook}",
+}
 
 
 _IN_FLIGHT: list[Unmoved] = []  # the batch the step now running was given
