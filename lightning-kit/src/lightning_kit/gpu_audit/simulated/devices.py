@@ -168,7 +168,7 @@ def asked_by_user(depth: int = 1) -> bool:
 
 def told(device: torch.device, depth: int = 1) -> torch.device:
     """``device`` as the code ``depth`` frames up is told it: a simulated GPU is CUDA's to the user's code."""
-    if device.type == DEVICE_TYPE and _state.answering and is_users(sys._getframe(depth + 1).f_code.co_filename):
+    if device.type == DEVICE_TYPE and asked_by_user(depth + 1):
         return _CUDA[_state.index if device.index is None else device.index]
     return device
 

@@ -21,6 +21,7 @@ from .devices import (
     NotSimulatedError,
     SimulatedDeviceError,
     _state,
+    asked_by_user,
     cannot_run,
     is_users,
     told,
@@ -51,8 +52,7 @@ class SimulatedTensor(torch.Tensor):
 
     @property
     def device(self) -> torch.device:
-        users = _state.answering and is_users(sys._getframe(1).f_code.co_filename)
-        return (_CUDA if users else _SIMULATED)[self.get_device()]
+        return (_CUDA if asked_by_user() else _SIMULATED)[self.get_device()]
 
     @property
     def is_cuda(self) -> bool:
@@ -64,7 +64,7 @@ class SimulatedTensor(torch.Tensor):
         return 0 if "_made_before" in self.__dict__ else _state.index  # made on GPU 0 in every process
 
     def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
-        if dtype is None and not kwargs and _state.answering and is_users(sys._getframe(1).f_code.co_filename):
+        if dtype is None and not kwargs and asked_by_user():
             return "torch.cuda." + self.elem.type().rpartition(".")[2]  # torch.cuda.FloatTensor, ...
         return super().type(dtype, non_blocking, **kwargs)
 
