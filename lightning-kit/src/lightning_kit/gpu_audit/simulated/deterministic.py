@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .devices import SimulatedDeviceError, users_line
+from .rules import given
 
 # What CUDA's kernel raises, with the kernel's name for ``{kernel}`` (Context::alertNotDeterministic).
 ERROR = (
@@ -146,8 +147,8 @@ class Alert:
             if line is not None:
                 _forward_lines[self.forward] = line
             return
-        names = (argument.name for argument in self.func._schema.arguments)
-        if self.condition is not None and not self.condition({**dict(zip(names, args, strict=False)), **kwargs}):
+        arguments = given(self.func, args, kwargs)
+        if self.condition is not None and not self.condition({argument.name: value for argument, value in arguments}):
             return
         forward_line = _forward_lines.get(self.forward)
         if torch.is_deterministic_algorithms_warn_only_enabled():

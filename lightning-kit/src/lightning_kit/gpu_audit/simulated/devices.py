@@ -5,6 +5,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -45,8 +46,9 @@ def cannot_run(operation: Any, err: BaseException) -> NotSimulatedError:
     return NotSimulatedError(str(operation), first_line(err, typed=True))
 
 
+@dataclass(eq=False, repr=False)
 class SimulatedDeviceError(RuntimeError):
-    """What a CUDA GPU would refuse.
+    """What a CUDA GPU would refuse, saying ``message``.
 
     Attributes:
         kind: ``"mixed devices"``, ``"another GPU"``, ``"generator"``, ``"numpy"``, ``"pin memory"``,
@@ -59,21 +61,15 @@ class SimulatedDeviceError(RuntimeError):
         culprit: That tensor, where known.
     """
 
-    def __init__(
-        self,
-        message: str,
-        kind: str,
-        operation: str,
-        devices: tuple[str, ...] = (),
-        argument: str | None = None,
-        culprit: torch.Tensor | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.operation = operation
-        self.devices = devices
-        self.argument = argument
-        self.culprit = culprit
+    message: str
+    kind: str
+    operation: str
+    devices: tuple[str, ...] = ()
+    argument: str | None = None
+    culprit: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
 
 def another_gpu(operation: str, index: int) -> SimulatedDeviceError:

@@ -96,15 +96,19 @@ def _mixed(func, first: torch.device, second: torch.device, argument: str | None
 def _named_tensors(func, args, kwargs) -> Iterator[tuple[str, torch.Tensor, bool]]:
     """(argument name, tensor, written to) for every tensor the operation takes on the device, in schema order."""
     on_host = _host_arguments().get(func, {})
-    for position, argument in enumerate(func._schema.arguments):
+    for argument, value in given(func, args, kwargs):
         if argument.name in on_host:
             continue  # read on the host: checked by check_host_arguments
-        value = args[position] if position < len(args) else kwargs.get(argument.name)
         is_output = argument.alias_info is not None and argument.alias_info.is_write
-        values = value if isinstance(value, list | tuple) else (value,)
-        for item in values:
+        for item in value if isinstance(value, list | tuple) else (value,):
             if isinstance(item, torch.Tensor):
                 yield argument.name, item, is_output
+
+
+def given(func, args, kwargs) -> Iterator[tuple[torch._C.Argument, object]]:
+    """Each argument of ``func``'s schema, with the value given for it (None where none is)."""
+    for position, argument in enumerate(func._schema.arguments):
+        yield argument, args[position] if position < len(args) else kwargs.get(argument.name)
 
 
 _INDEXING = {"index.Tensor", "index.Tensor_out", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index.Tensor"}
@@ -194,8 +198,7 @@ def _overload(key: str):
 def check_host_arguments(func, args, kwargs) -> None:
     """Raise ``SimulatedDeviceError`` where ``func`` is given a GPU tensor for an argument CUDA reads on the host."""
     arguments = _host_arguments().get(func, {})
-    for position, argument in enumerate(func._schema.arguments):
-        tensor = args[position] if position < len(args) else kwargs.get(argument.name)
+    for argument, tensor in given(func, args, kwargs):
         if argument.name in arguments and isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
             device = as_cuda(tensor.device)
             dtype = legacy_type(tensor).rpartition(".")[2].removesuffix("Tensor")  # Long, Float, ...
