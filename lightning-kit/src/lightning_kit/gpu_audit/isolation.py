@@ -85,12 +85,16 @@ def announced(progress: Progress, say: Callable[[str], None] | None, describe: C
         watcher.join()
 
 
+def can_fork() -> bool:
+    return hasattr(os, "fork")  # POSIX alone has it
+
+
 def in_a_child(
     run: Callable[[Progress], Verdict], describe: Callable[[str], str], say: Callable[[str], None] | None = None
 ) -> Verdict | None:
     """``run(progress)`` in a forked child: its verdict, or one that says how the child died; None where this
     process cannot fork. ``describe`` names a Lightning action as a hook; ``say`` is told of a long stage."""
-    if not hasattr(os, "fork"):  # not POSIX
+    if not can_fork():
         return None
     progress = Progress()
     # The child's temporary files go in a folder the parent removes: a child that dies cannot remove its own.
