@@ -22,7 +22,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # the files SQLite keeps beside a database
 STATEMENT_LIMIT_S = 60  # how long one SQL statement may run: Optuna's take milliseconds
 _PROGRESS_EVERY = 10_000  # SQLite virtual machine instructions between two calls of the progress handler
-_opened: list[tuple[str, str]] = []  # the stores this process opened, as shown, and their flags (for failure_line)
+_opened: list[str] = []  # the stores this process opened (--storage), as shown (for failure_line)
 
 
 def sqlite_database(url: str) -> str | None:
@@ -114,16 +114,16 @@ def sqlite_connector(
     return connect
 
 
-def opened(url: str, flag: str = "--storage") -> None:
-    """Note that this process uses the store ``url`` (named by ``flag``): its password is hidden from now on."""
+def opened(url: str) -> None:
+    """Note that this process uses the store ``url``: its password is hidden from now on."""
     remember(url)
-    _opened.append((hidden(url), flag))
+    _opened.append(hidden(url))
 
 
 def failure_line(err: BaseException) -> str | None:
     """One line for a store's failure behind ``err``, naming the store last opened; None for any other error."""
     reason = database_reason(err)
-    return f"{_opened[-1][1]} {_opened[-1][0]}: {explained(reason)}" if reason is not None and _opened else None
+    return f"--storage {_opened[-1]}: {explained(reason)}" if reason is not None and _opened else None
 
 
 def explained(reason: str) -> str:

@@ -26,7 +26,7 @@ from ..errors import UserError, first_line
 from ..files import open_regular
 from ..metric_logs import epoch_columns
 from ..passwords import scrubbed
-from ..run_record import ENDINGS, INTERRUPTED, RUN_FILE, RUNNING, process_alive
+from ..run_record import ENDINGS, FINISHED, INTERRUPTED, RUN_FILE, RUNNING, process_alive
 from ..stores import STUDY_FILE
 
 CONFIG_FILE, METRICS_FILE = "config.yaml", "metrics.csv"
@@ -160,7 +160,7 @@ def _read_status(run: Run, root: Path) -> None:
     if (checkpoints / "on_exception.ckpt").exists():
         run.status = INTERRUPTED
     elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
-        run.status = "finished"
+        run.status = FINISHED
     run.notes.append(f"no {RUN_FILE}: status and times from its files")
     with contextlib.suppress(OSError):
         start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
@@ -216,10 +216,10 @@ def checkpoint_file(run: Run, epoch: int | None, last: bool) -> str | None:
     validated epoch (it monitors nothing), ``best-epoch=<epoch>-...`` where it shows its best."""
     if run.best_checkpoint:
         return run.best_checkpoint
+    checkpoints = run.folder / "checkpoints"
     if last:
-        path = run.folder / "checkpoints" / "last.ckpt"
-        return str(path) if path.is_file() else None
-    found = sorted((run.folder / "checkpoints").glob(f"best-epoch={epoch}-*.ckpt")) if epoch is not None else []
+        return str(checkpoints / "last.ckpt") if (checkpoints / "last.ckpt").is_file() else None
+    found = sorted(checkpoints.glob(f"best-epoch={epoch}-*.ckpt")) if epoch is not None else []
     return str(found[-1]) if found else None
 
 

@@ -92,9 +92,7 @@ def _same(value: Any) -> Any:
 
 def _sort_key(value: Any) -> tuple:
     """Numbers by size, then times, then everything else as text."""
-    if isinstance(value, bool):
-        return (1, str(value))
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return (0, -math.inf if math.isnan(value) else value)
     if isinstance(value, datetime):
         return (0, value.timestamp())

@@ -103,7 +103,6 @@ def _bounded(kind: type, low: float, high: float | None = None, low_open: bool =
         except ValueError:  # not a number of kind, or out of bounds (NaN is in none)
             raise argparse.ArgumentTypeError(f"{text}: {expected}") from None
 
-    convert.__name__ = kind.__name__
     return convert
 
 

@@ -42,9 +42,8 @@ REQUEST_START_S = 5.0
 HANDSHAKE_S = 0.05
 
 
-def say(line: str) -> None:
-    """Tell the person what the command is doing, at once (the server's log may be a file, not a terminal)."""
-    print(line, flush=True)
+# Tell the person what the command is doing, at once (the server's log may be a file, not a terminal).
+say = functools.partial(print, flush=True)
 
 
 _REQUESTED = threading.Event()  # set by SIGTERM, once catch_sigterm() has been called
@@ -58,8 +57,7 @@ def catch_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def sigterm_received() -> bool:
-    return _REQUESTED.is_set()
+sigterm_received = _REQUESTED.is_set
 
 
 def _on_sigterm(signum, frame) -> None:

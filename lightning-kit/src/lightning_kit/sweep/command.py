@@ -28,11 +28,12 @@ from ..gpu_audit.lightning import simulated_run
 from ..installation import check_installation
 from ..messages import errors_as_messages, report
 from ..passwords import hidden, scrubbed, shown_command
+from ..stores import STUDY_DB
 from ..supervision import leave_process_group
 from .fingerprint import configuration, data_fingerprint
 from .queue import COUNTED, CROSS_VALIDATION, RUN_FOLDER, queue_retry, run_trials, signals_held
 from .space import SearchSpace, argument_names, refusal
-from .store import default_url, open_storage, write_study_file
+from .store import open_storage, write_study_file
 from .study import StudyDiffersError, open_study
 from .trial import AFTER_IT, DISK_FULL, ONE_DEVICE, SIGNAL, InterruptionError, Plan, run_trial, stop_of_the_process
 
@@ -153,7 +154,7 @@ def sweep(
     for attempt in itertools.count(1):
         name = given if attempt == 1 else f"{given}-{attempt}"
         folder = Path(trainer.logger.save_dir) / "sweeps" / name
-        url = options.storage or default_url(folder)
+        url = options.storage or f"sqlite:///{folder.resolve() / STUDY_DB}"  # resolved: runs/ may be a link
         storage = open_storage(url, on_stale=queue_retry, beside_trials=options.storage is None)
         if name not in optuna.study.get_all_study_names(storage) and any(folder.glob("trial_*")):
             if options.new_study:

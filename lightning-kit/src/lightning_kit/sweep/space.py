@@ -6,6 +6,7 @@ Checked before any trial runs, each key and value by building what train.py woul
 import contextlib
 import difflib
 import io
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -125,11 +126,8 @@ def flags(values: dict[str, Any]) -> list[str]:
 
 
 def _flag_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
+    """A value as the command line takes it: ``null``, ``true``, ``0.001`` (a float's repr), a string as it is."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _distribution(path: Path, name: str, value: Any) -> BaseDistribution:

@@ -21,17 +21,12 @@ from .. import stores
 from ..errors import ConfigError, first_line
 from ..files import written_whole
 from ..passwords import hidden, scrubbed, unescaped_at
-from ..stores import STUDY_DB, STUDY_FILE
+from ..stores import STUDY_FILE
 
 HEARTBEAT_INTERVAL_S = 10  # a worker records that its trial is alive this often
 GRACE_PERIOD_S = 60  # one silent this long has died
 SQLITE_LOCK_WAIT_S = 60
 CONNECT_TIMEOUT_S = 10
-
-
-def default_url(folder: Path) -> str:
-    """``study.db`` in ``folder``, resolved (``runs/`` may be a link); a ``study.db`` that is a link is refused."""
-    return f"sqlite:///{folder.resolve() / STUDY_DB}"
 
 
 def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStorage:
