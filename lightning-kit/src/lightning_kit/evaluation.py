@@ -13,7 +13,7 @@ from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
-from .trust import check_trusted, config_files, in_run_folder, is_config_file, read_config
+from .trust import check_trusted, config_files, in_run_folder, is_config_file, read_config, read_given
 
 # What each evaluation runs on, and the Trainer flag that limits it.
 EVALUATIONS = {
@@ -145,7 +145,7 @@ def _limit_given(key: str, args: CommandLine) -> bool:
     if args.gives(f"--trainer.{key}"):
         return True
     for config in config_files(args):
-        settings = read_config(config) if not in_run_folder(config) else None
+        settings = read_given(args, config) if not in_run_folder(config) else None
         trainer = settings.get("trainer") if isinstance(settings, dict) else None
         if isinstance(trainer, dict) and key in trainer:
             return True

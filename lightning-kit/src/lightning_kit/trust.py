@@ -77,7 +77,8 @@ def check_command_line(args: Iterable[str]) -> None:
     check_trusted(_flag_values(CommandLine.of(args)), "the command line", args)
     for config in config_files(args):
         # One in a run folder is data like any other file of the run: what it names is not named by the person.
-        check_trusted(read_config(config), config, args, [config.parent] if in_run_folder(config, kept_out) else [])
+        folders = [config.parent] if in_run_folder(config, kept_out) else []
+        check_trusted(read_given(args, config), config, args, folders)
 
 
 def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str]:
@@ -85,7 +86,7 @@ def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str
     values: list[Any] = list(_flag_values(CommandLine.of(args)))
     for config in config_files(args):
         if not in_run_folder(config, kept_out or _kept_out_folders()):
-            values.append(read_config(config))
+            values.append(read_given(args, config))
     return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
 
 
@@ -110,6 +111,14 @@ def read_config(path: Path) -> Any:
         return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
     except yaml.YAMLError as err:  # (not UTF-8: refused as not text)
         raise UserError(f"--config {path} cannot be read as YAML: {first_line(err)}") from err
+
+
+def read_given(args: Iterable[str], path: Path) -> Any:
+    """The settings of ``path``, a ``--config`` file of ``args``: read once per command line, however often asked."""
+    line = CommandLine.of(args)
+    if path not in line.read:
+        line.read[path] = read_config(path)
+    return line.read[path]
 
 
 def in_run_folder(path: Path, kept_out: Sequence[Path] = ()) -> bool:
