@@ -13,7 +13,7 @@ from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
-from .trust import check_trusted, config_files, in_run_folder, is_config_file, read_config, read_given
+from .trust import check_trusted, config_files, read_config, read_given
 
 # What each evaluation runs on, and the Trainer flag that limits it.
 EVALUATIONS = {
@@ -69,16 +69,6 @@ def checkpoint_run_settings(
     if subcommand == "predict":
         settings += ["--predictions.path", str(run_dir / "predictions.csv")]
     return settings
-
-
-def split_run_configs(args: CommandLine) -> tuple[list[Path], CommandLine]:
-    """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
-
-    def run_config(flag: str, value: str | None) -> bool:
-        return flag in ("-c", "--config") and value is not None and is_config_file(value) and in_run_folder(Path(value))
-
-    found, rest = args.split(run_config)
-    return [Path(value) for value in found], rest
 
 
 def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
@@ -141,11 +131,12 @@ def _limits(value) -> bool:
 
 
 def _limit_given(key: str, args: CommandLine) -> bool:
-    """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
+    """Whether the Trainer's ``key`` is set on the command line, or in a --config file of it (a run's are split off
+    by ``trust.check_command_line``)."""
     if args.gives(f"--trainer.{key}"):
         return True
     for config in config_files(args):
-        settings = read_given(args, config) if not in_run_folder(config) else None
+        settings = read_given(args, config)
         trainer = settings.get("trainer") if isinstance(settings, dict) else None
         if isinstance(trainer, dict) and key in trainer:
             return True

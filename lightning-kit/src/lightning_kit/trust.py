@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from .command_line import CommandLine
-from .config_files import read_config_file
+from .command_line import CONFIG_FLAGS, CommandLine
+from .config_files import check_files_given, read_config_file
 from .errors import UserError, first_line
 
 # The package of the command line running and its KitCLI.trusted_modules (trust_modules).
@@ -71,14 +71,20 @@ def trust_modules(modules: Iterable[str]) -> None:
     _trusted[:] = dict.fromkeys(modules)
 
 
-def check_command_line(args: Iterable[str]) -> None:
-    """Check, before it is parsed, the classes the command line names and the files it passes with --config."""
+def check_command_line(args: CommandLine) -> tuple[list[Path], CommandLine]:
+    """Check, before it is parsed, the classes the command line names and the files it gives; the ``--config`` files
+    that are a run's saved settings, and the command line without them."""
     kept_out = _kept_out_folders()
-    check_trusted(_flag_values(CommandLine.of(args)), "the command line", args)
+    check_trusted(_flag_values(args), "the command line", args)
+    run_configs = []
     for config in config_files(args):
         # One in a run folder is data like any other file of the run: what it names is not named by the person.
-        folders = [config.parent] if in_run_folder(config, kept_out) else []
-        check_trusted(read_given(args, config), config, args, folders)
+        in_run = in_run_folder(config, kept_out)
+        check_trusted(read_given(args, config), config, args, [config.parent] if in_run else [])
+        run_configs += [config] if in_run else []
+    check_files_given(args)  # too large, not text, or expanding without end: refused before being read
+    _, rest = args.split(lambda flag, value: flag in CONFIG_FLAGS and value is not None and Path(value) in run_configs)
+    return run_configs, rest
 
 
 def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str]:
