@@ -13,7 +13,7 @@ from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
-from .trust import check_trusted, config_files, read_config, read_given
+from .trust import config_files, read_given, read_run_config
 
 # What each evaluation runs on, and the Trainer flag that limits it.
 EVALUATIONS = {
@@ -50,12 +50,10 @@ def checkpoint_run_settings(
     run_dir, settings = ckpt_path.parent.parent, config_flags(run_configs)
     if not run_configs and not args.gives("-c", "--config"):
         if (run_dir / "config.yaml").is_file():
-            trained = read_config(run_dir / "config.yaml") or {}
-            # Read as data: what it names is imported only when check_trusted admits it.
-            check_trusted(trained, run_dir / "config.yaml", args, [run_dir])
+            trained = read_run_config(run_dir / "config.yaml", args)
             _warn_about_changes(trained, args)
             settings = ["--config", str(run_dir / "config.yaml")]
-            logger = (trained.get("trainer") or {}).get("logger")
+            logger = _trainer(trained).get("logger")
         else:
             report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
     if subcommand == "fit" or ckpt_path.parent.name != "checkpoints":
@@ -84,7 +82,7 @@ def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
             return []
     except (OSError, ValueError, UserError):  # said in its place, when the checkpoint itself is read
         return []
-    check_trusted(read_config(config) or {}, config, args, [config.parent])
+    read_run_config(config, args)
     return [config]
 
 
@@ -116,7 +114,10 @@ def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
     training's two validation batches)."""
     split, limit = EVALUATIONS[subcommand]
     whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
-    given = [key for key in whole if _limit_given(key, args)]
+    # A run's --config files are split off by trust.check_command_line: those left are the person's.
+    files = [read_given(args, config) for config in config_files(args)]
+    in_files = {key for found in files if isinstance(found, dict) for key in _trainer(found)}
+    given = [key for key in whole if args.gives(f"--trainer.{key}") or key in in_files]
     for key in whole.keys() - given:
         setattr(config.trainer, key, whole[key])
     values = {key: getattr(config.trainer, key) for key in given}
@@ -130,17 +131,9 @@ def _limits(value) -> bool:
     return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
 
 
-def _limit_given(key: str, args: CommandLine) -> bool:
-    """Whether the Trainer's ``key`` is set on the command line, or in a --config file of it (a run's are split off
-    by ``trust.check_command_line``)."""
-    if args.gives(f"--trainer.{key}"):
-        return True
-    for config in config_files(args):
-        settings = read_given(args, config)
-        trainer = settings.get("trainer") if isinstance(settings, dict) else None
-        if isinstance(trainer, dict) and key in trainer:
-            return True
-    return False
+def _trainer(settings: dict) -> dict:
+    trainer = settings.get("trainer")
+    return trainer if isinstance(trainer, dict) else {}
 
 
 def _warn_about_changes(trained: dict, args: CommandLine) -> None:

@@ -87,11 +87,11 @@ def check_command_line(args: CommandLine) -> tuple[list[Path], CommandLine]:
     return run_configs, rest
 
 
-def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str]:
+def named_modules(args: Iterable[str], kept_out: Sequence[Path]) -> set[str]:
     """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
     values: list[Any] = list(_flag_values(CommandLine.of(args)))
     for config in config_files(args):
-        if not in_run_folder(config, kept_out or _kept_out_folders()):
+        if not in_run_folder(config, kept_out):
             values.append(read_given(args, config))
     return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
 
@@ -127,10 +127,18 @@ def read_given(args: Iterable[str], path: Path) -> Any:
     return line.read[path]
 
 
-def in_run_folder(path: Path, kept_out: Sequence[Path] = ()) -> bool:
+def read_run_config(path: Path, args: Iterable[str]) -> dict:
+    """A run's saved ``config.yaml``, read as data and checked: what it names is imported only where
+    ``check_trusted`` admits it (the command line ``args`` naming it, say)."""
+    settings = read_config(path) or {}
+    check_trusted(settings, path, args, [path.parent])
+    return settings
+
+
+def in_run_folder(path: Path, kept_out: Sequence[Path]) -> bool:
     """Whether ``path`` is in a folder of runs or data, or beside a run's checkpoints or logged hyperparameters."""
     folder = path.resolve().parent
-    if any(folder.is_relative_to(root) for root in kept_out or _kept_out_folders()):
+    if any(folder.is_relative_to(root) for root in kept_out):
         return True
     return (folder / "checkpoints").is_dir() or (folder / "hparams.yaml").is_file()
 
