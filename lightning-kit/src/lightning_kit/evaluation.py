@@ -53,7 +53,7 @@ def checkpoint_run_settings(
             trained = read_run_config(run_dir / "config.yaml", args)
             _warn_about_changes(trained, args)
             settings = ["--config", str(run_dir / "config.yaml")]
-            logger = _trainer(trained).get("logger")
+            logger = (trained.get("trainer") or {}).get("logger")
         else:
             report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
     if subcommand == "fit" or ckpt_path.parent.name != "checkpoints":
@@ -116,7 +116,8 @@ def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
     whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
     # A run's --config files are split off by trust.check_command_line: those left are the person's.
     files = [read_given(args, config) for config in config_files(args)]
-    in_files = {key for found in files if isinstance(found, dict) for key in _trainer(found)}
+    trainers = [found.get("trainer") for found in files if isinstance(found, dict)]
+    in_files = {key for trainer in trainers if isinstance(trainer, dict) for key in trainer}
     given = [key for key in whole if args.gives(f"--trainer.{key}") or key in in_files]
     for key in whole.keys() - given:
         setattr(config.trainer, key, whole[key])
@@ -129,11 +130,6 @@ def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
 def _limits(value) -> bool:
     """Whether a Trainer limit of ``value`` leaves batches out (``1.0`` is all; ``1`` is one batch)."""
     return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
-
-
-def _trainer(settings: dict) -> dict:
-    trainer = settings.get("trainer")
-    return trainer if isinstance(trainer, dict) else {}
 
 
 def _warn_about_changes(trained: dict, args: CommandLine) -> None:
