@@ -89,10 +89,9 @@ def check_command_line(args: CommandLine) -> tuple[list[Path], CommandLine]:
 
 def named_modules(args: Iterable[str], kept_out: Sequence[Path]) -> set[str]:
     """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
-    values: list[Any] = list(_flag_values(CommandLine.of(args)))
-    for config in config_files(args):
-        if not in_run_folder(config, kept_out):
-            values.append(read_given(args, config))
+    line = CommandLine.of(args)
+    configs = [read_given(line, config) for config in config_files(line) if not in_run_folder(config, kept_out)]
+    values = [*_flag_values(line), *configs]
     return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
 
 
