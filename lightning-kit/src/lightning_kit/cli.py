@@ -38,7 +38,7 @@ from .callbacks import (
 )
 from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, class_path, read_checkpoint
 from .command_line import CommandLine
-from .config_files import bound_yaml_loading, check_files_given
+from .config_files import bound_yaml_loading
 from .errors import DataUnavailableError, command, invoked_as
 from .evaluation import (
     EVALUATIONS,
@@ -51,7 +51,6 @@ from .evaluation import (
     lost_run_folder,
     no_empty_folders_left,
     run_config_of_checkpoint,
-    split_run_configs,
 )
 from .gpu_audit.explain import count_as_user_code
 from .gpu_audit.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
@@ -169,10 +168,8 @@ class KitCLI(LightningCLI):
         # Read once, and checked before any parsing: jsonargparse imports the classes it is given.
         args = CommandLine.of(args)
         check_no_nul(args.named())
-        check_command_line(args)
-        check_files_given(args)  # too large, not text, or expanding without end: refused before being read
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
-        run_configs, args = split_run_configs(args)
+        run_configs, args = check_command_line(args)
         no_model = not args.gives("--model", "--config", "-c")  # a --config may name one
         if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and no_model:
             # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).

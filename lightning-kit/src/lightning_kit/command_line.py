@@ -7,6 +7,8 @@ one ``-`` (``--model.lr -3``), never with ``--``.
 """
 
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 # The flags that pass configuration files (or YAML text) to jsonargparse.
 CONFIG_FLAGS = ("--config", "-c")
@@ -17,6 +19,8 @@ class CommandLine(tuple):
     None for a value alone or a flag without one."""
 
     spans: tuple[tuple[int, int, str | None, str | None], ...]
+    #: The settings of the ``--config`` files given, by path, as ``trust.read_given`` read each: once.
+    read: dict[Path, Any]
 
     def __new__(cls, args: Iterable[str] = ()) -> "CommandLine":
         line = super().__new__(cls, args)
@@ -33,7 +37,7 @@ class CommandLine(tuple):
             else:
                 spans.append((position, position + 1, arg, None))
             position += 1
-        line.spans = tuple(spans)
+        line.spans, line.read = tuple(spans), {}
         return line
 
     @classmethod
@@ -72,4 +76,6 @@ class CommandLine(tuple):
                 values.append(value)
             else:
                 kept += self[start:end]
-        return values, CommandLine(kept)
+        rest = CommandLine(kept)
+        rest.read = self.read  # its files were given here: read already
+        return values, rest

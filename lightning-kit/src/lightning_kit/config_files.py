@@ -45,11 +45,12 @@ def read_config_file(path: Path) -> str:
 
 
 def check_files_given(args: Iterable[str]) -> None:
-    """Read, bounded, each configuration file the command line gives, before jsonargparse does: the value of
-    ``--config``, of a flag that takes a whole group or class (``--data``: no dot), and any ``.yaml``/``.json``."""
+    """Read, bounded, each configuration file the command line gives, before jsonargparse does: the value of a flag
+    that takes a whole group or class (``--data``: no dot), and any ``.yaml``/``.json`` (``--config``'s are read by
+    ``trust.check_command_line``, before)."""
     for flag, value in CommandLine.of(args).pairs:
-        whole = flag in CONFIG_FLAGS or (flag.startswith("--") and "." not in flag)
-        if flag == "--ckpt_path" or "\n" in value or not (whole or value.endswith(CONFIG_SUFFIXES)):
+        whole = flag.startswith("--") and "." not in flag
+        if flag in (*CONFIG_FLAGS, "--ckpt_path") or "\n" in value or not (whole or value.endswith(CONFIG_SUFFIXES)):
             continue
         try:  # a FIFO or device counts, refused by read_config_file
             is_file = Path(value).exists() and not Path(value).is_dir()

@@ -13,7 +13,7 @@ from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
-from .trust import check_trusted, config_files, in_run_folder, is_config_file, read_config
+from .trust import config_files, read_given, read_run_config
 
 # What each evaluation runs on, and the Trainer flag that limits it.
 EVALUATIONS = {
@@ -50,9 +50,7 @@ def checkpoint_run_settings(
     run_dir, settings = ckpt_path.parent.parent, config_flags(run_configs)
     if not run_configs and not args.gives("-c", "--config"):
         if (run_dir / "config.yaml").is_file():
-            trained = read_config(run_dir / "config.yaml") or {}
-            # Read as data: what it names is imported only when check_trusted admits it.
-            check_trusted(trained, run_dir / "config.yaml", args, [run_dir])
+            trained = read_run_config(run_dir / "config.yaml", args)
             _warn_about_changes(trained, args)
             settings = ["--config", str(run_dir / "config.yaml")]
             logger = (trained.get("trainer") or {}).get("logger")
@@ -71,16 +69,6 @@ def checkpoint_run_settings(
     return settings
 
 
-def split_run_configs(args: CommandLine) -> tuple[list[Path], CommandLine]:
-    """The --config files of ``args`` that are a run's saved settings, and ``args`` without them."""
-
-    def run_config(flag: str, value: str | None) -> bool:
-        return flag in ("-c", "--config") and value is not None and is_config_file(value) and in_run_folder(Path(value))
-
-    found, rest = args.split(run_config)
-    return [Path(value) for value in found], rest
-
-
 def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
     """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), checked like
     any run's, for a command line with no model of its own (``GenericCLI``); empty where there is none."""
@@ -94,7 +82,7 @@ def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
             return []
     except (OSError, ValueError, UserError):  # said in its place, when the checkpoint itself is read
         return []
-    check_trusted(read_config(config) or {}, config, args, [config.parent])
+    read_run_config(config, args)
     return [config]
 
 
@@ -126,7 +114,11 @@ def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
     training's two validation batches)."""
     split, limit = EVALUATIONS[subcommand]
     whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
-    given = [key for key in whole if _limit_given(key, args)]
+    # A run's --config files are split off by trust.check_command_line: those left are the person's.
+    files = [read_given(args, config) for config in config_files(args)]
+    trainers = [found.get("trainer") for found in files if isinstance(found, dict)]
+    in_files = {key for trainer in trainers if isinstance(trainer, dict) for key in trainer}
+    given = [key for key in whole if args.gives(f"--trainer.{key}") or key in in_files]
     for key in whole.keys() - given:
         setattr(config.trainer, key, whole[key])
     values = {key: getattr(config.trainer, key) for key in given}
@@ -138,18 +130,6 @@ def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
 def _limits(value) -> bool:
     """Whether a Trainer limit of ``value`` leaves batches out (``1.0`` is all; ``1`` is one batch)."""
     return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
-
-
-def _limit_given(key: str, args: CommandLine) -> bool:
-    """Whether the Trainer's ``key`` is set on the command line, or in a --config file that is not a run's."""
-    if args.gives(f"--trainer.{key}"):
-        return True
-    for config in config_files(args):
-        settings = read_config(config) if not in_run_folder(config) else None
-        trainer = settings.get("trainer") if isinstance(settings, dict) else None
-        if isinstance(trainer, dict) and key in trainer:
-            return True
-    return False
 
 
 def _warn_about_changes(trained: dict, args: CommandLine) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from .command_line import CommandLine
-from .config_files import read_config_file
+from .command_line import CONFIG_FLAGS, CommandLine
+from .config_files import check_files_given, read_config_file
 from .errors import UserError, first_line
 
 # The package of the command line running and its KitCLI.trusted_modules (trust_modules).
@@ -71,21 +71,27 @@ def trust_modules(modules: Iterable[str]) -> None:
     _trusted[:] = dict.fromkeys(modules)
 
 
-def check_command_line(args: Iterable[str]) -> None:
-    """Check, before it is parsed, the classes the command line names and the files it passes with --config."""
+def check_command_line(args: CommandLine) -> tuple[list[Path], CommandLine]:
+    """Check, before it is parsed, the classes the command line names and the files it gives; the ``--config`` files
+    that are a run's saved settings, and the command line without them."""
     kept_out = _kept_out_folders()
-    check_trusted(_flag_values(CommandLine.of(args)), "the command line", args)
+    check_trusted(_flag_values(args), "the command line", args)
+    run_configs = []
     for config in config_files(args):
         # One in a run folder is data like any other file of the run: what it names is not named by the person.
-        check_trusted(read_config(config), config, args, [config.parent] if in_run_folder(config, kept_out) else [])
+        in_run = in_run_folder(config, kept_out)
+        check_trusted(read_given(args, config), config, args, [config.parent] if in_run else [])
+        run_configs += [config] if in_run else []
+    check_files_given(args)  # too large, not text, or expanding without end: refused before being read
+    _, rest = args.split(lambda flag, value: flag in CONFIG_FLAGS and value is not None and Path(value) in run_configs)
+    return run_configs, rest
 
 
-def named_modules(args: Iterable[str], kept_out: Sequence[Path] = ()) -> set[str]:
+def named_modules(args: Iterable[str], kept_out: Sequence[Path]) -> set[str]:
     """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
-    values: list[Any] = list(_flag_values(CommandLine.of(args)))
-    for config in config_files(args):
-        if not in_run_folder(config, kept_out or _kept_out_folders()):
-            values.append(read_config(config))
+    line = CommandLine.of(args)
+    configs = [read_given(line, config) for config in config_files(line) if not in_run_folder(config, kept_out)]
+    values = [*_flag_values(line), *configs]
     return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
 
 
@@ -112,10 +118,26 @@ def read_config(path: Path) -> Any:
         raise UserError(f"--config {path} cannot be read as YAML: {first_line(err)}") from err
 
 
-def in_run_folder(path: Path, kept_out: Sequence[Path] = ()) -> bool:
+def read_given(args: Iterable[str], path: Path) -> Any:
+    """The settings of ``path``, a ``--config`` file of ``args``: read once per command line, however often asked."""
+    line = CommandLine.of(args)
+    if path not in line.read:
+        line.read[path] = read_config(path)
+    return line.read[path]
+
+
+def read_run_config(path: Path, args: Iterable[str]) -> dict:
+    """A run's saved ``config.yaml``, read as data and checked: what it names is imported only where
+    ``check_trusted`` admits it (the command line ``args`` naming it, say)."""
+    settings = read_config(path) or {}
+    check_trusted(settings, path, args, [path.parent])
+    return settings
+
+
+def in_run_folder(path: Path, kept_out: Sequence[Path]) -> bool:
     """Whether ``path`` is in a folder of runs or data, or beside a run's checkpoints or logged hyperparameters."""
     folder = path.resolve().parent
-    if any(folder.is_relative_to(root) for root in kept_out or _kept_out_folders()):
+    if any(folder.is_relative_to(root) for root in kept_out):
         return True
     return (folder / "checkpoints").is_dir() or (folder / "hparams.yaml").is_file()
 
