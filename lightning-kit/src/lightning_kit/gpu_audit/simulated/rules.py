@@ -111,8 +111,15 @@ def given(func, args, kwargs) -> Iterator[tuple[torch._C.Argument, object]]:
         yield argument, args[position] if position < len(args) else kwargs.get(argument.name)
 
 
-_INDEXING = {"index.Tensor", "index.Tensor_out", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index.Tensor"}
-_INDEXING.add("_unsafe_index_put")
+_INDEXING = {
+    "index.Tensor",
+    "index.Tensor_out",
+    "index_put",
+    "index_put_",
+    "_index_put_impl_",
+    "_unsafe_index.Tensor",
+    "_unsafe_index_put",
+}
 
 
 def _rule(func) -> str:
