@@ -15,30 +15,21 @@ A project subclasses ``KitCLI`` with its classes and defaults, and runs it with 
 
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from .accelerators import check_accelerator, check_named_choices
-from .callbacks import (
-    BestCheckpoint,
-    BestEpoch,
-    CSVPredictionWriter,
-    InterruptCheckpoint,
-    RandomState,
-    RunStatus,
-    StepLogging,
-    StopOnDivergence,
-    skip_empty_batch_hooks,
-)
-from .checkpoints import AtomicCheckpointIO, RunClasses, check_architecture, class_path, read_checkpoint
+from .building import expand_shortcuts, make
+from .callbacks import BestEpoch, CSVPredictionWriter, StepLogging, skip_empty_batch_hooks
+from .checkpoints import AtomicCheckpointIO, check_architecture, class_path, read_checkpoint
 from .command_line import CommandLine
-from .config_files import bound_yaml_loading
 from .errors import DataUnavailableError, command, invoked_as
 from .evaluation import (
     EVALUATIONS,
@@ -55,11 +46,9 @@ from .evaluation import (
 from .gpu_audit.explain import count_as_user_code
 from .gpu_audit.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
 from .installation import check_installation
-from .messages import errors_as_messages, report, silence_the_unactionable
+from .messages import errors_as_messages, report
 from .parser import (
     REFUSALS,
-    HelpFormatter,
-    KitArgumentParser,
     check_given_against_data,
     check_no_nul,
     check_run_arguments,
@@ -68,12 +57,10 @@ from .parser import (
     run_refusal,
 )
 from .project import ProjectFile, project_file, read_project
-from .supervision import ProcessWatch, check_cpu_processes, leave_process_group
+from .supervision import check_cpu_processes, leave_process_group
 from .trust import check_command_line, trust_modules
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# `train.py --accelerator gpu` is short for `train.py fit --trainer.accelerator gpu`.
-TRAINER_SHORTCUTS = ("accelerator", "devices", "strategy", "num_nodes", "precision", "max_epochs")
 
 DESCRIPTION = """\
 Train and evaluate the model. Without a subcommand, `fit` is run.
@@ -109,7 +96,9 @@ class KitCLI(LightningCLI):
     #: How a person runs this command line, for messages that tell them what to type: ``python train.py``.
     command: str = "python train.py"
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, settings: Callable[[Namespace], None] | None = None, **kwargs) -> None:
+        """``settings``: changes the parsed configuration before anything is built (the audit's)."""
+        self._settings = settings
         trust_modules(type(self).trusted())
         super().__init__(*args, **kwargs)
 
@@ -199,6 +188,8 @@ class KitCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self._settings is not None:
+            self._settings(config)
         if config.get("weights_only") is None and "weights_only" in config:
             config.weights_only = True  # checkpoints are read as data, never run as code
         check_accelerator(config.trainer)
@@ -331,15 +322,6 @@ class GenericCLI(KitCLI):
         return read_project(path) if path is not None else ProjectFile(Path("."))
 
 
-def expand_shortcuts(args: list[str]) -> list[str]:
-    """Expand ``--<shortcut>`` to ``--trainer.<shortcut>``, in both ``--flag value`` and ``--flag=value`` forms."""
-    expanded = []
-    for arg in args:
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
-        expanded.append(f"--trainer.{arg[2:]}" if name in TRAINER_SHORTCUTS else arg)
-    return expanded
-
-
 @command
 def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) -> None:
     """Run ``cli_class``'s command line on ``args`` (default: ``sys.argv[1:]``); without a subcommand, ``fit``.
@@ -355,61 +337,3 @@ def main(cli_class: type[KitCLI] = GenericCLI, args: list[str] | None = None) ->
                 make(cli_class, expand_shortcuts(args), run=True, prog=invoked_as("") or None)
         finally:
             leave_process_group()
-
-
-def make(
-    cli_class: type[KitCLI], args: list[str], run: bool, prog: str | None = None, callbacks: Sequence[L.Callback] = ()
-) -> KitCLI:
-    """``cli_class``'s command line on ``args``, with the library's defaults (logger, checkpoints, the callbacks of
-    every run, and ``callbacks`` beside them); ``run``: the subcommand is run, else its classes are only built."""
-    silence_the_unactionable()
-    bound_yaml_loading()
-    own, named_in = cli_class.own_package(), cli_class.monitor_named_in()
-    formatter = type(
-        "_ProjectHelpFormatter", (HelpFormatter,), {"own_choices": {"data": f"{own}.", "model.net": f"{own}."}}
-    )
-    best = []
-    if (monitored := cli_class.monitored()) is not None:  # the best epoch by the monitored metric, every epoch
-        monitor, mode = monitored
-        best.append(
-            BestCheckpoint(monitor=monitor, mode=mode, filename="best-{epoch}-{step}", monitor_named_in=named_in)
-        )
-    return cli_class(
-        cli_class.model_class,
-        None,  # any LightningDataModule, or none where the model has dataloaders of its own (LightningCLI's way)
-        subclass_mode_model=cli_class.subclass_mode_model,
-        args=args,
-        run=run,
-        seed_everything_default=cli_class.seed,
-        trainer_defaults={
-            # metrics.csv for the runs table, TensorBoard's event file beside it: `tensorboard --logdir runs`.
-            "logger": {
-                "class_path": "lightning_kit.loggers.CSVAndTensorBoardLogger",
-                "init_args": {"save_dir": "runs"},
-            },
-            "callbacks": [
-                *best,
-                # The latest epoch, every epoch.
-                ModelCheckpoint(filename="last"),
-                # Before InterruptCheckpoint: the watch ends before a stop's checkpoint is written.
-                ProcessWatch(),
-                InterruptCheckpoint(),
-                StopOnDivergence(check_every=cli_class.refresh_every),
-                BestEpoch(),
-                RandomState(),
-                *callbacks,
-                # The classes of the run, named in each checkpoint, held against what evaluates it.
-                RunClasses(),
-                # Last: a run's end time counts the others' ends. run.json says running, finished, interrupted, ...
-                RunStatus(),
-            ],
-            # A progress bar for people; none in CI logs and other redirected output.
-            "enable_progress_bar": sys.stderr.isatty(),
-        },
-        parser_class=KitArgumentParser,
-        parser_kwargs={
-            "description": cli_class.description.replace("{command}", cli_class.command),
-            "formatter_class": formatter,
-            **({"prog": prog} if prog else {}),
-        },
-    )

@@ -29,9 +29,9 @@ import yaml
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .building import build
+from .building import build, expand_shortcuts
 from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint
-from .cli import GenericCLI, KitCLI, expand_shortcuts
+from .cli import GenericCLI, KitCLI
 from .errors import ConfigError, OneLineParser, UserError, command, first_line, invoked_as
 from .example_inputs import Example, example_inputs, free_axes, real_batch
 from .files import check_output_file, written_whole

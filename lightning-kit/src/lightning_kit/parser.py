@@ -31,7 +31,7 @@ class HelpFormatter(DefaultHelpFormatter):
     """Lists only the project's classes as choices for ``--data`` and ``--model.net``, where jsonargparse lists every
     imported subclass: for ``--model.net``, hundreds of PyTorch's ``nn.Module``."""
 
-    #: Where the project's choices live: argument -> module prefix (set per command line by ``cli.make``).
+    #: Where the project's choices live: argument -> module prefix (set per command line by ``building.make``).
     own_choices: ClassVar[dict[str, str]] = {}
 
     def _get_help_string(self, action) -> str:

@@ -7,22 +7,20 @@ itself is ``gpu_audit/``; its exit statuses are ``gpu_audit.verdict``'s, and a s
 """
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from .accelerators import check_named_choices
-from .building import build_cli, given_arguments
-from .cli import GenericCLI, KitCLI, expand_shortcuts
-from .command_line import CONFIG_FLAGS, CommandLine
-from .errors import RefusedArgumentError, UserError, command, invoked_as
+from .building import build_cli, expand_shortcuts, given_arguments
+from .cli import GenericCLI, KitCLI
+from .command_line import CommandLine
+from .errors import RefusedArgumentError, command, invoked_as
 from .gpu_audit import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE, run_audit, simulated
 from .gpu_audit.gpu_memory import judged, parse_capacity
 from .gpu_audit.simulated import SimulationUnavailableError
 from .installation import check_installation
 from .parser import named_refusal
-from .trust import is_config_file, read_config
 
 
 @command
@@ -37,8 +35,6 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     settings_only = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
     try:
         given, capacity = _gpu_memory(CommandLine(expand_shortcuts(args)))
-        if not _is_ddp(_strategy_given(given)):
-            settings_only += ["--trainer.strategy", "auto"]
         replaced = _device_flags_given(given, settings_only)
     except ValueError as err:  # ConfigError is one
         sys.exit(_usage(f"error: {err}"))
@@ -52,6 +48,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
                 [*given, *settings_only],
                 prog=prog or invoked_as("python -m lightning_kit.placement"),
                 not_built=EXIT_INCOMPLETE,
+                settings=_ddp_or_auto,
             )
     except SystemExit as stop:
         sys.exit(stop.code if isinstance(stop.code, int) else _usage(stop.code))
@@ -103,36 +100,25 @@ def _gpu_memory(args: CommandLine) -> tuple[CommandLine, int | None]:
 def _device_flags_given(args: CommandLine, settings_only: list[str]) -> list[str]:
     """The flags of ``settings_only`` (the Trainer's devices) that ``args`` gives, each once, as given; a strategy
     named that Lightning lacks is refused as ``train.py`` refuses it, though the audit does not use it."""
-    given = {flag: value for flag, value in args.pairs if flag in settings_only[::2]}
+    given = {flag: value for flag, value in args.pairs if flag in (*settings_only[::2], "--trainer.strategy")}
     if "--trainer.strategy" in given:
         check_named_choices({"strategy": given["--trainer.strategy"]})
+        if _is_ddp(given["--trainer.strategy"]):  # its options are the DDP pass's
+            del given["--trainer.strategy"]
     return [f"{flag} {value}" for flag, value in given.items()]
 
 
-def _strategy_given(args: CommandLine) -> Any:
-    """The Trainer's strategy as ``args`` last give it (a name, or a class_path and init_args); None."""
-    given = None
-    for flag, value in args.pairs:
-        if flag == "--trainer.strategy":
-            given = value
-        elif flag in CONFIG_FLAGS and is_config_file(value):
-            try:
-                settings = read_config(Path(value))
-            except UserError:
-                continue  # refused where the configuration is read, in one line
-            trainer = settings.get("trainer") if isinstance(settings, dict) else None
-            if isinstance(trainer, dict) and trainer.get("strategy") is not None:
-                given = trainer["strategy"]
-    return given
+def _ddp_or_auto(config) -> None:
+    """A strategy other than DDP is built as ``auto``: the audit runs its own, and takes only DDP's options."""
+    if not _is_ddp(config.trainer.strategy):
+        config.trainer.strategy = "auto"
 
 
 def _is_ddp(strategy: Any) -> bool:
     """Whether ``strategy`` is Lightning's DDP, by a registered name (``ddp_find_unused_parameters_true``) or class."""
     if isinstance(strategy, str):
         return strategy in StrategyRegistry and issubclass(StrategyRegistry[strategy]["strategy"], DDPStrategy)
-    if isinstance(strategy, dict):
-        return str(strategy.get("class_path", "")).rpartition(".")[2] == "DDPStrategy"
-    return False
+    return str(getattr(strategy, "class_path", "")).rpartition(".")[2] == "DDPStrategy"
 
 
 def _refused_value(verdict, given: dict) -> RefusedArgumentError | None:

@@ -198,8 +198,9 @@ def model_file(known: argparse.Namespace, rest: list[str], cli_class: type[KitCL
     if known.model is not None:
         yield Path(known.model)
         return
+    from ..building import expand_shortcuts
     from ..checkpoints import latest_checkpoint
-    from ..cli import GenericCLI, expand_shortcuts
+    from ..cli import GenericCLI
     from ..export import export, load_trained
 
     cli_class = cli_class or GenericCLI
