@@ -733,6 +733,40 @@ class KeepsMasksInAList(Probe):
         return self.net(features) * self.masks[0]  # a mask from a plain list
 
 
+class SamplesNoiseFromADistribution(Probe):
+    """A VAE's reparameterisation with ``Normal(0, 1)``: its parameters are Python numbers, so its samples are CPU's."""
+
+    expected = bug("# noise meets the GPU", made="# sampled on the CPU")
+
+    def forward(self, features):
+        noise = torch.distributions.Normal(0.0, 1.0).sample(features.shape)  # sampled on the CPU
+        return self.net(features + noise)  # noise meets the GPU
+
+
+class SamplesNoiseFromADistributionRight(Probe):
+    def forward(self, features):
+        noise = torch.distributions.Normal(torch.zeros_like(features), torch.ones_like(features)).sample()
+        return self.net(features + noise)
+
+
+class LegacyTensorConstructor(Probe):
+    expected = bug("# a legacy constructor's bias", made="# torch.Tensor is the CPU's")
+
+    def forward(self, features):
+        bias = torch.Tensor(3).fill_(0.1)  # torch.Tensor is the CPU's
+        return self.net(features) + bias  # a legacy constructor's bias
+
+
+class NoiseAfterTheTransfer(Probe):
+    """Augmentation in ``on_after_batch_transfer``: the batch is on the GPU there, and the noise must be too."""
+
+    expected = bug("# noise added to the moved batch")
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        features, labels = batch
+        return features + 0.1 * torch.randn(features.shape), labels  # noise added to the moved batch
+
+
 # Deterministic mode as CUDA has it: a kernel CUDA has no deterministic implementation of stops the run, under the
 # Trainer's flag or the code's own call as it stands at that operation; what PyTorch makes deterministic runs.
 
