@@ -13,7 +13,7 @@ def test_each_value_belongs_to_its_flag_in_every_form_argparse_takes():
     assert line.pairs == [("--a", "1"), ("--b", "2"), ("-c", "x.yaml"), ("--model.lr", "-3"), ("--ckpt_path", "last")]
     assert line.last("--ckpt_path") == "last" and line.last("--flag") is None
     assert line.gives("--flag") and line.gives("--b") and not line.gives("--c")
-    assert line.config_values() == ["x.yaml"]
+    assert line.values("-c", "--config") == ["x.yaml"]
     assert tuple(line) == (
         "fit",
         "--a",

@@ -13,7 +13,6 @@ from .checkpoints import RunClasses
 from .config_files import bound_yaml_loading
 from .messages import errors_as_messages, silence_the_unactionable
 from .parser import HelpFormatter, KitArgumentParser
-from .parser import given_arguments as parser_given_arguments
 from .supervision import ProcessWatch
 
 if TYPE_CHECKING:
@@ -44,13 +43,6 @@ def build_cli(
     parsed configuration before anything is built."""
     with errors_as_messages(not_built):
         return make(cli_class, expand_shortcuts(args), run=False, prog=prog, settings=settings)
-
-
-def given_arguments(cli: "KitCLI") -> dict:
-    """The arguments given to ``cli``'s model and data classes, by flag, where not the class's default."""
-    return parser_given_arguments(
-        cli.config[cli.subcommand] if cli.subcommand else cli.config, cli._fixed_model_class()
-    )
 
 
 def fit(cli_class: type["KitCLI"], args: list[str], callbacks: Sequence[L.Callback] = ()) -> "KitCLI":

@@ -60,10 +60,6 @@ class CommandLine(tuple):
         """Whether any of ``flags`` is given, with or without a value."""
         return any(flag in flags for _, _, flag, _ in self.spans)
 
-    def config_values(self) -> list[str]:
-        """What ``--config`` and ``-c`` are given: files, or YAML text."""
-        return self.values(*CONFIG_FLAGS)
-
     def named(self) -> list[tuple[str, str]]:
         """Each argument with its flag, for messages (``an argument`` for a value of none)."""
         return [(flag or "an argument", arg) for start, end, flag, _ in self.spans for arg in self[start:end]]

@@ -29,7 +29,7 @@ def read_config_file(path: Path) -> str:
         with open_regular(path) as file:  # a FIFO or device is refused, never waited on
             data = file.read(MAX_BYTES + 1)
     except NotAFileError as err:
-        raise ConfigError(f"configuration file {err}: give a YAML file") from None
+        raise ConfigError(f"configuration file {path} is {err.kind}, not a regular file: give a YAML file") from None
     except OSError as err:
         raise ConfigError(f"configuration file {path} cannot be read ({err.strerror or err})") from err
     if len(data) > MAX_BYTES:

@@ -12,7 +12,7 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from .accelerators import check_named_choices
-from .building import build_cli, expand_shortcuts, given_arguments
+from .building import build_cli, expand_shortcuts
 from .cli import GenericCLI, KitCLI
 from .command_line import CommandLine
 from .errors import RefusedArgumentError, command, invoked_as
@@ -20,7 +20,7 @@ from .gpu_audit import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE, ru
 from .gpu_audit.gpu_memory import judged, parse_capacity
 from .gpu_audit.simulated import SimulationUnavailableError
 from .installation import check_installation
-from .parser import named_refusal
+from .parser import given_arguments, named_refusal
 
 
 @command
@@ -71,7 +71,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         sys.exit(_usage(f"error: {err}"))
     for line in verdict.report():
         print(line)
-    refusal = _refused_value(verdict, given_arguments(cli))
+    refusal = _refused_value(verdict, given_arguments(cli.config, cli._fixed_model_class()))  # built: no subcommand
     if refusal is not None:  # not the model's placement but a value given on the command line: a usage error
         sys.exit(_usage(f"error: {refusal}"))
     fits = True

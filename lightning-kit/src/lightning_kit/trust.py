@@ -10,7 +10,6 @@ evaluated. Where a module lives is found without importing it (no ``__init__.py`
 import importlib.util
 import pkgutil
 import re
-import stat
 from collections.abc import Iterable, Iterator, Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -44,7 +43,9 @@ class UntrustedCodeError(UserError):
 def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), folders: Iterable[Path] = ()) -> None:
     """Raise ``UntrustedCodeError`` unless every module ``settings`` (data from ``source``) would import may be;
     ``args``, the command line, names trusted classes; ``folders``: further run or data folders."""
-    kept_out = _kept_out_folders([*folders, *_folder_values(settings)])
+    # Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir).
+    named = [table.get(key) for _, table in _walk(settings) if isinstance(table, dict) for key in _FOLDER_KEYS]
+    kept_out = _kept_out_folders([*folders, *(Path(value) for value in named if isinstance(value, str) and value)])
     named = named_modules(args, kept_out)
     for keys, name in _dotted_strings(settings):
         found = _locate(name)
@@ -97,7 +98,7 @@ def named_modules(args: Iterable[str], kept_out: Sequence[Path]) -> set[str]:
 
 def config_files(args: Iterable[str]) -> list[Path]:
     """The files given with ``--config``/``-c`` (a value that is not a file is YAML text, typed by the person)."""
-    return [Path(value) for value in CommandLine.of(args).config_values() if is_config_file(value)]
+    return [Path(value) for value in CommandLine.of(args).values(*CONFIG_FLAGS) if is_config_file(value)]
 
 
 def is_config_file(value: str) -> bool:
@@ -109,9 +110,6 @@ def is_config_file(value: str) -> bool:
 
 def read_config(path: Path) -> Any:
     """A configuration file as data; a FIFO or device is refused unopened."""
-    mode = path.stat().st_mode
-    if not stat.S_ISREG(mode):
-        raise UserError(f"--config {path} is not a regular file: give a .yaml file")
     try:
         return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
     except yaml.YAMLError as err:  # (not UTF-8: refused as not text)
@@ -219,13 +217,6 @@ def _dotted_strings(value: Any) -> Iterator[tuple[tuple[str, ...], str]]:
     for keys, found in _walk(value):
         if isinstance(found, str) and _DOTTED.fullmatch(found.strip()):
             yield keys, found.strip()
-
-
-def _folder_values(settings: Any) -> list[Path]:
-    """Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir)."""
-    tables = {id(value): value for _, value in _walk(settings) if isinstance(value, dict)}.values()  # each once
-    named = (table.get(key) for table in tables for key in _FOLDER_KEYS)
-    return [Path(value) for value in named if isinstance(value, str) and value]
 
 
 def _flag(keys: tuple[str, ...]) -> str:
