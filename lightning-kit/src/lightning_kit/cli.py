@@ -165,7 +165,8 @@ class KitCLI(LightningCLI):
             run_configs = run_config_of_checkpoint(args)
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
         rest = args[len(subcommand_given) :]
-        super().parse_arguments(parser, [*subcommand_given, *config_flags(run_configs), *rest])
+        run_settings = config_flags(subcommand_given[0] if subcommand_given else None, run_configs)
+        super().parse_arguments(parser, [*subcommand_given, *run_settings, *rest])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         check_no_nul((f"--{key}", value) for key, value in config.items())  # a --config file's (YAML's "\0")
@@ -179,7 +180,7 @@ class KitCLI(LightningCLI):
             super().parse_arguments(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
         if subcommand in EVALUATIONS:
-            check_evaluation(subcommand, config, args)
+            check_evaluation(subcommand, config)
         check_run_arguments(config)  # before LightningCLI seeds with them
 
     def _parse_ckpt_path(self) -> None:

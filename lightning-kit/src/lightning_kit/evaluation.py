@@ -13,7 +13,7 @@ from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
-from .trust import config_files, read_given, read_run_config
+from .trust import read_run_config
 
 # What each evaluation runs on, and the Trainer flag that limits it.
 EVALUATIONS = {
@@ -47,12 +47,12 @@ def checkpoint_run_settings(
     """Flags that give a run from a checkpoint the settings of the run that saved it: its ``config.yaml`` (or a run's
     given with --config, ``run_configs``) decides the model and the data the weights were trained with, where no
     --config is given. An evaluation also writes its logs and predictions into that run's folder."""
-    run_dir, settings = ckpt_path.parent.parent, config_flags(run_configs)
+    run_dir, settings = ckpt_path.parent.parent, config_flags(subcommand, run_configs)
     if not run_configs and not args.gives("-c", "--config"):
         if (run_dir / "config.yaml").is_file():
             trained = read_run_config(run_dir / "config.yaml", args)
             _warn_about_changes(trained, args)
-            settings = ["--config", str(run_dir / "config.yaml")]
+            settings = config_flags(subcommand, [run_dir / "config.yaml"])
             logger = (trained.get("trainer") or {}).get("logger")
         else:
             report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
@@ -86,8 +86,14 @@ def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
     return [config]
 
 
-def config_flags(paths: list[Path]) -> list[str]:
-    return [flag for path in paths for flag in ("--config", str(path))]
+def config_flags(subcommand: str | None, paths: list[Path]) -> list[str]:
+    """``--config`` for each of a run's saved settings, ``paths``; for an evaluation, then the Trainer's defaults
+    for its limits: a training's two validation batches are not the evaluation's, a limit given after them is."""
+    flags = [flag for path in paths for flag in ("--config", str(path))]
+    if flags and subcommand in EVALUATIONS:
+        flags += ["--trainer.fast_dev_run", "false", "--trainer.overfit_batches", "0.0"]
+        flags += [f"--trainer.{EVALUATIONS[subcommand][1]}", "null"]
+    return flags
 
 
 def _given_ckpt_path(args: CommandLine) -> str | None:
@@ -108,20 +114,11 @@ def _check_evaluated_weights(subcommand: str, config) -> None:
         raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
 
 
-def check_evaluation(subcommand: str, config, args: CommandLine) -> None:
-    """An evaluation runs on the whole split unless told otherwise, and says so when it is told: a limit counts
-    given on the command line or in a --config file of the person's, never only in a run's saved config.yaml (a
-    training's two validation batches)."""
+def check_evaluation(subcommand: str, config) -> None:
+    """Say that an evaluation runs on part of its split: a limit given by the person (a run's own are under the
+    Trainer's defaults, ``config_flags``)."""
     split, limit = EVALUATIONS[subcommand]
-    whole = {limit: None, "fast_dev_run": False, "overfit_batches": 0.0}  # the Trainer's defaults: no limit
-    # A run's --config files are split off by trust.check_command_line: those left are the person's.
-    files = [read_given(args, config) for config in config_files(args)]
-    trainers = [found.get("trainer") for found in files if isinstance(found, dict)]
-    in_files = {key for trainer in trainers if isinstance(trainer, dict) for key in trainer}
-    given = [key for key in whole if args.gives(f"--trainer.{key}") or key in in_files]
-    for key in whole.keys() - given:
-        setattr(config.trainer, key, whole[key])
-    values = {key: getattr(config.trainer, key) for key in given}
+    values = {key: config.trainer.get(key) for key in (limit, "fast_dev_run", "overfit_batches")}
     applied = [f"--trainer.{key} {value}" for key, value in values.items() if _limits(value)]
     if applied:
         report(f"{subcommand} on part of the {split} only ({', '.join(applied)}): leave it out for the whole {split}")
