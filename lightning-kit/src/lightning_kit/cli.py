@@ -170,7 +170,7 @@ class KitCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         check_no_nul((f"--{key}", value) for key, value in config.items())  # a --config file's (YAML's "\0")
-        ckpt_path = choose_checkpoint(subcommand, config, args)
+        ckpt_path = choose_checkpoint(subcommand, config)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
         logger = config.trainer.logger

@@ -25,11 +25,9 @@ EVALUATIONS = {
 UNTRAINED_FLAG = "--untrained_weights"
 
 
-def choose_checkpoint(subcommand: str, config, args: CommandLine) -> str | None:
-    """The checkpoint a run starts from, set in ``config``: the last --ckpt_path given, ``last`` resolved."""
-    given = _given_ckpt_path(args)
-    if given is not None:
-        config.ckpt_path = given  # not a --config file's, such as a run's saved `ckpt_path: null`
+def choose_checkpoint(subcommand: str, config) -> str | None:
+    """The checkpoint a run starts from, set in ``config``: ``last`` resolved. (A run's saved ``ckpt_path: null`` is
+    parsed before the flags given: ``cli.KitCLI.parse_arguments``.)"""
     if isinstance(config.get("ckpt_path"), str) and not config.ckpt_path.strip():  # an unset shell variable, say
         raise ConfigError("--ckpt_path is empty: give a .ckpt file, last for the newest run's, or null for none")
     if subcommand in EVALUATIONS:
