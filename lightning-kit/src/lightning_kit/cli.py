@@ -173,8 +173,7 @@ class KitCLI(LightningCLI):
         ckpt_path = choose_checkpoint(subcommand, config)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
-        logger = config.trainer.logger
-        settings = checkpoint_run_settings(subcommand, Path(ckpt_path), logger, args, run_configs) if ckpt_path else []
+        settings = checkpoint_run_settings(subcommand, Path(ckpt_path), config, args, run_configs) if ckpt_path else []
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.
             super().parse_arguments(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])

@@ -40,13 +40,15 @@ def choose_checkpoint(subcommand: str, config) -> str | None:
 
 
 def checkpoint_run_settings(
-    subcommand: str, ckpt_path: Path, logger, args: CommandLine, run_configs: list[Path]
+    subcommand: str, ckpt_path: Path, config, args: CommandLine, run_configs: list[Path]
 ) -> list[str]:
     """Flags that give a run from a checkpoint the settings of the run that saved it: its ``config.yaml`` (or a run's
     given with --config, ``run_configs``) decides the model and the data the weights were trained with, where no
-    --config is given. An evaluation also writes its logs and predictions into that run's folder."""
+    --config is given (``config``, parsed, names those given). An evaluation also writes its logs and predictions
+    into that run's folder."""
     run_dir, settings = ckpt_path.parent.parent, config_flags(subcommand, run_configs)
-    if not run_configs and not args.gives("-c", "--config"):
+    logger = config.trainer.logger
+    if not config.get("config"):  # run_configs are given as --config too
         if (run_dir / "config.yaml").is_file():
             trained = read_run_config(run_dir / "config.yaml", args)
             _warn_about_changes(trained, args)
@@ -70,8 +72,8 @@ def checkpoint_run_settings(
 def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
     """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), checked like
     any run's, for a command line with no model of its own (``GenericCLI``); empty where there is none."""
-    given = _given_ckpt_path(args)
-    if given is None:
+    given = args.last("--ckpt_path")
+    if given is None or given.strip().lower() in ("null", "none", "~"):
         return []
     try:
         checkpoint = latest_checkpoint(_runs_root(None), report=lambda line: None) if given == "last" else Path(given)
@@ -92,12 +94,6 @@ def config_flags(subcommand: str | None, paths: list[Path]) -> list[str]:
         flags += ["--trainer.fast_dev_run", "false", "--trainer.overfit_batches", "0.0"]
         flags += [f"--trainer.{EVALUATIONS[subcommand][1]}", "null"]
     return flags
-
-
-def _given_ckpt_path(args: CommandLine) -> str | None:
-    """The last ``--ckpt_path`` given, None for none (or ``null``)."""
-    given = args.last("--ckpt_path")
-    return None if given is None or given.strip().lower() in ("null", "none", "~") else given
 
 
 def _check_evaluated_weights(subcommand: str, config) -> None:
