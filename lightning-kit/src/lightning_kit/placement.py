@@ -98,18 +98,18 @@ def _gpu_memory(args: CommandLine) -> tuple[CommandLine, int | None]:
 
 
 def _device_flags_given(args: CommandLine, settings_only: list[str]) -> list[str]:
-    """The flags of ``settings_only`` (the Trainer's devices) that ``args`` gives, each once, as given; a strategy
-    named that Lightning lacks is refused as ``train.py`` refuses it, though the audit does not use it."""
+    """The flags of ``settings_only`` (the Trainer's devices) and the strategy that ``args`` gives, each once, as
+    given; not DDP's, whose options are the DDP pass's."""
     given = {flag: value for flag, value in args.pairs if flag in (*settings_only[::2], "--trainer.strategy")}
-    if "--trainer.strategy" in given:
-        check_named_choices({"strategy": given["--trainer.strategy"]})
-        if _is_ddp(given["--trainer.strategy"]):  # its options are the DDP pass's
-            del given["--trainer.strategy"]
+    if _is_ddp(given.get("--trainer.strategy")):
+        del given["--trainer.strategy"]
     return [f"{flag} {value}" for flag, value in given.items()]
 
 
 def _ddp_or_auto(config) -> None:
-    """A strategy other than DDP is built as ``auto``: the audit runs its own, and takes only DDP's options."""
+    """A strategy other than DDP is built as ``auto``: the audit runs its own, and takes only DDP's options; one
+    that Lightning lacks is refused first, as ``train.py`` refuses it."""
+    check_named_choices(config.trainer)
     if not _is_ddp(config.trainer.strategy):
         config.trainer.strategy = "auto"
 
