@@ -204,18 +204,11 @@ def no_empty_folders_left(logger) -> Iterator[None]:
         # The run folder, once the logger chose its version (Lightning's CSV and TensorBoard loggers' _version).
         made = getattr(logger, "log_dir", None) if getattr(logger, "_version", None) is not None else None
         made = Path(made) if isinstance(made, str | os.PathLike) else None
-        if root is not None and made is not None and made.parent == root and made.name not in before:
-            _remove_empty(made)
+        if made is not None and made.parent == root and made.name not in before and not made.is_symlink():
+            for top, _, _ in os.walk(made, topdown=False):  # it and the folders in it, as far as they hold no file
+                with contextlib.suppress(OSError):  # not empty: left as it is
+                    os.rmdir(top)
         for folder in absent:  # root, then the folders above it, the nearest first
             with contextlib.suppress(OSError):  # not empty, or gone: left as it is
                 folder.rmdir()
         raise
-
-
-def _remove_empty(folder: Path) -> None:
-    """Remove ``folder`` and the folders in it, as far as they hold no file (not through links)."""
-    if folder.is_symlink() or not folder.is_dir():
-        return
-    for top, _, _ in os.walk(folder, topdown=False):
-        with contextlib.suppress(OSError):  # not empty: left as it is
-            os.rmdir(top)
