@@ -86,7 +86,7 @@ def test_every_numeric_trainer_argument_is_in_the_table():
         kinds = typing.get_args(parameter.annotation) or (parameter.annotation,)
         if any(kind in (int, float) or typing.get_origin(kind) is typing.Literal for kind in kinds):
             numeric.add(name)
-    assert numeric - LEFT_TO_LIGHTNING - set(TRAINER.table) == set()
+    assert numeric - LEFT_TO_LIGHTNING - set(TRAINER) == set()
 
 
 def unbounded(cls: type) -> set[str]:

@@ -3,15 +3,14 @@
 A class says what each argument accepts in its signature, with jsonargparse's types (``PositiveInt``...) or the
 bounded types here (``BatchSize``, ``Seed``, ``Workers``...): the command line refuses a value out of bounds in one
 line naming the flag, before the class is built. What relates two arguments (heads that divide the width, a size
-that fits in memory) stays code in the constructor. Lightning's Trainer cannot carry bounds, so its arguments and
-LightningCLI's seed keep a table here (``TRAINER``, ``RUN``).
+that fits in memory) stays code in the constructor. Lightning's Trainer cannot carry bounds, so its arguments keep a
+table here (``TRAINER``), and LightningCLI's seed a check (``parser.check_run_arguments``).
 """
 
 import math
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -86,33 +85,6 @@ def check_memory(
     )
 
 
-@dataclass(frozen=True)
-class Arguments:
-    """A table of what each argument accepts (a test, and its words: ``a positive integer``), and ``rules`` over
-    several; ``flags``: arguments written otherwise than ``prefix + name`` (``{"devices": "--devices"}``)."""
-
-    prefix: str
-    table: Mapping[str, tuple[Callable[[Any], bool], str]]
-    rules: Callable[[Mapping[str, Any], Callable[[str], str]], str | None] = lambda values, flag: None
-    flags: Mapping[str, str] = field(default_factory=dict)
-
-    def flag(self, name: str) -> str:
-        return self.flags.get(name, f"{self.prefix}{name}")
-
-    def check(self, values: Mapping[str, Any]) -> None:
-        """Raise a ``ConfigError`` naming the first argument in ``values`` not accepted, or rule not met."""
-        for name, (test, description) in self.table.items():
-            if name not in values:
-                continue
-            value = values[name]
-            if is_integer(value) and abs(value) > INT64_MAX:
-                raise ConfigError(f"{self.flag(name)} {value} is beyond what a 64-bit integer holds ({INT64_MAX})")
-            if not test(value):
-                raise ConfigError(f"{self.flag(name)} must be {description}, got {value!r}")
-        if (broken := self.rules(values, self.flag)) is not None:
-            raise ConfigError(broken)
-
-
 # Lightning's Trainer: the arguments it divides by, counts with or treats specially. Lightning checks some itself,
 # others only deep inside a run (a division by zero), and names none as the flag a person typed.
 
@@ -178,65 +150,63 @@ def _cpu_devices(accelerator, devices) -> bool:
     return _at_least(1)(devices)
 
 
-def _trainer_rules(values: Mapping[str, Any], flag: Callable[[str], str]) -> str | None:
-    for least, most in (("min_epochs", "max_epochs"), ("min_steps", "max_steps")):
-        low, high = values.get(least), values.get(most)
-        if low is not None and high not in (None, -1) and low > high:
-            return f"{flag(least)} must be at most {flag(most)}, got {low!r} and {high!r}"
-    if "accelerator" in values and "devices" in values and not _cpu_devices(values["accelerator"], values["devices"]):
-        return (
-            f"{flag('devices')} on the CPU is a number of processes, 1 or more (or auto): -1 (all) and lists of "
-            f"indices are for GPUs, got {values['devices']!r}"
-        )
-    return None
+def _flag(name: str) -> str:
+    """The flag of a Trainer argument as people type it: ``--max_epochs`` for a shortcut (cli.TRAINER_SHORTCUTS)."""
+    return f"--{name}" if name in ("accelerator", "devices", "num_nodes", "max_epochs") else f"--trainer.{name}"
 
 
 _BATCH_LIMIT = (_null_or(_batches), "null, a whole number of batches or a number in [0, 1]")
-TRAINER = Arguments(
-    "--trainer.",
-    {
-        # Any accelerator Lightning knows, checked by it (and accelerators.check_accelerator); here for the rules.
-        "accelerator": (lambda value: True, "an accelerator"),
-        "devices": (_devices, "a positive number of devices, -1 for all, auto, or a list of distinct device indices"),
-        "num_nodes": (_at_least(1), "a positive integer"),
-        "fast_dev_run": (
-            lambda value: isinstance(value, bool) or _at_least(0)(value),
-            "true, false or an integer of at least 0",
-        ),
-        "max_epochs": (_null_or(_positive_or_all), "null, a positive integer or -1 (no limit)"),
-        "min_epochs": (_null_or(_at_least(0)), "null or an integer of at least 0"),
-        "max_steps": (_positive_or_all, "a positive integer or -1 (no limit)"),
-        "min_steps": (_null_or(_at_least(0)), "null or an integer of at least 0"),
-        "limit_train_batches": _BATCH_LIMIT,
-        "limit_val_batches": _BATCH_LIMIT,
-        "limit_test_batches": _BATCH_LIMIT,
-        "limit_predict_batches": _BATCH_LIMIT,
-        "overfit_batches": (_batches, "a whole number of batches or a number in [0, 1]"),
-        "val_check_interval": (
-            _null_or(_val_check_interval),
-            "null, a positive integer, a number in (0, 1] or a duration DD:HH:MM:SS",
-        ),
-        "check_val_every_n_epoch": (_null_or(_at_least(1)), "null or a positive integer"),
-        "num_sanity_val_steps": (_null_or(_at_least(-1)), "null, 0 or more, or -1 (all)"),
-        "log_every_n_steps": (_null_or(_at_least(1)), "null or a positive integer"),
-        "accumulate_grad_batches": (_at_least(1), "a positive integer"),
-        "gradient_clip_val": (
-            _null_or(lambda v: not isinstance(v, bool) and isinstance(v, numbers.Real) and 0 <= v < math.inf),
-            "null or a finite number of at least 0",
-        ),
-        "gradient_clip_algorithm": (lambda value: value in (None, "value", "norm"), "null, value or norm"),
-        "reload_dataloaders_every_n_epochs": (_at_least(0), "an integer of at least 0"),
-    },
-    rules=_trainer_rules,
-    # The shortcuts people type (cli.TRAINER_SHORTCUTS).
-    flags={name: f"--{name}" for name in ("accelerator", "devices", "num_nodes", "max_epochs")},
-)
-RUN = Arguments(
-    "--",
-    {
-        "seed_everything": (
-            lambda value: isinstance(value, bool) or (_at_least(0)(value) and value <= SEED_MAX),
-            f"true, false or an integer from 0 to {SEED_MAX}",
+TRAINER: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # Any accelerator Lightning knows, checked by it (and accelerators.check_accelerator); here for the rules.
+    "accelerator": (lambda value: True, "an accelerator"),
+    "devices": (_devices, "a positive number of devices, -1 for all, auto, or a list of distinct device indices"),
+    "num_nodes": (_at_least(1), "a positive integer"),
+    "fast_dev_run": (
+        lambda value: isinstance(value, bool) or _at_least(0)(value),
+        "true, false or an integer of at least 0",
+    ),
+    "max_epochs": (_null_or(_positive_or_all), "null, a positive integer or -1 (no limit)"),
+    "min_epochs": (_null_or(_at_least(0)), "null or an integer of at least 0"),
+    "max_steps": (_positive_or_all, "a positive integer or -1 (no limit)"),
+    "min_steps": (_null_or(_at_least(0)), "null or an integer of at least 0"),
+    "limit_train_batches": _BATCH_LIMIT,
+    "limit_val_batches": _BATCH_LIMIT,
+    "limit_test_batches": _BATCH_LIMIT,
+    "limit_predict_batches": _BATCH_LIMIT,
+    "overfit_batches": (_batches, "a whole number of batches or a number in [0, 1]"),
+    "val_check_interval": (
+        _null_or(_val_check_interval),
+        "null, a positive integer, a number in (0, 1] or a duration DD:HH:MM:SS",
+    ),
+    "check_val_every_n_epoch": (_null_or(_at_least(1)), "null or a positive integer"),
+    "num_sanity_val_steps": (_null_or(_at_least(-1)), "null, 0 or more, or -1 (all)"),
+    "log_every_n_steps": (_null_or(_at_least(1)), "null or a positive integer"),
+    "accumulate_grad_batches": (_at_least(1), "a positive integer"),
+    "gradient_clip_val": (
+        _null_or(lambda v: not isinstance(v, bool) and isinstance(v, numbers.Real) and 0 <= v < math.inf),
+        "null or a finite number of at least 0",
+    ),
+    "gradient_clip_algorithm": (lambda value: value in (None, "value", "norm"), "null, value or norm"),
+    "reload_dataloaders_every_n_epochs": (_at_least(0), "an integer of at least 0"),
+}
+
+
+def check_trainer(values: Mapping[str, Any]) -> None:
+    """Raise a ``ConfigError`` naming the first Trainer argument in ``values`` not accepted, or rule not met."""
+    for name, (test, description) in TRAINER.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if is_integer(value) and abs(value) > INT64_MAX:
+            raise ConfigError(f"{_flag(name)} {value} is beyond what a 64-bit integer holds ({INT64_MAX})")
+        if not test(value):
+            raise ConfigError(f"{_flag(name)} must be {description}, got {value!r}")
+    for least, most in (("min_epochs", "max_epochs"), ("min_steps", "max_steps")):
+        low, high = values.get(least), values.get(most)
+        if low is not None and high not in (None, -1) and low > high:
+            raise ConfigError(f"{_flag(least)} must be at most {_flag(most)}, got {low!r} and {high!r}")
+    if "accelerator" in values and "devices" in values and not _cpu_devices(values["accelerator"], values["devices"]):
+        raise ConfigError(
+            f"{_flag('devices')} on the CPU is a number of processes, 1 or more (or auto): -1 (all) and lists of "
+            f"indices are for GPUs, got {values['devices']!r}"
         )
-    },
-)

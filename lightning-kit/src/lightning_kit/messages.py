@@ -37,7 +37,7 @@ def _trainer_flag_refused_by_lightning(err: BaseException) -> str | None:
     in_lightning = frames and f"{os.sep}lightning{os.sep}pytorch{os.sep}" in frames[-1].f_code.co_filename
     if not (isinstance(err, ValueError) and in_lightning):
         return None
-    named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER.table]
+    named = [name for name in re.findall(r"`(\w+)`", str(err)) if name in TRAINER]
     return f"--trainer.{named[0]}" if named else None
 
 

@@ -13,7 +13,7 @@ from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 
-from .arguments import RUN, TRAINER
+from .arguments import SEED_MAX, TRAINER, check_trainer, is_integer
 from .errors import (
     ConfigError,
     DataUnavailableError,
@@ -130,12 +130,12 @@ def check_no_nul(named: Iterable[tuple[str, Any]]) -> None:
 
 
 def check_run_arguments(config) -> None:
-    """The Trainer's arguments and the seed, against ``arguments.TRAINER`` and ``arguments.RUN``; and
-    ``--trainer.default_root_dir``, which Lightning ignores where the first logger has a folder of its own."""
-    trainer = config.trainer
-    TRAINER.check({name: trainer.get(name) for name in TRAINER.table if name in trainer})
-    if "seed_everything" in config:
-        RUN.check({"seed_everything": config.seed_everything})
+    """The Trainer's arguments, against ``arguments.TRAINER``; the seed; and ``--trainer.default_root_dir``, which
+    Lightning ignores where the first logger has a folder of its own."""
+    trainer, seed = config.trainer, config.get("seed_everything")
+    check_trainer({name: trainer.get(name) for name in TRAINER if name in trainer})
+    if not (isinstance(seed, bool) or seed is None or (is_integer(seed) and 0 <= seed <= SEED_MAX)):
+        raise ConfigError(f"--seed_everything must be true, false or an integer from 0 to {SEED_MAX}, got {seed!r}")
     root, loggers = trainer.get("default_root_dir"), trainer.get("logger")
     first = loggers[0] if isinstance(loggers, list) and loggers else loggers
     arguments = first.get("init_args") if isinstance(first, Namespace | dict) else None
