@@ -50,14 +50,18 @@ def check_files_given(args: Iterable[str]) -> None:
     ``trust.check_command_line``, before)."""
     for flag, value in CommandLine.of(args).pairs:
         whole = flag.startswith("--") and "." not in flag
-        if flag in (*CONFIG_FLAGS, "--ckpt_path") or "\n" in value or not (whole or value.endswith(CONFIG_SUFFIXES)):
+        if flag in (*CONFIG_FLAGS, "--ckpt_path") or not (whole or value.endswith(CONFIG_SUFFIXES)):
             continue
-        try:  # a FIFO or device counts, refused by read_config_file
-            is_file = Path(value).exists() and not Path(value).is_dir()
-        except (OSError, ValueError):  # a name too long or with a NUL: YAML text
-            is_file = False
-        if is_file:
+        if is_config_file(value) and not Path(value).is_dir():  # a FIFO or device counts: refused unread
             read_config_file(Path(value))
+
+
+def is_config_file(value: str) -> bool:
+    """Whether ``value`` names something there, not YAML text."""
+    try:
+        return "\n" not in value and Path(value).exists()
+    except (OSError, ValueError):  # a name too long or with a NUL: YAML text
+        return False
 
 
 def check_yaml(text: str, source: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from .command_line import CONFIG_FLAGS, CommandLine
-from .config_files import check_files_given, read_config_file
+from .config_files import check_files_given, is_config_file, read_config_file
 from .errors import UserError, first_line
 
 # The package of the command line running and its KitCLI.trusted_modules (trust_modules).
@@ -99,13 +99,6 @@ def named_modules(args: Iterable[str], kept_out: Sequence[Path]) -> set[str]:
 def config_files(args: Iterable[str]) -> list[Path]:
     """The files given with ``--config``/``-c`` (a value that is not a file is YAML text, typed by the person)."""
     return [Path(value) for value in CommandLine.of(args).values(*CONFIG_FLAGS) if is_config_file(value)]
-
-
-def is_config_file(value: str) -> bool:
-    try:
-        return "\n" not in value and Path(value).exists()
-    except (OSError, ValueError):  # a name too long or with a NUL: YAML text
-        return False
 
 
 def read_config(path: Path) -> Any:
