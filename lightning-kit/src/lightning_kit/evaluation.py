@@ -112,15 +112,13 @@ def check_evaluation(subcommand: str, config) -> None:
     """Say that an evaluation runs on part of its split: a limit given by the person (a run's own are under the
     Trainer's defaults, ``config_flags``)."""
     split, limit = EVALUATIONS[subcommand]
-    values = {key: config.trainer.get(key) for key in (limit, "fast_dev_run", "overfit_batches")}
-    applied = [f"--trainer.{key} {value}" for key, value in values.items() if _limits(value)]
+    applied = []
+    for key in (limit, "fast_dev_run", "overfit_batches"):
+        value = config.trainer.get(key)
+        if value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0)):  # 1.0 is all
+            applied.append(f"--trainer.{key} {value}")
     if applied:
         report(f"{subcommand} on part of the {split} only ({', '.join(applied)}): leave it out for the whole {split}")
-
-
-def _limits(value) -> bool:
-    """Whether a Trainer limit of ``value`` leaves batches out (``1.0`` is all; ``1`` is one batch)."""
-    return value not in (None, False) and not (isinstance(value, float) and value in (0.0, 1.0))
 
 
 def _warn_about_changes(trained: dict, args: CommandLine) -> None:
