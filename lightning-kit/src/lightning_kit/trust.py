@@ -44,8 +44,8 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
     """Raise ``UntrustedCodeError`` unless every module ``settings`` (data from ``source``) would import may be;
     ``args``, the command line, names trusted classes; ``folders``: further run or data folders."""
     # Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir).
-    named = [table.get(key) for _, table in _walk(settings) if isinstance(table, dict) for key in _FOLDER_KEYS]
-    kept_out = _kept_out_folders([*folders, *(Path(value) for value in named if isinstance(value, str) and value)])
+    given = [table.get(key) for _, table in _walk(settings) if isinstance(table, dict) for key in _FOLDER_KEYS]
+    kept_out = _kept_out_folders([*folders, *(Path(value) for value in given if isinstance(value, str) and value)])
     named = named_modules(args, kept_out)
     for keys, name in _dotted_strings(settings):
         found = _locate(name)
