@@ -30,8 +30,15 @@ def choose_checkpoint(subcommand: str, config) -> str | None:
     parsed before the flags given: ``cli.KitCLI.parse_arguments``.)"""
     if isinstance(config.get("ckpt_path"), str) and not config.ckpt_path.strip():  # an unset shell variable, say
         raise ConfigError("--ckpt_path is empty: give a .ckpt file, last for the newest run's, or null for none")
-    if subcommand in EVALUATIONS:
-        _check_evaluated_weights(subcommand, config)
+    # An evaluation scores the weights of a checkpoint it loads, or untrained weights when asked for by name.
+    untrained = subcommand in EVALUATIONS and config.get(UNTRAINED_FLAG[2:])
+    if subcommand in EVALUATIONS and config.get("ckpt_path") is None and not untrained:
+        raise ConfigError(
+            f"{subcommand} needs --ckpt_path (a .ckpt file, or last for the newest run's): without one it would "
+            f"score untrained weights; to do that on purpose, give {UNTRAINED_FLAG} true"
+        )
+    if config.get("ckpt_path") is not None and untrained:
+        raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
     if config.get("ckpt_path") == "last":
         # Resolved here, so the run's saved config.yaml names the file it resumed from.
         config.ckpt_path = str(latest_checkpoint(_runs_root(config.trainer.logger), report=report))
@@ -94,18 +101,6 @@ def config_flags(subcommand: str | None, paths: list[Path]) -> list[str]:
         flags += ["--trainer.fast_dev_run", "false", "--trainer.overfit_batches", "0.0"]
         flags += [f"--trainer.{EVALUATIONS[subcommand][1]}", "null"]
     return flags
-
-
-def _check_evaluated_weights(subcommand: str, config) -> None:
-    """An evaluation scores the weights of a checkpoint it loads, or untrained weights when asked for by name."""
-    untrained = config.get(UNTRAINED_FLAG[2:])
-    if config.get("ckpt_path") is None and not untrained:
-        raise ConfigError(
-            f"{subcommand} needs --ckpt_path (a .ckpt file, or last for the newest run's): without one it would "
-            f"score untrained weights; to do that on purpose, give {UNTRAINED_FLAG} true"
-        )
-    if config.get("ckpt_path") is not None and untrained:
-        raise ConfigError(f"{UNTRAINED_FLAG} true and --ckpt_path {config.ckpt_path} contradict: give one of them")
 
 
 def check_evaluation(subcommand: str, config) -> None:

@@ -46,7 +46,7 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
     # Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir).
     given = [table.get(key) for _, table in _walk(settings) if isinstance(table, dict) for key in _FOLDER_KEYS]
     kept_out = _kept_out_folders([*folders, *(Path(value) for value in given if isinstance(value, str) and value)])
-    named = named_modules(args, kept_out)
+    named, trusted = named_modules(args, kept_out), (__package__, *BUILT_ON, *_trusted)
     for keys, name in _dotted_strings(settings):
         found = _locate(name)
         if found is None:
@@ -59,7 +59,7 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
                 "imported (code in a run or data folder is never imported: move the module out of it, into the "
                 f"project's package, and name its class with {_flag(keys)})"
             )
-        if not (_within(module, (__package__, *BUILT_ON, *_trusted)) or module in named):
+        if module not in named and not any(f"{module}.".startswith(f"{package}.") for package in trusted):
             raise UntrustedCodeError(
                 f"{source} names code outside this project ({name}): refused, nothing was imported. If you trust "
                 f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to the trusted_modules "
@@ -183,10 +183,6 @@ def _find_in(name: str, locations: list[str]) -> ModuleSpec | None:
     namespace = ModuleSpec(name, None, is_package=True)
     namespace.submodule_search_locations = portions
     return namespace
-
-
-def _within(module: str, packages: Iterable[str]) -> bool:
-    return any(module == package or module.startswith(f"{package}.") for package in packages)
 
 
 def _walk(value: Any) -> Iterator[tuple[tuple[str, ...], Any]]:
