@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from ..config_files import read_config_file
+from ..config_files import check_yaml
 from ..errors import UserError, first_line
 from ..files import open_regular
 from ..metric_logs import epoch_columns
@@ -102,70 +102,71 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
 
 def read_run(run: Run, root: Path) -> None:
     """Fill ``run`` from its folder; what cannot be read becomes a note, never an exception."""
-    run.settings = _noted(run, CONFIG_FILE, _settings, root) or {}
+    run.settings = _read(run, CONFIG_FILE, _settings, root) or {}
     if os.path.lexists(run.folder / METRICS_FILE):
-        run.history = _noted(run, METRICS_FILE, _metrics, root) or {}
+        run.history = _read(run, METRICS_FILE, _metrics, root, MAX_METRICS_BYTES) or {}
     _read_status(run, root)
     tests = [folder for kind, folder in run.evaluations if kind == "test"]
     if tests:  # the test metrics of its latest test (the highest test/version_N)
         latest = max(tests, key=lambda folder: _natural(folder.name))
-        log = _noted(run, f"{relative(latest, run.folder)}/{METRICS_FILE}", _metrics, root) or {}
+        name = f"{relative(latest, run.folder)}/{METRICS_FILE}"
+        log = _read(run, name, _metrics, root, MAX_METRICS_BYTES) or {}
         run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
 
 
-def _noted(run: Run, name: str, read: Callable[[Path, Path], Any], root: Path) -> Any:
-    """What ``read`` makes of the run's file ``name``; None, and a note on the run saying why, when it cannot."""
+def _read(run: Run, name: str, parse: Callable[[str], Any], root: Path, limit: int = MAX_RECORD_BYTES) -> Any:
+    """What ``parse`` makes of the text of the run's file ``name`` (``read_text``); None, and a note on the run
+    saying why, where it cannot be read or parsed."""
     try:
-        return read(run.folder / name, root)
-    except _UNREADABLE as err:
-        run.notes.append(f"{name} unreadable: {_reason(err)}")
+        return parse(read_text(run.folder / name, root, limit))
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError, csv.Error, RecursionError, UserError) as err:
+        run.notes.append(f"{name} unreadable: {first_line(err)}")
         return None
+
+
+def _record(text: str) -> dict[str, Any]:
+    """``run.json``, with its start as a time (local, if it has no offset); ValueError where it is no run record."""
+    record = json.loads(text)
+    if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
+        raise ValueError("not a run record")
+    return {**record, "started": datetime.fromisoformat(record["started"]).astimezone()}
 
 
 def _read_status(run: Run, root: Path) -> None:
     folder = run.folder
-    record_path = folder / RUN_FILE
-    if os.path.lexists(record_path):
-        try:
-            record = json.loads(read_text(record_path, root))
-            if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
-                raise ValueError("not a run record")
-            run.record = record
-            run.started = datetime.fromisoformat(record["started"]).astimezone()  # local, if it has no offset
-        except (*_UNREADABLE, KeyError, TypeError) as err:
-            run.status = UNREADABLE
-            run.notes.append(f"{RUN_FILE} unreadable: {_reason(err)}")
-            return
-        run.status = record["status"]
-        if run.status == RUNNING:
-            alive = process_alive(record)
-            if alive is None:
-                run.status = UNKNOWN
-                run.notes.append(f"recorded as running on {record.get('host')}: cannot be checked from here")
-            elif not alive:
-                run.status = INTERRUPTED
-                run.notes.append("killed: its process ended without recording how")
-            else:
-                run.duration_s = (datetime.now().astimezone() - run.started).total_seconds()
-        duration = record.get("duration_s")
-        if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
-            run.duration_s = float(duration)
-        if record.get("error"):
-            run.notes.append(scrubbed(str(record["error"]))[:200])
-        best = record.get("best_checkpoint")
-        run.best_checkpoint = _in_this_folder(folder, str(best)) if best else None
+    if not os.path.lexists(folder / RUN_FILE):  # a run from before run.json: its files tell what they can
+        checkpoints = folder / "checkpoints"
+        if (checkpoints / "on_exception.ckpt").exists():
+            run.status = INTERRUPTED
+        elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
+            run.status = FINISHED
+        run.notes.append(f"no {RUN_FILE}: status and times from its files")
+        with contextlib.suppress(OSError):
+            start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
+            run.started = datetime.fromtimestamp(start).astimezone()
+            run.duration_s = max(0.0, end - start)
         return
-    # A run from before run.json: its files tell what they can.
-    checkpoints = folder / "checkpoints"
-    if (checkpoints / "on_exception.ckpt").exists():
-        run.status = INTERRUPTED
-    elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
-        run.status = FINISHED
-    run.notes.append(f"no {RUN_FILE}: status and times from its files")
-    with contextlib.suppress(OSError):
-        start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
-        run.started = datetime.fromtimestamp(start).astimezone()
-        run.duration_s = max(0.0, end - start)
+    if (record := _read(run, RUN_FILE, _record, root)) is None:
+        run.status = UNREADABLE
+        return
+    run.record, run.status, run.started = record, record["status"], record["started"]
+    if run.status == RUNNING:
+        alive = process_alive(record)
+        if alive is None:
+            run.status = UNKNOWN
+            run.notes.append(f"recorded as running on {record.get('host')}: cannot be checked from here")
+        elif not alive:
+            run.status = INTERRUPTED
+            run.notes.append("killed: its process ended without recording how")
+        else:
+            run.duration_s = (datetime.now().astimezone() - run.started).total_seconds()
+    duration = record.get("duration_s")
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
+        run.duration_s = float(duration)
+    if record.get("error"):
+        run.notes.append(scrubbed(str(record["error"]))[:200])
+    best = record.get("best_checkpoint")
+    run.best_checkpoint = _in_this_folder(folder, str(best)) if best else None
 
 
 def monitor_of(run: Run) -> tuple[str, str] | None:
@@ -263,15 +264,15 @@ def flatten(config: Any) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
-def _settings(path: Path, root: Path) -> dict[str, Any]:
-    """``config.yaml``, read as the command line reads a configuration (``config_files``), flattened."""
-    return flatten(yaml.safe_load(read_config_file(_inside(path, root))))
+def _settings(text: str) -> dict[str, Any]:
+    """``config.yaml``, bounded as the command line bounds a configuration (``config_files``), flattened."""
+    check_yaml(text, CONFIG_FILE)
+    return flatten(yaml.safe_load(text))
 
 
-def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
+def _metrics(text: str) -> dict[str, dict[int, float]]:
     """A CSVLogger's ``metrics.csv``: ``{column: {epoch: its last value there}}``, without a last line that has no
     newline yet (being written). ValueError names the line that is no metrics row."""
-    text = read_text(path, root, MAX_METRICS_BYTES)
     epochs: dict[str, dict[int, float]] = {}
     for line, row in enumerate(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])), start=2):
         if not row.get("epoch"):
@@ -342,14 +343,3 @@ def relative(folder: Path, root: Path) -> str:
 def _natural(name: str) -> list:
     """``version_10`` after ``version_9``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _reason(err: BaseException) -> str:
-    if isinstance(err, OSError):
-        return err.strerror or str(err)
-    if isinstance(err, RecursionError):
-        return "it nests deeper than a run's file does"
-    return first_line(err)
-
-
-_UNREADABLE = (OSError, ValueError, UnicodeError, yaml.YAMLError, csv.Error, RecursionError, UserError)
