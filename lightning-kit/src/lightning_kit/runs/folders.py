@@ -69,7 +69,7 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
     below: dict[Path, tuple[Run, str]] = {}  # a folder in a run's evaluation: that run, and the kind of evaluation
 
     def unlisted(err: OSError) -> None:
-        notes.append(f"{err.filename} cannot be listed ({err.strerror or err})")
+        notes.append(f"{err.filename} cannot be listed ({first_line(err)})")
 
     # os.walk enters no link to a folder: those leading out of root are noted, the others are listed where they are.
     for current, folders, files in os.walk(root, onerror=unlisted):
@@ -249,7 +249,7 @@ def flatten(config: Any) -> dict[str, Any]:
 
     def walk(value: Any, key: str) -> None:
         if isinstance(value, dict) and value and set(value) <= {"class_path", "init_args", "dict_kwargs"}:
-            flat[key] = _text(value.get("class_path"))
+            flat[key] = str(value.get("class_path"))
             arguments = [value.get(name) or {} for name in ("init_args", "dict_kwargs")]
             if not all(isinstance(part, dict) for part in arguments):
                 raise ValueError(f"{key}: init_args that are no mapping")
@@ -258,7 +258,8 @@ def flatten(config: Any) -> dict[str, Any]:
             for name, item in value.items():
                 walk(item, f"{key}.{name}" if key else str(name))
         elif key:
-            flat[key] = value if isinstance(value, str | int | float | bool | None) else _text(value)
+            listed = isinstance(value, list)  # as YAML writes it in one line: [1, 2, null]
+            flat[key] = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip() if listed else value
 
     walk(config, "")
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
@@ -313,15 +314,6 @@ def _inside(path: Path, root: Path) -> Path:
     if path.is_symlink() and not _within(path, root.resolve()):
         raise ValueError(f"it links outside {root}: not read")
     return path
-
-
-def _text(value: Any) -> str:
-    """A short text for a value that is no number or name: a list, a mapping."""
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(map(_text, value)) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_text(key)}: {_text(item)}" for key, item in value.items()) + "}"
-    return str(value)
 
 
 def _within(path: Path, inside: Path) -> bool:
