@@ -24,6 +24,7 @@ import torch
 
 from .cli import GenericCLI, KitCLI
 from .errors import OneLineParser, UserError, command, invoked_as
+from .files import check_output_file
 from .installation import check_installation
 from .run_record import write_whole
 
@@ -257,8 +258,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     options = parser.parse_args(args)
     # What was given is checked first: a command prepared on a machine without a GPU is right once it gets one.
     try:
-        if options.out.exists() and not options.overwrite:
-            raise UserError(f"{options.out} exists: give another --out, or --overwrite to replace it")
+        check_output_file(options.out, "--out", overwrite=options.overwrite, overwrite_flag="--overwrite")
         project = find_project(options.project, options.package, options.config, cli_class)
         if not torch.cuda.is_available():
             raise UserError("no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one")

@@ -28,7 +28,7 @@ from importlib.util import decode_source
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import command
+from .errors import command, first_line
 from .files import NotAFileError, open_regular
 from .guide import cite
 
@@ -373,7 +373,7 @@ def read_source(path: Path) -> str:
     except NotAFileError as err:
         raise UnreadableError(f"is {err.kind}, not a regular file: nothing read") from None
     except OSError as err:
-        raise UnreadableError(f"cannot be read ({err.strerror or err})") from None
+        raise UnreadableError(f"cannot be read ({first_line(err)})") from None
     if len(data) > MAX_SOURCE_BYTES:
         raise UnreadableError(f"is over {MAX_SOURCE_BYTES >> 20} MiB: not a source file this check reads")
     if b"\0" in data:
