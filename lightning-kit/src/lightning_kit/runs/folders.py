@@ -166,7 +166,11 @@ def _read_status(run: Run, root: Path) -> None:
     if record.get("error"):
         run.notes.append(scrubbed(str(record["error"]))[:200])
     best = record.get("best_checkpoint")
-    run.best_checkpoint = _in_this_folder(folder, str(best)) if best else None
+    run.best_checkpoint = str(best) if best else None
+    with contextlib.suppress(OSError, ValueError):  # a name no file can have (a NUL in it, too long)
+        here = folder / "checkpoints" / Path(str(best)).name  # the recorded file, found from here: in this folder
+        if best and Path(str(best)).parent.name == "checkpoints" and here.is_file():
+            run.best_checkpoint = str(here)
 
 
 def monitor_of(run: Run) -> tuple[str, str] | None:
@@ -297,16 +301,6 @@ def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
     if len(data) > limit:
         raise ValueError(f"over {limit >> 20} MiB")
     return data.decode("utf-8")
-
-
-def _in_this_folder(folder: Path, recorded: str) -> str:
-    """A recorded best checkpoint's path as found from here when it is in ``folder``; else as recorded."""
-    path = Path(recorded)
-    here = folder / "checkpoints" / path.name
-    try:
-        return str(here) if path.parent.name == "checkpoints" and here.is_file() else recorded
-    except (OSError, ValueError):  # a name no file can have (a NUL in it)
-        return recorded
 
 
 def _inside(path: Path, root: Path) -> Path:
