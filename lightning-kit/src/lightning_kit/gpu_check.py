@@ -27,6 +27,7 @@ from .errors import OneLineParser, UserError, command, invoked_as
 from .files import check_output_file
 from .installation import check_installation
 from .run_record import write_whole
+from .runs.table import markdown_table
 
 LIBRARY = Path(__file__).resolve().parents[2]  # in a checkout of its repository, the folder of src/ and tests/
 OUTPUT_LINES = 40  # of a failed step's output, in the summary
@@ -236,11 +237,8 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
 
 
 def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
-    lines = [f"| {' | '.join(columns)} |", f"|{' --- |' * len(columns)}"]
-    for row in rows:
-        cells = (str(row.get(column, "-")).replace("|", "\\|").replace("\n", " ")[:120] for column in columns)
-        lines.append(f"| {' | '.join(cells)} |")
-    return lines
+    cells = [[str(row.get(column, "-")).replace("\n", " ")[:120] for column in columns] for row in rows]
+    return markdown_table([list(columns), *cells]).splitlines()
 
 
 @command
