@@ -295,19 +295,15 @@ def _metrics(text: str) -> dict[str, dict[int, float]]:
 
 
 def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
-    """The text of ``path``, when it is a plain file inside ``root``, of at most ``limit`` bytes."""
-    with open_regular(_inside(path, root)) as file:
+    """The text of ``path``, when it is a plain file of at most ``limit`` bytes and no link out of ``root``: a run
+    folder's file is not read from elsewhere."""
+    if path.is_symlink() and not _within(path, root.resolve()):
+        raise ValueError(f"it links outside {root}: not read")
+    with open_regular(path) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"over {limit >> 20} MiB")
     return data.decode("utf-8")
-
-
-def _inside(path: Path, root: Path) -> Path:
-    """``path``, refused when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
-    if path.is_symlink() and not _within(path, root.resolve()):
-        raise ValueError(f"it links outside {root}: not read")
-    return path
 
 
 def _within(path: Path, inside: Path) -> bool:
