@@ -261,9 +261,10 @@ def flatten(config: Any) -> dict[str, Any]:
         if isinstance(value, dict):
             for name, item in value.items():
                 walk(item, f"{key}.{name}" if key else str(name))
-        elif key:
-            listed = isinstance(value, list)  # as YAML writes it in one line: [1, 2, null]
-            flat[key] = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip() if listed else value
+        elif isinstance(value, list):  # in one line, as YAML writes it: [1, 2, null]
+            flat[key] = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=math.inf).strip()
+        else:
+            flat[key] = value
 
     walk(config, "")
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
