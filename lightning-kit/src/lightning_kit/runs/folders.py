@@ -168,8 +168,9 @@ def _read_status(run: Run, root: Path) -> None:
     best = record.get("best_checkpoint")
     run.best_checkpoint = str(best) if best else None
     with contextlib.suppress(OSError, ValueError):  # a name no file can have (a NUL in it, too long)
-        here = folder / "checkpoints" / Path(str(best)).name  # the recorded file, found from here: in this folder
-        if best and Path(str(best)).parent.name == "checkpoints" and here.is_file():
+        recorded = Path(run.best_checkpoint or "")
+        here = folder / "checkpoints" / recorded.name  # the recorded file found from here, where it is in this folder
+        if recorded.parent.name == "checkpoints" and here.is_file():
             run.best_checkpoint = str(here)
 
 
