@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_leaves
 from .building import build, expand_shortcuts
 from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint
 from .cli import GenericCLI, KitCLI
+from .command_line import CONFIG_FLAGS, CommandLine
 from .errors import ConfigError, OneLineParser, UserError, command, first_line, invoked_as
 from .example_inputs import Example, example_inputs, free_axes, real_batch
 from .files import check_output_file, written_whole
@@ -71,7 +72,7 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
     """The model of ``ckpt_path`` with its weights, and its data module, built from its config.yaml and ``args``."""
     check_file(ckpt_path)  # the checkpoint named is the first thing wrong when it is not there
     config = ckpt_path.parent.parent / "config.yaml"
-    given = any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in args)
+    given = CommandLine.of(args).gives(*CONFIG_FLAGS)
     if not given and not config.is_file():
         raise ConfigError(f"no config.yaml in {config.parent}: give the run's settings with --config")
     # Before the run's files are read: the project's package and the modules it trusts may be named in them.

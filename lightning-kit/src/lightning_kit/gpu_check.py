@@ -24,8 +24,10 @@ import torch
 
 from .cli import GenericCLI, KitCLI
 from .errors import OneLineParser, UserError, command, invoked_as
+from .files import check_output_file
 from .installation import check_installation
 from .run_record import write_whole
+from .runs.table import markdown_table
 
 LIBRARY = Path(__file__).resolve().parents[2]  # in a checkout of its repository, the folder of src/ and tests/
 OUTPUT_LINES = 40  # of a failed step's output, in the summary
@@ -235,11 +237,8 @@ def summary(device: str, steps_run: list[Step], rows: list[dict[str, str]], memo
 
 
 def _table(columns: tuple[str, ...], rows: list[dict[str, str]]) -> list[str]:
-    lines = [f"| {' | '.join(columns)} |", f"|{' --- |' * len(columns)}"]
-    for row in rows:
-        cells = (str(row.get(column, "-")).replace("|", "\\|").replace("\n", " ")[:120] for column in columns)
-        lines.append(f"| {' | '.join(cells)} |")
-    return lines
+    cells = [[str(row.get(column, "-")).replace("\n", " ")[:120] for column in columns] for row in rows]
+    return markdown_table([list(columns), *cells]).splitlines()
 
 
 @command
@@ -257,8 +256,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     options = parser.parse_args(args)
     # What was given is checked first: a command prepared on a machine without a GPU is right once it gets one.
     try:
-        if options.out.exists() and not options.overwrite:
-            raise UserError(f"{options.out} exists: give another --out, or --overwrite to replace it")
+        check_output_file(options.out, "--out", overwrite=options.overwrite, overwrite_flag="--overwrite")
         project = find_project(options.project, options.package, options.config, cli_class)
         if not torch.cuda.is_available():
             raise UserError("no CUDA GPU on this machine (torch.cuda.is_available() is False): the GPU check needs one")

@@ -28,13 +28,13 @@ from importlib.util import decode_source
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import command
+from .errors import command, first_line
 from .files import NotAFileError, open_regular
 from .guide import cite
 
 # Skipped: the library's files that play Lightning's part on a GPU (the simulated GPU, its Lightning side and its
 # model of Lightning's batch moves) and the benchmark's own loop; a project's files never are.
-EXEMPT = ("gpu_audit/simulated", "gpu_audit/lightning.py", "gpu_audit/batches.py", "bench.py")
+EXEMPT = ("gpu_audit/simulated/", "gpu_audit/lightning.py", "gpu_audit/batches.py", "bench.py")
 LIBRARY = Path(__file__).resolve().parent  # lightning_kit/, where it is installed
 MOVED = "delete it: Lightning moves the model and the batches; make new tensors with device=x.device"
 # The fix of each kind of placement, and the guide's rules that explain it.
@@ -345,9 +345,7 @@ def manual_placements(source: str) -> list[Finding]:
 def is_exempt(path: Path) -> bool:
     """One of this library's modules that play Lightning's part (a file of the same name elsewhere is not)."""
     resolved = path.resolve()
-    return resolved.is_relative_to(LIBRARY) and any(
-        Path(exempt) in (inside := resolved.relative_to(LIBRARY), *inside.parents) for exempt in EXEMPT
-    )
+    return resolved.is_relative_to(LIBRARY) and resolved.relative_to(LIBRARY).as_posix().startswith(EXEMPT)
 
 
 def project_files(root: Path) -> list[Path]:
@@ -373,7 +371,7 @@ def read_source(path: Path) -> str:
     except NotAFileError as err:
         raise UnreadableError(f"is {err.kind}, not a regular file: nothing read") from None
     except OSError as err:
-        raise UnreadableError(f"cannot be read ({err.strerror or err})") from None
+        raise UnreadableError(f"cannot be read ({first_line(err)})") from None
     if len(data) > MAX_SOURCE_BYTES:
         raise UnreadableError(f"is over {MAX_SOURCE_BYTES >> 20} MiB: not a source file this check reads")
     if b"\0" in data:

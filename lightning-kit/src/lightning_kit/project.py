@@ -86,8 +86,13 @@ def read_project(path: Path) -> ProjectFile:
     project = content.get("project") if isinstance(content.get("project"), dict) else {}
     tool = content.get("tool") if isinstance(content.get("tool"), dict) else {}
     name = project.get("name") if isinstance(project.get("name"), str) else None
-    requirement = _library_requirement(project)
-    url, specifier, _ = library_requirement(requirement) if requirement else (None, None, "")
+    extras = project.get("optional-dependencies")
+    groups = [project.get("dependencies"), *(extras.values() if isinstance(extras, dict) else ())]
+    requirement = url = specifier = None  # the library's first requirement whose marker holds here
+    for text in (text for group in groups if isinstance(group, list) for text in group if isinstance(text, str)):
+        if (found := library_requirement(text)) is not None and marker_applies(found[2]):
+            requirement, (url, specifier, _) = text.strip(), found
+            break
     return ProjectFile(path, name, requirement, url, specifier, *_settings(path, tool.get(TABLE)))
 
 
@@ -125,19 +130,6 @@ def marker_applies(marker: str) -> bool:
         return Marker(marker).evaluate()
     except (InvalidMarker, ValueError, TypeError):
         return True
-
-
-def _library_requirement(project: dict) -> str | None:
-    """The project's first requirement of the library whose marker holds here: a dependency, else an extra's."""
-    groups = [project.get("dependencies")]
-    extras = project.get("optional-dependencies")
-    groups += list(extras.values()) if isinstance(extras, dict) else []
-    for group in groups:
-        for text in group if isinstance(group, list) else ():
-            found = library_requirement(text) if isinstance(text, str) else None
-            if found is not None and marker_applies(found[2]):
-                return text.strip()
-    return None
 
 
 def _settings(path: Path, table: Any) -> tuple[tuple[str, ...], tuple[str, str] | None]:

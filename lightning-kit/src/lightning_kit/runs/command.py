@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import OneLineParser, UserError, command, invoked_as
+from ..errors import OneLineParser, UserError, command, first_line, invoked_as
 from ..files import check_output_file
 from ..installation import check_installation
 from ..run_record import ENDINGS, RUNNING, write_whole
@@ -78,9 +78,7 @@ def _list(options: argparse.Namespace) -> None:
         try:  # beside it, then renamed into place (a link there is replaced, not written through)
             write_whole(Path(path), rendered(name))
         except OSError as err:
-            raise UserError(
-                f"{path} cannot be written ({err.strerror or err}): give a file in a folder with room"
-            ) from err
+            raise UserError(f"{path} cannot be written ({first_line(err)}): give a file in a folder with room") from err
         sys.stderr.write(f"written: {printable(path)}\n")
 
 

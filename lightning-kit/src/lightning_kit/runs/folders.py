@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from ..config_files import read_config_file
+from ..config_files import check_yaml
 from ..errors import UserError, first_line
 from ..files import open_regular
 from ..metric_logs import epoch_columns
@@ -69,7 +69,7 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
     below: dict[Path, tuple[Run, str]] = {}  # a folder in a run's evaluation: that run, and the kind of evaluation
 
     def unlisted(err: OSError) -> None:
-        notes.append(f"{err.filename} cannot be listed ({err.strerror or err})")
+        notes.append(f"{err.filename} cannot be listed ({first_line(err)})")
 
     # os.walk enters no link to a folder: those leading out of root are noted, the others are listed where they are.
     for current, folders, files in os.walk(root, onerror=unlisted):
@@ -102,70 +102,76 @@ def find_folders(root: Path) -> tuple[list[Run], list[Path], list[str]]:
 
 def read_run(run: Run, root: Path) -> None:
     """Fill ``run`` from its folder; what cannot be read becomes a note, never an exception."""
-    run.settings = _noted(run, CONFIG_FILE, _settings, root) or {}
+    run.settings = _read(run, CONFIG_FILE, _settings, root) or {}
     if os.path.lexists(run.folder / METRICS_FILE):
-        run.history = _noted(run, METRICS_FILE, _metrics, root) or {}
+        run.history = _read(run, METRICS_FILE, _metrics, root, MAX_METRICS_BYTES) or {}
     _read_status(run, root)
     tests = [folder for kind, folder in run.evaluations if kind == "test"]
     if tests:  # the test metrics of its latest test (the highest test/version_N)
         latest = max(tests, key=lambda folder: _natural(folder.name))
-        log = _noted(run, f"{relative(latest, run.folder)}/{METRICS_FILE}", _metrics, root) or {}
+        name = f"{relative(latest, run.folder)}/{METRICS_FILE}"
+        log = _read(run, name, _metrics, root, MAX_METRICS_BYTES) or {}
         run.test = {column: log[column][max(log[column])] for column in epoch_columns(log, "test")}
 
 
-def _noted(run: Run, name: str, read: Callable[[Path, Path], Any], root: Path) -> Any:
-    """What ``read`` makes of the run's file ``name``; None, and a note on the run saying why, when it cannot."""
+def _read(run: Run, name: str, parse: Callable[[str], Any], root: Path, limit: int = MAX_RECORD_BYTES) -> Any:
+    """What ``parse`` makes of the text of the run's file ``name`` (``read_text``); None, and a note on the run
+    saying why, where it cannot be read or parsed."""
     try:
-        return read(run.folder / name, root)
-    except _UNREADABLE as err:
-        run.notes.append(f"{name} unreadable: {_reason(err)}")
+        return parse(read_text(run.folder / name, root, limit))
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError, csv.Error, RecursionError, UserError) as err:
+        run.notes.append(f"{name} unreadable: {first_line(err)}")
         return None
+
+
+def _record(text: str) -> dict[str, Any]:
+    """``run.json``, with its start as a time (local, if it has no offset); ValueError where it is no run record."""
+    record = json.loads(text)
+    if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
+        raise ValueError("not a run record")
+    return {**record, "started": datetime.fromisoformat(record["started"]).astimezone()}
 
 
 def _read_status(run: Run, root: Path) -> None:
     folder = run.folder
-    record_path = folder / RUN_FILE
-    if os.path.lexists(record_path):
-        try:
-            record = json.loads(read_text(record_path, root))
-            if not isinstance(record, dict) or record.get("status") not in (*ENDINGS, RUNNING):
-                raise ValueError("not a run record")
-            run.record = record
-            run.started = datetime.fromisoformat(record["started"]).astimezone()  # local, if it has no offset
-        except (*_UNREADABLE, KeyError, TypeError) as err:
-            run.status = UNREADABLE
-            run.notes.append(f"{RUN_FILE} unreadable: {_reason(err)}")
-            return
-        run.status = record["status"]
-        if run.status == RUNNING:
-            alive = process_alive(record)
-            if alive is None:
-                run.status = UNKNOWN
-                run.notes.append(f"recorded as running on {record.get('host')}: cannot be checked from here")
-            elif not alive:
-                run.status = INTERRUPTED
-                run.notes.append("killed: its process ended without recording how")
-            else:
-                run.duration_s = (datetime.now().astimezone() - run.started).total_seconds()
-        duration = record.get("duration_s")
-        if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
-            run.duration_s = float(duration)
-        if record.get("error"):
-            run.notes.append(scrubbed(str(record["error"]))[:200])
-        best = record.get("best_checkpoint")
-        run.best_checkpoint = _in_this_folder(folder, str(best)) if best else None
+    if not os.path.lexists(folder / RUN_FILE):  # a run from before run.json: its files tell what they can
+        checkpoints = folder / "checkpoints"
+        if (checkpoints / "on_exception.ckpt").exists():
+            run.status = INTERRUPTED
+        elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
+            run.status = FINISHED
+        run.notes.append(f"no {RUN_FILE}: status and times from its files")
+        with contextlib.suppress(OSError):
+            start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
+            run.started = datetime.fromtimestamp(start).astimezone()
+            run.duration_s = max(0.0, end - start)
         return
-    # A run from before run.json: its files tell what they can.
-    checkpoints = folder / "checkpoints"
-    if (checkpoints / "on_exception.ckpt").exists():
-        run.status = INTERRUPTED
-    elif (checkpoints / "last.ckpt").exists() and any((folder / name).exists() for name in FINISHED_ONLY):
-        run.status = FINISHED
-    run.notes.append(f"no {RUN_FILE}: status and times from its files")
-    with contextlib.suppress(OSError):
-        start, end = ((folder / name).stat().st_mtime for name in (CONFIG_FILE, METRICS_FILE))
-        run.started = datetime.fromtimestamp(start).astimezone()
-        run.duration_s = max(0.0, end - start)
+    if (record := _read(run, RUN_FILE, _record, root)) is None:
+        run.status = UNREADABLE
+        return
+    run.record, run.status, run.started = record, record["status"], record["started"]
+    if run.status == RUNNING:
+        alive = process_alive(record)
+        if alive is None:
+            run.status = UNKNOWN
+            run.notes.append(f"recorded as running on {record.get('host')}: cannot be checked from here")
+        elif not alive:
+            run.status = INTERRUPTED
+            run.notes.append("killed: its process ended without recording how")
+        else:
+            run.duration_s = (datetime.now().astimezone() - run.started).total_seconds()
+    duration = record.get("duration_s")
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and math.isfinite(duration):
+        run.duration_s = float(duration)
+    if record.get("error"):
+        run.notes.append(scrubbed(str(record["error"]))[:200])
+    best = record.get("best_checkpoint")
+    run.best_checkpoint = str(best) if best else None
+    with contextlib.suppress(OSError, ValueError):  # a name no file can have (a NUL in it, too long)
+        recorded = Path(run.best_checkpoint or "")
+        here = folder / "checkpoints" / recorded.name  # the recorded file found from here, where it is in this folder
+        if recorded.parent.name == "checkpoints" and here.is_file():
+            run.best_checkpoint = str(here)
 
 
 def monitor_of(run: Run) -> tuple[str, str] | None:
@@ -248,7 +254,7 @@ def flatten(config: Any) -> dict[str, Any]:
 
     def walk(value: Any, key: str) -> None:
         if isinstance(value, dict) and value and set(value) <= {"class_path", "init_args", "dict_kwargs"}:
-            flat[key] = _text(value.get("class_path"))
+            flat[key] = str(value.get("class_path"))
             arguments = [value.get(name) or {} for name in ("init_args", "dict_kwargs")]
             if not all(isinstance(part, dict) for part in arguments):
                 raise ValueError(f"{key}: init_args that are no mapping")
@@ -256,22 +262,24 @@ def flatten(config: Any) -> dict[str, Any]:
         if isinstance(value, dict):
             for name, item in value.items():
                 walk(item, f"{key}.{name}" if key else str(name))
-        elif key:
-            flat[key] = value if isinstance(value, str | int | float | bool | None) else _text(value)
+        elif isinstance(value, list):  # in one line, as YAML writes it: [1, 2, null]
+            flat[key] = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=math.inf).strip()
+        else:
+            flat[key] = value
 
     walk(config, "")
     return {key: value for key, value in flat.items() if not key.startswith(NOT_HYPERPARAMETERS)}
 
 
-def _settings(path: Path, root: Path) -> dict[str, Any]:
-    """``config.yaml``, read as the command line reads a configuration (``config_files``), flattened."""
-    return flatten(yaml.safe_load(read_config_file(_inside(path, root))))
+def _settings(text: str) -> dict[str, Any]:
+    """``config.yaml``, bounded as the command line bounds a configuration (``config_files``), flattened."""
+    check_yaml(text, CONFIG_FILE)
+    return flatten(yaml.safe_load(text))
 
 
-def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
+def _metrics(text: str) -> dict[str, dict[int, float]]:
     """A CSVLogger's ``metrics.csv``: ``{column: {epoch: its last value there}}``, without a last line that has no
     newline yet (being written). ValueError names the line that is no metrics row."""
-    text = read_text(path, root, MAX_METRICS_BYTES)
     epochs: dict[str, dict[int, float]] = {}
     for line, row in enumerate(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])), start=2):
         if not row.get("epoch"):
@@ -289,38 +297,15 @@ def _metrics(path: Path, root: Path) -> dict[str, dict[int, float]]:
 
 
 def read_text(path: Path, root: Path, limit: int = MAX_RECORD_BYTES) -> str:
-    """The text of ``path``, when it is a plain file inside ``root``, of at most ``limit`` bytes."""
-    with open_regular(_inside(path, root)) as file:
+    """The text of ``path``, when it is a plain file of at most ``limit`` bytes and no link out of ``root``: a run
+    folder's file is not read from elsewhere."""
+    if path.is_symlink() and not _within(path, root.resolve()):
+        raise ValueError(f"it links outside {root}: not read")
+    with open_regular(path) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"over {limit >> 20} MiB")
     return data.decode("utf-8")
-
-
-def _in_this_folder(folder: Path, recorded: str) -> str:
-    """A recorded best checkpoint's path as found from here when it is in ``folder``; else as recorded."""
-    path = Path(recorded)
-    here = folder / "checkpoints" / path.name
-    try:
-        return str(here) if path.parent.name == "checkpoints" and here.is_file() else recorded
-    except (OSError, ValueError):  # a name no file can have (a NUL in it)
-        return recorded
-
-
-def _inside(path: Path, root: Path) -> Path:
-    """``path``, refused when it is a link out of ``root``: a run folder's file is not read from elsewhere."""
-    if path.is_symlink() and not _within(path, root.resolve()):
-        raise ValueError(f"it links outside {root}: not read")
-    return path
-
-
-def _text(value: Any) -> str:
-    """A short text for a value that is no number or name: a list, a mapping."""
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(map(_text, value)) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_text(key)}: {_text(item)}" for key, item in value.items()) + "}"
-    return str(value)
 
 
 def _within(path: Path, inside: Path) -> bool:
@@ -342,14 +327,3 @@ def relative(folder: Path, root: Path) -> str:
 def _natural(name: str) -> list:
     """``version_10`` after ``version_9``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _reason(err: BaseException) -> str:
-    if isinstance(err, OSError):
-        return err.strerror or str(err)
-    if isinstance(err, RecursionError):
-        return "it nests deeper than a run's file does"
-    return first_line(err)
-
-
-_UNREADABLE = (OSError, ValueError, UnicodeError, yaml.YAMLError, csv.Error, RecursionError, UserError)

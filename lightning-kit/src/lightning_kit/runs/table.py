@@ -63,9 +63,7 @@ class Table:
         return "".join("  ".join(map(str.ljust, line, widths)).rstrip() + "\n" for line in cells)
 
     def markdown(self) -> str:
-        """A GitHub Markdown table."""
-        header, *rows = [[cell.replace("|", "\\|") for cell in line] for line in self.cells()]
-        return "".join("| " + " | ".join(line) + " |\n" for line in [header, ["---"] * len(header), *rows])
+        return markdown_table(self.cells())
 
     def csv(self) -> str:
         """CSV with full values: times in ISO 8601, durations in seconds, numbers unrounded."""
@@ -74,6 +72,12 @@ class Table:
         writer.writerow(printable(column) for column in self.columns)
         writer.writerows([_raw(row.get(column)) for column in self.columns] for row in self.rows)
         return out.getvalue()
+
+
+def markdown_table(lines: list[list[str]]) -> str:
+    """A GitHub Markdown table of a header and its rows (also the GPU check's)."""
+    header, *rows = [[cell.replace("|", "\\|") for cell in line] for line in lines]
+    return "".join("| " + " | ".join(line) + " |\n" for line in [header, ["---"] * len(header), *rows])
 
 
 def differing(runs: Sequence[Run]) -> list[str]:
