@@ -78,11 +78,8 @@ class ImageSplits(InMemoryDataModule):
         return random_crop_flip(images, padding=padding, generator=generator), labels
 
 
-def decoded_bytes(count: int, image_size: int) -> int:
-    """Memory that ``count`` decoded images take: the ``uint8`` tensor, and as much again while it is assembled."""
-    return 2 * count * 3 * image_size**2
-
-
 def check_decoded_size(count: int, image_size: int) -> None:
-    """Refuse, before decoding, ``count`` images that would not fit in memory at ``image_size``."""
-    check_memory(decoded_bytes(count, image_size), f"{count} decoded images", ["--data.image_size"], [image_size])
+    """Refuse, before decoding, ``count`` images that would not fit in memory at ``image_size``: the ``uint8``
+    tensor, and as much again while it is assembled."""
+    what = "one decoded image" if count == 1 else f"{count} decoded images"
+    check_memory(2 * count * 3 * image_size**2, what, ["--data.image_size"], [image_size])
