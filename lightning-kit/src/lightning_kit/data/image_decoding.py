@@ -16,12 +16,11 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ConfigError, DataUnavailableError, first_few, first_line
-from ..files import NotAFileError, open_regular
+from ..files import NotAFileError, open_regular, written_whole
 from .image_files import report_once
 
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
 CACHE_FORMAT = 2
-CACHE_PREFIX = "images-"
 # Values summed at a time by `channel_stats`: 32 MB as int64, whatever the image size.
 STATS_CHUNK_VALUES = 1 << 22
 
@@ -73,14 +72,18 @@ def load_images(
         images, kept, skipped = cached
         _report_skipped(files, skipped)
         return images, kept
-    scratch = _open_scratch(cache_dir)  # before decoding: an unwritable folder should not cost a whole decode first
+    _check_writable(cache_dir)  # before decoding: an unwritable folder should not cost a whole decode first
+    images, kept, skipped, fingerprints = _decode_all(files, size, workers, skip_unreadable)
+    # Keyed by the bytes decoded: a file rewritten since its fingerprint was taken is cached as it was decoded.
+    cache_file = _cache_file(cache_dir, files, fingerprints, size, skip_unreadable)
     try:
-        images, kept, skipped, fingerprints = _decode_all(files, size, workers, skip_unreadable)
-        # Keyed by the bytes decoded: a file rewritten since its fingerprint was taken is cached as it was decoded.
-        entry = {"images": images, "kept": torch.tensor(kept, dtype=torch.long), "skipped": skipped}
-        _write_cache(scratch, _cache_file(cache_dir, files, fingerprints, size, skip_unreadable), entry)
-    finally:
-        scratch.unlink(missing_ok=True)
+        with written_whole(cache_file) as temporary:
+            torch.save({"images": images, "kept": torch.tensor(kept, dtype=torch.long), "skipped": skipped}, temporary)
+    except OSError as err:  # a full disk: a warning, as stopping would throw away the decoding done for a speed-up
+        report_once(
+            f"warning: the image cache {cache_file} was not written ({first_line(err)}), so the next run "
+            "decodes the images again: free some space there, or choose another cache folder"
+        )
     return images, kept
 
 
@@ -263,7 +266,7 @@ def _cache_file(
     for file, fingerprint in zip(files, fingerprints, strict=True):
         resolved = os.path.realpath(file)
         digest.update(f"{resolved}\0{fingerprint or 'unreadable'}\n".encode(errors="surrogateescape"))
-    return cache_dir / f"{CACHE_PREFIX}{digest.hexdigest()[:32]}.pt"
+    return cache_dir / f"images-{digest.hexdigest()[:32]}.pt"
 
 
 def _read_cache(cache_file: Path, count: int, size: int):
@@ -290,29 +293,13 @@ def _read_cache(cache_file: Path, count: int, size: int):
     return images, kept, skipped
 
 
-def _write_cache(scratch: Path, cache_file: Path, entry: dict) -> None:
-    """Write ``entry`` to ``scratch``, then rename it to ``cache_file``. A failure is a warning: the images are
-    decoded by now, and stopping would throw that work away for a speed-up."""
-    try:
-        with scratch.open("wb") as file:
-            torch.save(entry, file)
-        os.replace(scratch, cache_file)
-    except OSError as err:
-        report_once(
-            f"warning: the image cache {cache_file} was not written ({err.strerror or err}), so the next run "
-            "decodes the images again: free some space there, or choose another cache folder"
-        )
-
-
-def _open_scratch(cache_dir: Path) -> Path:
-    """An empty temporary file in ``cache_dir``, made first: an unwritable folder fails before any decoding."""
+def _check_writable(cache_dir: Path) -> None:
+    """Refuse a cache folder that cannot be made, or a file made in."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(prefix=f".{CACHE_PREFIX}", suffix=".tmp", dir=cache_dir)
+        tempfile.TemporaryFile(prefix=".probe.", dir=cache_dir).close()
     except OSError as err:
         raise DataUnavailableError(
-            f"cannot write the image cache in {cache_dir} ({err.strerror or err}): "
+            f"cannot write the image cache in {cache_dir} ({first_line(err)}): "
             "make the folder writable, or choose another cache folder"
         ) from err
-    os.close(handle)
-    return Path(name)
