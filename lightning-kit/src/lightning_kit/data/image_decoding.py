@@ -51,12 +51,10 @@ def load_images(
     cannot be written (a full disk), a warning; a damaged one is decoded again. Files are written beside their name
     and renamed, so processes sharing the folder (DDP ranks) never read a partial one.
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"the image size must be a positive integer, got {size!r}")
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"the number of decoding threads must be a positive integer, got {workers!r}")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    for value, what in ((size, "the image size"), (workers, "the number of decoding threads")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{what} must be a positive integer, got {value!r}")
     files = [Path(file) for file in files]
     if not files:
         raise DataUnavailableError("no image files to load")
@@ -189,15 +187,9 @@ def _in_threads(work: Callable[[int], Any], count: int, workers: int) -> list:
     """``work(index)`` for each of ``count`` items, in order, by ``workers`` threads that each take every
     ``workers``-th item: one task a thread, not one an image, which would cost more than hashing a small one."""
     workers = min(workers, count)
-    results = [None] * count
-
-    def stride(first: int) -> None:
-        for index in range(first, count, workers):
-            results[index] = work(index)
-
     with ThreadPoolExecutor(workers, thread_name_prefix="images") as pool:
-        list(pool.map(stride, range(workers)))
-    return results
+        strides = list(pool.map(lambda first: [work(index) for index in range(first, count, workers)], range(workers)))
+    return [strides[index % workers][index // workers] for index in range(count)]
 
 
 def _fingerprints(files: list[Path], workers: int) -> list[str | None]:
