@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from ..errors import UserError, first_few
+from ..errors import UserError, first_few, first_line
 from ..files import check_output_file
 
 # Columns of values a predictions CSV holds at most, beside the input's name and label: more is no table to read.
@@ -116,11 +116,8 @@ class CSVPredictionWriter(BasePredictionWriter):
             )
         if batch_indices is None or len(batch_indices) != size:
             batch_indices = range(self._rows, self._rows + size)  # no indices from the sampler: in order
-        rows = []
-        for position, index in enumerate(batch_indices):
-            name = self._names[index] if self._names is not None else index
-            rows.append([name, *(values[position] for values in columns)])
-        self._write_rows(rows)
+        names = [self._names[index] for index in batch_indices] if self._names is not None else batch_indices
+        self._write_rows([[name, *row] for name, row in zip(names, zip(*columns, strict=True), strict=True)])
         self._rows += size
 
     def _write_rows(self, rows: list[list]) -> None:
@@ -159,7 +156,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         """Stop with one line: the disk is full, the folder read-only, ... (the temporary file is removed)."""
         self._temporary.unlink(missing_ok=True)
         raise UserError(
-            f"--predictions.path {self._target} cannot be written ({err.strerror or err}): "
+            f"--predictions.path {self._target} cannot be written ({first_line(err)}): "
             "free some space there, or give another --predictions.path"
         ) from err
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-from ..errors import DataUnavailableError, first_few
+from ..errors import DataUnavailableError, first_few, first_line
 from ..files import kind_of, open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -98,7 +98,7 @@ def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
     except FileNotFoundError:
         raise DataUnavailableError(f"{path} does not exist: {accepted}") from None
     except OSError as err:
-        raise DataUnavailableError(f"{path} cannot be read ({err.strerror or err}): {accepted}") from err
+        raise DataUnavailableError(f"{path} cannot be read ({first_line(err)}): {accepted}") from err
     if kind == "a folder":
         top = _Listing(path)
         subfolders = top.scan(path, recursive=False)
@@ -127,7 +127,7 @@ def _entries(folder: Path) -> list[os.DirEntry]:
         with os.scandir(folder) as entries:
             return sorted(entries, key=lambda entry: entry.name)
     except OSError as err:  # its images would otherwise be silently missing
-        raise DataUnavailableError(f"{err.filename} cannot be listed ({err.strerror or err})") from err
+        raise DataUnavailableError(f"{err.filename} cannot be listed ({first_line(err)})") from err
 
 
 def _is_image(name: str) -> bool:
@@ -243,7 +243,7 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
         except FileNotFoundError:
             reason = "does not exist"
         except (OSError, ValueError) as err:  # ValueError: a NUL byte in the line
-            reason = f"cannot be read ({getattr(err, 'strerror', None) or err})"
+            reason = f"cannot be read ({first_line(err)})"
         if reason is not None:
             raise DataUnavailableError(f"{list_file}, line {number}: {file} {reason}")
         files.append(file)
