@@ -122,14 +122,6 @@ def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
     )
 
 
-def _entries(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as entries:
-            return sorted(entries, key=lambda entry: entry.name)
-    except OSError as err:  # its images would otherwise be silently missing
-        raise DataUnavailableError(f"{err.filename} cannot be listed ({first_line(err)})") from err
-
-
 def _is_image(name: str) -> bool:
     return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
@@ -164,7 +156,11 @@ class _Listing:
             self._entered.add((info.st_dev, info.st_ino))
         while pending:
             current = pending.pop()
-            for entry in _entries(current):
+            try:
+                entries = list(os.scandir(current))  # closed once read to the end
+            except OSError as err:  # its images would otherwise be silently missing
+                raise DataUnavailableError(f"{err.filename} cannot be listed ({first_line(err)})") from err
+            for entry in entries:
                 if entry.name.startswith("."):
                     continue
                 if entry.is_symlink():
@@ -213,7 +209,7 @@ class _Listing:
         parts = []
         if self.outside:
             parts.append(
-                f"{len(self.outside)} link(s) leading out of it, not followed ({first_few(self.outside)}); "
+                f"{len(self.outside)} link(s) leading out of it, not followed ({first_few(sorted(self.outside))}); "
                 "put what they point to inside it"
             )
         if self.repeats:
