@@ -36,7 +36,7 @@ class ImageTooLargeError(ValueError):
 def load_images(
     files: Sequence[Path],
     size: int,
-    cache_dir: Path | None = None,
+    cache_dir: str | Path | None = None,
     workers: int | None = None,
     skip_unreadable: bool = False,
 ) -> tuple[torch.Tensor, tuple[int, ...]]:

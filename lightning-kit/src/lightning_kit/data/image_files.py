@@ -86,7 +86,7 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
     return ImageFiles(tuple(image.path for image in images), tuple(image.label for image in images), known)
 
 
-def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
+def list_images(path: str | Path, class_names: Sequence[str]) -> ImageFiles:
     """The files to predict on: one image, a ``.txt`` list of images (``_read_list``), or a folder. A folder of
     class folders only (of ``class_names``) is labelled; any other gives every image under it, unlabelled.
     A FIFO, device or socket is refused by name without being opened.
