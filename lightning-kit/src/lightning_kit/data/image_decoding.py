@@ -105,16 +105,11 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
         values = images[start : start + chunk].to(torch.long)
         total += values.sum(dim=(0, 2, 3))
         squares += values.square().sum(dim=(0, 2, 3))
-    count = N * H * W
-    means, stds = [], []
-    for s, q in zip(total.tolist(), squares.tolist(), strict=True):
-        # Var = (count * sum(x^2) - sum(x)^2) / count^2, exact in integers before the division.
-        means.append(s / count / 255)
-        stds.append(max(((count * q - s * s) / count**2) ** 0.5, MIN_STD_LEVELS) / 255)
-    return tuple(means), tuple(stds)
+    count, sums = N * H * W, list(zip(total.tolist(), squares.tolist(), strict=True))
+    # Var = (count * sum(x^2) - sum(x)^2) / count^2, exact in integers before the division.
+    stds = tuple(max(((count * q - s * s) / count**2) ** 0.5, MIN_STD_LEVELS) / 255 for s, q in sums)
+    return tuple(s / count / 255 for s, _ in sums), stds
 
-
-# Decoding.
 
 # Pillow decodes every format here, in threads: it releases the GIL while decoding and resizing. On 2 cores,
 # with 10,000 JPEG and PNG images of 48-128 px resized to 32x32, torchvision.io.decode_image was faster (about
@@ -245,9 +240,6 @@ def _unreadable_message(files: list[Path], skipped: list[tuple[int, str]], skip_
 def _report_skipped(files: list[Path], skipped: list[tuple[int, str]]) -> None:
     for index, reason in skipped:
         report_once(f"skipped unreadable image {files[index]}: {reason}")
-
-
-# The cache.
 
 
 def _cache_file(
