@@ -4,7 +4,6 @@ import contextlib
 import csv
 import itertools
 import math
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,8 +13,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from ..errors import UserError, first_few
-from ..files import check_output_file
+from ..errors import UserError, first_few, first_line
+from ..files import check_output_file, written_whole
 
 # Columns of values a predictions CSV holds at most, beside the input's name and label: more is no table to read.
 MAX_COLUMNS = 10_000
@@ -47,7 +46,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         self.overwrite = overwrite
         # Say where the predictions went; the audit, which writes them to a folder it removes, does not.
         self.announce = True
-        self._file = None
+        self._writing = contextlib.ExitStack()  # the file written, closed then renamed to its name
 
     @staticmethod
     def check_path(path: str | Path, overwrite: bool) -> None:
@@ -61,15 +60,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         if trainer.world_size > 1:
             path = path.with_suffix(f".rank{trainer.global_rank}{path.suffix}")
         self.check_path(self.path if trainer.world_size == 1 else path, self.overwrite)
-        self._target, self._temporary = path, path.with_name(f".writing.{os.getpid()}.{path.name}")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._temporary.unlink(missing_ok=True)  # left by a killed run; "x" then refuses a link put in its place
-            self._file = self._temporary.open("x", newline="")
-        except OSError as err:
-            self._not_written(err)
-        self._writer = csv.writer(self._file)
-        self._rows = 0
+        self._target, self._writer, self._rows = path, None, 0
         datamodule = trainer.datamodule
         self._names = getattr(datamodule, "predict_names", None)
         labelled = getattr(datamodule, "predict_labelled", False)
@@ -116,32 +107,28 @@ class CSVPredictionWriter(BasePredictionWriter):
             )
         if batch_indices is None or len(batch_indices) != size:
             batch_indices = range(self._rows, self._rows + size)  # no indices from the sampler: in order
-        rows = []
-        for position, index in enumerate(batch_indices):
-            name = self._names[index] if self._names is not None else index
-            rows.append([name, *(values[position] for values in columns)])
-        self._write_rows(rows)
+        names = [self._names[index] for index in batch_indices] if self._names is not None else batch_indices
+        self._write_rows([[name, *row] for name, row in zip(names, zip(*columns, strict=True), strict=True)])
         self._rows += size
 
     def _write_rows(self, rows: list[list]) -> None:
         try:
+            if self._writer is None:  # opened at the first rows: no file where predict_step returns nothing
+                temporary = self._writing.enter_context(written_whole(self._target))
+                self._writer = csv.writer(self._writing.enter_context(temporary.open("x", newline="")))
             self._writer.writerows(rows)
         except OSError as err:
             self._not_written(err)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-                self._file = None
-                if self._header is None:  # predict_step returned None for every batch: nothing to write
-                    self._temporary.unlink(missing_ok=True)
-                    self._say(f"predict_step returned nothing: no {self._target} was written")
-                    return
-                os.replace(self._temporary, self._target)
-            except OSError as err:
-                self._not_written(err)
-            self._say(f"predictions for {self._rows} inputs written to {self._target}")
+        if self._header is None:  # predict_step returned None for every batch
+            self._say(f"predict_step returned nothing: no {self._target} was written")
+            return
+        try:
+            self._writing.close()
+        except OSError as err:
+            self._not_written(err)
+        self._say(f"predictions for {self._rows} inputs written to {self._target}")
 
     def _say(self, line: str) -> None:
         if self.announce:
@@ -149,17 +136,18 @@ class CSVPredictionWriter(BasePredictionWriter):
             sys.stdout.flush()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError):  # closing flushes: a full disk fails again here
-                self._file.close()
-            self._file = None
-            self._temporary.unlink(missing_ok=True)
+        self._discard(exception)
+
+    def _discard(self, err: BaseException) -> None:
+        """Close the file and remove it: out of an exception, written_whole removes it rather than renaming it."""
+        with contextlib.suppress(OSError):  # closing flushes: a full disk fails again here
+            self._writing.__exit__(type(err), err, err.__traceback__)
 
     def _not_written(self, err: OSError):
         """Stop with one line: the disk is full, the folder read-only, ... (the temporary file is removed)."""
-        self._temporary.unlink(missing_ok=True)
+        self._discard(err)
         raise UserError(
-            f"--predictions.path {self._target} cannot be written ({err.strerror or err}): "
+            f"--predictions.path {self._target} cannot be written ({first_line(err)}): "
             "free some space there, or give another --predictions.path"
         ) from err
 

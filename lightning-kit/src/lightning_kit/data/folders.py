@@ -1,15 +1,16 @@
 """Image folders of your own: one folder per class, decoded once into memory as uint8 and cached."""
 
+import functools
 from pathlib import Path
 
 import torch
 
-from ..arguments import BatchSize, Fold, Folds, Fraction, ImageSize, Seed, Workers, check_memory
+from ..arguments import BatchSize, Fold, Folds, Fraction, ImageSize, Seed, Workers
 from ..errors import ConfigError, DataUnavailableError
 from .folds import check_folds, fold_split
 from .image_decoding import channel_stats
 from .image_files import ImageFiles, find_classes, list_labelled_images
-from .image_splits import ImageSplits, decoded_bytes
+from .image_splits import ImageSplits, check_decoded_size
 from .memory import InMemoryDataset
 
 SPLIT_FOLDERS = ("train", "val", "test")
@@ -54,8 +55,7 @@ class ImageFolderDataModule(ImageSplits):
         fold: Fold = 0,
     ) -> None:
         check_folds(folds, fold, val_fraction, VAL_FRACTION)
-        # One image: a size no image of the folder could be decoded at.
-        check_memory(decoded_bytes(1, image_size), "one decoded image", ["--data.image_size"], [image_size])
+        check_decoded_size(1, image_size)  # a size no image of the folder could be decoded at
         super().__init__(
             batch_size=batch_size,
             seed=seed,
@@ -76,7 +76,6 @@ class ImageFolderDataModule(ImageSplits):
         self.image_size = image_size
         # Per-channel (mean, std) of the training images, in [0, 1] units, once read.
         self.normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-        self._listed: ImageFiles | None = None
 
     def has_data_for(self, stage: str) -> bool:
         """Whether ``stage`` has images here (``test`` needs a ``test/`` folder): the device audit skips it if not."""
@@ -117,26 +116,29 @@ class ImageFolderDataModule(ImageSplits):
             if split == "train" or folded:
                 self.normalization = channel_stats(self.splits["train"].tensors[0])
 
+    @functools.cached_property
     def _training_folder(self) -> ImageFiles:
         """Every file of the training folder, listed once for the splits that draw from it."""
-        if self._listed is None:
-            self._listed = list_labelled_images(self.folders["train"])
-        return self._listed
+        return list_labelled_images(self.folders["train"])
 
     def _files(self, split: str) -> ImageFiles | None:
         """The files of ``split`` with their labels; ``None`` for a test split the folder does not have. With folds,
-        train and val are the same files, which setup divides."""
+        train and val are the same files (the training folder's and val/'s), which setup divides."""
         folder = self.folders[split]
         if self.hparams.folds is not None and split != "test":
-            return self._fold_pool()
+            found = self._training_folder
+            if self.folders["val"] is None:
+                return found
+            val = list_labelled_images(self.folders["val"], self.class_names)
+            return ImageFiles(found.files + val.files, found.labels + val.labels, found.class_names)
         if split == "train" and self.folders["val"] is not None:
-            return self._training_folder()
+            return self._training_folder
         if split != "train" and folder is not None:  # a val/ or test/ folder
             return list_labelled_images(folder, self.class_names)
         if split == "test":
             return None
         # No val/ folder: a seeded share of the training files, the same on every run and process.
-        found = self._training_folder()
+        found = self._training_folder
         count = len(found.files)
         val_size = round(self.hparams.val_fraction * count)
         if not 0 < val_size < count:
@@ -151,14 +153,6 @@ class ImageFolderDataModule(ImageSplits):
             labels=tuple(found.labels[i] for i in chosen),
             class_names=found.class_names,
         )
-
-    def _fold_pool(self) -> ImageFiles:
-        """The files the folds divide: the training folder's and, when there is one, the val/ folder's."""
-        found = self._training_folder()
-        if self.folders["val"] is None:
-            return found
-        val = list_labelled_images(self.folders["val"], self.class_names)
-        return ImageFiles(found.files + val.files, found.labels + val.labels, found.class_names)
 
 
 # The splits each stage reads (predict: unless given --data.predict_path).

@@ -31,29 +31,14 @@ def check_folds(folds: int | None, fold: int, val_fraction: float, default_val_f
         )
 
 
-def assign_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """The fold, 0 to ``folds - 1``, of each sample, from its label and the seed alone.
-
-    The samples are ordered by class, randomly within each class, and dealt to the folds in
-    turn: each class's count differs by at most one between folds, and so do the folds' sizes.
-    """
-    labels = np.asarray(labels)
-    # RandomState: NumPy keeps its stream fixed across versions and machines (NEP 19), so a run
-    # evaluated later, anywhere, gets its fold back.
-    shuffled = np.random.RandomState(seed).permutation(len(labels))
-    order = np.lexsort((shuffled, labels))  # by label, then by the random rank
-    assigned = np.empty(len(labels), dtype=np.int64)
-    assigned[order] = np.arange(len(labels)) % folds
-    return assigned
-
-
 def fold_split(
     labels: np.ndarray, folds: int, fold: int, seed: int, class_names: Sequence[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The indices of the training samples (every fold but ``fold``) and of the validation samples (``fold``).
 
-    Refused, naming the class, when a class has fewer samples than there are folds: each
-    fold must hold every class the data has.
+    The samples are ordered by class, randomly within each class, and dealt to the folds in turn: each class's
+    count differs by at most one between folds, and so do the folds' sizes. Refused, naming the class, when a class
+    has fewer samples than there are folds: each fold must hold every class the data has.
     """
     labels = np.asarray(labels)
     present, counts = np.unique(labels, return_counts=True)
@@ -64,5 +49,10 @@ def fold_split(
             f"--data.folds {folds} is more than the {counts.min()} training and validation sample(s) of class "
             f"{name!r}: each fold needs one of each class, so choose at most {counts.min()} folds, or add data"
         )
-    assigned = assign_folds(labels, folds, seed)
+    # RandomState: NumPy keeps its stream fixed across versions and machines (NEP 19), so a run
+    # evaluated later, anywhere, gets its fold back.
+    shuffled = np.random.RandomState(seed).permutation(len(labels))
+    order = np.lexsort((shuffled, labels))  # by label, then by the random rank
+    assigned = np.empty(len(labels), dtype=np.int64)
+    assigned[order] = np.arange(len(labels)) % folds
     return np.flatnonzero(assigned != fold), np.flatnonzero(assigned == fold)

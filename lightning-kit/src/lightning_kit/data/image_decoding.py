@@ -16,12 +16,11 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ConfigError, DataUnavailableError, first_few, first_line
-from ..files import NotAFileError, open_regular
+from ..files import NotAFileError, open_regular, written_whole
 from .image_files import report_once
 
 # Part of every cache file's name: raise it whenever what a cache file holds, or how images are decoded, changes.
 CACHE_FORMAT = 2
-CACHE_PREFIX = "images-"
 # Values summed at a time by `channel_stats`: 32 MB as int64, whatever the image size.
 STATS_CHUNK_VALUES = 1 << 22
 
@@ -37,7 +36,7 @@ class ImageTooLargeError(ValueError):
 def load_images(
     files: Sequence[Path],
     size: int,
-    cache_dir: Path | None = None,
+    cache_dir: str | Path | None = None,
     workers: int | None = None,
     skip_unreadable: bool = False,
 ) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -52,12 +51,10 @@ def load_images(
     cannot be written (a full disk), a warning; a damaged one is decoded again. Files are written beside their name
     and renamed, so processes sharing the folder (DDP ranks) never read a partial one.
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"the image size must be a positive integer, got {size!r}")
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"the number of decoding threads must be a positive integer, got {workers!r}")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    for value, what in ((size, "the image size"), (workers, "the number of decoding threads")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{what} must be a positive integer, got {value!r}")
     files = [Path(file) for file in files]
     if not files:
         raise DataUnavailableError("no image files to load")
@@ -73,14 +70,18 @@ def load_images(
         images, kept, skipped = cached
         _report_skipped(files, skipped)
         return images, kept
-    scratch = _open_scratch(cache_dir)  # before decoding: an unwritable folder should not cost a whole decode first
+    _check_writable(cache_dir)  # before decoding: an unwritable folder should not cost a whole decode first
+    images, kept, skipped, fingerprints = _decode_all(files, size, workers, skip_unreadable)
+    # Keyed by the bytes decoded: a file rewritten since its fingerprint was taken is cached as it was decoded.
+    cache_file = _cache_file(cache_dir, files, fingerprints, size, skip_unreadable)
     try:
-        images, kept, skipped, fingerprints = _decode_all(files, size, workers, skip_unreadable)
-        # Keyed by the bytes decoded: a file rewritten since its fingerprint was taken is cached as it was decoded.
-        entry = {"images": images, "kept": torch.tensor(kept, dtype=torch.long), "skipped": skipped}
-        _write_cache(scratch, _cache_file(cache_dir, files, fingerprints, size, skip_unreadable), entry)
-    finally:
-        scratch.unlink(missing_ok=True)
+        with written_whole(cache_file) as temporary:
+            torch.save({"images": images, "kept": torch.tensor(kept, dtype=torch.long), "skipped": skipped}, temporary)
+    except OSError as err:  # a full disk: a warning, as stopping would throw away the decoding done for a speed-up
+        report_once(
+            f"warning: the image cache {cache_file} was not written ({first_line(err)}), so the next run "
+            "decodes the images again: free some space there, or choose another cache folder"
+        )
     return images, kept
 
 
@@ -104,16 +105,11 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
         values = images[start : start + chunk].to(torch.long)
         total += values.sum(dim=(0, 2, 3))
         squares += values.square().sum(dim=(0, 2, 3))
-    count = N * H * W
-    means, stds = [], []
-    for s, q in zip(total.tolist(), squares.tolist(), strict=True):
-        # Var = (count * sum(x^2) - sum(x)^2) / count^2, exact in integers before the division.
-        means.append(s / count / 255)
-        stds.append(max(((count * q - s * s) / count**2) ** 0.5, MIN_STD_LEVELS) / 255)
-    return tuple(means), tuple(stds)
+    count, sums = N * H * W, list(zip(total.tolist(), squares.tolist(), strict=True))
+    # Var = (count * sum(x^2) - sum(x)^2) / count^2, exact in integers before the division.
+    stds = tuple(max(((count * q - s * s) / count**2) ** 0.5, MIN_STD_LEVELS) / 255 for s, q in sums)
+    return tuple(s / count / 255 for s, _ in sums), stds
 
-
-# Decoding.
 
 # Pillow decodes every format here, in threads: it releases the GIL while decoding and resizing. On 2 cores,
 # with 10,000 JPEG and PNG images of 48-128 px resized to 32x32, torchvision.io.decode_image was faster (about
@@ -186,15 +182,9 @@ def _in_threads(work: Callable[[int], Any], count: int, workers: int) -> list:
     """``work(index)`` for each of ``count`` items, in order, by ``workers`` threads that each take every
     ``workers``-th item: one task a thread, not one an image, which would cost more than hashing a small one."""
     workers = min(workers, count)
-    results = [None] * count
-
-    def stride(first: int) -> None:
-        for index in range(first, count, workers):
-            results[index] = work(index)
-
     with ThreadPoolExecutor(workers, thread_name_prefix="images") as pool:
-        list(pool.map(stride, range(workers)))
-    return results
+        strides = list(pool.map(lambda first: [work(index) for index in range(first, count, workers)], range(workers)))
+    return [strides[index % workers][index // workers] for index in range(count)]
 
 
 def _fingerprints(files: list[Path], workers: int) -> list[str | None]:
@@ -252,9 +242,6 @@ def _report_skipped(files: list[Path], skipped: list[tuple[int, str]]) -> None:
         report_once(f"skipped unreadable image {files[index]}: {reason}")
 
 
-# The cache.
-
-
 def _cache_file(
     cache_dir: Path, files: list[Path], fingerprints: list[str | None], size: int, skip_unreadable: bool
 ) -> Path:
@@ -263,7 +250,7 @@ def _cache_file(
     for file, fingerprint in zip(files, fingerprints, strict=True):
         resolved = os.path.realpath(file)
         digest.update(f"{resolved}\0{fingerprint or 'unreadable'}\n".encode(errors="surrogateescape"))
-    return cache_dir / f"{CACHE_PREFIX}{digest.hexdigest()[:32]}.pt"
+    return cache_dir / f"images-{digest.hexdigest()[:32]}.pt"
 
 
 def _read_cache(cache_file: Path, count: int, size: int):
@@ -290,29 +277,13 @@ def _read_cache(cache_file: Path, count: int, size: int):
     return images, kept, skipped
 
 
-def _write_cache(scratch: Path, cache_file: Path, entry: dict) -> None:
-    """Write ``entry`` to ``scratch``, then rename it to ``cache_file``. A failure is a warning: the images are
-    decoded by now, and stopping would throw that work away for a speed-up."""
-    try:
-        with scratch.open("wb") as file:
-            torch.save(entry, file)
-        os.replace(scratch, cache_file)
-    except OSError as err:
-        report_once(
-            f"warning: the image cache {cache_file} was not written ({err.strerror or err}), so the next run "
-            "decodes the images again: free some space there, or choose another cache folder"
-        )
-
-
-def _open_scratch(cache_dir: Path) -> Path:
-    """An empty temporary file in ``cache_dir``, made first: an unwritable folder fails before any decoding."""
+def _check_writable(cache_dir: Path) -> None:
+    """Refuse a cache folder that cannot be made, or a file made in."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(prefix=f".{CACHE_PREFIX}", suffix=".tmp", dir=cache_dir)
+        tempfile.TemporaryFile(prefix=".probe.", dir=cache_dir).close()
     except OSError as err:
         raise DataUnavailableError(
-            f"cannot write the image cache in {cache_dir} ({err.strerror or err}): "
+            f"cannot write the image cache in {cache_dir} ({first_line(err)}): "
             "make the folder writable, or choose another cache folder"
         ) from err
-    os.close(handle)
-    return Path(name)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-from ..errors import DataUnavailableError, first_few
+from ..errors import DataUnavailableError, first_few, first_line
 from ..files import kind_of, open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -86,7 +86,7 @@ def list_labelled_images(root: Path, class_names: Sequence[str] | None = None) -
     return ImageFiles(tuple(image.path for image in images), tuple(image.label for image in images), known)
 
 
-def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
+def list_images(path: str | Path, class_names: Sequence[str]) -> ImageFiles:
     """The files to predict on: one image, a ``.txt`` list of images (``_read_list``), or a folder. A folder of
     class folders only (of ``class_names``) is labelled; any other gives every image under it, unlabelled.
     A FIFO, device or socket is refused by name without being opened.
@@ -98,7 +98,7 @@ def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
     except FileNotFoundError:
         raise DataUnavailableError(f"{path} does not exist: {accepted}") from None
     except OSError as err:
-        raise DataUnavailableError(f"{path} cannot be read ({err.strerror or err}): {accepted}") from err
+        raise DataUnavailableError(f"{path} cannot be read ({first_line(err)}): {accepted}") from err
     if kind == "a folder":
         top = _Listing(path)
         subfolders = top.scan(path, recursive=False)
@@ -120,14 +120,6 @@ def list_images(path: Path, class_names: Sequence[str]) -> ImageFiles:
     raise DataUnavailableError(
         f"{path} is neither an image ({', '.join(IMAGE_EXTENSIONS)}) nor a {LIST_SUFFIX} file listing images"
     )
-
-
-def _entries(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as entries:
-            return sorted(entries, key=lambda entry: entry.name)
-    except OSError as err:  # its images would otherwise be silently missing
-        raise DataUnavailableError(f"{err.filename} cannot be listed ({err.strerror or err})") from err
 
 
 def _is_image(name: str) -> bool:
@@ -164,7 +156,11 @@ class _Listing:
             self._entered.add((info.st_dev, info.st_ino))
         while pending:
             current = pending.pop()
-            for entry in _entries(current):
+            try:
+                entries = list(os.scandir(current))  # closed once read to the end
+            except OSError as err:  # its images would otherwise be silently missing
+                raise DataUnavailableError(f"{err.filename} cannot be listed ({first_line(err)})") from err
+            for entry in entries:
                 if entry.name.startswith("."):
                     continue
                 if entry.is_symlink():
@@ -213,7 +209,7 @@ class _Listing:
         parts = []
         if self.outside:
             parts.append(
-                f"{len(self.outside)} link(s) leading out of it, not followed ({first_few(self.outside)}); "
+                f"{len(self.outside)} link(s) leading out of it, not followed ({first_few(sorted(self.outside))}); "
                 "put what they point to inside it"
             )
         if self.repeats:
@@ -243,7 +239,7 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
         except FileNotFoundError:
             reason = "does not exist"
         except (OSError, ValueError) as err:  # ValueError: a NUL byte in the line
-            reason = f"cannot be read ({getattr(err, 'strerror', None) or err})"
+            reason = f"cannot be read ({first_line(err)})"
         if reason is not None:
             raise DataUnavailableError(f"{list_file}, line {number}: {file} {reason}")
         files.append(file)

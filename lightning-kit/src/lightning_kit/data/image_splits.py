@@ -1,7 +1,5 @@
 """The base of the image data modules."""
 
-from pathlib import Path
-
 import torch
 
 from ..arguments import BatchSize, Seed, Workers, check_memory
@@ -40,7 +38,7 @@ class ImageSplits(InMemoryDataModule):
         if stage != "predict" or not path:
             return False
         if "predict" not in self.splits:
-            found = list_images(Path(path), self.class_names)
+            found = list_images(path, self.class_names)
             images, labels, kept = self.decode_files(found)
             self.splits["predict"] = InMemoryDataset(images, labels)
             self.predict_names = [str(found.files[i]) for i in kept]
@@ -51,8 +49,7 @@ class ImageSplits(InMemoryDataModule):
         """``found``'s images at ``image_size`` (refused first where they would not fit in memory), the labels of
         those kept (-1 where the files have none), and the indices of those kept (``load_images``)."""
         check_decoded_size(len(found.files), self.image_size)
-        cache = Path(cache_dir) if cache_dir is not None else None
-        images, kept = load_images(found.files, self.image_size, cache_dir=cache, skip_unreadable=self.skip_unreadable)
+        images, kept = load_images(found.files, self.image_size, cache_dir, skip_unreadable=self.skip_unreadable)
         labels = torch.tensor([found.labels[i] if found.labels else -1 for i in kept], dtype=torch.long)
         return images, labels, kept
 
@@ -72,17 +69,13 @@ class ImageSplits(InMemoryDataModule):
         """Random crops (padding of an eighth of the size) and flips of a training batch, where it is, drawn from the
         seed, the process and the step: a resumed run augments exactly as one that never stopped."""
         images, labels = batch
-        generator = torch.Generator(device=images.device)
-        generator.manual_seed(hash((self.seed, rank, step)) % 2**63)
+        generator = torch.Generator(device=images.device).manual_seed(hash((self.seed, rank, step)) % 2**63)
         padding = max(1, images.shape[-1] // 8)
         return random_crop_flip(images, padding=padding, generator=generator), labels
 
 
-def decoded_bytes(count: int, image_size: int) -> int:
-    """Memory that ``count`` decoded images take: the ``uint8`` tensor, and as much again while it is assembled."""
-    return 2 * count * 3 * image_size**2
-
-
 def check_decoded_size(count: int, image_size: int) -> None:
-    """Refuse, before decoding, ``count`` images that would not fit in memory at ``image_size``."""
-    check_memory(decoded_bytes(count, image_size), f"{count} decoded images", ["--data.image_size"], [image_size])
+    """Refuse, before decoding, ``count`` images that would not fit in memory at ``image_size``: the ``uint8``
+    tensor, and as much again while it is assembled."""
+    what = "one decoded image" if count == 1 else f"{count} decoded images"
+    check_memory(2 * count * 3 * image_size**2, what, ["--data.image_size"], [image_size])
