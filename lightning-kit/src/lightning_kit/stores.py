@@ -25,19 +25,10 @@ _PROGRESS_EVERY = 10_000  # SQLite virtual machine instructions between two call
 _opened: list[str] = []  # the stores this process opened (--storage), as shown (for failure_line)
 
 
-def sqlite_database(url: str) -> str | None:
-    """The file of an SQLite ``url`` (``None`` for another database, or SQLite in memory)."""
-    scheme, separator, rest = url.partition("://")
-    if not separator or scheme.split("+")[0].lower() != "sqlite":
-        return None
-    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///relative.db, sqlite:////absolute.db
-    path = path.partition("?")[0]
-    return None if path in ("", ":memory:") else path
-
-
 def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: bool = False) -> None:
     """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use or would hang on: not a
-    plain file, a link to nothing (or with ``no_link`` any link), not SQLite's; for ``writing``, not writable."""
+    plain file, a link to nothing (or with ``no_link`` any link), not SQLite's; for ``writing``, not writable (it or
+    its folder, which the caller made)."""
     path = Path(path)
     what = "to keep a study in"
     if path.is_symlink() and (no_link or not path.exists()):  # to nothing: SQLite would make a file where it points
@@ -70,16 +61,9 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
                 f"{named}: {companion.name} beside it is {what_it_is}, which SQLite would write through or wait on: "
                 "move it away"
             )
-    if not writing:
-        return
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(f"{named} cannot be made: {folder} is not a folder: give another --storage")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if writing and not os.access(path.parent, os.W_OK | os.X_OK):
         raise ConfigError(
-            f"{named} cannot be written: its folder {folder} is read-only (SQLite writes a journal beside it): "
+            f"{named} cannot be written: its folder {path.parent} is read-only (SQLite writes a journal beside it): "
             "make it writable, or give another --storage"
         )
 
@@ -115,9 +99,16 @@ def sqlite_connector(
 
 
 def opened(url: str) -> None:
-    """Note that this process uses the store ``url``: its password is hidden from now on."""
+    """Note that this process uses the store ``url``: its password is hidden from now on. Refuse one whose password
+    holds an unescaped ``@``: each reader of URLs would find another password in it."""
     remember(url)
     _opened.append(hidden(url))
+    _, separator, rest = url.partition("://")
+    if separator and not rest.startswith("/") and rest.partition("?")[0].count("@") > 1:
+        raise ConfigError(
+            f"--storage {hidden(url)}: the URL holds more than one '@': write an '@' in the user name or password "
+            "as %40 (and ':' as %3A, '/' as %2F, '%' as %25)"
+        )
 
 
 def failure_line(err: BaseException) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import stores
 from .errors import OneLineParser, UserError, command, first_line, invoked_as
 from .installation import check_installation
-from .passwords import hidden, unescaped_at
+from .passwords import hidden
 from .runs.folders import read_text
 from .stores import STUDY_DB, STUDY_FILE
 
@@ -98,13 +98,16 @@ def _dashboard(options: argparse.Namespace) -> None:
 def _open(url: str, name: str | None, named: str):
     """The store ``url`` opened read-only, the study ``name`` in it (None: its only one), and its SQLite file."""
     import optuna
+    from sqlalchemy.engine import make_url
 
     stores.opened(url)
     named = named or f"--storage {hidden(url)}"
-    if unescaped_at(url):
-        raise UserError(f"{named}: {hidden(url)} holds more than one '@': write an '@' in its password as %40")
-    database = stores.sqlite_database(url)
-    if database is not None:
+    try:
+        parsed = make_url(url)
+    except Exception as err:  # ArgumentError, a port that is no number: ValueError, ...
+        raise UserError(f"{named}: {_unreadable(err, None)}") from None
+    database = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
+    if database:
         stores.check_sqlite_file(database, named, writing=False)
         if not Path(database).is_file():  # SQLite would make an empty file there
             raise UserError(f"{named}: there is no such file: give the study.db of a sweep")
