@@ -165,14 +165,12 @@ def _check_port(host: str, port: int) -> None:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except (socket.gaierror, UnicodeError) as err:
         raise UserError(f"--host {host} is no address of this machine ({err}): give 127.0.0.1, say") from None
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            if err.errno == getattr(socket, "EADDRINUSE", 98) or "in use" in str(err):
-                raise UserError(f"--port {port} is in use on {host}: give another --port") from None
-            raise UserError(f"--host {host} --port {port} cannot be listened on ({err.strerror or err})") from None
+    try:
+        socket.create_server((host, port), family=family).close()  # SO_REUSEADDR, as the server binds
+    except OSError as err:
+        if err.errno == getattr(socket, "EADDRINUSE", 98) or "in use" in str(err):
+            raise UserError(f"--port {port} is in use on {host}: give another --port") from None
+        raise UserError(f"--host {host} --port {port} cannot be listened on ({err.strerror or err})") from None
 
 
 if __name__ == "__main__":
