@@ -18,7 +18,6 @@ from .passwords import hidden, remember, scrubbed
 
 # A sweep's folder holds these: what the dashboard reads to find its study, and the study's SQLite file by default.
 STUDY_FILE, STUDY_DB = "study.json", "study.db"
-SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # the files SQLite keeps beside a database
 STATEMENT_LIMIT_S = 60  # how long one SQL statement may run: Optuna's take milliseconds
 _PROGRESS_EVERY = 10_000  # SQLite virtual machine instructions between two calls of the progress handler
@@ -27,8 +26,8 @@ _opened: list[str] = []  # the stores this process opened (--storage), as shown 
 
 def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: bool = False) -> None:
     """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use or would hang on: not a
-    plain file, a link to nothing (or with ``no_link`` any link), not SQLite's; for ``writing``, not writable (it or
-    its folder, which the caller made)."""
+    plain file, a link to nothing (or with ``no_link`` any link); for ``writing``, not writable (it or its folder,
+    which the caller made)."""
     path = Path(path)
     what = "to keep a study in"
     if path.is_symlink() and (no_link or not path.exists()):  # to nothing: SQLite would make a file where it points
@@ -37,21 +36,17 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
             f"{named} is {link}: a study's file is not written through a link: move the link away, or give "
             "--storage sqlite:///<the file> to use that file"
         )
+    # One that is not SQLite's, SQLite refuses unwritten: "file is not a database" (explained below).
     try:
-        with open_regular(path) as file:  # a FIFO or device is refused, not waited on
-            header = file.read(len(SQLITE_HEADER))
+        with open_regular(path):  # a FIFO or device is refused, not waited on
+            found = True
     except FileNotFoundError:
-        header = None
+        found = False
     except NotAFileError as err:
         raise ConfigError(f"{named} is {err.kind}, not a file: give the path of a file {what}") from None
     except OSError as err:
         raise ConfigError(f"{named} cannot be read ({first_line(err)}): give a file {what}") from None
-    if header and header != SQLITE_HEADER:  # an empty file is a new database to SQLite
-        raise ConfigError(
-            f"{named} is not an SQLite database (corrupt, truncated or another kind of file): "
-            "restore it from a copy, or move it away to start a new study there"
-        )
-    if header is not None and writing and not os.access(path, os.W_OK):
+    if found and writing and not os.access(path, os.W_OK):
         raise ConfigError(f"{named} is read-only: make it writable, or give another --storage")
     for suffix in SQLITE_COMPANIONS:  # SQLite opens these beside the file, following links, and waits on a FIFO
         companion = path.with_name(path.name + suffix)
