@@ -115,7 +115,7 @@ def _open(url: str, name: str | None, named: str):
             database, read_only=True, lock_wait_s=READ_LOCK_WAIT_S, statement_limit_s=READ_STATEMENT_LIMIT_S
         )
         engine_kwargs: dict = {"creator": connect}
-    elif url.startswith("postgres"):
+    elif parsed.get_backend_name() == "postgresql":
         limit = f"-c statement_timeout={READ_STATEMENT_LIMIT_S * 1000} -c default_transaction_read_only=on"
         engine_kwargs = {"connect_args": {"connect_timeout": READ_LOCK_WAIT_S, "options": limit}}
     else:
