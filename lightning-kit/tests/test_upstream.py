@@ -12,14 +12,12 @@ from packaging.version import Version
 
 from lightning_kit.upstream import lightning as lightning_privates
 from lightning_kit.upstream import litserve as litserve_privates
-from lightning_kit.upstream import optuna as optuna_privates
 from lightning_kit.upstream import torch as torch_privates
 
 PRIVATES = [
     *lightning_privates.PRIVATES,
     *torch_privates.PRIVATES,
     *litserve_privates.PRIVATES,
-    *optuna_privates.PRIVATES,
 ]
 OVERRIDES = lightning_privates.OVERRIDES
 

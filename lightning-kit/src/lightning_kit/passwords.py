@@ -34,12 +34,6 @@ def hidden(url: str) -> str:
     return result
 
 
-def unescaped_at(url: str) -> bool:
-    """Whether ``url`` has more than one ``@`` before its query: a password's ``@`` not written ``%40``."""
-    _, separator, rest = str(url).partition("://")
-    return bool(separator) and not rest.startswith("/") and rest.partition("?")[0].count("@") > 1
-
-
 def remember(url: str) -> None:
     """Note ``url``'s password (and secret query values): ``scrubbed`` hides them in any text from now on."""
     _remembered.update(_candidates(str(url)))

@@ -18,26 +18,16 @@ from .passwords import hidden, remember, scrubbed
 
 # A sweep's folder holds these: what the dashboard reads to find its study, and the study's SQLite file by default.
 STUDY_FILE, STUDY_DB = "study.json", "study.db"
-SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # the files SQLite keeps beside a database
 STATEMENT_LIMIT_S = 60  # how long one SQL statement may run: Optuna's take milliseconds
 _PROGRESS_EVERY = 10_000  # SQLite virtual machine instructions between two calls of the progress handler
 _opened: list[str] = []  # the stores this process opened (--storage), as shown (for failure_line)
 
 
-def sqlite_database(url: str) -> str | None:
-    """The file of an SQLite ``url`` (``None`` for another database, or SQLite in memory)."""
-    scheme, separator, rest = url.partition("://")
-    if not separator or scheme.split("+")[0].lower() != "sqlite":
-        return None
-    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///relative.db, sqlite:////absolute.db
-    path = path.partition("?")[0]
-    return None if path in ("", ":memory:") else path
-
-
 def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: bool = False) -> None:
     """Refuse, in one line starting with ``named``, an SQLite file SQLite could not use or would hang on: not a
-    plain file, a link to nothing (or with ``no_link`` any link), not SQLite's; for ``writing``, not writable."""
+    plain file, a link to nothing (or with ``no_link`` any link); for ``writing``, not writable (it or its folder,
+    which the caller made)."""
     path = Path(path)
     what = "to keep a study in"
     if path.is_symlink() and (no_link or not path.exists()):  # to nothing: SQLite would make a file where it points
@@ -46,21 +36,17 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
             f"{named} is {link}: a study's file is not written through a link: move the link away, or give "
             "--storage sqlite:///<the file> to use that file"
         )
+    # One that is not SQLite's, SQLite refuses unwritten: "file is not a database" (explained below).
     try:
-        with open_regular(path) as file:  # a FIFO or device is refused, not waited on
-            header = file.read(len(SQLITE_HEADER))
+        with open_regular(path):  # a FIFO or device is refused, not waited on
+            found = True
     except FileNotFoundError:
-        header = None
+        found = False
     except NotAFileError as err:
         raise ConfigError(f"{named} is {err.kind}, not a file: give the path of a file {what}") from None
     except OSError as err:
         raise ConfigError(f"{named} cannot be read ({first_line(err)}): give a file {what}") from None
-    if header and header != SQLITE_HEADER:  # an empty file is a new database to SQLite
-        raise ConfigError(
-            f"{named} is not an SQLite database (corrupt, truncated or another kind of file): "
-            "restore it from a copy, or move it away to start a new study there"
-        )
-    if header is not None and writing and not os.access(path, os.W_OK):
+    if found and writing and not os.access(path, os.W_OK):
         raise ConfigError(f"{named} is read-only: make it writable, or give another --storage")
     for suffix in SQLITE_COMPANIONS:  # SQLite opens these beside the file, following links, and waits on a FIFO
         companion = path.with_name(path.name + suffix)
@@ -70,16 +56,9 @@ def check_sqlite_file(path: str | Path, named: str, *, writing: bool, no_link: b
                 f"{named}: {companion.name} beside it is {what_it_is}, which SQLite would write through or wait on: "
                 "move it away"
             )
-    if not writing:
-        return
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ConfigError(f"{named} cannot be made: {folder} is not a folder: give another --storage")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if writing and not os.access(path.parent, os.W_OK | os.X_OK):
         raise ConfigError(
-            f"{named} cannot be written: its folder {folder} is read-only (SQLite writes a journal beside it): "
+            f"{named} cannot be written: its folder {path.parent} is read-only (SQLite writes a journal beside it): "
             "make it writable, or give another --storage"
         )
 
@@ -115,9 +94,16 @@ def sqlite_connector(
 
 
 def opened(url: str) -> None:
-    """Note that this process uses the store ``url``: its password is hidden from now on."""
+    """Note that this process uses the store ``url``: its password is hidden from now on. Refuse one whose password
+    holds an unescaped ``@``: each reader of URLs would find another password in it."""
     remember(url)
     _opened.append(hidden(url))
+    _, separator, rest = url.partition("://")
+    if separator and not rest.startswith("/") and rest.partition("?")[0].count("@") > 1:
+        raise ConfigError(
+            f"--storage {hidden(url)}: the URL holds more than one '@': write an '@' in the user name or password "
+            "as %40 (and ':' as %3A, '/' as %2F, '%' as %25)"
+        )
 
 
 def failure_line(err: BaseException) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import stores
 from .errors import OneLineParser, UserError, command, first_line, invoked_as
 from .installation import check_installation
-from .passwords import hidden, unescaped_at
+from .passwords import hidden
 from .runs.folders import read_text
 from .stores import STUDY_DB, STUDY_FILE
 
@@ -98,13 +98,16 @@ def _dashboard(options: argparse.Namespace) -> None:
 def _open(url: str, name: str | None, named: str):
     """The store ``url`` opened read-only, the study ``name`` in it (None: its only one), and its SQLite file."""
     import optuna
+    from sqlalchemy.engine import make_url
 
     stores.opened(url)
     named = named or f"--storage {hidden(url)}"
-    if unescaped_at(url):
-        raise UserError(f"{named}: {hidden(url)} holds more than one '@': write an '@' in its password as %40")
-    database = stores.sqlite_database(url)
-    if database is not None:
+    try:
+        parsed = make_url(url)
+    except Exception as err:  # ArgumentError, a port that is no number: ValueError, ...
+        raise UserError(f"{named}: {_unreadable(err, None)}") from None
+    database = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
+    if database:
         stores.check_sqlite_file(database, named, writing=False)
         if not Path(database).is_file():  # SQLite would make an empty file there
             raise UserError(f"{named}: there is no such file: give the study.db of a sweep")
@@ -112,7 +115,7 @@ def _open(url: str, name: str | None, named: str):
             database, read_only=True, lock_wait_s=READ_LOCK_WAIT_S, statement_limit_s=READ_STATEMENT_LIMIT_S
         )
         engine_kwargs: dict = {"creator": connect}
-    elif url.startswith("postgres"):
+    elif parsed.get_backend_name() == "postgresql":
         limit = f"-c statement_timeout={READ_STATEMENT_LIMIT_S * 1000} -c default_transaction_read_only=on"
         engine_kwargs = {"connect_args": {"connect_timeout": READ_LOCK_WAIT_S, "options": limit}}
     else:
@@ -162,14 +165,12 @@ def _check_port(host: str, port: int) -> None:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except (socket.gaierror, UnicodeError) as err:
         raise UserError(f"--host {host} is no address of this machine ({err}): give 127.0.0.1, say") from None
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            if err.errno == getattr(socket, "EADDRINUSE", 98) or "in use" in str(err):
-                raise UserError(f"--port {port} is in use on {host}: give another --port") from None
-            raise UserError(f"--host {host} --port {port} cannot be listened on ({err.strerror or err})") from None
+    try:
+        socket.create_server((host, port), family=family).close()  # SO_REUSEADDR, as the server binds
+    except OSError as err:
+        if err.errno == getattr(socket, "EADDRINUSE", 98) or "in use" in str(err):
+            raise UserError(f"--port {port} is in use on {host}: give another --port") from None
+        raise UserError(f"--host {host} --port {port} cannot be listened on ({err.strerror or err})") from None
 
 
 if __name__ == "__main__":

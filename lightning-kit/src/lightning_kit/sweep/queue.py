@@ -34,7 +34,6 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from ..checkpoints import RESUMABLE
 from ..messages import report
 from ..run_record import process_alive, process_token
-from ..upstream.optuna import trial_id
 from .store import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S
 
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -152,12 +151,17 @@ def resume_point(study: optuna.Study, trial: Trial | FrozenTrial) -> str | None:
     return None
 
 
+def _trial_id(storage: RDBStorage, study: optuna.Study, number: int) -> int:
+    """The storage's id of the trial ``number``, by Optuna's public API (a trial's own ``_trial_id`` is private)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
+
+
 def _take_waiting(study: optuna.Study, storage: RDBStorage) -> Trial | None:
     """The first waiting trial this process could take; None when none is waiting (``ask`` would make one)."""
     for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         try:
-            if storage.set_trial_state_values(trial_id(waiting), state=TrialState.RUNNING):
-                return optuna.trial.Trial(study, trial_id(waiting))
+            if storage.set_trial_state_values(taken := _trial_id(storage, study, waiting.number), TrialState.RUNNING):
+                return optuna.trial.Trial(study, taken)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     return None
@@ -218,8 +222,8 @@ def run_trials(
         if not grid:
             states = study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
             ahead = sum(t.state in COUNTED or t.number < trial.number for t in states)
-            if ahead >= wanted:  # another worker took the last room first
-                storage.set_trial_state_values(trial_id(trial), TrialState.WAITING)  # the next to ask gets it
+            if ahead >= wanted:  # another worker took the last room first: the next to ask gets this one
+                storage.set_trial_state_values(_trial_id(storage, study, trial.number), TrialState.WAITING)
                 continue
         with heartbeat(storage, trial):
             run(trial)
@@ -227,13 +231,15 @@ def run_trials(
 
 @contextmanager
 def heartbeat(storage: RDBStorage, trial: Trial) -> Iterator[None]:
-    """Record, every ``HEARTBEAT_INTERVAL_S`` while the block runs, that ``trial`` is alive (Optuna's heartbeat)."""
+    """Record, every ``HEARTBEAT_INTERVAL_S`` while the block runs, that ``trial`` is alive (Optuna's heartbeat, whose
+    own thread stops at the first failure to record one)."""
+    trial_id = _trial_id(storage, trial.study, trial.number)
     stop = threading.Event()
 
     def beat() -> None:
         while True:
             try:
-                storage.record_heartbeat(trial_id(trial))
+                storage.record_heartbeat(trial_id)
             except Exception as err:  # the database unreachable for a while: the trial goes on
                 report(f"warning: trial {trial.number}'s heartbeat was not recorded: {err}")
             if stop.wait(HEARTBEAT_INTERVAL_S):

@@ -20,7 +20,7 @@ from sqlalchemy.exc import NoSuchModuleError, OperationalError, SQLAlchemyError
 from .. import stores
 from ..errors import ConfigError, first_line
 from ..files import written_whole
-from ..passwords import hidden, scrubbed, unescaped_at
+from ..passwords import hidden, scrubbed
 from ..stores import STUDY_FILE
 
 HEARTBEAT_INTERVAL_S = 10  # a worker records that its trial is alive this often
@@ -36,11 +36,6 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
     password hidden.
     """
     stores.opened(url)
-    if unescaped_at(url):
-        raise ConfigError(
-            f"--storage {hidden(url)}: the URL holds more than one '@': write an '@' in the user name or password "
-            "as %40 (and ':' as %3A, '/' as %2F, '%' as %25)"
-        )
     try:
         parsed = make_url(url)
         sqlite = parsed.get_backend_name() == "sqlite"
@@ -50,17 +45,17 @@ def open_storage(url: str, on_stale, *, beside_trials: bool = False) -> RDBStora
             "give e.g. postgresql+psycopg://user@host/db or sqlite:///file.db"
         ) from None
     if sqlite:
-        database = stores.sqlite_database(url)
-        if database is None:
+        database = parsed.database
+        if database in (None, "", ":memory:"):
             raise ConfigError(f"--storage {hidden(url)}: an SQLite study needs a file: give sqlite:///<file>.db")
         named = f"{database} (the study's file beside its trials)" if beside_trials else f"--storage {hidden(url)}"
-        stores.check_sqlite_file(database, named, writing=True, no_link=beside_trials)
         try:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigError(
                 f"{named}: its folder cannot be made ({err.strerror or err}): give a --storage in a writable folder"
             ) from None
+        stores.check_sqlite_file(database, named, writing=True, no_link=beside_trials)
         # isolation_level None: the driver begins no transaction of its own; the "begin" listener below does.
         connect = stores.sqlite_connector(database, read_only=False, lock_wait_s=SQLITE_LOCK_WAIT_S)
         engine_kwargs: dict = {"creator": connect}
