@@ -1,7 +1,7 @@
 """A ``.pt2`` archive read within bounds: what ``torch.export.save`` writes for a plain program, and nothing more.
 
-The directory is checked before anything is inflated; each entry is then read in chunks, which zipfile stops at the
-size the directory says, into a copy with every entry stored, so PyTorch inflates nothing.
+The directory is checked before anything is inflated; each entry is then read up to the size the directory says into
+a copy with every entry stored, so PyTorch inflates nothing.
 """
 
 import io
@@ -31,7 +31,6 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 100_000
 _PAYLOAD = re.compile(r"[^/]+/data/(weights|constants)/[^/]+")
 _EXTRA = re.compile(r"[^/]+/extra/[^/]+")
-_CHUNK = 1024 * 1024
 
 
 class ModelFileError(UserError):
@@ -95,15 +94,12 @@ def _check_sizes(path: Path, entries: list[zipfile.ZipInfo], size: int) -> None:
 
 
 def _read(path: Path, archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> bytes:
-    """``entry``'s bytes, inflated a chunk at a time up to the directory's size."""
-    chunks = []
+    """``entry``'s bytes, inflated up to the directory's size (``read()`` alone would inflate a lying entry whole)."""
     try:
         with archive.open(entry) as stream:
-            while chunk := stream.read(_CHUNK):
-                chunks.append(chunk)
+            data = stream.read(entry.file_size)
     except (zipfile.BadZipFile, EOFError, zlib.error) as err:  # a CRC or a stream that disagrees with the directory
         raise ModelFileError(f"{path} is damaged: {entry.filename} cannot be read ({err}): refused") from err
-    data = b"".join(chunks)
     if len(data) != entry.file_size:
         raise ModelFileError(f"{path} is damaged: {entry.filename} is shorter than its directory says: refused")
     return data
