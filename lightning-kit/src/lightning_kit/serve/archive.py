@@ -9,7 +9,6 @@ import json
 import re
 import zipfile
 import zlib
-from collections import Counter
 from pathlib import Path
 from typing import BinaryIO
 
@@ -47,9 +46,8 @@ def stored_copy(path: Path, file: BinaryIO, size: int) -> io.BytesIO:
             if not _SAVED_ENTRIES.fullmatch(entry.filename):
                 refused = "which a plain exported program does not: refused, nothing was loaded"
                 raise ModelFileError(f"{path} holds {entry.filename}, {refused}")
-        repeated = [name for name, count in Counter(entry.filename for entry in entries).items() if count > 1]
-        if repeated:
-            raise ModelFileError(f"{path} holds {repeated[0]} twice, as no exported program does: refused")
+            if archive.getinfo(entry.filename) is not entry:  # zipfile's name for it is its last entry of that name
+                raise ModelFileError(f"{path} holds {entry.filename} twice, as no exported program does: refused")
         _check_sizes(path, entries, size)
         copy = io.BytesIO()
         configs = {}
