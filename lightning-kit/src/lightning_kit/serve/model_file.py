@@ -249,7 +249,7 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
         taken = list(args) if fits else []
     if not fits or not all(isinstance(name, str) for name in taken):
         raise ModelFileError(f"{path}: {claimed}, but its program takes {_takes(args, kwargs)}: refused")
-    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
     batch, ranged = None, []
     for spec, name in zip(inputs, taken, strict=True):
         value = placeholders[name].meta.get("val") if name in placeholders else None
@@ -285,19 +285,18 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
 def embedding_rows(program: ExportedProgram, name: str) -> int | None:
     """The fewest rows of an embedding the program's input ``name`` indexes directly; None where it indexes none."""
     rows = []
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
-            weight, indices = node.args[0], node.args[1]
-            size = weight.meta.get("val").shape[0] if isinstance(weight.meta.get("val"), torch.Tensor) else None
-            if getattr(indices, "name", None) == name and isinstance(size, int):
-                rows.append(size)
+    for node in program.graph.find_nodes(op="call_function", target=torch.ops.aten.embedding.default):
+        weight, indices = node.args[:2]
+        size = weight.meta.get("val").shape[0] if isinstance(weight.meta.get("val"), torch.Tensor) else None
+        if getattr(indices, "name", None) == name and isinstance(size, int):
+            rows.append(size)
     return min(rows, default=None)
 
 
 def _check_outputs(path: Path, program: ExportedProgram, batch):
     """Refuse outputs the server cannot answer request by request; else the program's outputs (fake tensors)."""
     signature = program.graph_signature
-    (output,) = [node for node in program.graph.nodes if node.op == "output"]
+    (output,) = program.graph.find_nodes(op="output")
     returned = [
         getattr(node, "meta", {}).get("val")
         for spec, node in zip(signature.output_specs, output.args[0], strict=False)
