@@ -143,9 +143,8 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
             embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
             for spec, name in zip(inputs, taken, strict=True)
         )
-        by_keyword = passed == KEYWORD
         return ModelInfo(
-            path, (), TENSORS, inputs=inputs, by_keyword=by_keyword, answers=_answers(outputs), index_rows=rows
+            path, (), TENSORS, inputs=inputs, by_keyword=passed == KEYWORD, answers=_answers(outputs), index_rows=rows
         )
     classes = constant_size(outputs.shape[1]) if isinstance(outputs, torch.Tensor) and outputs.dim() == 2 else None
     if classes != len(class_names):
