@@ -196,14 +196,10 @@ def _claims(path: Path, described: dict) -> tuple[str, tuple[TensorInput, ...], 
             )
         return TENSORS, inputs, passed, {}
     dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
-    if kind is None and dtype == "uint8" and len(shape) == 4:
-        kind = IMAGES
-    elif kind is None and dtype == "int64" and len(shape) == 2 and "vocab_size" in described:
-        kind = TOKENS
-    if kind == IMAGES and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
+    if kind in (None, IMAGES) and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
         said = {"image_size": int(described.get("image_size", shape[3]))}
         return IMAGES, (TensorInput("image", dtype, tuple(shape[1:])),), POSITIONAL, said
-    if kind == TOKENS and dtype == "int64" and len(shape) == 2:
+    if (kind == TOKENS or (kind is None and "vocab_size" in described)) and dtype == "int64" and len(shape) == 2:
         seq_len = int(described["seq_len"]) if "seq_len" in described else None
         length = None if 1 in described.get("varies", [1]) else shape[1]
         said = {"vocab_size": int(described["vocab_size"]), "seq_len": seq_len}
