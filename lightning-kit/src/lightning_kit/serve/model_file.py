@@ -21,7 +21,7 @@ import os
 import sys
 import zipfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
@@ -265,9 +265,7 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
         if batch is not None and sizes[0].node.expr != batch:
             raise ModelFileError(f"{path}: its program's inputs do not share one batch dimension: refused")
         batch = sizes[0].node.expr
-        ranged.append(
-            TensorInput(spec.name, spec.dtype, spec.shape, tuple(size_range(program, size) for size in sizes[1:]))
-        )
+        ranged.append(replace(spec, ranges=tuple(size_range(program, size) for size in sizes[1:])))
     fewest, most = size_range(program, sizes[0])
     if fewest > 1 or most is not None:
         raise ModelFileError(
