@@ -106,10 +106,8 @@ def _numbers(items: list, spec: TensorInput) -> np.ndarray:
         numbers = np.array(items, dtype=np.int64 if whole else np.float64)
     except OverflowError:  # a whole number past int64, or one of hundreds of digits: Python compares them
         outside = np.array([not bounds.min <= item <= bounds.max for item in items])
-    else:
+    else:  # JSON has no NaN (refused as it is read): a float past 1e308 is inf, outside every dtype's range
         outside = (numbers < bounds.min) | (numbers > bounds.max)
-        if not whole:
-            outside |= ~np.isfinite(numbers)
     if outside.any():
         item = items[int(np.argmax(outside))]
         shown = item if len(str(item)) <= 40 else f"a number of {len(str(item))} digits"
