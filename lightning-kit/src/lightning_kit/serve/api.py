@@ -38,7 +38,7 @@ class Model(ls.LitAPI):
         max_batch_size: int,
         batch_timeout: float,
         cpu_threads: int,
-        guard: ModelProcessGuard | None = None,
+        guard: ModelProcessGuard,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.model_info = model
@@ -46,8 +46,7 @@ class Model(ls.LitAPI):
         self.guard = guard
 
     def setup(self, device: str) -> None:
-        if self.guard is not None:
-            self.guard.install()
+        self.guard.install()
         if device == "cpu":
             # PyTorch's default, a thread per core in each worker, leaves none to the HTTP server's decoding, and
             # threads that wait for a busy core: on 2 cores, a batch of 32 took 5x as long with 2 threads as with 1.

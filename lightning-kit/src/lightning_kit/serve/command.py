@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from jsonargparse.typing import restricted_number_type
 
 from ..accelerators import check_accelerator
-from ..errors import ConfigError, OneLineParser, UserError, byte_size, command, invoked_as, signal_name
+from ..errors import ConfigError, OneLineParser, UserError, byte_size, command, first_few, invoked_as, signal_name
 from ..installation import check_installation
 from ..model_format import EXPORT_COMMAND, IMAGES, TENSORS
 from ..passwords import scrubbed
@@ -169,12 +169,11 @@ def _described(model: ModelInfo) -> str:
     if model.kind == TENSORS:
         way = "by keyword" if model.by_keyword else "by position"
         return f"a model of {', '.join(map(str, model.inputs))} per example ({way}), answering {model.answers}"
-    classes = ", ".join(model.class_names[:5]) + (", ..." if len(model.class_names) > 5 else "")
     if model.kind == IMAGES:
         takes = f"images, resized to {model.image_size}x{model.image_size}"
     else:
         takes = f"{model.lengths[0]} to {model.lengths[1]} token ids below {model.vocab_size}"
-    return f"a model of {takes}, answering {len(model.class_names)} classes ({classes})"
+    return f"a model of {takes}, answering {len(model.class_names)} classes ({first_few(model.class_names, 5)})"
 
 
 def check_limits(known: argparse.Namespace, model: ModelInfo) -> None:

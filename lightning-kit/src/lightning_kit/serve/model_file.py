@@ -21,7 +21,7 @@ import os
 import sys
 import zipfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
@@ -143,9 +143,8 @@ def _model_info(path: Path, program: ExportedProgram, extra: dict[str, str], exp
             embedding_rows(program, name) if spec.dtype in INDEX_DTYPES else None
             for spec, name in zip(inputs, taken, strict=True)
         )
-        by_keyword = passed == KEYWORD
         return ModelInfo(
-            path, (), TENSORS, inputs=inputs, by_keyword=by_keyword, answers=_answers(outputs), index_rows=rows
+            path, (), TENSORS, inputs=inputs, by_keyword=passed == KEYWORD, answers=_answers(outputs), index_rows=rows
         )
     classes = constant_size(outputs.shape[1]) if isinstance(outputs, torch.Tensor) and outputs.dim() == 2 else None
     if classes != len(class_names):
@@ -197,14 +196,10 @@ def _claims(path: Path, described: dict) -> tuple[str, tuple[TensorInput, ...], 
             )
         return TENSORS, inputs, passed, {}
     dtype, shape = str(described["dtype"]), [int(size) for size in described["shape"]]
-    if kind is None and dtype == "uint8" and len(shape) == 4:
-        kind = IMAGES
-    elif kind is None and dtype == "int64" and len(shape) == 2 and "vocab_size" in described:
-        kind = TOKENS
-    if kind == IMAGES and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
+    if kind in (None, IMAGES) and dtype == "uint8" and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
         said = {"image_size": int(described.get("image_size", shape[3]))}
         return IMAGES, (TensorInput("image", dtype, tuple(shape[1:])),), POSITIONAL, said
-    if kind == TOKENS and dtype == "int64" and len(shape) == 2:
+    if (kind == TOKENS or (kind is None and "vocab_size" in described)) and dtype == "int64" and len(shape) == 2:
         seq_len = int(described["seq_len"]) if "seq_len" in described else None
         length = None if 1 in described.get("varies", [1]) else shape[1]
         said = {"vocab_size": int(described["vocab_size"]), "seq_len": seq_len}
@@ -249,7 +244,7 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
         taken = list(args) if fits else []
     if not fits or not all(isinstance(name, str) for name in taken):
         raise ModelFileError(f"{path}: {claimed}, but its program takes {_takes(args, kwargs)}: refused")
-    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
     batch, ranged = None, []
     for spec, name in zip(inputs, taken, strict=True):
         value = placeholders[name].meta.get("val") if name in placeholders else None
@@ -270,9 +265,7 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
         if batch is not None and sizes[0].node.expr != batch:
             raise ModelFileError(f"{path}: its program's inputs do not share one batch dimension: refused")
         batch = sizes[0].node.expr
-        ranged.append(
-            TensorInput(spec.name, spec.dtype, spec.shape, tuple(size_range(program, size) for size in sizes[1:]))
-        )
+        ranged.append(replace(spec, ranges=tuple(size_range(program, size) for size in sizes[1:])))
     fewest, most = size_range(program, sizes[0])
     if fewest > 1 or most is not None:
         raise ModelFileError(
@@ -285,19 +278,18 @@ def _check_inputs(path: Path, program: ExportedProgram, inputs: tuple[TensorInpu
 def embedding_rows(program: ExportedProgram, name: str) -> int | None:
     """The fewest rows of an embedding the program's input ``name`` indexes directly; None where it indexes none."""
     rows = []
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
-            weight, indices = node.args[0], node.args[1]
-            size = weight.meta.get("val").shape[0] if isinstance(weight.meta.get("val"), torch.Tensor) else None
-            if getattr(indices, "name", None) == name and isinstance(size, int):
-                rows.append(size)
+    for node in program.graph.find_nodes(op="call_function", target=torch.ops.aten.embedding.default):
+        weight, indices = node.args[:2]
+        size = weight.meta.get("val").shape[0] if isinstance(weight.meta.get("val"), torch.Tensor) else None
+        if getattr(indices, "name", None) == name and isinstance(size, int):
+            rows.append(size)
     return min(rows, default=None)
 
 
 def _check_outputs(path: Path, program: ExportedProgram, batch):
     """Refuse outputs the server cannot answer request by request; else the program's outputs (fake tensors)."""
     signature = program.graph_signature
-    (output,) = [node for node in program.graph.nodes if node.op == "output"]
+    (output,) = program.graph.find_nodes(op="output")
     returned = [
         getattr(node, "meta", {}).get("val")
         for spec, node in zip(signature.output_specs, output.args[0], strict=False)

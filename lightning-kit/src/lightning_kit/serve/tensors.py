@@ -14,11 +14,9 @@ JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", li
 
 
 class RequestError(ValueError):
-    """A request the model cannot take: the HTTP status to answer, and why (the message)."""
+    """A request the model cannot take: why (the message), answered with ``status``."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+    status = 400
 
 
 def accepted(model: ModelInfo) -> str:
@@ -42,17 +40,17 @@ def decode(body: bytes, model: ModelInfo) -> dict[str, np.ndarray]:
     try:
         given = json.loads(body, parse_constant=_not_a_number)
     except RecursionError as err:
-        raise RequestError(400, f"the body nests too deeply to be read: send {shown}") from err
+        raise RequestError(f"the body nests too deeply to be read: send {shown}") from err
     except ValueError as err:  # malformed JSON, NaN or Infinity; UnicodeDecodeError is a ValueError
-        raise RequestError(400, f"the body is not JSON that can be read ({err}): send {shown}") from err
+        raise RequestError(f"the body is not JSON that can be read ({err}): send {shown}") from err
     if not isinstance(given, dict):
-        raise RequestError(400, f"the body is a JSON {type(given).__name__}, not an object: send {shown}")
+        raise RequestError(f"the body is a JSON {type(given).__name__}, not an object: send {shown}")
     names = [spec.name for spec in model.inputs]
     missing = [name for name in names if name not in given]
     unknown = [name for name in given if name not in names]
     if missing or unknown:
         wrong = f"no {', '.join(missing)}" if missing else f"{', '.join(map(repr, unknown))}, which it does not take"
-        raise RequestError(400, f"the body has {wrong}: the model takes {', '.join(names)}; send {shown}")
+        raise RequestError(f"the body has {wrong}: the model takes {', '.join(names)}; send {shown}")
     rows = model.index_rows or (None,) * len(model.inputs)
     return {spec.name: _array(given[spec.name], spec, most) for spec, most in zip(model.inputs, rows, strict=True)}
 
@@ -78,14 +76,14 @@ def _array(value: object, spec: TensorInput, rows: int | None) -> np.ndarray:
                 wanted = (
                     "items of one length" if size is not None and fewest != most else f"{spec.size_said(depth)} items"
                 )
-                raise RequestError(400, f"{spec.name} must be {expected(spec)}: {where} it holds {found}, not {wanted}")
+                raise RequestError(f"{spec.name} must be {expected(spec)}: {where} it holds {found}, not {wanted}")
             flat.extend(item)
         items = flat
         shape.append(size)
     numbers = _numbers(items, spec)
     if rows is not None and numbers.size and not (numbers.min() >= 0 and numbers.max() < rows):
         outside = next(item for item in items if not 0 <= item < rows)
-        raise RequestError(400, f"{spec.name} holds {outside}: the model's embedding of it takes ids in [0, {rows})")
+        raise RequestError(f"{spec.name} holds {outside}: the model's embedding of it takes ids in [0, {rows})")
     # bfloat16, which NumPy lacks, as float32 until PyTorch has them.
     return numbers.astype("float32" if spec.dtype == "bfloat16" else spec.dtype).reshape(shape)
 
@@ -95,23 +93,21 @@ def _numbers(items: list, spec: TensorInput) -> np.ndarray:
     kinds = set(map(type, items))
     if spec.dtype == "bool":
         if kinds - {bool}:
-            raise RequestError(400, f"{spec.name} takes true or false: it holds {_first_of(items, kinds - {bool})}")
+            raise RequestError(f"{spec.name} takes true or false: it holds {_first_of(items, kinds - {bool})}")
         return np.array(items, dtype=np.bool_)
     dtype = getattr(torch, spec.dtype)
     whole = not dtype.is_floating_point
     taken = {int} if whole else {int, float}
     if kinds - taken:
         what = "whole numbers" if whole else "numbers"
-        raise RequestError(400, f"{spec.name} takes {what} ({spec.dtype}): it holds {_first_of(items, kinds - taken)}")
+        raise RequestError(f"{spec.name} takes {what} ({spec.dtype}): it holds {_first_of(items, kinds - taken)}")
     bounds = torch.iinfo(dtype) if whole else torch.finfo(dtype)
     try:
         numbers = np.array(items, dtype=np.int64 if whole else np.float64)
     except OverflowError:  # a whole number past int64, or one of hundreds of digits: Python compares them
         outside = np.array([not bounds.min <= item <= bounds.max for item in items])
-    else:
+    else:  # JSON has no NaN (refused as it is read): a float past 1e308 is inf, outside every dtype's range
         outside = (numbers < bounds.min) | (numbers > bounds.max)
-        if not whole:
-            outside |= ~np.isfinite(numbers)
     if outside.any():
         item = items[int(np.argmax(outside))]
         shown = item if len(str(item)) <= 40 else f"a number of {len(str(item))} digits"
@@ -119,7 +115,7 @@ def _numbers(items: list, spec: TensorInput) -> np.ndarray:
             said = f"outside the range of {spec.dtype} ({bounds.min} to {bounds.max})"
         else:
             said = f"{spec.dtype} takes finite numbers from {bounds.min:.4g} to {bounds.max:.4g}"
-        raise RequestError(400, f"{spec.name} holds {shown}: {said}")
+        raise RequestError(f"{spec.name} holds {shown}: {said}")
     return numbers
 
 
