@@ -176,6 +176,21 @@ def test_a_fifo_among_the_images_is_refused_by_name_or_skipped(layout, tmp_path,
     assert capsys.readouterr().out == f"skipped unreadable image {fifo}: it is a FIFO (named pipe), not a file\n"
 
 
+def test_a_file_larger_than_any_image_is_refused_unread_by_name_or_skipped(tmp_path, capsys):
+    """A file past the largest image Pillow decodes (a video named .jpg) is never read whole into memory."""
+    good = solid(tmp_path / "good.png")
+    huge = tmp_path / "video.jpg"
+    with huge.open("wb") as file:
+        file.truncate(image_decoding.MAX_FILE_BYTES + 1)  # sparse: no disk is used, and reading it would take 1.4 GB
+    for cache in (None, tmp_path / "cache"):
+        with pytest.raises(UnreadableImageError, match=re.escape(f"({huge}: a file of 1.4 GiB, more than any image")):
+            load_images([good, huge], size=8, cache_dir=cache)
+    capsys.readouterr()
+    images, kept = load_images([good, huge], size=8, cache_dir=tmp_path / "cache", skip_unreadable=True)
+    assert kept == (0,) and images.shape == (1, 3, 8, 8)
+    assert capsys.readouterr().out.startswith(f"skipped unreadable image {huge}: a file of 1.4 GiB")
+
+
 def test_an_image_rewritten_in_place_with_its_size_and_time_is_decoded_anew(tmp_path):
     """The cache knows a file by its content: the same size and modification time do not make it serve old pixels."""
     path = solid(tmp_path / "a.bmp", (255, 0, 0))  # uncompressed: the same size whatever the colour

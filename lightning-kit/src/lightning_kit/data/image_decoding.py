@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ConfigError, DataUnavailableError, first_few, first_line
+from ..errors import ConfigError, DataUnavailableError, byte_size, first_few, first_line
 from ..files import NotAFileError, open_regular, written_whole
 from .image_files import report_once
 
@@ -23,6 +23,10 @@ from .image_files import report_once
 CACHE_FORMAT = 2
 # Values summed at a time by `channel_stats`: 32 MB as int64, whatever the image size.
 STATS_CHUNK_VALUES = 1 << 22
+# The largest image file worth reading: Pillow refuses more than twice MAX_IMAGE_PIXELS (a decompression bomb), which
+# stored raw at 16 bits a channel of RGBA is 8 bytes a pixel; 64 MiB more for metadata (EXIF, ICC profiles). A file
+# past it (a video named .jpg, a disk image) is refused unread, not read whole into memory by each thread.
+MAX_FILE_BYTES = 2 * Image.MAX_IMAGE_PIXELS * 8 + (64 << 20) if Image.MAX_IMAGE_PIXELS else None
 
 
 class UnreadableImageError(DataUnavailableError):
@@ -121,8 +125,12 @@ _ORIENTATION = 0x0112  # the EXIF tag saying how a camera held the picture
 
 
 def _read(path: Path) -> bytes:
-    """The bytes of the file at ``path``; a FIFO, device, socket or folder is refused without being opened."""
+    """The bytes of the file at ``path``; a FIFO, device, socket or folder is refused without being opened, and a
+    file larger than the largest image Pillow decodes could be (``MAX_FILE_BYTES``) without being read."""
     with open_regular(path) as file:
+        size = os.fstat(file.fileno()).st_size
+        if MAX_FILE_BYTES is not None and size > MAX_FILE_BYTES:
+            raise ImageTooLargeError(f"a file of {byte_size(size)}, more than any image decoded here could be")
         return file.read()
 
 
@@ -191,7 +199,7 @@ def _fingerprints(files: list[Path], workers: int) -> list[str | None]:
     """Each file's content fingerprint, ``None`` for one that cannot be read (decoding it says why)."""
 
     def fingerprint(index: int) -> str | None:
-        with contextlib.suppress(OSError, NotAFileError):
+        with contextlib.suppress(OSError, NotAFileError, ImageTooLargeError):
             return _fingerprint(_read(files[index]))
         return None
 
