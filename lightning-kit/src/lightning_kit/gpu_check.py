@@ -249,7 +249,13 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         prog=prog or invoked_as("python -m lightning_kit.gpu_check"), description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--project", type=Path, default=Path("."), help="the project's folder (default: this one)")
-    parser.add_argument("--package", help="the project's package, whose commands run (default: found, see above)")
+    parser.add_argument(
+        "--package",
+        help=(
+            "the project's package, whose commands run (default: the command line's own package, else the one "
+            "package in src/ with a bench module)"
+        ),
+    )
     parser.add_argument("--config", type=Path, help=f"what to train with (default: {CONFIG} in the project)")
     parser.add_argument("--out", type=Path, default=Path("gpu-check.md"), help="the summary (default gpu-check.md)")
     parser.add_argument("--overwrite", action="store_true", help="replace the summary if it exists")
