@@ -1,6 +1,7 @@
 """An exported model loads without the project and gives the checkpoint's outputs, for images and token ids alike,
 and for any other network: a model of tensors, its inputs found from the model's example_input_array or a batch."""
 
+import importlib.util
 import json
 import os
 import random
@@ -141,6 +142,15 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_checkpoint_is_r
     with pytest.raises(SystemExit, match="^" + re.escape(f"error: {expected}")):
         export(["--ckpt_path", "x.ckpt", "--output", given, "--onnx", "no"])
     assert (in_tmp_path / "file.pt2").read_text() == "mine"
+
+
+def test_onnx_yes_without_onnx_installed_is_one_line_before_the_checkpoint_is_read(in_tmp_path, monkeypatch):
+    """What --onnx yes needs is looked for first: x.ckpt is never read, nor the model built."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "onnx" else real_find_spec(name))
+    with pytest.raises(SystemExit, match="^" + re.escape("error: --onnx yes needs the onnx and onnxscript packages")):
+        export(["--ckpt_path", "x.ckpt", "--onnx", "yes"])
+    assert not (in_tmp_path / "model.pt2").exists()
 
 
 @pytest.mark.slow

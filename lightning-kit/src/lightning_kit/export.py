@@ -94,8 +94,6 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     whose program answers otherwise than forward, is ``UserError``, nothing written; where torch.onnx fails, the
     ``.pt2`` is written all the same and ``Exported.no_onnx`` says why."""
     targets = check_outputs(output, overwrite, onnx)
-    if onnx == "yes" and not _has_onnx():
-        raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     example = example_inputs(model, datamodule)
     classifier = example.kind in (IMAGES, TOKENS)
     network = Probabilities(example.network) if classifier else example.network
@@ -235,7 +233,10 @@ def _class_names(model, datamodule, logits: torch.Tensor) -> list[str]:
 
 
 def check_outputs(output: str | Path, overwrite: bool, onnx: str) -> list[Path]:
-    """The files ``export`` writes for ``--output``, each checked: a file can be written there."""
+    """The files ``export`` writes for ``--output``, each checked: a file can be written there, and ``--onnx yes``
+    has what writes one."""
+    if onnx == "yes" and not _has_onnx():
+        raise ConfigError("--onnx yes needs the onnx and onnxscript packages: pip install onnx onnxscript")
     path = Path(output)
     targets = [path] + ([path.with_suffix(".onnx")] if onnx == "yes" or (onnx == "auto" and _has_onnx()) else [])
     for shown in [output, *targets[1:]]:  # as given: "model.pt2/" names a folder
