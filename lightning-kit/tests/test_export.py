@@ -12,6 +12,7 @@ import sys
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import lightning as L
 import pytest
@@ -667,8 +668,30 @@ def test_an_example_input_array_forward_does_not_take_is_one_line(tmp_path):
     assert not (tmp_path / "model.pt2").exists()
 
 
-def test_a_network_torch_export_cannot_export_is_one_line(tmp_path):
-    """torch.export's own error, as one line naming the model and the first line of its reason; nothing written."""
+class Answer(NamedTuple):
+    difference: torch.Tensor
+    product: torch.Tensor
+
+
+class AnswersANamedTuple(Given):
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> dict[str, Answer]:
+        return {"answer": Answer(*super().forward(left, right))}
+
+
+def test_a_forward_answering_a_named_tuple_is_one_line_saying_what_to_answer(tmp_path):
+    """torch.export cannot save a NamedTuple's class (nested too), whatever the example: the answer is the fix."""
+    with pytest.raises(ConfigError) as refused:
+        export_model(AnswersANamedTuple(), None, tmp_path / "model.pt2", onnx="no")
+    assert str(refused.value) == (
+        "AnswersANamedTuple's forward answers a NamedTuple, Answer, whose class torch.export cannot save: answer a "
+        "dict of its fields (._asdict()) or a tuple"
+    )
+    assert not (tmp_path / "model.pt2").exists()
+
+
+def test_a_network_torch_export_cannot_export_is_one_line(tmp_path, capfd):
+    """torch.export's own error, as one line naming the model and the first line of its reason; nothing written,
+    and nothing printed before it (torch.export prints the graph it traced where it fails)."""
     model = Branching()
     model.example_input_array = torch.randn(2, 3)
     with pytest.raises(UserError) as refused:
@@ -676,6 +699,7 @@ def test_a_network_torch_export_cannot_export_is_one_line(tmp_path):
     message = str(refused.value)
     assert message.startswith("torch.export cannot export Branching (") and "\n" not in message, message
     assert not (tmp_path / "model.pt2").exists()
+    assert capfd.readouterr().err == ""
 
 
 # An export under a file size limit, in a process of its own: PyTorch's archive writer, had it the file, would end

@@ -138,6 +138,11 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
         outputs = _called(net, args, kwargs, f"{named} cannot take {source}")
     except ConfigError as err:
         return None, str(err)
+    if (kept := _named_tuple(outputs)) is not None:  # whatever the example: the answer is what cannot be exported
+        raise ConfigError(
+            f"{named}'s forward answers a NamedTuple, {kept}, whose class torch.export cannot save: answer a dict of "
+            "its fields (._asdict()) or a tuple"
+        )
     if wrong := _wrong_output(outputs):
         return None, f"for {source}, {named}'s forward answers {wrong}"
     names = _positional_names(net, len(args)) + list(kwargs)
@@ -193,6 +198,14 @@ def _wrong_output(outputs: Any) -> str:
     else:
         return f"a {type(outputs).__name__}, not a tensor, a tuple or a dict (of names) of tensors"
     return next((wrong for wrong in map(_wrong_output, items) if wrong), "" if items else "an empty container")
+
+
+def _named_tuple(outputs: Any) -> str | None:
+    """The class name of a NamedTuple in ``outputs`` (nested in tuples, lists or dicts), or None."""
+    if isinstance(outputs, tuple) and hasattr(outputs, "_asdict"):
+        return type(outputs).__name__
+    items = outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, tuple | list) else ()
+    return next(filter(None, map(_named_tuple, items)), None)
 
 
 def _positional_names(net: nn.Module, count: int) -> list[str]:

@@ -16,6 +16,7 @@ program is loaded back and run on a batch of the data beside forward. Loading ne
     outputs = model(history=history)              # tensors, as input.json says ("passed": "keyword")
 """
 
+import contextlib
 import importlib.util
 import io
 import json
@@ -129,12 +130,18 @@ def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProg
         attempts.append(free_axes(example.args, example.kwargs, others=None))
     first = None
     for dynamic_shapes in attempts:
+        # torch.export prints the graph it traced, dozens of lines, where it fails: said only where it succeeds
+        # (forward's own prints among it), as the failure's reason is the one line below.
+        said = io.StringIO()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), contextlib.redirect_stderr(said):
                 warnings.filterwarnings("ignore", message=RNN_WEIGHTS_WARNING, category=UserWarning)
-                return torch.export.export(network, example.args, example.kwargs, dynamic_shapes=dynamic_shapes)
+                program = torch.export.export(network, example.args, example.kwargs, dynamic_shapes=dynamic_shapes)
         except Exception as err:  # the user's network, not an argument: torch.export's reason, in one line
             first = first or err
+            continue
+        sys.stderr.write(said.getvalue())
+        return program
     raise UserError(f"torch.export cannot export {example.named} ({first_line(first, typed=True)})") from first
 
 
