@@ -2,10 +2,11 @@
 bench, sweeps, serving): its model, data module and Trainer, built and nothing run, or a fit run in this process."""
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from .callbacks import BestCheckpoint, BestEpoch, InterruptCheckpoint, RandomState, RunStatus, StopOnDivergence
@@ -36,7 +37,11 @@ def build_all(
 
 
 def build_cli(
-    cli_class: type["KitCLI"], args: list[str], prog: str | None = None, not_built: int = 1, settings=None
+    cli_class: type["KitCLI"],
+    args: list[str],
+    prog: str | None = None,
+    not_built: int = 1,
+    settings: Callable[[Namespace], None] | None = None,
 ) -> "KitCLI":
     """The command line ``train.py fit`` would run on ``args``, built and not run; a class that could not be built
     (``NotBuiltError``) ends the command in its one line with the status ``not_built``. ``settings`` changes the
@@ -66,7 +71,7 @@ def make(
     run: bool,
     prog: str | None = None,
     callbacks: Sequence[L.Callback] = (),
-    settings=None,
+    settings: Callable[[Namespace], None] | None = None,
 ) -> "KitCLI":
     """``cli_class``'s command line on ``args``, with the library's defaults (logger, checkpoints, the callbacks of
     every run, and ``callbacks`` beside them); ``run``: the subcommand is run, else its classes are only built."""

@@ -97,7 +97,7 @@ class KitCLI(LightningCLI):
     command: str = "python train.py"
 
     def __init__(self, *args, settings: Callable[[Namespace], None] | None = None, **kwargs) -> None:
-        """``settings``: changes the parsed configuration before anything is built (the audit's)."""
+        """``settings``: changes the parsed configuration, once checked, before anything is built (the audit's)."""
         self._settings = settings
         trust_modules(type(self).trusted())
         super().__init__(*args, **kwargs)
@@ -188,12 +188,12 @@ class KitCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if self._settings is not None:
-            self._settings(config)
         if config.get("weights_only") is None and "weights_only" in config:
             config.weights_only = True  # checkpoints are read as data, never run as code
         check_accelerator(config.trainer)
         check_named_choices(config.trainer)
+        if self._settings is not None:  # on settings checked as given
+            self._settings(config)
         if config.trainer.accelerator == SIMULATED:
             simulated_run.start(self.subcommand or "fit")
         check_cpu_processes(config.trainer)
@@ -208,12 +208,12 @@ class KitCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as err:
             config = self.config[self.subcommand] if self.subcommand else self.config
-            failure = constructor_failure(err, config, self._fixed_model_class())
+            failure = constructor_failure(err, config, self.fixed_model_class())
             if failure is None:
                 raise
             raise failure from err
 
-    def _fixed_model_class(self) -> type | None:
+    def fixed_model_class(self) -> type | None:
         """The model's class where the configuration does not name one (``subclass_mode_model`` off)."""
         return None if self.subclass_mode_model else self.model_class
 
@@ -267,7 +267,7 @@ class KitCLI(LightningCLI):
                 if isinstance(err, OSError):
                     failure = lost_run_folder(err, self.trainer)
                 else:  # a value given to the model or the data that a DataLoader, an optimizer or the class refused
-                    failure = run_refusal(err, self.config[subcommand], subcommand, self._fixed_model_class())
+                    failure = run_refusal(err, self.config[subcommand], subcommand, self.fixed_model_class())
                     failure = failure or empty_split(err, subcommand)
                 if failure is None:
                     raise

@@ -11,7 +11,6 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-from .accelerators import check_named_choices
 from .building import build_cli, expand_shortcuts
 from .cli import GenericCLI, KitCLI
 from .command_line import CommandLine
@@ -71,7 +70,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
         sys.exit(_usage(f"error: {err}"))
     for line in verdict.report():
         print(line)
-    refusal = _refused_value(verdict, given_arguments(cli.config, cli._fixed_model_class()))  # built: no subcommand
+    refusal = _refused_value(verdict, given_arguments(cli.config, cli.fixed_model_class()))  # built: no subcommand
     if refusal is not None:  # not the model's placement but a value given on the command line: a usage error
         sys.exit(_usage(f"error: {refusal}"))
     fits = True
@@ -107,9 +106,8 @@ def _device_flags_given(args: CommandLine, settings_only: list[str]) -> list[str
 
 
 def _ddp_or_auto(config) -> None:
-    """A strategy other than DDP is built as ``auto``: the audit runs its own, and takes only DDP's options; one
-    that Lightning lacks is refused first, as ``train.py`` refuses it."""
-    check_named_choices(config.trainer)
+    """A strategy other than DDP is built as ``auto``: the audit runs its own, and takes only DDP's options (one that
+    Lightning lacks is refused before, as ``train.py`` refuses it)."""
     if not _is_ddp(config.trainer.strategy):
         config.trainer.strategy = "auto"
 
