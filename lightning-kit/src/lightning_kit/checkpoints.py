@@ -4,7 +4,6 @@ import os
 import re
 import stat
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,7 +151,7 @@ class Trained:
     model_class: str | None = None
 
 
-def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
+def read_checkpoint(path: str | Path) -> Trained:
     """What the Lightning checkpoint ``path`` holds, read as data (``weights_only``: a tampered one cannot run code),
     the classes its hyperparameters name held to ``check_trusted`` before anything is imported."""
     path = Path(path)
@@ -166,7 +165,7 @@ def read_checkpoint(path: str | Path, args: Sequence[str] = ()) -> Trained:
     if not isinstance(checkpoint, dict) or not {"state_dict", "pytorch-lightning_version"} <= checkpoint.keys():
         raise CheckpointError(f"{path} is not a Lightning checkpoint")
     sections = ("hyper_parameters", "datamodule_hyper_parameters")
-    check_trusted({section: checkpoint.get(section) for section in sections}, path, args, [path.parent.parent])
+    check_trusted({section: checkpoint.get(section) for section in sections}, path, [path.parent.parent])
     shapes = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
     class_names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
     classes = checkpoint.get(RUN_CLASSES) if isinstance(checkpoint.get(RUN_CLASSES), dict) else {}

@@ -42,6 +42,7 @@ from .evaluation import (
     lost_run_folder,
     no_empty_folders_left,
     run_config_of_checkpoint,
+    warn_about_changes,
 )
 from .gpu_audit.explain import count_as_user_code
 from .gpu_audit.lightning import SIMULATED, HookTracker, SimulatedGPUStrategy, mixed_precision, simulated_run
@@ -162,7 +163,7 @@ class KitCLI(LightningCLI):
         no_model = not args.gives("--model", "--config", "-c")  # a --config may name one
         if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and no_model:
             # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).
-            run_configs = run_config_of_checkpoint(args)
+            run_configs = run_config_of_checkpoint(args.last("--ckpt_path"))
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
         rest = args[len(subcommand_given) :]
         run_settings = config_flags(subcommand_given[0] if subcommand_given else None, run_configs)
@@ -172,12 +173,16 @@ class KitCLI(LightningCLI):
         check_no_nul((f"--{key}", value) for key, value in config.items())  # a --config file's (YAML's "\0")
         ckpt_path = choose_checkpoint(subcommand, config)
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
-        self._trained = read_checkpoint(ckpt_path, args) if ckpt_path else None
-        settings = checkpoint_run_settings(subcommand, Path(ckpt_path), config, args, run_configs) if ckpt_path else []
+        self._trained = read_checkpoint(ckpt_path) if ckpt_path else None
+        settings, trained = (
+            checkpoint_run_settings(subcommand, Path(ckpt_path), config, run_configs) if ckpt_path else ([], None)
+        )
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.
             super().parse_arguments(parser, [*subcommand_given, *settings, *rest, "--ckpt_path", ckpt_path])
             config = self.config[subcommand]
+        if trained is not None:
+            warn_about_changes(trained, config)
         if subcommand in EVALUATIONS:
             check_evaluation(subcommand, config)
         check_run_arguments(config)  # before LightningCLI seeds with them

@@ -4,21 +4,19 @@ Nine YAML aliases of nine aliases, a few lines deep, stand for billions of value
 command line would copy and print without end: every YAML text jsonargparse loads is counted before it expands.
 """
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import get_loader, set_loader
 
-from .command_line import CONFIG_FLAGS, CommandLine
-from .errors import ConfigError
+from .errors import ConfigError, UserError, first_line
 from .files import NotAFileError, open_regular
 
 # A configuration holds settings: a few kilobytes. The bounds leave room for long lists (class names).
 MAX_BYTES = 1 << 20
 MAX_VALUES = 100_000
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+SUFFIXES = (".yaml", ".yml", ".json")
 # Nesting deeper than this is no configuration, and PyYAML's recursive composer would overflow on it.
 MAX_DEPTH = 100
 
@@ -44,16 +42,12 @@ def read_config_file(path: Path) -> str:
     return text
 
 
-def check_files_given(args: Iterable[str]) -> None:
-    """Read, bounded, each configuration file the command line gives, before jsonargparse does: the value of a flag
-    that takes a whole group or class (``--data``: no dot), and any ``.yaml``/``.json`` (``--config``'s are read by
-    ``trust.check_command_line``, before)."""
-    for flag, value in CommandLine.of(args).pairs:
-        whole = flag.startswith("--") and "." not in flag
-        if flag in (*CONFIG_FLAGS, "--ckpt_path") or not (whole or value.endswith(CONFIG_SUFFIXES)):
-            continue
-        if is_config_file(value) and not Path(value).is_dir():  # a FIFO or device counts: refused unread
-            read_config_file(Path(value))
+def read_config(path: Path) -> Any:
+    """A configuration file as data; a FIFO or device is refused unopened."""
+    try:
+        return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
+    except yaml.YAMLError as err:  # (not UTF-8: refused as not text)
+        raise UserError(f"--config {path} cannot be read as YAML: {first_line(err)}") from err
 
 
 def is_config_file(value: str) -> bool:

@@ -5,11 +5,11 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import yaml
+from jsonargparse import Namespace
 
 from .checkpoints import latest_checkpoint
-from .command_line import CommandLine
 from .errors import ConfigError, UserError
 from .files import check_folder_path
 from .messages import report
@@ -47,24 +47,23 @@ def choose_checkpoint(subcommand: str, config) -> str | None:
 
 
 def checkpoint_run_settings(
-    subcommand: str, ckpt_path: Path, config, args: CommandLine, run_configs: list[Path]
-) -> list[str]:
+    subcommand: str, ckpt_path: Path, config, run_configs: list[Path]
+) -> tuple[list[str], dict | None]:
     """Flags that give a run from a checkpoint the settings of the run that saved it: its ``config.yaml`` (or a run's
     given with --config, ``run_configs``) decides the model and the data the weights were trained with, where no
-    --config is given (``config``, parsed, names those given). An evaluation also writes its logs and predictions
-    into that run's folder."""
-    run_dir, settings = ckpt_path.parent.parent, config_flags(subcommand, run_configs)
+    --config is given (``config``, parsed, names those given); and that ``config.yaml``, read, where it decides them.
+    An evaluation also writes its logs and predictions into that run's folder."""
+    run_dir, settings, trained = ckpt_path.parent.parent, config_flags(subcommand, run_configs), None
     logger = config.trainer.logger
     if not config.get("config"):  # run_configs are given as --config too
         if (run_dir / "config.yaml").is_file():
-            trained = read_run_config(run_dir / "config.yaml", args)
-            _warn_about_changes(trained, args)
+            trained = read_run_config(run_dir / "config.yaml")
             settings = config_flags(subcommand, [run_dir / "config.yaml"])
             logger = (trained.get("trainer") or {}).get("logger")
         else:
             report(f"warning: no config.yaml in {run_dir}: the model and data come from the flags alone")
     if subcommand == "fit" or ckpt_path.parent.name != "checkpoints":
-        return settings
+        return settings, trained
     # An evaluation's logs beside the training's (runs/lightning_logs/version_3/validate/version_0/metrics.csv), not
     # in a new, mostly empty version_4.
     class_path = logger.get("class_path", "") if isinstance(logger, dict) else getattr(logger, "class_path", "")
@@ -73,13 +72,12 @@ def checkpoint_run_settings(
         settings += ["--trainer.logger.init_args.version", "null"]  # the next free one, not the training's
     if subcommand == "predict":
         settings += ["--predictions.path", str(run_dir / "predictions.csv")]
-    return settings
+    return settings, trained
 
 
-def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
-    """The ``config.yaml`` of the run that saved the ``--ckpt_path`` given (``last``: the newest run's), checked like
+def run_config_of_checkpoint(given: str | None) -> list[Path]:
+    """The ``config.yaml`` of the run that saved the checkpoint ``given`` (``last``: the newest run's), checked like
     any run's, for a command line with no model of its own (``GenericCLI``); empty where there is none."""
-    given = args.last("--ckpt_path")
     if given is None or given.strip().lower() in ("null", "none", "~"):
         return []
     try:
@@ -89,7 +87,7 @@ def run_config_of_checkpoint(args: CommandLine) -> list[Path]:
             return []
     except (OSError, ValueError, UserError):  # said in its place, when the checkpoint itself is read
         return []
-    read_run_config(config, args)
+    read_run_config(config)
     return [config]
 
 
@@ -116,18 +114,29 @@ def check_evaluation(subcommand: str, config) -> None:
         report(f"{subcommand} on part of the {split} only ({', '.join(applied)}): leave it out for the whole {split}")
 
 
-def _warn_about_changes(trained: dict, args: CommandLine) -> None:
-    """Say loudly when a flag changes the model or the data a checkpoint was trained with (``trained``: its config)."""
-    for flag, value in args.pairs:
-        if not flag.startswith(("--model.", "--data.")):
-            continue
-        keys, recorded = flag[2:].split("."), trained
-        for key in keys:
-            if isinstance(recorded, dict) and key not in recorded and "init_args" in recorded:
-                recorded = recorded["init_args"]  # --data.batch_size is data.init_args.batch_size
-            recorded = recorded.get(key) if isinstance(recorded, dict) else None
-        if recorded is not None and yaml.safe_load(value) != recorded:
+def warn_about_changes(trained: dict, config) -> None:
+    """Say loudly where the flags given change the model or the data a checkpoint was trained with (``trained``: its
+    run's config.yaml; ``config``: parsed over it)."""
+    for key in ("model", "data"):
+        now = config.get(key)
+        now = now.as_dict() if isinstance(now, Namespace) else now
+        for flag, value, recorded in _changes(trained.get(key), now, f"--{key}"):
             report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
+
+
+def _changes(recorded: Any, now: Any, flag: str) -> Iterator[tuple[str, Any, Any]]:
+    """``(flag, now, recorded)`` for each value of ``recorded`` that ``now`` changes; another class, as a whole."""
+    if not isinstance(recorded, dict) or not isinstance(now, dict):
+        if recorded is not None and (list(now) if isinstance(now, tuple) else now) != recorded:  # YAML has no tuple
+            yield flag, now, recorded
+        return
+    if recorded.get("class_path", now.get("class_path")) != now.get("class_path"):
+        yield flag, now.get("class_path"), recorded["class_path"]
+        return
+    for key, value in recorded.items():
+        if key in now and key != "class_path":
+            # A class's arguments are under init_args, but for --model's and --data's own (--data.batch_size).
+            yield from _changes(value, now[key], flag if key == "init_args" and "." not in flag else f"{flag}.{key}")
 
 
 def check_new_log_dir(trainer) -> None:

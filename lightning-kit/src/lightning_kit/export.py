@@ -40,7 +40,7 @@ from .files import check_output_file, written_whole
 from .installation import check_installation
 from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size, size_range
 from .stores import DISK_ERRORS
-from .trust import read_run_config, trust_modules
+from .trust import check_command_line, read_run_config, trust_modules
 
 __all__ = ["IMAGES", "TENSORS", "TOKENS", "Exported", "example_inputs", "export", "load_trained", "main"]
 
@@ -78,11 +78,12 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
         raise ConfigError(f"no config.yaml in {config.parent}: give the run's settings with --config")
     # Before the run's files are read: the project's package and the modules it trusts may be named in them.
     trust_modules(cli_class.trusted())
-    trained = read_checkpoint(ckpt_path, args)
+    check_command_line(args)  # the classes it names are trusted
+    trained = read_checkpoint(ckpt_path)
     settings = []
     if not given:
         # The run's settings, without those of `fit` itself (ckpt_path, ...).
-        run = read_run_config(config, args)  # read as data: built only from code it may import
+        run = read_run_config(config)  # read as data: built only from code it may import
         settings = ["--config", yaml.safe_dump({key: run[key] for key in RUN_SETTINGS if key in run})]
     model, datamodule = build(cli_class, [*settings, *args])
     check_architecture(ckpt_path, trained, model)

@@ -10,7 +10,7 @@ evaluated. Where a module lives is found without importing it (no ``__init__.py`
 import importlib.util
 import pkgutil
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
@@ -18,11 +18,13 @@ from typing import Any
 import yaml
 
 from .command_line import CONFIG_FLAGS, CommandLine
-from .config_files import check_files_given, is_config_file, read_config_file
-from .errors import UserError, first_line
+from .config_files import SUFFIXES, is_config_file, read_config, read_config_file
+from .errors import UserError
 
 # The package of the command line running and its KitCLI.trusted_modules (trust_modules).
 _trusted: list[str] = []
+# The modules of the classes the command line running names (check_command_line): trusted for it alone.
+_named: set[str] = set()
 
 # Their classes (loggers, callbacks, optimizers) appear in every run's config.
 BUILT_ON = ("lightning", "torch", "torchvision", "torchmetrics")
@@ -40,13 +42,13 @@ class UntrustedCodeError(UserError):
     """A configuration or a checkpoint names code that may not be imported."""
 
 
-def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), folders: Iterable[Path] = ()) -> None:
+def check_trusted(settings: Any, source: str | Path, folders: Iterable[Path] = ()) -> None:
     """Raise ``UntrustedCodeError`` unless every module ``settings`` (data from ``source``) would import may be;
-    ``args``, the command line, names trusted classes; ``folders``: further run or data folders."""
+    ``folders``: further run or data folders."""
     # Folders of runs and data that ``settings`` names (a logger's save_dir, a data module's data_dir).
     given = [table.get(key) for _, table in _walk(settings) if isinstance(table, dict) for key in _FOLDER_KEYS]
     kept_out = _kept_out_folders([*folders, *(Path(value) for value in given if isinstance(value, str) and value)])
-    named, trusted = named_modules(args, kept_out), (__package__, *BUILT_ON, *_trusted)
+    trusted = (__package__, *BUILT_ON, *_trusted)
     for keys, name in _dotted_strings(settings):
         found = _locate(name)
         if found is None:
@@ -59,7 +61,7 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
                 "imported (code in a run or data folder is never imported: move the module out of it, into the "
                 f"project's package, and name its class with {_flag(keys)})"
             )
-        if module not in named and not any(f"{module}.".startswith(f"{package}.") for package in trusted):
+        if module not in _named and not any(f"{module}.".startswith(f"{package}.") for package in trusted):
             raise UntrustedCodeError(
                 f"{source} names code outside this project ({name}): refused, nothing was imported. If you trust "
                 f"it, name it on the command line ({_flag(keys)} {name}) or add {module!r} to the trusted_modules "
@@ -70,65 +72,51 @@ def check_trusted(settings: Any, source: str | Path, args: Iterable[str] = (), f
 def trust_modules(modules: Iterable[str]) -> None:
     """Trust ``modules`` (and those below each) instead of what the previous command line in the process trusted."""
     _trusted[:] = dict.fromkeys(modules)
+    _named.clear()
 
 
-def check_command_line(args: CommandLine) -> tuple[list[Path], CommandLine]:
-    """Check, before it is parsed, the classes the command line names and the files it gives; the ``--config`` files
-    that are a run's saved settings, and the command line without them."""
-    kept_out = _kept_out_folders()
-    check_trusted(_flag_values(args), "the command line", args)
-    run_configs = []
-    for config in config_files(args):
-        # One in a run folder is data like any other file of the run: what it names is not named by the person.
-        in_run = in_run_folder(config, kept_out)
-        check_trusted(read_given(args, config), config, args, [config.parent] if in_run else [])
-        run_configs += [config] if in_run else []
-    check_files_given(args)  # too large, not text, or expanding without end: refused before being read
-    _, rest = args.split(lambda flag, value: flag in CONFIG_FLAGS and value is not None and Path(value) in run_configs)
+def check_command_line(args: Iterable[str]) -> tuple[list[Path], CommandLine]:
+    """Check, before it is parsed, the classes the command line names and the files it gives, and trust the modules
+    it names for the rest of its run; the ``--config`` files that are a run's saved settings, and the command line
+    without them."""
+    line = CommandLine.of(args)
+    configs, values = {}, []
+    for flag, value in line.pairs:
+        try:
+            values.append(yaml.safe_load(value))  # --data '{class_path: x.Y}' is a dict
+        except yaml.YAMLError:
+            values.append(value)
+        if not is_config_file(value):  # a value of --config that is not a file is YAML text, typed by the person
+            continue
+        if flag in CONFIG_FLAGS:
+            configs[Path(value)] = read_config(Path(value))
+        # Any other file jsonargparse would read: a whole group's or class's (--data: no dot), or a .yaml/.json.
+        elif flag != "--ckpt_path" and not Path(value).is_dir() and ("." not in flag or value.endswith(SUFFIXES)):
+            read_config_file(Path(value))  # too large, not text, or expanding without end: refused before being read
+    # One in a run folder is data like any other file of the run: what it names is not named by the person.
+    run_configs = [path for path in configs if in_run_folder(path)]
+    named = [values, *(settings for path, settings in configs.items() if path not in run_configs)]
+    _named.clear()
+    _named.update(found[0] for _, name in _dotted_strings(named) if (found := _locate(name)) is not None)
+    check_trusted(values, "the command line")
+    for path, settings in configs.items():
+        check_trusted(settings, path, [path.parent] if path in run_configs else [])
+    _, rest = line.split(lambda flag, value: flag in CONFIG_FLAGS and value is not None and Path(value) in run_configs)
     return run_configs, rest
 
 
-def named_modules(args: Iterable[str], kept_out: Sequence[Path]) -> set[str]:
-    """The modules of the classes named in ``args``: in flags, and in --config files that are not in a run folder."""
-    line = CommandLine.of(args)
-    configs = [read_given(line, config) for config in config_files(line) if not in_run_folder(config, kept_out)]
-    values = [*_flag_values(line), *configs]
-    return {found[0] for _, name in _dotted_strings(values) if (found := _locate(name)) is not None}
-
-
-def config_files(args: Iterable[str]) -> list[Path]:
-    """The files given with ``--config``/``-c`` (a value that is not a file is YAML text, typed by the person)."""
-    return [Path(value) for value in CommandLine.of(args).values(*CONFIG_FLAGS) if is_config_file(value)]
-
-
-def read_config(path: Path) -> Any:
-    """A configuration file as data; a FIFO or device is refused unopened."""
-    try:
-        return yaml.safe_load(read_config_file(path))  # refused unread when too large, not text, or expanding
-    except yaml.YAMLError as err:  # (not UTF-8: refused as not text)
-        raise UserError(f"--config {path} cannot be read as YAML: {first_line(err)}") from err
-
-
-def read_given(args: Iterable[str], path: Path) -> Any:
-    """The settings of ``path``, a ``--config`` file of ``args``: read once per command line, however often asked."""
-    line = CommandLine.of(args)
-    if path not in line.read:
-        line.read[path] = read_config(path)
-    return line.read[path]
-
-
-def read_run_config(path: Path, args: Iterable[str]) -> dict:
+def read_run_config(path: Path) -> dict:
     """A run's saved ``config.yaml``, read as data and checked: what it names is imported only where
-    ``check_trusted`` admits it (the command line ``args`` naming it, say)."""
+    ``check_trusted`` admits it (the command line naming it, say)."""
     settings = read_config(path) or {}
-    check_trusted(settings, path, args, [path.parent])
+    check_trusted(settings, path, [path.parent])
     return settings
 
 
-def in_run_folder(path: Path, kept_out: Sequence[Path]) -> bool:
+def in_run_folder(path: Path) -> bool:
     """Whether ``path`` is in a folder of runs or data, or beside a run's checkpoints or logged hyperparameters."""
     folder = path.resolve().parent
-    if any(folder.is_relative_to(root) for root in kept_out):
+    if any(folder.is_relative_to(root) for root in _kept_out_folders()):
         return True
     return (folder / "checkpoints").is_dir() or (folder / "hparams.yaml").is_file()
 
@@ -214,17 +202,6 @@ def _flag(keys: tuple[str, ...]) -> str:
     if keys and keys[0] in sections:
         keys = sections[keys[0]] + keys[1:]
     return f"--{'.'.join(keys)}" if keys else "--data"
-
-
-def _flag_values(args: CommandLine) -> list[Any]:
-    """The values of ``args``' flags, read as YAML (``--data '{class_path: x.Y}'`` is a dict)."""
-    values = []
-    for value in args.values():
-        try:
-            values.append(yaml.safe_load(value))
-        except yaml.YAMLError:
-            values.append(value)
-    return values
 
 
 def _shown(path: Path) -> str:
