@@ -59,7 +59,7 @@ from .parser import (
 )
 from .project import ProjectFile, project_file, read_project
 from .supervision import check_cpu_processes, leave_process_group
-from .trust import check_command_line, trust_modules
+from .trust import check_command_line
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -100,7 +100,6 @@ class KitCLI(LightningCLI):
     def __init__(self, *args, settings: Callable[[Namespace], None] | None = None, **kwargs) -> None:
         """``settings``: changes the parsed configuration, once checked, before anything is built (the audit's)."""
         self._settings = settings
-        trust_modules(type(self).trusted())
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -159,7 +158,7 @@ class KitCLI(LightningCLI):
         args = CommandLine.of(args)
         check_no_nul(args.named())
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
-        run_configs, args = check_command_line(args)
+        run_configs, args = check_command_line(args, self.trusted())
         no_model = not args.gives("--model", "--config", "-c")  # a --config may name one
         if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and no_model:
             # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).
@@ -175,7 +174,7 @@ class KitCLI(LightningCLI):
         # Checked before anything its run folder names is imported, and before the Trainer loads it.
         self._trained = read_checkpoint(ckpt_path) if ckpt_path else None
         settings, trained = (
-            checkpoint_run_settings(subcommand, Path(ckpt_path), config, run_configs) if ckpt_path else ([], None)
+            checkpoint_run_settings(subcommand, Path(ckpt_path), config, run_settings) if ckpt_path else ([], None)
         )
         if settings:
             # Parsed again, the checkpoint run's settings first: the flags given still win.

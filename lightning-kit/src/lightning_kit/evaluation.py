@@ -47,15 +47,15 @@ def choose_checkpoint(subcommand: str, config) -> str | None:
 
 
 def checkpoint_run_settings(
-    subcommand: str, ckpt_path: Path, config, run_configs: list[Path]
+    subcommand: str, ckpt_path: Path, config, run_settings: list[str]
 ) -> tuple[list[str], dict | None]:
     """Flags that give a run from a checkpoint the settings of the run that saved it: its ``config.yaml`` (or a run's
-    given with --config, ``run_configs``) decides the model and the data the weights were trained with, where no
-    --config is given (``config``, parsed, names those given); and that ``config.yaml``, read, where it decides them.
-    An evaluation also writes its logs and predictions into that run's folder."""
-    run_dir, settings, trained = ckpt_path.parent.parent, config_flags(subcommand, run_configs), None
+    given with --config: ``run_settings``, its ``config_flags``) decides the model and the data the weights were
+    trained with, where no --config is given (``config``: parsed); and that ``config.yaml``, read, where it decides
+    them. An evaluation also writes its logs and predictions into that run's folder."""
+    run_dir, settings, trained = ckpt_path.parent.parent, list(run_settings), None
     logger = config.trainer.logger
-    if not config.get("config"):  # run_configs are given as --config too
+    if not config.get("config"):  # a run's given with --config is one too
         if (run_dir / "config.yaml").is_file():
             trained = read_run_config(run_dir / "config.yaml")
             settings = config_flags(subcommand, [run_dir / "config.yaml"])

@@ -40,7 +40,7 @@ from .files import check_output_file, written_whole
 from .installation import check_installation
 from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size, size_range
 from .stores import DISK_ERRORS
-from .trust import check_command_line, read_run_config, trust_modules
+from .trust import check_command_line, read_run_config
 
 __all__ = ["IMAGES", "TENSORS", "TOKENS", "Exported", "example_inputs", "export", "load_trained", "main"]
 
@@ -77,8 +77,7 @@ def load_trained(ckpt_path: Path, args: list[str], cli_class: type[KitCLI] = Gen
     if not given and not config.is_file():
         raise ConfigError(f"no config.yaml in {config.parent}: give the run's settings with --config")
     # Before the run's files are read: the project's package and the modules it trusts may be named in them.
-    trust_modules(cli_class.trusted())
-    check_command_line(args)  # the classes it names are trusted
+    check_command_line(args, cli_class.trusted())  # and the classes it names
     trained = read_checkpoint(ckpt_path)
     settings = []
     if not given:

@@ -21,7 +21,7 @@ from .command_line import CONFIG_FLAGS, CommandLine
 from .config_files import SUFFIXES, is_config_file, read_config, read_config_file
 from .errors import UserError
 
-# The package of the command line running and its KitCLI.trusted_modules (trust_modules).
+# The package of the command line running and its KitCLI.trusted_modules (check_command_line).
 _trusted: list[str] = []
 # The modules of the classes the command line running names (check_command_line): trusted for it alone.
 _named: set[str] = set()
@@ -69,16 +69,12 @@ def check_trusted(settings: Any, source: str | Path, folders: Iterable[Path] = (
             )
 
 
-def trust_modules(modules: Iterable[str]) -> None:
-    """Trust ``modules`` (and those below each) instead of what the previous command line in the process trusted."""
-    _trusted[:] = dict.fromkeys(modules)
+def check_command_line(args: Iterable[str], trusted: Iterable[str]) -> tuple[list[Path], CommandLine]:
+    """Check, before it is parsed, the classes the command line names and the files it gives; for the rest of its
+    run, trust the modules it names and ``trusted`` (and those below each), not what the previous command line in the
+    process trusted. The ``--config`` files that are a run's saved settings, and the command line without them."""
+    _trusted[:] = dict.fromkeys(trusted)
     _named.clear()
-
-
-def check_command_line(args: Iterable[str]) -> tuple[list[Path], CommandLine]:
-    """Check, before it is parsed, the classes the command line names and the files it gives, and trust the modules
-    it names for the rest of its run; the ``--config`` files that are a run's saved settings, and the command line
-    without them."""
     line = CommandLine.of(args)
     configs, values = {}, []
     for flag, value in line.pairs:
@@ -96,7 +92,6 @@ def check_command_line(args: Iterable[str]) -> tuple[list[Path], CommandLine]:
     # One in a run folder is data like any other file of the run: what it names is not named by the person.
     run_configs = [path for path in configs if in_run_folder(path)]
     named = [values, *(settings for path, settings in configs.items() if path not in run_configs)]
-    _named.clear()
     _named.update(found[0] for _, name in _dotted_strings(named) if (found := _locate(name)) is not None)
     check_trusted(values, "the command line")
     for path, settings in configs.items():
