@@ -157,12 +157,12 @@ class KitCLI(LightningCLI):
         # Read once, and checked before any parsing: jsonargparse imports the classes it is given.
         args = CommandLine.of(args)
         check_no_nul(args.named())
+        no_model = not args.gives("--model", "--config", "-c")  # a --config may name one
+        if self.subclass_mode_model and "model" not in self.default_classes and no_model:
+            # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).
+            args = CommandLine([*args, *run_config_of_checkpoint(args.last("--ckpt_path"))])
         # A run's saved config.yaml given with --config is read first: every other flag and file given wins over it.
         run_configs, args = check_command_line(args, self.trusted())
-        no_model = not args.gives("--model", "--config", "-c")  # a --config may name one
-        if not run_configs and self.subclass_mode_model and "model" not in self.default_classes and no_model:
-            # No model to parse the command line with but the checkpoint's run's (GenericCLI, --ckpt_path alone).
-            run_configs = run_config_of_checkpoint(args.last("--ckpt_path"))
         subcommand_given = args[:1] if args and args[0] in SUBCOMMANDS else []
         rest = args[len(subcommand_given) :]
         run_settings = config_flags(subcommand_given[0] if subcommand_given else None, run_configs)

@@ -75,20 +75,19 @@ def checkpoint_run_settings(
     return settings, trained
 
 
-def run_config_of_checkpoint(given: str | None) -> list[Path]:
-    """The ``config.yaml`` of the run that saved the checkpoint ``given`` (``last``: the newest run's), checked like
-    any run's, for a command line with no model of its own (``GenericCLI``); empty where there is none."""
+def run_config_of_checkpoint(given: str | None) -> list[str]:
+    """``--config`` and the ``config.yaml`` of the run that saved the checkpoint ``given`` (``last``: the newest
+    run's), for a command line with no model of its own (``GenericCLI``); empty where there is none."""
     if given is None or given.strip().lower() in ("null", "none", "~"):
         return []
     try:
         checkpoint = latest_checkpoint(_runs_root(None), report=lambda line: None) if given == "last" else Path(given)
         config = checkpoint.parent.parent / "config.yaml"
-        if checkpoint.parent.name != "checkpoints" or not config.is_file():
-            return []
+        if checkpoint.parent.name == "checkpoints" and config.is_file():
+            return ["--config", str(config)]  # a run's: checked as one (trust.check_command_line)
     except (OSError, ValueError, UserError):  # said in its place, when the checkpoint itself is read
-        return []
-    read_run_config(config)
-    return [config]
+        pass
+    return []
 
 
 def config_flags(subcommand: str | None, paths: list[Path]) -> list[str]:
