@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
-
 from .checkpoints import latest_checkpoint
 from .errors import ConfigError, UserError
 from .files import check_folder_path
@@ -116,26 +114,23 @@ def check_evaluation(subcommand: str, config) -> None:
 def warn_about_changes(trained: dict, config) -> None:
     """Say loudly where the flags given change the model or the data a checkpoint was trained with (``trained``: its
     run's config.yaml; ``config``: parsed over it)."""
+    now = config.as_dict()
     for key in ("model", "data"):
-        now = config.get(key)
-        now = now.as_dict() if isinstance(now, Namespace) else now
-        for flag, value, recorded in _changes(trained.get(key), now, f"--{key}"):
+        for flag, value, recorded in _changes(trained.get(key), now.get(key), f"--{key}"):
             report(f"warning: {flag} {value} differs from the {recorded!r} the checkpoint was trained with")
 
 
 def _changes(recorded: Any, now: Any, flag: str) -> Iterator[tuple[str, Any, Any]]:
-    """``(flag, now, recorded)`` for each value of ``recorded`` that ``now`` changes; another class, as a whole."""
-    if not isinstance(recorded, dict) or not isinstance(now, dict):
-        if recorded is not None and (list(now) if isinstance(now, tuple) else now) != recorded:  # YAML has no tuple
-            yield flag, now, recorded
-        return
-    if recorded.get("class_path", now.get("class_path")) != now.get("class_path"):
-        yield flag, now.get("class_path"), recorded["class_path"]
-        return
-    for key, value in recorded.items():
-        if key in now and key != "class_path":
+    """``(flag, now, recorded)`` for each value of ``recorded`` that ``now`` changes."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        for key in [key for key in recorded if key in now]:
             # A class's arguments are under init_args, but for --model's and --data's own (--data.batch_size).
-            yield from _changes(value, now[key], flag if key == "init_args" and "." not in flag else f"{flag}.{key}")
+            inner = flag if key == "class_path" or (key == "init_args" and "." not in flag) else f"{flag}.{key}"
+            yield from _changes(recorded[key], now[key], inner)
+        return
+    now = list(now) if isinstance(now, tuple) else now  # as YAML holds it, and as the person typed it
+    if recorded is not None and now != recorded:
+        yield flag, now, recorded
 
 
 def check_new_log_dir(trainer) -> None:
