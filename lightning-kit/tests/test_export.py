@@ -528,6 +528,111 @@ def test_a_file_that_cannot_take_the_datas_batch_is_refused_and_not_written(tmp_
     assert not (tmp_path / "model.pt2").exists()
 
 
+class OneAlone(Given):
+    """A forward that answers a batch of one example otherwise (torch.export traces a batch of 2, its other branch)."""
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        answered = super().forward(left, right)
+        return (answered[0] * 0, answered[1]) if left.shape[0] == 1 else answered
+
+
+class Squeezed(Given):
+    """A forward whose squeeze() takes the batch dimension away from a batch of one example."""
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        answered = super().forward(left, right)
+        return answered[0].unsqueeze(1).squeeze(), answered[1]
+
+
+class Centred(Given):
+    """A forward whose answer to one example depends on the others of its batch (their mean)."""
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().forward(left - left.mean(0, keepdim=True), right)
+
+
+class Referenced(Given):
+    """A forward that answers each example beside the first of its batch: the first alone answers as within it."""
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().forward(left - left[:1], right)
+
+
+class Counting(Given):
+    """A forward that counts its calls in a buffer, and answers by the count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        answered = super().forward(left, right)
+        return answered[0] * self.calls, answered[1]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (
+            OneAlone(),
+            "the exported file of OneAlone answers the last example of the example_input_array of OneAlone otherwise "
+            "than its forward (Tensor-likes are not close!",
+        ),
+        (
+            Squeezed(),
+            "for the last example of the example_input_array of Squeezed, Squeezed's forward answers a tensor of "
+            "shape (2,) for 1 examples, not one row per example, and the server answers each example its row: "
+            "nothing was written",
+        ),
+        (
+            Centred(),
+            "Centred's forward answers the last example of the example_input_array of Centred alone otherwise than "
+            "within that batch (Tensor-likes are not close!",
+        ),
+        (
+            Referenced(),
+            "Referenced's forward answers the last example of the example_input_array of Referenced alone otherwise "
+            "than within that batch (Tensor-likes are not close!",
+        ),
+        (
+            Counting(),
+            "Counting's forward changes its buffer calls as it answers (a counter, a cache, running statistics of a "
+            "module in training mode): the exported file would answer each call otherwise than forward does, and "
+            "each server process otherwise: nothing was written",
+        ),
+    ],
+    ids=["branch-on-one", "squeeze", "batch-statistics", "first-of-batch", "buffer-changed"],
+)
+def test_a_file_that_would_answer_an_example_otherwise_than_forward_is_one_line(tmp_path, model, expected):
+    """torch.export traces the example's batch of 2 once: a batch of 1 (a request alone), an answer that depends on
+    the batch, or on the calls before, would be answered otherwise than forward answers it; each is refused."""
+    model.example_input_array = (torch.randn(4, 3), torch.randn(4, 3))
+    with pytest.raises(UserError) as refused:
+        export_model(model, None, tmp_path / "model.pt2", onnx="no")
+    message = str(refused.value)
+    assert message.startswith(expected) and "\n" not in message and message.endswith("nothing was written"), message
+    assert not (tmp_path / "model.pt2").exists()
+
+
+class Doubling(Given):
+    """A forward that doubles its input in place: each call of the check is given its own copy."""
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        left.mul_(2)
+        return super().forward(left, right)
+
+
+def test_a_forward_that_changes_its_input_in_place_is_exported(tmp_path):
+    model = Doubling()
+    export_model(model, None, tmp_path / "model.pt2", onnx="no")
+    exported, _, _ = exported_file(tmp_path / "model.pt2")
+    for rows in (1, 3):
+        left, right = torch.randn(rows, 3), torch.randn(rows, 3)
+        with torch.no_grad():
+            torch.testing.assert_close(exported(left.clone(), right), model.eval()(left.clone(), right))
+
+
 def test_an_example_input_array_comes_first_and_one_row_is_enough(tmp_path):
     """A model's example_input_array (a tuple: positional arguments) is what the file takes, though the data module
     has an image_size; its one row is repeated, so the batch still varies. It answers its tuple."""

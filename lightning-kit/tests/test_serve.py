@@ -836,3 +836,61 @@ def test_each_dtype_takes_its_own_numbers(tmp_path, dtype, good, bad, said):
     with pytest.raises(tensors.RequestError) as refused:
         tensors.decode(json.dumps({"x": bad}).encode(), info)
     assert refused.value.status == 400 and str(refused.value).startswith(f"x {said}"), refused.value
+
+
+class Flattened(nn.Module):
+    """A network that folds its time steps into the batch (``view(B * T, C)``): its program multiplies sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+        self.example_input_array = torch.randn(2, 5, 3)
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        batch, steps, channels = values.shape
+        return self.layer(values.reshape(batch * steps, channels)).view(batch, steps * 2)
+
+
+def test_a_program_that_does_arithmetic_on_its_sizes_is_served(tmp_path):
+    """torch.export writes ``operator.mul`` of two sizes that vary into the program: its own arithmetic, read like
+    an ATen operation, and the server answers what forward does, batched or alone."""
+    model = Flattened().eval()
+    export_model(model, None, tmp_path / "model.pt2", onnx="no")
+    program, info = read_model(tmp_path / "model.pt2")
+    values = torch.randn(3, 4, 3)
+    examples = [tensors.decode(json.dumps({"values": row.tolist()}).encode(), info) for row in values]
+    (batch,), _ = tensors.arguments(examples, info, "cpu")
+    with torch.no_grad():
+        answered = tensors.answers(program.module()(batch), 3)
+        torch.testing.assert_close(torch.tensor(answered), model(values))
+
+
+def test_a_program_that_answers_no_row_per_example_fails_its_batch_not_an_answer():
+    """A program that drops the batch dimension of a batch of one answers no example a row of another's."""
+    assert tensors.answers(torch.ones(1, 3), 1) == [[1.0, 1.0, 1.0]]
+    with pytest.raises(ValueError, match=r"the model answered a tensor of shape \(3,\) for 1 examples, not one row"):
+        tensors.answers(torch.ones(3), 1)
+
+
+class Either(nn.Module):
+    """A network that takes one of two branches by its weights, with torch.cond: a program with graphs of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+        self.example_input_array = torch.randn(2, 3)
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return torch.cond(self.layer.bias.sum() > 0, lambda x: self.layer(x), lambda x: -self.layer(x), (values,))
+
+
+def test_a_program_of_torch_cond_is_served_its_branches_checked(tmp_path):
+    """torch.cond's branches are graphs beside the program's: read as it is, each calling ATen operations alone."""
+    model = Either().eval()
+    export_model(model, None, tmp_path / "model.pt2", onnx="no")
+    program, info = read_model(tmp_path / "model.pt2")
+    values = torch.randn(3, 3)
+    examples = [tensors.decode(json.dumps({"values": row.tolist()}).encode(), info) for row in values]
+    (batch,), _ = tensors.arguments(examples, info, "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(tensors.answers(program.module()(batch), 3)), model(values))

@@ -43,6 +43,7 @@ class Example:
     named: str  # the model, as messages name it: "Forecaster"
     input_names: list[str] = field(default_factory=list)  # of the flat inputs, in order
     batch: tuple | None = None  # the batch of the data the example was cut from: (args, kwargs, whence), or None
+    given: tuple | None = None  # the example_input_array, as given (not cut to EXAMPLE_ROWS): (args, kwargs, whence)
 
     kind = property(lambda self: self.described["kind"])
 
@@ -64,7 +65,7 @@ def example_inputs(model: nn.Module, datamodule: Any) -> Example:
         example, why = _tensors(model, named, args, kwargs, source)
         if example is None:
             raise ConfigError(f"{why}: set example_input_array on {named} to what its forward takes")
-        return example
+        return replace(example, given=(args, kwargs, source))
     classified = _classifier_inputs(model, named, datamodule)
     if classified is not None:
         return classified
@@ -143,7 +144,7 @@ def _tensors(net: nn.Module, named: str, args: tuple, kwargs: dict, source: str)
             f"{named}'s forward answers a NamedTuple, {kept}, whose class torch.export cannot save: answer a dict of "
             "its fields (._asdict()) or a tuple"
         )
-    if wrong := _wrong_output(outputs):
+    if wrong := wrong_output(outputs, EXAMPLE_ROWS):
         return None, f"for {source}, {named}'s forward answers {wrong}"
     names = _positional_names(net, len(args)) + list(kwargs)
     described = {
@@ -182,12 +183,12 @@ def _rows(value: torch.Tensor) -> torch.Tensor:
     return value.index_select(0, index).contiguous()
 
 
-def _wrong_output(outputs: Any) -> str:
-    """Why a server cannot answer ``outputs`` (tensors, nested in tuples, lists or dicts of names, each a row per
-    example); empty where it can."""
+def wrong_output(outputs: Any, rows: int) -> str:
+    """Why a server cannot answer ``outputs`` for ``rows`` examples (tensors, nested in tuples, lists or dicts of
+    names, each a row per example); empty where it can."""
     if isinstance(outputs, torch.Tensor):
-        if outputs.dim() == 0 or outputs.shape[0] != EXAMPLE_ROWS:
-            return f"a tensor of shape {tuple(outputs.shape)} for {EXAMPLE_ROWS} examples, not one row per example"
+        if outputs.dim() == 0 or outputs.shape[0] != rows:
+            return f"a tensor of shape {tuple(outputs.shape)} for {rows} examples, not one row per example"
         if outputs.is_complex():
             return "a complex tensor, which JSON cannot hold"
         return ""
@@ -197,7 +198,8 @@ def _wrong_output(outputs: Any) -> str:
         items = outputs.values()
     else:
         return f"a {type(outputs).__name__}, not a tensor, a tuple or a dict (of names) of tensors"
-    return next((wrong for wrong in map(_wrong_output, items) if wrong), "" if items else "an empty container")
+    wrongs = (wrong_output(item, rows) for item in items)
+    return next((wrong for wrong in wrongs if wrong), "" if items else "an empty container")
 
 
 def _named_tuple(outputs: Any) -> str | None:

@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 import yaml
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .building import build, expand_shortcuts
 from .checkpoints import check_architecture, check_file, latest_checkpoint, read_checkpoint
 from .cli import GenericCLI, KitCLI
 from .command_line import CONFIG_FLAGS, CommandLine
 from .errors import ConfigError, OneLineParser, UserError, command, first_line, invoked_as
-from .example_inputs import Example, example_inputs, free_axes, real_batch
+from .example_inputs import Example, example_inputs, free_axes, real_batch, wrong_output
 from .files import check_output_file, written_whole
 from .installation import check_installation
 from .model_format import CLASS_NAMES_FILE, IMAGES, INPUT_FILE, TENSORS, TOKENS, TensorInput, constant_size, size_range
@@ -100,6 +100,13 @@ def export(model, datamodule, output: Path, overwrite: bool = False, onnx: str =
     network = Probabilities(example.network) if classifier else example.network
     network.eval()
     program = _exported(network, example)
+    if mutated := _mutated_buffers(program):
+        buffer = next(iter(mutated.values())).removeprefix("net." if classifier else "")
+        raise UserError(
+            f"{example.named}'s forward changes its buffer {buffer} as it answers (a counter, a cache, running "
+            "statistics of a module in training mode): the exported file would answer each call otherwise than "
+            "forward does, and each server process otherwise: nothing was written"
+        )
     described = example.described if classifier else _described(program, example)
     class_names = _class_names(model, datamodule, example.outputs) if classifier else []
     extra_files = {CLASS_NAMES_FILE: json.dumps(class_names), INPUT_FILE: json.dumps(described)}
@@ -145,6 +152,15 @@ def _exported(network: nn.Module, example: Example) -> torch.export.ExportedProg
     raise UserError(f"torch.export cannot export {example.named} ({first_line(first, typed=True)})") from first
 
 
+def _mutated_buffers(program: torch.export.ExportedProgram) -> dict[str, str]:
+    """The buffers forward changes in place, by the program's outputs of them. torch.export's graph keeps in-place
+    operations as they are (``aten.add_``, ``copy_`` into a view): functionalized, its signature names them."""
+    try:
+        return program.run_decompositions({}).graph_signature.buffers_to_mutate
+    except Exception:  # a program PyTorch cannot functionalize: its check against forward remains
+        return {}
+
+
 def _described(program: torch.export.ExportedProgram, example: Example) -> dict:
     """``INPUT_FILE`` of a model of tensors: each input's dtype and sizes as the program takes them."""
     placeholders = {node.name: node.meta.get("val") for node in program.graph.nodes if node.op == "placeholder"}
@@ -163,19 +179,62 @@ _CLOSE_DEFAULT = (1e-4, 1e-5)
 
 
 def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Example, datamodule) -> None:
-    """Refuse a program (loaded back) that answers a batch of the data otherwise than forward, or cannot take it."""
-    batch = example.batch or real_batch(example.network, datamodule)
+    """Refuse a program (loaded back) that answers a batch of the data otherwise than forward, or cannot take it;
+    then the batch's last example alone, as the server answers a request alone or in a batch of any size: torch.export
+    traced a batch of ``EXAMPLE_ROWS``, so a branch on a batch of 1 (or a ``squeeze()``) went the other way."""
+    batch = example.batch or real_batch(example.network, datamodule) or example.given
     args, kwargs, where = batch if batch is not None else (example.args, example.kwargs, "the example")
     loaded = torch.export.load(io.BytesIO(archive.getvalue())).module()
+    whole = _answered_alike(loaded, network, example, args, kwargs, where)
+    leaves = [*args, *kwargs.values()]
+    if any(value.dim() == 0 for value in leaves) or leaves[0].shape[0] < 2:
+        return
+    # The last: an example's answer may depend on the first of its batch (taken as a reference, its lengths).
+    last = f"the last example of {where}"
+    alone = _answered_alike(loaded, network, example, *tree_map(lambda value: value[-1:], (args, kwargs)), last)
+    if differs := _differs(alone, tree_map(lambda value: value[-1:], whole)):
+        raise UserError(
+            f"{example.named}'s forward answers {last} alone otherwise than within that batch ({differs}): an "
+            "example's answer depends on the others of its batch (batch statistics: a BatchNorm without running "
+            "statistics or in training mode, a mean over the batch), and the server batches requests: nothing was "
+            "written"
+        )
+
+
+def _answered_alike(loaded, network: nn.Module, example: Example, args: tuple, kwargs: dict, where: str):
+    """Forward's answer to ``args`` and ``kwargs`` (from ``where``), one row per example, which the program answers
+    too; else ``UserError``. Each is given its own copy, as forward may change its inputs in place."""
     with torch.no_grad():
-        expected = network(*args, **kwargs)
         try:
-            answered = loaded(*args, **kwargs)
+            expected = network(*tree_map(torch.clone, args), **tree_map(torch.clone, kwargs))
+        except Exception as err:  # the user's forward, on a batch of another size than the example's
+            raise UserError(
+                f"{example.named}'s forward cannot take {where} ({first_line(err, typed=True)}), and the server "
+                "answers requests alone or in batches of any size: nothing was written"
+            ) from err
+        try:
+            answered = loaded(*tree_map(torch.clone, args), **tree_map(torch.clone, kwargs))
         except Exception as err:  # a guard of the program: the data holds what the export made a constant
             raise UserError(
                 f"the exported file of {example.named} cannot take {where}, which its forward takes "
                 f"({first_line(err, typed=True)}): nothing was written"
             ) from err
+    rows = next(value.shape[0] for value in [*args, *kwargs.values()])
+    if wrong := wrong_output(expected, rows):
+        raise UserError(
+            f"for {where}, {example.named}'s forward answers {wrong}, and the server answers each example its row: "
+            "nothing was written"
+        )
+    if differs := _differs(answered, expected):
+        raise UserError(
+            f"the exported file of {example.named} answers {where} otherwise than its forward ({differs}): nothing "
+            "was written"
+        )
+    return expected
+
+
+def _differs(answered, expected) -> str:
+    """What differs between two answers, in one line (assert_close's message); empty where they are close."""
     # Looser than assert_close's own (float32: rtol 1.3e-6): the program may order forward's operations otherwise.
     # The loosest of the outputs' dtypes holds for all of them.
     tolerances = [_CLOSE.get(leaf.dtype, _CLOSE_DEFAULT) for leaf in tree_leaves(expected) if torch.is_tensor(leaf)]
@@ -183,11 +242,8 @@ def _check_against_forward(archive: io.BytesIO, network: nn.Module, example: Exa
     try:
         torch.testing.assert_close(answered, expected, rtol=rtol, atol=atol, equal_nan=True)
     except (AssertionError, TypeError, ValueError) as err:  # its message: what differs, and where in the outputs
-        differs = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        raise UserError(
-            f"the exported file of {example.named} answers {where} otherwise than its forward ({differs}): nothing "
-            "was written"
-        ) from None
+        return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return ""
 
 
 def _write_onnx(program: torch.export.ExportedProgram, example: Example, class_names: list[str], path: Path):

@@ -4,7 +4,7 @@
 ``weights_only=False``; weights and constants marked ``use_pickle``; custom objects with ``pickle.loads``), and its
 graph names the functions it calls. So a file is loaded only when it holds nothing but what ``torch.export.save``
 writes for a plain program (``archive``), every ``torch.load`` is forced to ``weights_only``, and its graph calls
-only ATen operations and ``operator.getitem``. Tested with PyTorch 2.14.
+only ATen operations and arithmetic on sizes (``SIZE_OPERATIONS``). Tested with PyTorch 2.14.
 
 What its extra files claim is checked against the program's signature and output, for every kind alike: it takes
 exactly the inputs its ``INPUT_FILE`` names, each with one batch dimension first that varies from 1 up, and answers
@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import logging.handlers
+import math
 import operator
 import os
 import sys
@@ -51,6 +52,13 @@ from .archive import ModelFileError, stored_copy
 WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 BY = {POSITIONAL: "by position", KEYWORD: "by keyword"}
 INDEX_DTYPES = ("int32", "int64")  # the dtypes an embedding takes its ids in
+# What a program calls on sizes that vary (``x.view(B * T, C)``, the count of a mask's elements): arithmetic and
+# comparisons of Python numbers, as torch.export's serializer writes them (torch/_export/serde/serialize.py's
+# _SYM_OPS, less pow and the shifts, whose numbers a size could make huge).
+SIZE_OPERATIONS = (operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt, operator.neg)
+SIZE_OPERATIONS += (operator.pos, operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod)
+SIZE_OPERATIONS += (operator.truediv, operator.and_, operator.or_, operator.getitem, math.trunc, torch.sym_not)
+SIZE_OPERATIONS += (torch.sym_int, torch.sym_float, torch.sym_ite, torch.sym_max, torch.sym_min, torch.sym_sqrt)
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,11 @@ def read_model(path: str | Path, export_command: str = EXPORT_COMMAND) -> tuple[
             del os.environ[WEIGHTS_ONLY]
         else:
             os.environ[WEIGHTS_ONLY] = forced
-    for node in program.graph.nodes:  # ATen operations and operator.getitem only
-        if node.op == "call_function" and node.target is not operator.getitem and not is_aten_operation(node.target):
+    # ATen operations, SIZE_OPERATIONS and torch.cond, in the program's graph and in the graphs of cond's branches.
+    graphs = [getattr(module, "graph", None) for module in program.graph_module.modules()]
+    for node in (node for graph in graphs if isinstance(graph, torch.fx.Graph) for node in graph.nodes):
+        allowed = is_aten_operation(node.target) or any(node.target is operation for operation in SIZE_OPERATIONS)
+        if node.op == "call_function" and not allowed and node.target is not torch.ops.higher_order.cond:
             raise ModelFileError(f"{path} calls {node.target}, not a PyTorch tensor operation: refused")
     return program, _model_info(path, program, extra, export_command)
 

@@ -144,6 +144,9 @@ def arguments(examples: list[dict[str, np.ndarray]], model: ModelInfo, device) -
 def answers(outputs, count: int) -> list:
     """Each of ``count`` examples' share of the program's ``outputs`` (nested tensors), as JSON holds it."""
     leaves, nesting = tree_flatten(outputs)
+    # A program may drop the batch dimension of a batch of one (a squeeze() torch.export traced on two examples).
+    if wrong := [tuple(leaf.shape) for leaf in leaves if leaf.dim() == 0 or leaf.shape[0] != count]:
+        raise ValueError(f"the model answered a tensor of shape {wrong[0]} for {count} examples, not one row each")
     rows = [_rows(leaf) for leaf in leaves]
     return [tree_unflatten([leaf[index] for leaf in rows], nesting) for index in range(count)]
 
