@@ -155,24 +155,20 @@ def _is_module(node: ast.expr) -> bool:
 
 
 class _Finder(ast.NodeVisitor):
-    def __init__(self, parents: dict[ast.AST, ast.AST]) -> None:
+    def __init__(self, tree: ast.AST) -> None:
         self.findings: list[Finding] = []
-        self._parents = parents  # each node's parent in the tree
-        self._scopes: list[ast.AST] = []  # the enclosing functions and classes, innermost last
+        self._parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
 
-    @property
-    def _functions(self) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-        return [scope for scope in self._scopes if not isinstance(scope, ast.ClassDef)]
+    def _around(self, node: ast.AST, kind: type | tuple = (ast.FunctionDef, ast.AsyncFunctionDef)) -> list:
+        """The functions (or other nodes of ``kind``) that ``node`` is in, innermost first."""
+        found = []
+        while (node := self._parents.get(node)) is not None:
+            if isinstance(node, kind):
+                found.append(node)
+        return found
 
     def _add(self, node: ast.AST, what: str, kind: str) -> None:
         self.findings.append(Finding(node.lineno, what, FIXES[kind]))
-
-    def _visit_scope(self, node: ast.AST) -> None:
-        self._scopes.append(node)
-        self.generic_visit(node)
-        self._scopes.pop()
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _visit_scope  # noqa: N815 (NodeVisitor's names)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if LEGACY_TYPE.match(name := _name(node)):
@@ -243,14 +239,14 @@ class _Finder(ast.NodeVisitor):
             return None
         if any(keyword.arg in ("device", "out", None) for keyword in node.keywords):
             return None
-        if running := next((f.name for f in self._functions if RUNS_ON_THE_DEVICE.match(f.name)), None):
+        functions = self._around(node)
+        if running := next((f.name for f in reversed(functions) if RUNS_ON_THE_DEVICE.match(f.name)), None):
             return f"`{ast.unparse(node)}` in `{running}` is made on the CPU whatever device the model runs on", "made"
         # Kept as a plain attribute of a module in its __init__: `self.mean = torch.tensor(...)`.
         assigned = self._parents.get(node)
         kept = [_name(item) for item in getattr(assigned, "targets", ()) if _name(item).startswith("self.")]
-        in_init = self._functions and self._functions[-1].name == "__init__"
-        classes = [scope for scope in self._scopes if isinstance(scope, ast.ClassDef)]
-        if kept and in_init and classes and _is_a_module(classes[-1]):
+        classes = self._around(node, ast.ClassDef)
+        if kept and functions and functions[0].name == "__init__" and classes and _is_a_module(classes[0]):
             return f"`{kept[0]}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
         return None
 
@@ -273,11 +269,11 @@ class _Finder(ast.NodeVisitor):
             return True
         assigned = self._parents.get(node)
         target = assigned.targets[0] if isinstance(assigned, ast.Assign) and len(assigned.targets) == 1 else None
-        if not isinstance(target, ast.Name) or not self._functions:
+        if not isinstance(target, ast.Name) or not (functions := self._around(node)):
             return False
         uses = [
             use
-            for use in ast.walk(self._functions[-1])
+            for use in ast.walk(functions[0])
             if isinstance(use, ast.Name) and use.id == target.id and isinstance(use.ctx, ast.Load)
             if (use.lineno, use.col_offset) >= (assigned.end_lineno, assigned.end_col_offset)
         ]
@@ -306,8 +302,8 @@ class _Finder(ast.NodeVisitor):
 
     def _handed_over(self, node: ast.Call) -> bool:
         """Whether every device of a ``.to(...)`` is a parameter of the ``transfer_batch_to_device`` it is in."""
-        hooks = [function.args for function in self._functions if function.name == "transfer_batch_to_device"]
-        hook = {given.arg for args in hooks[-1:] for given in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+        hooks = [function.args for function in self._around(node) if function.name == "transfer_batch_to_device"]
+        hook = {given.arg for args in hooks[:1] for given in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
         return all(isinstance(device, ast.Name) and device.id in hook for device in self._devices(node))
 
 
@@ -330,7 +326,7 @@ def manual_placements(source: str) -> list[Finding]:
     Python's parser (which Python cannot run either) is ``UnreadableError``."""
     try:
         tree = ast.parse(source)
-        finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
+        finder = _Finder(tree)
         finder.visit(tree)
     except (RecursionError, MemoryError):
         raise UnreadableError(
