@@ -117,20 +117,19 @@ def _name(node: ast.expr) -> str:
 def _written(node: ast.expr, host_ok: bool = False) -> bool:
     """Whether ``node`` is a device written in (``"cuda:0"``, ``0``, ``f"cuda:{rank}"``, ``torch.device``); with
     ``host_ok``, the CPU and the meta device are not counted (``map_location="cpu"``)."""
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if isinstance(value, str):
+    match node:
+        case ast.Constant(value=str(value)):
             return DEVICE.match(value) is not None and not (host_ok and value in HOST)
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(node, ast.JoinedStr):
-        head = node.values[0] if node.values else None
-        return isinstance(head, ast.Constant) and DEVICE_PREFIX.match(str(head.value)) is not None
-    if isinstance(node, ast.Call) and _name(node.func) == "torch.device":
-        return not (host_ok and _torch_device_is_host(node))
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return any(_written(item, host_ok) for item in node.elts)
-    if isinstance(node, ast.Dict):  # map_location={"cpu": "cuda:0"}
-        return any(_written(value, host_ok) for value in node.values if value is not None)
+        case ast.Constant(value=int(value)):
+            return not isinstance(value, bool)
+        case ast.JoinedStr(values=[ast.Constant(value=head), *_]):
+            return DEVICE_PREFIX.match(str(head)) is not None
+        case ast.Call() if _name(node.func) == "torch.device":
+            return not (host_ok and _torch_device_is_host(node))
+        case ast.List(elts=items) | ast.Tuple(elts=items) | ast.Set(elts=items):
+            return any(_written(item, host_ok) for item in items)
+        case ast.Dict(values=values):  # map_location={"cpu": "cuda:0"}
+            return any(_written(value, host_ok) for value in values if value is not None)
     return False
 
 
