@@ -137,11 +137,11 @@ def explain(
     hook = hook or _hook(action, model)
     frame = _user_frame(chain)
     node = next((link._audit_backward_of for link in chain if getattr(link, "_audit_backward_of", None)), None)
-    at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else "a line outside your code"
+    at = file_line(frame.filename, frame.lineno) if frame else "a line outside your code"
     forward = getattr(device_error, "forward_line", None)
     if frame is None and forward is not None:  # a backward kernel: the line that ran its forward operation
         frame = traceback.FrameSummary(*forward, "forward")
-        at = f"{_shown(frame.filename)}:{frame.lineno}, in its backward pass" + (f" ({node})" if node else "")
+        at = f"{file_line(frame.filename, frame.lineno)}, in its backward pass" + (f" ({node})" if node else "")
     elif frame is None and node:
         at += f" (the backward pass's {node})"
     here = (frame.filename, frame.lineno) if frame else None
@@ -168,13 +168,13 @@ def explain(
             lines.append("The tensor on cpu is made on that line.")
         elif made is not None:
             line = linecache.getline(made[0], made[1]).strip()
-            lines += [f"The tensor on cpu was made at {_shown(made[0])}:{made[1]}:", *([f"    {line}"] if line else [])]
+            lines += [f"The tensor on cpu was made at {file_line(*made)}:", *([f"    {line}"] if line else [])]
         if culprit:
             lines.append(culprit)
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
     fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
-    at_line = f" at {_shown(made[0])}:{made[1]}" if made is not None and here not in (None, made) else ""
+    at_line = f" at {file_line(*made)}" if made is not None and here not in (None, made) else ""
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
     (filename, lineno), (made_filename, made_lineno) = here or ("", 0), made or ("", 0)
     return DevicePlacementError(
@@ -226,24 +226,20 @@ def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[s
                 continue
             made = simulated.made_at(value)
             if made is None and name not in passed:
-                line = _assigned(code, name, frame.f_lineno)
-                made = (code.co_filename, line) if line is not None else None
+                made = _assigned(code, name, frame.f_lineno)
             if made is not None:
                 return made
-    if frames:
-        failing = frames[-1].f_locals.values()
-        seen = {simulated.made_at(value) for value in failing if _cpu(value) and simulated.made_at(value)}
-        if len(seen) == 1:
-            return seen.pop()
-    return None
+    failing = frames[-1].f_locals.values() if frames else ()
+    seen = {simulated.made_at(value) for value in failing if _cpu(value)} - {None}
+    return seen.pop() if len(seen) == 1 else None
 
 
 def _cpu(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0
 
 
-def _assigned(code: Any, name: str, before: int) -> int | None:
-    """The line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function."""
+def _assigned(code: Any, name: str, before: int) -> tuple[str, int] | None:
+    """The file and line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function."""
     try:
         tree = ast.parse("".join(linecache.getlines(code.co_filename)))
     except (SyntaxError, ValueError, RecursionError):
@@ -261,13 +257,13 @@ def _assigned(code: Any, name: str, before: int) -> int | None:
         for node in ast.walk(function)
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) and node.lineno <= before
     ]
-    return max(lines, default=None)
+    return (code.co_filename, max(lines)) if lines else None
 
 
-def _shown(filename: str) -> str:
-    """``filename`` relative to the working folder when it is inside it."""
+def file_line(filename: str, lineno: int) -> str:
+    """``filename:lineno``, the file relative to the working folder when it is inside it."""
     path = Path(filename)
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
+    return f"{path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else filename}:{lineno}"
 
 
 # PyTorch's own checks of devices (an LSTM's hidden state; "hook 'h' has changed the type of value (was ...)").
