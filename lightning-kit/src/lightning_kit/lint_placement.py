@@ -195,11 +195,11 @@ class _Finder(ast.NodeVisitor):
             if method == "cpu" and self._leaves_the_device(node):
                 return None
             return f"`.{method}()`", MOVES[method]
-        if method == "to" and self._devices(node):
-            if self._handed_over(node):
+        if method == "to" and (devices := _devices(node)):
+            if self._handed_over(node, devices):
                 return None  # in transfer_batch_to_device, to the device Lightning hands over
             shown = f"`.to({', '.join(ast.unparse(arg) for arg in [*node.args, *node.keywords])})`"
-            if self._to_the_host(node):  # .cpu() by another name
+            if all(map(_is_the_host, devices)):  # .cpu() by another name
                 return None if self._leaves_the_device(node) else (shown, "cpu")
             return shown, "to"
         if (made := self._made_without_a_device(node, name)) is not None:
@@ -224,12 +224,6 @@ class _Finder(ast.NodeVisitor):
                 return f"`{ast.unparse(keyword)}`", "map_location"
         return None
 
-    @staticmethod
-    def _devices(node: ast.Call) -> list[ast.expr]:
-        """The devices a ``.to(...)`` call names (none: it converts the dtype, ``.to(torch.float16)``)."""
-        given = [*node.args[:1], *(keyword.value for keyword in node.keywords if keyword.arg == "device")]
-        return [argument for argument in given if _names_a_device(argument)]
-
     def _made_without_a_device(self, node: ast.Call, name: str) -> tuple[str, str] | None:
         """What a factory call (``torch.arange(n)``) makes on the CPU that the model's device will meet, and the
         kind of fix; None where it is given a device (or ``**options``), or made elsewhere."""
@@ -248,16 +242,6 @@ class _Finder(ast.NodeVisitor):
         if kept and functions and functions[0].name == "__init__" and classes and _is_a_module(classes[0]):
             return f"`{kept[0]}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
         return None
-
-    @staticmethod
-    def _to_the_host(node: ast.Call) -> bool:
-        """Whether a ``.to(...)`` names the CPU and nothing else (``.to("cpu")``), as ``.cpu()`` does."""
-        devices = _Finder._devices(node)
-        return bool(devices) and all(
-            (isinstance(device, ast.Constant) and device.value == "cpu")
-            or (isinstance(device, ast.Call) and _name(device.func) == "torch.device" and _torch_device_is_host(device))
-            for device in devices
-        )
 
     def _leaves_the_device(self, node: ast.Call) -> bool:
         """Whether a ``.cpu()``'s value leaves the device's computation (rules 6 and 13), itself or through the name
@@ -299,11 +283,24 @@ class _Finder(ast.NodeVisitor):
             position -= 1  # the tensor's own method: its first argument
         return any(index == position and arg is node for index, arg in enumerate(call.args))
 
-    def _handed_over(self, node: ast.Call) -> bool:
+    def _handed_over(self, node: ast.Call, devices: list[ast.expr]) -> bool:
         """Whether every device of a ``.to(...)`` is a parameter of the ``transfer_batch_to_device`` it is in."""
         hooks = [function.args for function in self._around(node) if function.name == "transfer_batch_to_device"]
         hook = {given.arg for args in hooks[:1] for given in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
-        return all(isinstance(device, ast.Name) and device.id in hook for device in self._devices(node))
+        return all(isinstance(device, ast.Name) and device.id in hook for device in devices)
+
+
+def _devices(node: ast.Call) -> list[ast.expr]:
+    """The devices a ``.to(...)`` call names (none: it converts the dtype, ``.to(torch.float16)``)."""
+    given = [*node.args[:1], *(keyword.value for keyword in node.keywords if keyword.arg == "device")]
+    return [argument for argument in given if _names_a_device(argument)]
+
+
+def _is_the_host(device: ast.expr) -> bool:
+    """``"cpu"``, or a ``torch.device`` of the host: a ``.to()`` onto it is ``.cpu()`` by another name."""
+    if isinstance(device, ast.Call) and _name(device.func) == "torch.device":
+        return _torch_device_is_host(device)
+    return isinstance(device, ast.Constant) and device.value == "cpu"
 
 
 def _is_a_module(node: ast.ClassDef) -> bool:
