@@ -117,20 +117,19 @@ def _name(node: ast.expr) -> str:
 def _written(node: ast.expr, host_ok: bool = False) -> bool:
     """Whether ``node`` is a device written in (``"cuda:0"``, ``0``, ``f"cuda:{rank}"``, ``torch.device``); with
     ``host_ok``, the CPU and the meta device are not counted (``map_location="cpu"``)."""
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if isinstance(value, str):
+    match node:
+        case ast.Constant(value=str(value)):
             return DEVICE.match(value) is not None and not (host_ok and value in HOST)
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(node, ast.JoinedStr):
-        head = node.values[0] if node.values else None
-        return isinstance(head, ast.Constant) and DEVICE_PREFIX.match(str(head.value)) is not None
-    if isinstance(node, ast.Call) and _name(node.func) == "torch.device":
-        return not (host_ok and _torch_device_is_host(node))
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return any(_written(item, host_ok) for item in node.elts)
-    if isinstance(node, ast.Dict):  # map_location={"cpu": "cuda:0"}
-        return any(_written(value, host_ok) for value in node.values if value is not None)
+        case ast.Constant(value=int(value)):
+            return not isinstance(value, bool)
+        case ast.JoinedStr(values=[ast.Constant(value=head), *_]):
+            return DEVICE_PREFIX.match(str(head)) is not None
+        case ast.Call() if _name(node.func) == "torch.device":
+            return not (host_ok and _torch_device_is_host(node))
+        case ast.List(elts=items) | ast.Tuple(elts=items) | ast.Set(elts=items):
+            return any(_written(item, host_ok) for item in items)
+        case ast.Dict(values=values):  # map_location={"cpu": "cuda:0"}
+            return any(_written(value, host_ok) for value in values if value is not None)
     return False
 
 
@@ -155,24 +154,20 @@ def _is_module(node: ast.expr) -> bool:
 
 
 class _Finder(ast.NodeVisitor):
-    def __init__(self, parents: dict[ast.AST, ast.AST]) -> None:
+    def __init__(self, tree: ast.AST) -> None:
         self.findings: list[Finding] = []
-        self._parents = parents  # each node's parent in the tree
-        self._scopes: list[ast.AST] = []  # the enclosing functions and classes, innermost last
+        self._parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
 
-    @property
-    def _functions(self) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-        return [scope for scope in self._scopes if not isinstance(scope, ast.ClassDef)]
+    def _around(self, node: ast.AST, kind: type | tuple = (ast.FunctionDef, ast.AsyncFunctionDef)) -> list:
+        """The functions (or other nodes of ``kind``) that ``node`` is in, innermost first."""
+        found = []
+        while (node := self._parents.get(node)) is not None:
+            if isinstance(node, kind):
+                found.append(node)
+        return found
 
     def _add(self, node: ast.AST, what: str, kind: str) -> None:
         self.findings.append(Finding(node.lineno, what, FIXES[kind]))
-
-    def _visit_scope(self, node: ast.AST) -> None:
-        self._scopes.append(node)
-        self.generic_visit(node)
-        self._scopes.pop()
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _visit_scope  # noqa: N815 (NodeVisitor's names)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if LEGACY_TYPE.match(name := _name(node)):
@@ -200,11 +195,11 @@ class _Finder(ast.NodeVisitor):
             if method == "cpu" and self._leaves_the_device(node):
                 return None
             return f"`.{method}()`", MOVES[method]
-        if method == "to" and self._devices(node):
-            if self._handed_over(node):
+        if method == "to" and (devices := _devices(node)):
+            if self._handed_over(node, devices):
                 return None  # in transfer_batch_to_device, to the device Lightning hands over
             shown = f"`.to({', '.join(ast.unparse(arg) for arg in [*node.args, *node.keywords])})`"
-            if self._to_the_host(node):  # .cpu() by another name
+            if all(map(_is_the_host, devices)):  # .cpu() by another name
                 return None if self._leaves_the_device(node) else (shown, "cpu")
             return shown, "to"
         if (made := self._made_without_a_device(node, name)) is not None:
@@ -229,12 +224,6 @@ class _Finder(ast.NodeVisitor):
                 return f"`{ast.unparse(keyword)}`", "map_location"
         return None
 
-    @staticmethod
-    def _devices(node: ast.Call) -> list[ast.expr]:
-        """The devices a ``.to(...)`` call names (none: it converts the dtype, ``.to(torch.float16)``)."""
-        given = [*node.args[:1], *(keyword.value for keyword in node.keywords if keyword.arg == "device")]
-        return [argument for argument in given if _names_a_device(argument)]
-
     def _made_without_a_device(self, node: ast.Call, name: str) -> tuple[str, str] | None:
         """What a factory call (``torch.arange(n)``) makes on the CPU that the model's device will meet, and the
         kind of fix; None where it is given a device (or ``**options``), or made elsewhere."""
@@ -243,26 +232,16 @@ class _Finder(ast.NodeVisitor):
             return None
         if any(keyword.arg in ("device", "out", None) for keyword in node.keywords):
             return None
-        if running := next((f.name for f in self._functions if RUNS_ON_THE_DEVICE.match(f.name)), None):
+        functions = self._around(node)
+        if running := next((f.name for f in reversed(functions) if RUNS_ON_THE_DEVICE.match(f.name)), None):
             return f"`{ast.unparse(node)}` in `{running}` is made on the CPU whatever device the model runs on", "made"
         # Kept as a plain attribute of a module in its __init__: `self.mean = torch.tensor(...)`.
         assigned = self._parents.get(node)
         kept = [_name(item) for item in getattr(assigned, "targets", ()) if _name(item).startswith("self.")]
-        in_init = self._functions and self._functions[-1].name == "__init__"
-        classes = [scope for scope in self._scopes if isinstance(scope, ast.ClassDef)]
-        if kept and in_init and classes and _is_a_module(classes[-1]):
+        classes = self._around(node, ast.ClassDef)
+        if kept and functions and functions[0].name == "__init__" and classes and _is_a_module(classes[0]):
             return f"`{kept[0]}` is a plain tensor attribute: it stays on the CPU when the module moves", "attribute"
         return None
-
-    @staticmethod
-    def _to_the_host(node: ast.Call) -> bool:
-        """Whether a ``.to(...)`` names the CPU and nothing else (``.to("cpu")``), as ``.cpu()`` does."""
-        devices = _Finder._devices(node)
-        return bool(devices) and all(
-            (isinstance(device, ast.Constant) and device.value == "cpu")
-            or (isinstance(device, ast.Call) and _name(device.func) == "torch.device" and _torch_device_is_host(device))
-            for device in devices
-        )
 
     def _leaves_the_device(self, node: ast.Call) -> bool:
         """Whether a ``.cpu()``'s value leaves the device's computation (rules 6 and 13), itself or through the name
@@ -273,11 +252,11 @@ class _Finder(ast.NodeVisitor):
             return True
         assigned = self._parents.get(node)
         target = assigned.targets[0] if isinstance(assigned, ast.Assign) and len(assigned.targets) == 1 else None
-        if not isinstance(target, ast.Name) or not self._functions:
+        if not isinstance(target, ast.Name) or not (functions := self._around(node)):
             return False
         uses = [
             use
-            for use in ast.walk(self._functions[-1])
+            for use in ast.walk(functions[0])
             if isinstance(use, ast.Name) and use.id == target.id and isinstance(use.ctx, ast.Load)
             if (use.lineno, use.col_offset) >= (assigned.end_lineno, assigned.end_col_offset)
         ]
@@ -304,11 +283,24 @@ class _Finder(ast.NodeVisitor):
             position -= 1  # the tensor's own method: its first argument
         return any(index == position and arg is node for index, arg in enumerate(call.args))
 
-    def _handed_over(self, node: ast.Call) -> bool:
+    def _handed_over(self, node: ast.Call, devices: list[ast.expr]) -> bool:
         """Whether every device of a ``.to(...)`` is a parameter of the ``transfer_batch_to_device`` it is in."""
-        hooks = [function.args for function in self._functions if function.name == "transfer_batch_to_device"]
-        hook = {given.arg for args in hooks[-1:] for given in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
-        return all(isinstance(device, ast.Name) and device.id in hook for device in self._devices(node))
+        hooks = [function.args for function in self._around(node) if function.name == "transfer_batch_to_device"]
+        hook = {given.arg for args in hooks[:1] for given in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+        return all(isinstance(device, ast.Name) and device.id in hook for device in devices)
+
+
+def _devices(node: ast.Call) -> list[ast.expr]:
+    """The devices a ``.to(...)`` call names (none: it converts the dtype, ``.to(torch.float16)``)."""
+    given = [*node.args[:1], *(keyword.value for keyword in node.keywords if keyword.arg == "device")]
+    return [argument for argument in given if _names_a_device(argument)]
+
+
+def _is_the_host(device: ast.expr) -> bool:
+    """``"cpu"``, or a ``torch.device`` of the host: a ``.to()`` onto it is ``.cpu()`` by another name."""
+    if isinstance(device, ast.Call) and _name(device.func) == "torch.device":
+        return _torch_device_is_host(device)
+    return isinstance(device, ast.Constant) and device.value == "cpu"
 
 
 def _is_a_module(node: ast.ClassDef) -> bool:
@@ -330,7 +322,7 @@ def manual_placements(source: str) -> list[Finding]:
     Python's parser (which Python cannot run either) is ``UnreadableError``."""
     try:
         tree = ast.parse(source)
-        finder = _Finder({child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)})
+        finder = _Finder(tree)
         finder.visit(tree)
     except (RecursionError, MemoryError):
         raise UnreadableError(

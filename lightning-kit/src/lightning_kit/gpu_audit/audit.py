@@ -29,7 +29,7 @@ from ..guide import cite
 from ..loggers import CSVAndTensorBoardLogger
 from ..upstream.lightning import ddp_options
 from . import ranks, simulated
-from .explain import _hook, _shown, count_as_user_code, explain
+from .explain import _hook, count_as_user_code, explain, file_line
 from .isolation import Progress, announced, in_a_child
 from .lightning import HookTracker, SimulatedGPUStrategy, StageMemory, mixed_precision, simulating
 from .restore import as_found
@@ -196,13 +196,13 @@ def _stage(
 def _notes() -> list[str]:
     """A note for each line of the user's code that named CUDA, and each kernel that warn_only warned of."""
     named = [
-        f"{_shown(filename)}:{lineno} names the GPU itself ({how}): that runs on a GPU, but fails with "
+        f"{file_line(filename, lineno)} names the GPU itself ({how}): that runs on a GPU, but fails with "
         "--accelerator cpu on a machine that has one; take the device from the data or the module (x.device, "
         f"self.device), rule 11 of the placement guide: {cite('rule 11')}"
         for filename, lineno, how in simulated.named_cuda()
     ]
     return named + [
-        f"{f'{_shown(line[0])}:{line[1]}' if line else 'a backward pass'}: {kernel} has no deterministic CUDA "
+        f"{file_line(*line) if line else 'a backward pass'}: {kernel} has no deterministic CUDA "
         "implementation: with warn_only it runs, and its results may differ a little between runs; rule 20 of the "
         f"placement guide: {cite('rule 20')}"
         for line, kernel in simulated.warned()
@@ -266,13 +266,12 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
 def _logger(trainer: L.Trainer | None, folder: Path, notes: list[str]) -> Logger | bool:
     """The logger of ``trainer``'s kind, writing into the audit's folder; else Lightning's default (``True``), which
     writes there too, standing in for a logger that sends its records elsewhere (W&B, MLflow, ...)."""
-    kind = type(trainer.logger) if trainer is not None and trainer.logger is not None else None
-    if trainer is not None and kind is None:
-        return False
+    if trainer is None or trainer.logger is None:
+        return trainer is None  # a Trainer without a logger: none
+    kind = type(trainer.logger)
     if kind in (CSVLogger, TensorBoardLogger, CSVAndTensorBoardLogger):
         return kind(folder)
-    if kind is not None:
-        notes.append(f"{kind.__name__} was replaced by Lightning's default logger, in a temporary folder")
+    notes.append(f"{kind.__name__} was replaced by Lightning's default logger, in a temporary folder")
     return True
 
 

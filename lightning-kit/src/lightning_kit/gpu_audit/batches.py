@@ -22,6 +22,7 @@ DEPTH, NODES, ITEMS = 6, 2000, 1000
 PLAIN = "plain"  # held by an object that is none of the types Lightning looks into
 MOVED_BY_TO = "to"  # held by an object whose to() Lightning called, which did not move it
 NOT_A_FIELD = "not a field"  # in a dataclass, but not a field its __init__ takes
+MOVER = "mover"  # the user's transfer_batch_to_device moved the batch instead of Lightning
 
 # Values that hold no tensor, nor anything to look into.
 _BUILTIN_LEAVES = (str, bytes, bytearray, int, float, complex, type, range, types.ModuleType)
@@ -36,8 +37,8 @@ class Unmoved:
     tensor: torch.Tensor
     holder: type  # the class of the object that Lightning could not look into (or whose ``to`` left it)
     holder_path: str  # that object's place in the batch, e.g. ``batch['extra']``
-    why: str  # PLAIN, MOVED_BY_TO or NOT_A_FIELD
-    mover: str | None = None  # the user's transfer_batch_to_device that moved the batch instead, if any
+    why: str  # PLAIN, MOVED_BY_TO, NOT_A_FIELD or MOVER
+    mover: str | None = None  # the user's transfer_batch_to_device that moved the batch instead (MOVER)
 
     @property
     def holder_name(self) -> str:
@@ -49,18 +50,15 @@ class Unmoved:
         """Why the tensor is on the CPU, in a sentence."""
         it = f"The tensor on cpu is `{self.path}`, {tuple(self.tensor.shape)} {self.tensor.dtype}, which"
         where = "the batch" if self.holder_path == "batch" else f"`{self.holder_path}`"
-        why = _MOVER if self.mover is not None else self.why
-        return _CAUSES[why].format(it=it, holder=f"{where}, a {self.holder_name}", mover=self.mover)
+        return _CAUSES[self.why].format(it=it, holder=f"{where}, a {self.holder_name}", mover=self.mover)
 
     def fix(self) -> str:
         """What to change, for the ``Fix:`` line."""
-        why = _MOVER if self.mover is not None else self.why
-        return _FIXES[why].format(self=self, holder=self.holder_name, hook=_HOOK)
+        return _FIXES[self.why].format(self=self, holder=self.holder_name, hook=_HOOK)
 
 
-_MOVER = "mover"  # the user's transfer_batch_to_device moved the batch instead of Lightning
 _CAUSES = {
-    _MOVER: "{it} {mover} left on the CPU: it is in {holder}, and that hook moves the batches instead of Lightning.",
+    MOVER: "{it} {mover} left on the CPU: it is in {holder}, and that hook moves the batches instead of Lightning.",
     MOVED_BY_TO: "{it} stayed on the CPU: Lightning moved {holder}, by calling its to() method, which does not move "
     "this tensor.",
     NOT_A_FIELD: "{it} Lightning left on the CPU: it is in {holder}, but not a field that its __init__ takes, and "
@@ -73,7 +71,7 @@ _HOOK = (
     "or override the LightningModule's transfer_batch_to_device(self, batch, device, dataloader_idx) hook to move it"
 )
 _FIXES = {
-    _MOVER: "move `{self.path}` in {self.mover} too ({self.path}.to(device)), or give {holder} a to(self, device) "
+    MOVER: "move `{self.path}` in {self.mover} too ({self.path}.to(device)), or give {holder} a to(self, device) "
     "method that returns it moved, and call that there",
     MOVED_BY_TO: "make {holder}.to(device) move every tensor it holds and return the moved object, {hook}",
     NOT_A_FIELD: "make it a field of {holder} that __init__ takes, give {holder} a to(self, device) method that "
@@ -87,10 +85,11 @@ _IN_FLIGHT: list[Unmoved] = []  # the batch the step now running was given
 
 
 def record(moved: Any, mover: Callable[[], str | None]) -> None:
-    """Keep the CPU tensors of ``moved`` that Lightning's move does not reach, and who moved it (``mover()``)."""
-    _IN_FLIGHT[:] = [spot for spot in _walk(moved) if spot.tensor.device.type == "cpu"]
-    if _IN_FLIGHT:
-        _IN_FLIGHT[:] = [dataclasses.replace(spot, mover=mover()) for spot in _IN_FLIGHT]
+    """Keep the CPU tensors of ``moved`` that Lightning's move does not reach; where the user's hook moved it
+    (``mover()``), that is why they stayed."""
+    left = [spot for spot in _walk(moved) if spot.tensor.device.type == "cpu"]
+    hook = mover() if left else None
+    _IN_FLIGHT[:] = [dataclasses.replace(spot, why=MOVER, mover=hook) if hook else spot for spot in left]
 
 
 def forget() -> None:

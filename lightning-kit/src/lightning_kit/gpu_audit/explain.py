@@ -137,12 +137,14 @@ def explain(
     hook = hook or _hook(action, model)
     frame = _user_frame(chain)
     node = next((link._audit_backward_of for link in chain if getattr(link, "_audit_backward_of", None)), None)
-    outside = f"a line outside your code (the backward pass's {node})" if node else "a line outside your code"
-    at = f"{_shown(frame.filename)}:{frame.lineno}" if frame else outside
+    at = file_line(frame.filename, frame.lineno) if frame else "a line outside your code"
     forward = getattr(device_error, "forward_line", None)
     if frame is None and forward is not None:  # a backward kernel: the line that ran its forward operation
         frame = traceback.FrameSummary(*forward, "forward")
-        at = f"{_shown(frame.filename)}:{frame.lineno}, in its backward pass" + (f" ({node})" if node else "")
+        at = f"{file_line(frame.filename, frame.lineno)}, in its backward pass" + (f" ({node})" if node else "")
+    elif frame is None and node:
+        at += f" (the backward pass's {node})"
+    here = (frame.filename, frame.lineno) if frame else None
     if device_error is None:
         reason = _limitation(chain) or first_line(err, typed=True)
         return f"{hook} stopped at {at}: {reason}"
@@ -162,19 +164,19 @@ def explain(
     else:
         culprit = _culprit(device_error, model)
         made = _made_at(device_error.culprit, chain) if kind == "mixed devices" else None
-        if made is not None and frame is not None and (frame.filename, frame.lineno) == made:
+        if made is not None and made == here:
             lines.append("The tensor on cpu is made on that line.")
         elif made is not None:
             line = linecache.getline(made[0], made[1]).strip()
-            lines += [f"The tensor on cpu was made at {_shown(made[0])}:{made[1]}:", *([f"    {line}"] if line else [])]
+            lines += [f"The tensor on cpu was made at {file_line(*made)}:", *([f"    {line}"] if line else [])]
         if culprit:
             lines.append(culprit)
         if kind == "mixed devices":
             lines += _batch_hint(device_error, model)
     fix, rule = (unmoved.fix(), "rule 1") if unmoved is not None else FIXES[kind]
-    elsewhere = made is not None and frame and made != (frame.filename, frame.lineno)
-    at_line = f" at {_shown(made[0])}:{made[1]}" if elsewhere else ""
+    at_line = f" at {file_line(*made)}" if made is not None and here not in (None, made) else ""
     lines.append(f"Fix{at_line}: {fix}. See {rule} of the placement guide: {cite(rule)}.")
+    (filename, lineno), (made_filename, made_lineno) = here or ("", 0), made or ("", 0)
     return DevicePlacementError(
         "\n".join(lines),
         kind=kind,
@@ -182,10 +184,10 @@ def explain(
         rank=rank,
         hook=hook,
         operation=device_error.operation,
-        filename=frame.filename if frame else "",
-        lineno=frame.lineno if frame else 0,
-        made_filename=made[0] if made else "",
-        made_lineno=made[1] if made else 0,
+        filename=filename,
+        lineno=lineno,
+        made_filename=made_filename,
+        made_lineno=made_lineno,
     )
 
 
@@ -224,24 +226,20 @@ def _made_at(tensor: torch.Tensor | None, chain: list[BaseException]) -> tuple[s
                 continue
             made = simulated.made_at(value)
             if made is None and name not in passed:
-                line = _assigned(code, name, frame.f_lineno)
-                made = (code.co_filename, line) if line is not None else None
+                made = _assigned(code, name, frame.f_lineno)
             if made is not None:
                 return made
-    if frames:
-        failing = frames[-1].f_locals.values()
-        seen = {simulated.made_at(value) for value in failing if _cpu(value) and simulated.made_at(value)}
-        if len(seen) == 1:
-            return seen.pop()
-    return None
+    failing = frames[-1].f_locals.values() if frames else ()
+    seen = {simulated.made_at(value) for value in failing if _cpu(value)} - {None}
+    return seen.pop() if len(seen) == 1 else None
 
 
 def _cpu(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0
 
 
-def _assigned(code: Any, name: str, before: int) -> int | None:
-    """The line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function."""
+def _assigned(code: Any, name: str, before: int) -> tuple[str, int] | None:
+    """The file and line of the last assignment of ``name`` at or before line ``before`` in ``code``'s function."""
     try:
         tree = ast.parse("".join(linecache.getlines(code.co_filename)))
     except (SyntaxError, ValueError, RecursionError):
@@ -259,13 +257,13 @@ def _assigned(code: Any, name: str, before: int) -> int | None:
         for node in ast.walk(function)
         if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store) and node.lineno <= before
     ]
-    return max(lines, default=None)
+    return (code.co_filename, max(lines)) if lines else None
 
 
-def _shown(filename: str) -> str:
-    """``filename`` relative to the working folder when it is inside it."""
+def file_line(filename: str, lineno: int) -> str:
+    """``filename:lineno``, the file relative to the working folder when it is inside it."""
     path = Path(filename)
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else filename
+    return f"{path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else filename}:{lineno}"
 
 
 # PyTorch's own checks of devices (an LSTM's hidden state; "hook 'h' has changed the type of value (was ...)").
@@ -301,25 +299,18 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
     if types is not None and (DEVICE_TYPE in types[1]) != (DEVICE_TYPE in types[2]):
         message = re.sub(rf"{DEVICE_TYPE}(\w+)Type", r"torch.cuda.\1Tensor", line)
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
-    if "Expected to have finished reduction in the prior iteration" in said:
-        return _unused_parameters(said)
+    if "Expected to have finished reduction in the prior iteration" in said:  # DDP's reducer, at the second step
+        names = re.search(r"Parameters which did not receive grad for rank \d+: (.+)", said)
+        message = (
+            "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+            "indicates that your module has parameters that were not used in producing loss."
+        ) + (f" Parameters which did not receive grad: {names[1].strip()}" if names else "")
+        return SimulatedDeviceError(message, kind="unused parameters", operation="DistributedDataParallel's reducer")
     if "does not have a deterministic implementation, but you set" in said:
         return SimulatedDeviceError(line, kind="deterministic", operation="PyTorch's deterministic mode")
     if _DTYPE_MISMATCH.search(said) and "(CPU)" not in said:
         return SimulatedDeviceError(line, kind="dtype", operation="PyTorch's own dtype check")
     return None
-
-
-def _unused_parameters(message: str) -> SimulatedDeviceError:
-    """DDP's reducer at the second step when the loss did not reach every trainable parameter."""
-    names = re.search(r"Parameters which did not receive grad for rank \d+: (.+)", message)
-    said = (
-        "Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
-        "that your module has parameters that were not used in producing loss."
-    )
-    if names:
-        said += f" Parameters which did not receive grad: {names[1].strip()}"
-    return SimulatedDeviceError(said, kind="unused parameters", operation="DistributedDataParallel's reducer")
 
 
 # TorchScript's interpreter raises a RuntimeError of its own, keeping only the script's traceback, as text.
@@ -338,8 +329,9 @@ def _with_what_torchscript_lost(chain: list[BaseException]) -> list[BaseExceptio
     return [*chain, lost]
 
 
-_ACTIONS = {"run_training_epoch": "the training epoch", "save_checkpoint": "saving a checkpoint"}
-_LOOP_STEPS = {
+_ACTIONS = {  # Lightning's own actions, and its loops' steps
+    "run_training_epoch": "the training epoch",
+    "save_checkpoint": "saving a checkpoint",
     "train_dataloader_next": "fetching a training batch",
     "val_next": "fetching a validation batch",
     "test_next": "fetching a test batch",
@@ -364,7 +356,7 @@ def _hook(action: str | None, model: L.LightningModule | None) -> str:
     if kind == "Callback":
         return f"callback {owner}.{method}"
     if kind.startswith("_"):
-        return _LOOP_STEPS.get(method, method)
+        return _ACTIONS.get(method, method)
     return f"{owner}.{method}"
 
 
@@ -382,7 +374,7 @@ def count_as_user_code(*objects: Any) -> None:
     for obj in objects:
         top = type(obj).__module__.partition(".")[0]
         module = sys.modules.get(top)
-        if obj is None or top in _FRAMEWORKS or module is None:
+        if top in _FRAMEWORKS or module is None:  # None's module, builtins, has neither path nor file
             continue
         if hasattr(module, "__path__"):  # a package: its folders
             _AUDITED.update(str(Path(folder).resolve()) + os.sep for folder in module.__path__)

@@ -255,23 +255,19 @@ class StageMemory(L.Callback):
         self.sizes: dict[str, int] = {}
         self.held: dict[str, int] = {}
 
-    def _saw(self, trainer: L.Trainer, batch: Any, training: bool = False) -> None:
-        stage = trainer.state.fn.value
-        if training or stage not in self.sizes:
-            with contextlib.suppress(Exception):  # a batch Lightning cannot size: no estimate by batch size
-                self.sizes[stage] = extract_batch_size(batch)
-        if not training:
-            self.held.setdefault(stage, simulated.memory.stage_allocated())
-
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
-        self._saw(trainer, batch, training=True)
+        with contextlib.suppress(Exception):  # a batch Lightning cannot size: no estimate by batch size
+            self.sizes[trainer.state.fn.value] = extract_batch_size(batch)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self.held[trainer.state.fn.value] = simulated.memory.stage_allocated()
 
     def _batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
+        stage = trainer.state.fn.value
         if not trainer.training and not trainer.sanity_checking:  # fit's own are its training's
-            self._saw(trainer, batch)
+            if stage not in self.sizes:  # sized as a training batch is, until one can be
+                self.on_train_batch_start(trainer, pl_module, batch)
+            self.held.setdefault(stage, simulated.memory.stage_allocated())
 
     on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _batch_start
 

@@ -5,7 +5,7 @@ other waiting, silently, until NCCL's watchdog stops both (30 minutes by default
 """
 
 from ..guide import cite
-from .explain import FIXES, _shown
+from .explain import FIXES, file_line
 from .simulated.collectives import Call
 from .verdict import DevicePlacementError, Verdict
 
@@ -48,7 +48,7 @@ def hang(parted: tuple[Call | None, Call | None], stage: str) -> DevicePlacement
     """The bug of a DDP run whose processes part at ``parted``."""
     called = next(call for call in parted if call is not None)
     filename, lineno = called.line
-    lines = [f"{stage} as DDP ranks 0 and 1 of 2: the processes part at {_shown(filename)}:{lineno}"]
+    lines = [f"{stage} as DDP ranks 0 and 1 of 2: the processes part at {file_line(filename, lineno)}"]
     for rank, call in enumerate(parted):
         lines.append(f"    rank {rank}: {_said(call)}")
     lines.append(
@@ -74,7 +74,7 @@ def _said(call: Call | None) -> str:
         return "calls nothing there"
     operation, tensors, line = call
     shown = ", ".join(f"{dtype} {tuple(shape) if shape else '()'}" for shape, dtype in tensors) or "no tensor"
-    where = f"at {_shown(line[0])}:{line[1]}"
+    where = f"at {file_line(*line)}"
     if operation.startswith("self.log("):  # recorded where it was asked for; Lightning all-reduces it later
         return f"{operation}, an all_reduce of {shown}, {where}"
     return f"torch.distributed.{operation} of {shown}, {where}"
