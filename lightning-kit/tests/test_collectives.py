@@ -94,6 +94,18 @@ def test_lightning_and_torchmetrics_collectives_pass_on_the_gpu():
     assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
 
 
+
+class LogsOnRankZeroOnly(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        if self.trainer.is_global_zero:  # Lightning syncs no value logged with rank_zero_only=True
+            self.log("val/loss", F.cross_entropy(self(features), labels), sync_dist=True, rank_zero_only=True)
+
+
+def test_a_value_logged_on_rank_zero_only_is_not_a_collective():
+    verdict = audit(LogsOnRankZeroOnly(), BATCH)
+    assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
+
 COLLECTIVES = {
     "all_reduce": lambda t: dist.all_reduce(t),
     "all_reduce async": lambda t: dist.all_reduce(t, async_op=True).wait(),
