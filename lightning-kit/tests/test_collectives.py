@@ -13,13 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.gpu_audit import SimulatedGPUStrategy, audit, simulated
+from lightning_kit.gpu_audit import DevicePlacementError, SimulatedGPUStrategy, audit, simulated
 from lightning_kit.gpu_audit.simulated import SimulatedDeviceError
 from lightning_kit.gpu_audit.simulated.collectives import process_group
 
@@ -155,3 +156,21 @@ def test_a_run_as_the_second_process_gives_this_process_its_rank_back(tmp_path):
     logger = CSVLogger(tmp_path, name="after")
     L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=2, logger=logger, **quiet).fit(Probe(), *batches)
     assert (tmp_path / "after" / "version_0" / "metrics.csv").is_file()
+
+
+class WatchedMetricOnRankZeroOnly(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        if self.trainer.is_global_zero:
+            self.log("val/loss", F.cross_entropy(self(features), labels))
+
+
+@pytest.mark.parametrize(
+    "callback", [EarlyStopping(monitor="val/loss"), ModelCheckpoint(monitor="val/loss")], ids=lambda c: type(c).__name__
+)
+def test_a_metric_a_callback_watches_that_one_rank_does_not_log_is_a_bug_of_that_rank(callback):
+    """Rank 1 of a DDP run has no value for the callback to watch: the run stops there, as on two GPUs."""
+    trainer = L.Trainer(callbacks=[callback], logger=False, enable_checkpointing=isinstance(callback, ModelCheckpoint))
+    with pytest.raises(DevicePlacementError) as caught:
+        audit(WatchedMetricOnRankZeroOnly(), BATCH, trainer=trainer)
+    assert (caught.value.kind, caught.value.rank, caught.value.stage) == ("collective mismatch", 1, "fit")

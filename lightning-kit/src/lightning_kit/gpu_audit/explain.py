@@ -52,7 +52,8 @@ FIXES = {
     "dtype": (
         "under autocast (16-mixed, bf16-mixed) matmuls and convolutions return float16/bfloat16: make a tensor "
         "that will hold their values with their dtype (y.new_zeros(...), torch.zeros(..., dtype=y.dtype)), or "
-        "cast where they meet (.to(y.dtype), .float())",
+        "cast where they meet (.to(y.dtype), .float()); fill with torch.finfo(y.dtype).min, not a constant "
+        "float16 cannot hold (-1e9)",
         "rule 15",
     ),
     "pin memory": (
@@ -101,6 +102,12 @@ FIXES = {
         "the buffers), a model with no trainable parameter (nothing for DDP to do: train on one device)",
         "rule 22",
     ),
+    "reentrant": (
+        "under DDP each parameter's gradient is reduced once a step, which a module run twice in one step breaks "
+        "when autograd re-enters it (torch.utils.checkpoint with use_reentrant=True, the default of Hugging Face's "
+        "gradient_checkpointing_enable): checkpoint with use_reentrant=False, or DDPStrategy(static_graph=True)",
+        "rule 22",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
@@ -129,7 +136,7 @@ def explain(
     chain = _with_what_torchscript_lost(exception_chain(err))
     device_error = None
     for index, link in enumerate(chain):
-        device_error = _as_device_error(link)
+        device_error = _as_device_error(link, world_size)
         if device_error is not None:
             chain = chain[: index + 1]
             break
@@ -279,20 +286,26 @@ _PYTORCH_DEVICE_CHECK = re.compile(
 # Operations that refuse a mix of dtypes, as CUDA does; the CPU's own limits, "(CPU)", are not bugs.
 _DTYPE_MISMATCH = re.compile(
     r"dtypes? (to )?match|same dtype|dtype.* to be equal|expected scalar type \w+ but found \w+|"
-    r"type \(.+\) and \w+ type \(.+\) should be the same",
+    r"type \(.+\) and \w+ type \(.+\) should be the same|must have the same scalar type|"
+    r"cannot be converted to type \S+ without overflow",
     flags=re.IGNORECASE,
 )
+# A metric EarlyStopping, ModelCheckpoint or a scheduler watches, which this DDP rank did not log (logged under
+# `if self.trainer.is_global_zero:`).
+_MISSING_ON_A_RANK = re.compile(r"conditioned on metric .* which is not available|could not find the monitored key")
 # "Input type (torch.FloatTensor) and weight type (simgpuFloatType) should be the same": types that name devices.
 _TYPES_OF_TWO_DEVICES = re.compile(r"type \(([\w.]+)\) and \w+ type \(([\w.]+)\) should be the same")
 
 
-def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
-    """``err`` as a ``SimulatedDeviceError`` where a GPU would refuse it too, else None."""
+def _as_device_error(err: BaseException, world_size: int) -> SimulatedDeviceError | None:
+    """``err`` as a ``SimulatedDeviceError`` where a GPU (of ``world_size``) would refuse it too, else None."""
     if isinstance(err, SimulatedDeviceError):
         return err
+    said, line = str(err), first_line(err)
+    if _MISSING_ON_A_RANK.search(said) and world_size > 1:  # Lightning's MisconfigurationException too
+        return SimulatedDeviceError(line, kind="collective mismatch", operation="a callback, on this rank")
     if not isinstance(err, RuntimeError):
         return None
-    said, line = str(err), first_line(err)
     types = _TYPES_OF_TWO_DEVICES.search(said)
     if _PYTORCH_DEVICE_CHECK.search(said):
         return SimulatedDeviceError(
@@ -303,6 +316,8 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
     if "Expected to have finished reduction in the prior iteration" in said:
         return _unused_parameters(said)
+    if "Expected to mark a variable ready only once" in said:
+        return SimulatedDeviceError(line, kind="reentrant", operation="DistributedDataParallel's reducer")
     if "does not have a deterministic implementation, but you set" in said:
         return SimulatedDeviceError(line, kind="deterministic", operation="PyTorch's deterministic mode")
     if _DTYPE_MISMATCH.search(said) and "(CPU)" not in said:
