@@ -313,7 +313,6 @@ def test_audit_leaves_the_model_and_global_state_as_it_found_them():
     assert torch.get_default_device() == torch.device("cpu")
 
 
-
 class SetsTheDefaultDevice(Probe):
     def on_fit_start(self):
         torch.set_default_device(self.device)  # the simulated GPU, while the audit runs
@@ -339,6 +338,7 @@ def test_the_trainers_inference_mode_is_the_audits():
     trainer = L.Trainer(inference_mode=False, logger=False, enable_checkpointing=False)
     verdict = audit(SaliencyInValidation(), BATCH, trainer=trainer)
     assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 0), ("validate", 1)}
+
 
 SESSION = """import lightning as L
 import pytest

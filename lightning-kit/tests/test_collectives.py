@@ -95,7 +95,6 @@ def test_lightning_and_torchmetrics_collectives_pass_on_the_gpu():
     assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
 
 
-
 class LogsOnRankZeroOnly(Probe):
     def validation_step(self, batch, batch_idx):
         features, labels = batch
@@ -106,6 +105,7 @@ class LogsOnRankZeroOnly(Probe):
 def test_a_value_logged_on_rank_zero_only_is_not_a_collective():
     verdict = audit(LogsOnRankZeroOnly(), BATCH)
     assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
+
 
 COLLECTIVES = {
     "all_reduce": lambda t: dist.all_reduce(t),
