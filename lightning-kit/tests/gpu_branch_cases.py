@@ -1290,6 +1290,33 @@ class NonReentrantCheckpointOfABlockRunTwice(ReentrantCheckpointOfABlockRunTwice
     reentrant = False
 
 
+class RecurrentCriticInEvalMode(Probe):
+    """A frozen recurrent critic in eval mode that the loss flows through: cuDNN's eval forward has no backward."""
+
+    expected = bug("# the critic runs in eval mode", kind="cudnn RNN")
+    cudnn = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.critic = nn.LSTM(3, 4, batch_first=True)
+        self.critic.requires_grad_(False)
+
+    def on_train_epoch_start(self):
+        self.critic.eval()
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        with torch.backends.cudnn.flags(enabled=self.cudnn):
+            judged, _ = self.critic(logits.unsqueeze(1))  # the critic runs in eval mode
+        return F.cross_entropy(logits, labels) + judged.mean()
+
+
+class RecurrentCriticInEvalModeWithoutCudnn(RecurrentCriticInEvalMode):
+    expected = PASSES
+    cudnn = False
+
+
 CASES = {
     name: case
     for name, case in dict(globals()).items()

@@ -108,6 +108,12 @@ FIXES = {
         "gradient_checkpointing_enable): checkpoint with use_reentrant=False, or DDPStrategy(static_graph=True)",
         "rule 22",
     ),
+    "cudnn RNN": (
+        "a backward pass through an RNN, LSTM or GRU runs in training mode only on a GPU: keep the module in "
+        "training mode where gradients flow through it (with dropout=0 it computes the same), or run that block "
+        "without cuDNN (with torch.backends.cudnn.flags(enabled=False): ...)",
+        "rule 23",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",

@@ -38,7 +38,7 @@ from .devices import (
     told,
     users_line,
 )
-from .hooks import _apply_checked, _contained_hook, _module_backward_hooks
+from .hooks import _apply_checked, _contained_hook, _module_backward_hooks, rnns_in_eval_refuse_backward
 from .tensor import SimulatedTensor, to_cpu
 
 _RealGenerator = torch.Generator
@@ -393,6 +393,7 @@ def simulating(
             _foreach_paths(),
             cuda_api.replaced(),
             in_place.moves_in_place(),
+            rnns_in_eval_refuse_backward(),
         ):
             _state.answering = True
             try:
