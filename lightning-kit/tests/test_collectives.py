@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch.utils.data import DataLoader
+from torchmetrics import CatMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_kit.gpu_audit import DevicePlacementError, SimulatedGPUStrategy, audit, simulated
@@ -174,3 +175,30 @@ def test_a_metric_a_callback_watches_that_one_rank_does_not_log_is_a_bug_of_that
     with pytest.raises(DevicePlacementError) as caught:
         audit(WatchedMetricOnRankZeroOnly(), BATCH, trainer=trainer)
     assert (caught.value.kind, caught.value.rank, caught.value.stage) == ("collective mismatch", 1, "fit")
+
+
+class GathersWhatDiffersByRank(Probe):
+    """Gathers of sizes that differ by rank, through functions that pad to the largest first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = CatMetric()
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self.kept.update(self(features)[: 2 + self.global_rank, 0])  # more rows on rank 1
+        self.log("val/loss", F.cross_entropy(self(features), labels))
+
+    def on_validation_epoch_end(self):
+        gathered = [None] * self.trainer.world_size
+        if dist.is_initialized():
+            dist.all_gather_object(gathered, list(range(self.global_rank + 1)))
+        self.log("val/kept", self.kept.compute().mean())
+        self.kept.reset()
+
+
+def test_gathers_that_pad_to_the_largest_size_first_pass():
+    """torch.distributed.all_gather_object and a torchmetrics metric gather every rank's sizes and pad to the
+    largest: on GPUs each process gathers tensors of one shape, though each holds a different number of values."""
+    verdict = audit(GathersWhatDiffersByRank(), BATCH)
+    assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
