@@ -114,6 +114,12 @@ FIXES = {
         "without cuDNN (with torch.backends.cudnn.flags(enabled=False): ...)",
         "rule 23",
     ),
+    "CUDA in a worker": (
+        "a DataLoader's workers are processes forked from one that uses CUDA, where CUDA cannot start again: make "
+        "batches on the CPU (in the Dataset and collate_fn, never .to(device) or .cuda()); Lightning moves each "
+        "batch to the GPU after, and DataLoader(pin_memory=True) speeds that copy",
+        "rule 1",
+    ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
         "rule 12",
@@ -296,6 +302,8 @@ _DTYPE_MISMATCH = re.compile(
     r"cannot be converted to type \S+ without overflow",
     flags=re.IGNORECASE,
 )
+# A frame of the traceback a DataLoader worker sends back as text.
+_WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 # A metric EarlyStopping, ModelCheckpoint or a scheduler watches, which this DDP rank did not log (logged under
 # `if self.trainer.is_global_zero:`).
 _MISSING_ON_A_RANK = re.compile(r"conditioned on metric .* which is not available|could not find the monitored key")
@@ -322,6 +330,12 @@ def _as_device_error(err: BaseException, world_size: int) -> SimulatedDeviceErro
         return SimulatedDeviceError(message, kind="mixed devices", operation="PyTorch's own device check")
     if "Expected to have finished reduction in the prior iteration" in said:
         return _unused_parameters(said)
+    if simulated.code_checks.FORKED_WORKER in said:  # raised in a worker, given back as text (ExceptionWrapper)
+        frames = [(path, int(line), name, None) for path, line, name in _WORKER_FRAME.findall(said)]
+        err._audit_stack = traceback.StackSummary.from_list(frames)  # the worker's frames, for _user_frame
+        return SimulatedDeviceError(
+            simulated.code_checks.FORKED_WORKER, kind="CUDA in a worker", operation="a DataLoader worker"
+        )
     if "Expected to mark a variable ready only once" in said:
         return SimulatedDeviceError(line, kind="reentrant", operation="DistributedDataParallel's reducer")
     if "does not have a deterministic implementation, but you set" in said:
