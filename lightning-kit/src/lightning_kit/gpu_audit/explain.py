@@ -84,8 +84,9 @@ FIXES = {
     ),
     "unused parameters": (
         "under DDP (Lightning's strategy for more than one GPU) every trainable parameter must reach the loss of "
-        "each step: use it, freeze it (requires_grad_(False)) or leave it out of the model; or let DDP look for "
-        'unused ones each step with strategy="ddp_find_unused_parameters_true" (slower)',
+        "each step: use it, freeze it before fit (requires_grad_(False) in __init__ or setup: DDP takes the "
+        "parameters to reduce as it wraps the model, so one frozen later still counts) or leave it out of the model; "
+        'or let DDP look for unused ones each step with strategy="ddp_find_unused_parameters_true" (slower)',
         "rule 22",
     ),
     "lazy modules": (
