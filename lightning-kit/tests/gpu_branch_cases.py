@@ -257,6 +257,46 @@ class AutocastOnCudaRight(Probe):
             return F.binary_cross_entropy_with_logits(logits, F.one_hot(labels, 3).to(logits.dtype))
 
 
+class AutocastIntoAFloatAccumulator(Probe):
+    """index_add_ of a float16 result into a float32 tensor: its dtypes must match (on the CPU all is float32)."""
+
+    expected = bug("# float16 into float32", kind="dtype")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            logits = self(features)
+            per_class = torch.zeros(3, 3, device=logits.device)
+            per_class.index_add_(0, labels, logits)  # float16 into float32
+            return F.cross_entropy(logits.float(), labels) + 0 * per_class.sum()
+
+
+class AutocastMaskedWithAHugeConstant(Probe):
+    """Attention scores under float16 autocast, masked with -1e9: float16 cannot hold it."""
+
+    expected = bug("# -1e9 in float16", kind="dtype")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            scores = features @ features.T
+            mask = torch.eye(len(features), dtype=torch.bool, device=scores.device)
+            scores = scores.masked_fill(mask, -1e9)  # -1e9 in float16
+            return F.cross_entropy(self(scores.softmax(-1).float() @ features), labels)
+
+
+class AutocastMaskedWithTheSmallestValue(AutocastMaskedWithAHugeConstant):
+    expected = PASSES
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            scores = features @ features.T
+            mask = torch.eye(len(features), dtype=torch.bool, device=scores.device)
+            scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+            return F.cross_entropy(self(scores.softmax(-1).float() @ features), labels)
+
+
 class NamesTheGPU(Probe):
     expected = Expected(note="names the GPU itself (device='cuda')")
 
@@ -1226,6 +1266,55 @@ class ManualOptimizationUnderDDP(Probe):
         self.manual_backward(loss)
         optimizer.step()
         self.log("train/loss", loss, sync_dist=True)
+
+
+class ReentrantCheckpointOfABlockRunTwice(Probe):
+    """A block run twice a step through reentrant activation checkpointing: DDP reduces its gradients twice."""
+
+    expected = bug(None, kind="reentrant", said="mark a variable ready only once")
+    reentrant = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, features):
+        features = self.embed(features)  # what the checkpointed block takes requires grad
+        for _ in range(2):
+            features = torch.utils.checkpoint.checkpoint(self.block, features, use_reentrant=self.reentrant)
+        return self.net(features)
+
+
+class NonReentrantCheckpointOfABlockRunTwice(ReentrantCheckpointOfABlockRunTwice):
+    expected = PASSES
+    reentrant = False
+
+
+class RecurrentCriticInEvalMode(Probe):
+    """A frozen recurrent critic in eval mode that the loss flows through: cuDNN's eval forward has no backward."""
+
+    expected = bug("# the critic runs in eval mode", kind="cudnn RNN")
+    cudnn = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.critic = nn.LSTM(3, 4, batch_first=True)
+        self.critic.requires_grad_(False)
+
+    def on_train_epoch_start(self):
+        self.critic.eval()
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        with torch.backends.cudnn.flags(enabled=self.cudnn):
+            judged, _ = self.critic(logits.unsqueeze(1))  # the critic runs in eval mode
+        return F.cross_entropy(logits, labels) + judged.mean()
+
+
+class RecurrentCriticInEvalModeWithoutCudnn(RecurrentCriticInEvalMode):
+    expected = PASSES
+    cudnn = False
 
 
 CASES = {

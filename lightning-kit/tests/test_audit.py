@@ -313,6 +313,33 @@ def test_audit_leaves_the_model_and_global_state_as_it_found_them():
     assert torch.get_default_device() == torch.device("cpu")
 
 
+class SetsTheDefaultDevice(Probe):
+    def on_fit_start(self):
+        torch.set_default_device(self.device)  # the simulated GPU, while the audit runs
+
+
+def test_a_default_device_the_model_sets_is_not_left_behind():
+    """Whatever the model's code did to the default device, a model made after the audit is on the CPU."""
+    run_audit(SetsTheDefaultDevice(), BATCH)
+    assert torch.get_default_device() == torch.device("cpu") and Probe().net.weight.device.type == "cpu"
+
+
+class SaliencyInValidation(Probe):
+    """Autograd in evaluation, as Lightning documents it: a Trainer with ``inference_mode=False``."""
+
+    def validation_step(self, batch, batch_idx):
+        features = batch[0].clone().requires_grad_(True)
+        with torch.enable_grad():
+            (saliency,) = torch.autograd.grad(self(features).sum(), features)
+        self.log("val/saliency", saliency.abs().mean())
+
+
+def test_the_trainers_inference_mode_is_the_audits():
+    trainer = L.Trainer(inference_mode=False, logger=False, enable_checkpointing=False)
+    verdict = audit(SaliencyInValidation(), BATCH, trainer=trainer)
+    assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 0), ("validate", 1)}
+
+
 SESSION = """import lightning as L
 import pytest
 import torch

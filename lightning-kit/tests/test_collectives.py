@@ -13,13 +13,15 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from test_simulated_gpu import BATCH, Probe, assert_rule
 from torch.utils.data import DataLoader
+from torchmetrics import CatMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_kit.gpu_audit import SimulatedGPUStrategy, audit, simulated
+from lightning_kit.gpu_audit import DevicePlacementError, SimulatedGPUStrategy, audit, simulated
 from lightning_kit.gpu_audit.simulated import SimulatedDeviceError
 from lightning_kit.gpu_audit.simulated.collectives import process_group
 
@@ -94,6 +96,18 @@ def test_lightning_and_torchmetrics_collectives_pass_on_the_gpu():
     assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
 
 
+class LogsOnRankZeroOnly(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        if self.trainer.is_global_zero:  # Lightning syncs no value logged with rank_zero_only=True
+            self.log("val/loss", F.cross_entropy(self(features), labels), sync_dist=True, rank_zero_only=True)
+
+
+def test_a_value_logged_on_rank_zero_only_is_not_a_collective():
+    verdict = audit(LogsOnRankZeroOnly(), BATCH)
+    assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}
+
+
 COLLECTIVES = {
     "all_reduce": lambda t: dist.all_reduce(t),
     "all_reduce async": lambda t: dist.all_reduce(t, async_op=True).wait(),
@@ -143,3 +157,48 @@ def test_a_run_as_the_second_process_gives_this_process_its_rank_back(tmp_path):
     logger = CSVLogger(tmp_path, name="after")
     L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=2, logger=logger, **quiet).fit(Probe(), *batches)
     assert (tmp_path / "after" / "version_0" / "metrics.csv").is_file()
+
+
+class WatchedMetricOnRankZeroOnly(Probe):
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        if self.trainer.is_global_zero:
+            self.log("val/loss", F.cross_entropy(self(features), labels))
+
+
+@pytest.mark.parametrize(
+    "callback", [EarlyStopping(monitor="val/loss"), ModelCheckpoint(monitor="val/loss")], ids=lambda c: type(c).__name__
+)
+def test_a_metric_a_callback_watches_that_one_rank_does_not_log_is_a_bug_of_that_rank(callback):
+    """Rank 1 of a DDP run has no value for the callback to watch: the run stops there, as on two GPUs."""
+    trainer = L.Trainer(callbacks=[callback], logger=False, enable_checkpointing=isinstance(callback, ModelCheckpoint))
+    with pytest.raises(DevicePlacementError) as caught:
+        audit(WatchedMetricOnRankZeroOnly(), BATCH, trainer=trainer)
+    assert (caught.value.kind, caught.value.rank, caught.value.stage) == ("collective mismatch", 1, "fit")
+
+
+class GathersWhatDiffersByRank(Probe):
+    """Gathers of sizes that differ by rank, through functions that pad to the largest first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = CatMetric()
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self.kept.update(self(features)[: 2 + self.global_rank, 0])  # more rows on rank 1
+        self.log("val/loss", F.cross_entropy(self(features), labels))
+
+    def on_validation_epoch_end(self):
+        gathered = [None] * self.trainer.world_size
+        if dist.is_initialized():
+            dist.all_gather_object(gathered, list(range(self.global_rank + 1)))
+        self.log("val/kept", self.kept.compute().mean())
+        self.kept.reset()
+
+
+def test_gathers_that_pad_to_the_largest_size_first_pass():
+    """torch.distributed.all_gather_object and a torchmetrics metric gather every rank's sizes and pad to the
+    largest: on GPUs each process gathers tensors of one shape, though each holds a different number of values."""
+    verdict = audit(GathersWhatDiffersByRank(), BATCH)
+    assert {(outcome.stage, outcome.rank) for outcome in verdict.outcomes} >= {("fit", 1), ("validate", 1)}

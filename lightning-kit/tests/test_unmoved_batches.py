@@ -310,3 +310,35 @@ def test_a_bug_of_the_step_given_a_batch_lightning_moves_does_not_blame_the_batc
     )
     assert "The tensor on cpu is the argument `other`, (4, 3) torch.float32." in message
     assert "Lightning left" not in message and "batch" not in message.split("\n", 2)[2], message
+
+
+def _collate_onto_the_gpu(pairs):
+    features, labels = torch.utils.data.default_collate(pairs)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return features.to(device), labels.to(device)  # in a worker: CUDA cannot start in a forked process
+
+
+class CollatesOntoTheGPUInWorkers(L.LightningModule):
+    def __init__(self, workers: int) -> None:
+        super().__init__()
+        self.net, self.workers = nn.Linear(8, 3), workers
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        return F.cross_entropy(self.net(features), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        pairs = list(zip(torch.randn(16, 8), torch.randint(0, 3, (16,)), strict=True))
+        return DataLoader(pairs, batch_size=8, num_workers=self.workers, collate_fn=_collate_onto_the_gpu)
+
+
+def test_a_worker_that_puts_a_batch_on_the_gpu_is_found_at_its_line():
+    """A DataLoader's workers are forked from a process that uses CUDA: CUDA refuses to start in them."""
+    with pytest.raises(DevicePlacementError) as caught:
+        audit(CollatesOntoTheGPUInWorkers(workers=1))
+    assert caught.value.kind == "CUDA in a worker" and caught.value.lineno == line_of("# in a worker: CUDA", __file__)
+    assert "Cannot re-initialize CUDA in forked subprocess" in str(caught.value)
+    audit(CollatesOntoTheGPUInWorkers(workers=0))  # in the main process it makes the batch on the GPU: no error

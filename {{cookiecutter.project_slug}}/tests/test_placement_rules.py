@@ -736,3 +736,30 @@ def test_rule_22_under_ddp_every_trainable_parameter_reaches_the_loss():
     assert "did not receive grad: aux.bias, aux.weight" in str(caught.value)
     passes(AuxiliaryHead(used="trained"))
     passes(AuxiliaryHead(used="frozen"))
+
+
+# Rule 23: a backward pass through an RNN, LSTM or GRU needs training mode on a GPU.
+
+
+class RecurrentCritic(Probe):
+    """A frozen recurrent critic that the loss flows through, in eval mode or in training mode."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.critic = nn.GRU(3, 4, batch_first=True).requires_grad_(False)
+        self.mode = mode
+
+    def on_train_epoch_start(self):
+        self.critic.train(self.mode == "train")
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self(features)
+        judged, _ = self.critic(logits.unsqueeze(1))  # rule 23, wrong in eval mode: cuDNN has no backward for it
+        return F.cross_entropy(logits, labels) + judged.mean()
+
+
+def test_rule_23_a_backward_pass_through_an_rnn_needs_training_mode():
+    error = stops_at("# rule 23, wrong", RecurrentCritic(mode="eval"))
+    assert error.kind == "cudnn RNN" and "can only be called in training mode" in str(error)
+    passes(RecurrentCritic(mode="train"))

@@ -214,7 +214,7 @@ def _check_logged_values(model: L.LightningModule, trainer: L.Trainer) -> None:
     log = model.log
 
     def checked_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("sync_dist") and trainer.world_size > 1:
+        if kwargs.get("sync_dist") and not kwargs.get("rank_zero_only") and trainer.world_size > 1:
             # Lightning all-reduces it later, from its own code: recorded at the line that asked for it.
             note(f"self.log({name!r}, sync_dist=True)", value if isinstance(value, torch.Tensor) else ())
             if isinstance(value, torch.Tensor):
@@ -247,6 +247,7 @@ def _settings(trainer: L.Trainer | None) -> tuple[dict[str, Any], list[L.Callbac
         "gradient_clip_val": trainer.gradient_clip_val,
         "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "inference_mode": trainer.validate_loop.inference_mode,  # False: autograd in evaluation, as documented
     }
     mixed = mixed_precision(given)
     if mixed is not None:
@@ -364,8 +365,9 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 @contextmanager
 def _process_state_kept() -> Iterator[None]:
-    """Leave the random generators and Lightning's loggers' levels as found, and keep Lightning's messages out of the
-    report meanwhile: its advice for a full run does not apply to two batches."""
+    """Leave the random generators, the default device and Lightning's loggers' levels as found, and keep Lightning's
+    messages out of the report meanwhile: its advice for a full run does not apply to two batches."""
+    device = torch.get_default_device()
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -377,3 +379,5 @@ def _process_state_kept() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+        if torch.get_default_device() != device:  # the model's code set it (to the simulated GPU)
+            torch.set_default_device(None if device == torch.device("cpu") else device)

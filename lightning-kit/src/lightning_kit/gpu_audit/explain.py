@@ -52,7 +52,8 @@ FIXES = {
     "dtype": (
         "under autocast (16-mixed, bf16-mixed) matmuls and convolutions return float16/bfloat16: make a tensor "
         "that will hold their values with their dtype (y.new_zeros(...), torch.zeros(..., dtype=y.dtype)), or "
-        "cast where they meet (.to(y.dtype), .float())",
+        "cast where they meet (.to(y.dtype), .float()); fill with torch.finfo(y.dtype).min, not a constant "
+        "float16 cannot hold (-1e9)",
         "rule 15",
     ),
     "pin memory": (
@@ -83,8 +84,9 @@ FIXES = {
     ),
     "unused parameters": (
         "under DDP (Lightning's strategy for more than one GPU) every trainable parameter must reach the loss of "
-        "each step: use it, freeze it (requires_grad_(False)) or leave it out of the model; or let DDP look for "
-        'unused ones each step with strategy="ddp_find_unused_parameters_true" (slower)',
+        "each step: use it, freeze it before fit (requires_grad_(False) in __init__ or setup: DDP takes the "
+        "parameters to reduce as it wraps the model, so one frozen later still counts) or leave it out of the model; "
+        'or let DDP look for unused ones each step with strategy="ddp_find_unused_parameters_true" (slower)',
         "rule 22",
     ),
     "lazy modules": (
@@ -100,6 +102,24 @@ FIXES = {
         "rank 0 and cannot broadcast a sparse one: DDPStrategy(broadcast_buffers=False), or keep the tensor out of "
         "the buffers), a model with no trainable parameter (nothing for DDP to do: train on one device)",
         "rule 22",
+    ),
+    "reentrant": (
+        "under DDP each parameter's gradient is reduced once a step, which a module run twice in one step breaks "
+        "when autograd re-enters it (torch.utils.checkpoint with use_reentrant=True, the default of Hugging Face's "
+        "gradient_checkpointing_enable): checkpoint with use_reentrant=False, or DDPStrategy(static_graph=True)",
+        "rule 22",
+    ),
+    "cudnn RNN": (
+        "a backward pass through an RNN, LSTM or GRU runs in training mode only on a GPU: keep the module in "
+        "training mode where gradients flow through it (with dropout=0 it computes the same), or run that block "
+        "without cuDNN (with torch.backends.cudnn.flags(enabled=False): ...)",
+        "rule 23",
+    ),
+    "CUDA in a worker": (
+        "a DataLoader's workers are processes forked from one that uses CUDA, where CUDA cannot start again: make "
+        "batches on the CPU (in the Dataset and collate_fn, never .to(device) or .cuda()); Lightning moves each "
+        "batch to the GPU after, and DataLoader(pin_memory=True) speeds that copy",
+        "rule 1",
     ),
     "sync_dist": (
         "under DDP, NCCL all-reduces GPU tensors only: log the tensor as it is (no .cpu()), or a Python number",
@@ -129,7 +149,7 @@ def explain(
     chain = _with_what_torchscript_lost(exception_chain(err))
     device_error = None
     for index, link in enumerate(chain):
-        device_error = _as_device_error(link)
+        device_error = _as_device_error(link, world_size)
         if device_error is not None:
             chain = chain[: index + 1]
             break
@@ -277,20 +297,28 @@ _PYTORCH_DEVICE_CHECK = re.compile(
 # Operations that refuse a mix of dtypes, as CUDA does; the CPU's own limits, "(CPU)", are not bugs.
 _DTYPE_MISMATCH = re.compile(
     r"dtypes? (to )?match|same dtype|dtype.* to be equal|expected scalar type \w+ but found \w+|"
-    r"type \(.+\) and \w+ type \(.+\) should be the same",
+    r"type \(.+\) and \w+ type \(.+\) should be the same|must have the same scalar type|"
+    r"cannot be converted to type \S+ without overflow",
     flags=re.IGNORECASE,
 )
+# A frame of the traceback a DataLoader worker sends back as text.
+_WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+# A metric EarlyStopping, ModelCheckpoint or a scheduler watches, which this DDP rank did not log (logged under
+# `if self.trainer.is_global_zero:`).
+_MISSING_ON_A_RANK = re.compile(r"conditioned on metric .* which is not available|could not find the monitored key")
 # "Input type (torch.FloatTensor) and weight type (simgpuFloatType) should be the same": types that name devices.
 _TYPES_OF_TWO_DEVICES = re.compile(r"type \(([\w.]+)\) and \w+ type \(([\w.]+)\) should be the same")
 
 
-def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
-    """``err`` as a ``SimulatedDeviceError`` where a GPU would refuse it too, else None."""
+def _as_device_error(err: BaseException, world_size: int) -> SimulatedDeviceError | None:
+    """``err`` as a ``SimulatedDeviceError`` where a GPU (of ``world_size``) would refuse it too, else None."""
     if isinstance(err, SimulatedDeviceError):
         return err
+    said, line = str(err), first_line(err)
+    if _MISSING_ON_A_RANK.search(said) and world_size > 1:  # Lightning's MisconfigurationException too
+        return SimulatedDeviceError(line, kind="collective mismatch", operation="a callback, on this rank")
     if not isinstance(err, RuntimeError):
         return None
-    said, line = str(err), first_line(err)
     types = _TYPES_OF_TWO_DEVICES.search(said)
     if _PYTORCH_DEVICE_CHECK.search(said):
         return SimulatedDeviceError(
@@ -306,6 +334,14 @@ def _as_device_error(err: BaseException) -> SimulatedDeviceError | None:
             "indicates that your module has parameters that were not used in producing loss."
         ) + (f" Parameters which did not receive grad: {names[1].strip()}" if names else "")
         return SimulatedDeviceError(message, kind="unused parameters", operation="DistributedDataParallel's reducer")
+    if simulated.code_checks.FORKED_WORKER in said:  # raised in a worker, given back as text (ExceptionWrapper)
+        frames = [(path, int(line), name, None) for path, line, name in _WORKER_FRAME.findall(said)]
+        err._audit_stack = traceback.StackSummary.from_list(frames)  # the worker's frames, for _user_frame
+        return SimulatedDeviceError(
+            simulated.code_checks.FORKED_WORKER, kind="CUDA in a worker", operation="a DataLoader worker"
+        )
+    if "Expected to mark a variable ready only once" in said:
+        return SimulatedDeviceError(line, kind="reentrant", operation="DistributedDataParallel's reducer")
     if "does not have a deterministic implementation, but you set" in said:
         return SimulatedDeviceError(line, kind="deterministic", operation="PyTorch's deterministic mode")
     if _DTYPE_MISMATCH.search(said) and "(CPU)" not in said:

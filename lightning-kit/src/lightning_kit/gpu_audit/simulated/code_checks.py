@@ -38,7 +38,7 @@ from .devices import (
     told,
     users_line,
 )
-from .hooks import _apply_checked, _contained_hook, _module_backward_hooks
+from .hooks import _apply_checked, _contained_hook, _module_backward_hooks, rnns_in_eval_refuse_backward
 from .tensor import SimulatedTensor, to_cpu
 
 _RealGenerator = torch.Generator
@@ -338,6 +338,8 @@ def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
         return value
     if device.type not in ("cuda", DEVICE_TYPE):
         return value
+    if torch.utils.data.get_worker_info() is not None:  # a DataLoader's worker, forked from a process using CUDA
+        raise SimulatedDeviceError(FORKED_WORKER, kind="CUDA in a worker", operation=operation)
     index = _state.index if device.index is None else device.index
     if index != _state.index and (device.type == "cuda" or users_line() is not None):
         raise another_gpu(operation, index)
@@ -346,6 +348,12 @@ def _placed_device(value: Any, operation: str, named: str | None = None) -> Any:
     return _state.physical if index == _state.index else value
 
 
+# What CUDA says in a process forked after it was initialised (torch/cuda/__init__.py, _lazy_init): a DataLoader's
+# workers are forked on Linux, and Lightning has moved the model to the GPU before they start.
+FORKED_WORKER = (
+    "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' "
+    "start method"
+)
 _named: dict[tuple[str, int], str] = {}  # each line of the user's code that names CUDA itself, and how
 
 
@@ -393,6 +401,7 @@ def simulating(
             _foreach_paths(),
             cuda_api.replaced(),
             in_place.moves_in_place(),
+            rnns_in_eval_refuse_backward(),
         ):
             _state.answering = True
             try:

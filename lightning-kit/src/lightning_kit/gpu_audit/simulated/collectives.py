@@ -9,6 +9,7 @@ makes one around ``prepare_data``). The store is an in-memory ``HashStore``; no 
 
 import functools
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -208,10 +209,32 @@ def recorded() -> Iterator[list[Call]]:
 
 
 def note(operation: str, tensors: Any, depth: int = 1) -> None:
-    """Record a collective called ``depth`` frames up (the caller's caller), inside ``recorded()``."""
+    """Record a collective called ``depth`` frames up (the caller's caller), inside ``recorded()``.
+
+    Inside a function that gathers the sizes first and pads to the largest (``PADDED``), the shapes are not
+    recorded: every process's are alike on GPUs, where this process gathers only its own sizes."""
     if _calls is not None:
-        shapes = tuple((tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for tensor in _flat(tensors))
+        padded = _padding_gatherer(sys._getframe(depth + 1))
+        shapes = tuple(
+            ((-1,) * tensor.dim() if padded else tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+            for tensor in _flat(tensors)
+        )
         _calls.append(Call(operation, shapes, users_line(depth + 1, through_libraries=True)))
+
+
+# Functions that gather every process's sizes and pad to the largest before gathering the values.
+PADDED = {
+    "torch.distributed.distributed_c10d": {"all_gather_object", "gather_object", "broadcast_object_list"},
+    "torchmetrics.utilities.distributed": {"gather_all_tensors"},
+}
+
+
+def _padding_gatherer(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name in PADDED.get(frame.f_globals.get("__name__"), ()):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _creator(backend: str):

@@ -9,12 +9,16 @@ tensor subclasses, as the simulated GPU's tensors are).
 import functools
 import linecache
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
+from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import BackwardHook
 
 from .containment import in_backward, keep
-from .devices import SimulatedDeviceError, as_cuda, legacy_type
+from .devices import SimulatedDeviceError, as_cuda, legacy_type, users_line
 
 
 def _contained_hook(hook):
@@ -104,3 +108,39 @@ def _module_backward_hooks(self, module, user_hooks, user_pre_hooks) -> None:
     _BackwardHookInit(
         self, module, [_contained_hook(hook) for hook in user_hooks], [_contained_hook(hook) for hook in user_pre_hooks]
     )
+
+
+@contextmanager
+def rnns_in_eval_refuse_backward() -> Iterator[None]:
+    """A recurrent module run on the GPU in eval mode with autograd on: cuDNN runs its forward without what the
+    backward needs (cudnn/RNN.cpp), so a backward pass through its outputs fails there. Refused as it is reached."""
+    handle = torch.nn.modules.module.register_module_forward_hook(_rnn_in_eval)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _rnn_in_eval(module, _args, output) -> None:
+    if not isinstance(module, torch.nn.RNNBase) or module.training or not torch.backends.cudnn.enabled:
+        return
+    outputs = [tensor.data if isinstance(tensor, PackedSequence) else tensor for tensor in tree_flatten(output)[0]]
+    outputs = [tensor for tensor in outputs if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
+    if not outputs or outputs[0].device.type == "cpu" or outputs[0].dtype not in _CUDNN_RNN_DTYPES:
+        return
+    err = SimulatedDeviceError(
+        "cudnn RNN backward can only be called in training mode",
+        kind="cudnn RNN",
+        operation=f"the backward pass of {type(module).__name__} in eval mode",
+    )
+    err.forward_line = users_line(2, through_libraries=True)  # where the module ran
+
+    def refuse(gradient):
+        keep(err)
+        return gradient
+
+    for tensor in outputs:
+        tensor.register_hook(refuse)
+
+
+_CUDNN_RNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
