@@ -174,3 +174,23 @@ def test_a_list_naming_a_fifo_or_a_folder_is_refused_at_that_line(layout, tmp_pa
             list_images(listing, ("cat", "dog"))
     listing.write_text(f"{layout / 'cat' / 'a.jpg'}\nlink.png\n")
     assert list_images(listing, ("cat", "dog")).files == (layout / "cat" / "a.jpg", tmp_path / "link.png")
+
+
+@pytest.mark.parametrize(
+    ("folders", "said", "advice"),
+    [
+        (("train", "valid", "test"), "holds test/, train/, valid/: give it train/ and", "(rename valid/ to val/)"),
+        (("train", "cat"), "holds cat/, train/: give it train/ and", "alone, each with one folder per class, or"),
+        (("val", "test"), "holds test/, val/: give it train/ and", "or one folder per class alone"),
+        (("training", "testing"), "holds testing/, training/:", "(rename testing/ to test/, training/ to train/)"),
+    ],
+    ids=["valid", "a class beside train", "no train", "training"],
+)
+def test_a_split_folder_beside_other_folders_is_refused_not_trained_as_a_class(tmp_path, folders, said, advice):
+    """A data set as published (train/ valid/ test/) is not class folders: its splits would be trained as classes."""
+    for folder in folders:
+        solid(tmp_path / folder / "cat" / "a.png")
+    with pytest.raises(DataUnavailableError) as caught:
+        ImageFolderDataModule(root=tmp_path).setup("fit")
+    message = str(caught.value)
+    assert message.startswith(f"--data.root {tmp_path} {said}") and advice in message and "\n" not in message, message

@@ -161,7 +161,7 @@ _SPLITS_OF = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), 
 
 def split_folders(root: Path) -> dict[str, Path | None]:
     """Where ``root``'s splits are: in ``train``, ``val`` and ``test`` folders when it has ``train`` and no other
-    folders, else ``root`` itself trains."""
+    folders, else ``root`` itself trains; a split's folder among others is refused (it would train as a class)."""
     if not root.is_dir():
         raise DataUnavailableError(
             f"--data.root {root} is not a folder: give a folder holding one folder of images per class"
@@ -169,4 +169,16 @@ def split_folders(root: Path) -> dict[str, Path | None]:
     names = {path.name for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")}
     if "train" in names and names <= set(SPLIT_FOLDERS):
         return {split: root / split if split in names else None for split in SPLIT_FOLDERS}
+    if names & {*SPLIT_FOLDERS, *_OTHER_SPLIT_NAMES}:  # a split among other folders would train as a class
+        renames = [f"{name}/ to {_OTHER_SPLIT_NAMES[name]}/" for name in sorted(names & {*_OTHER_SPLIT_NAMES})]
+        raise DataUnavailableError(
+            f"--data.root {root} holds {', '.join(f'{name}/' for name in sorted(names))}: give it train/ and, if "
+            "you have them, val/ and test/ alone, each with one folder per class"
+            + (f" (rename {', '.join(renames)})" if renames else "")
+            + ", or one folder per class alone"
+        )
     return {"train": root, "val": None, "test": None}
+
+
+# Names of splits in data sets as published (Kaggle, Roboflow, ...), which the splits here are named otherwise.
+_OTHER_SPLIT_NAMES = {"valid": "val", "validation": "val", "training": "train", "testing": "test"}
