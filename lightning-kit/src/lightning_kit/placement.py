@@ -14,7 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from .building import build_cli, expand_shortcuts
 from .cli import GenericCLI, KitCLI
 from .command_line import CommandLine
-from .errors import RefusedArgumentError, command, invoked_as
+from .errors import RefusedArgumentError, UserError, command, invoked_as
 from .gpu_audit import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_PASSED, EXIT_USAGE, run_audit, simulated
 from .gpu_audit.gpu_memory import judged, parse_capacity
 from .gpu_audit.simulated import SimulationUnavailableError
@@ -66,7 +66,7 @@ def main(args: list[str] | None = None, cli_class: type[KitCLI] = GenericCLI, pr
     try:
         # In a forked copy of this process: what ends a process there is a NOT AUDITED line here.
         verdict = run_audit(model, datamodule, trainer=trainer, isolate=True, say=lambda line: print(line, flush=True))
-    except SimulationUnavailableError as err:
+    except (SimulationUnavailableError, UserError) as err:  # UserError: the data refused, as on any device
         sys.exit(_usage(f"error: {err}"))
     for line in verdict.report():
         print(line)

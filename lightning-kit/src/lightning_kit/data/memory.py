@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from ..arguments import BatchSize, Seed, Workers
+from ..errors import DataUnavailableError
 
 
 class InMemoryDataset(TensorDataset):
@@ -79,6 +80,8 @@ class InMemoryDataModule(L.LightningDataModule, ABC):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         dataset = self.splits[split]
+        if split != "predict" or self.predict_labelled:
+            self._check_labels(split, dataset.tensors[-1])
         return ResumableLoader(
             dataset,
             batch_size=self.batch_size,
@@ -90,6 +93,19 @@ class InMemoryDataModule(L.LightningDataModule, ABC):
             # or a resumed run's random numbers (dropout, ...) would drift from an uninterrupted run's.
             generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _check_labels(self, split: str, labels: torch.Tensor) -> None:
+        """A class label (one per example) outside 0 to ``num_classes - 1`` stops the loss, on a GPU as a device-side
+        assert: named here. -100 is cross_entropy's ``ignore_index``."""
+        if self.num_classes is None or labels.dim() != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
+            return
+        wrong = labels[((labels < 0) & (labels != -100)) | (labels >= self.num_classes)].unique()
+        if wrong.numel():
+            raise DataUnavailableError(
+                f"{type(self).__name__}'s {split} split has labels {', '.join(map(str, wrong[:5].tolist()))}: class "
+                f"labels must be 0 to {self.num_classes - 1}, one for each of its {self.num_classes} classes "
+                "(num_classes, class_names)"
+            )
 
 
 class ResumableLoader(DataLoader):

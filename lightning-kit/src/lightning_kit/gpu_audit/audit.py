@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader
 
-from ..errors import first_line
+from ..errors import UserError, first_line
 from ..guide import cite
 from ..loggers import CSVAndTensorBoardLogger
 from ..upstream.lightning import ddp_options
@@ -171,8 +171,8 @@ def _stage(
     try:
         with process_group(rank, world_size), simulating(rank), recorded() as outcome.collectives:
             getattr(runner, stage)(model, **_data_arguments(stage, data))
-    except (KeyboardInterrupt, SystemExit, SimulationUnavailableError):
-        raise  # Ctrl-C (which Lightning turns into an exit), or no simulated GPU at all
+    except (KeyboardInterrupt, SystemExit, SimulationUnavailableError, UserError):
+        raise  # Ctrl-C (which Lightning turns into an exit), no simulated GPU at all, or the data refused on any device
     except Exception as err:
         try:
             explained = explain(err, stage=stage, rank=rank, world_size=world_size, model=model)
