@@ -390,7 +390,8 @@ def simulating(
             mock.patch.object(torch.autograd, "_engine_run_backward", _engine_run_checked),
             _CodeChecks(),
             own_indices(),
-            _foreach_paths(),
+            _foreach_path("torch.optim.optimizer"),
+            _foreach_path("torch.utils._foreach_utils"),
             cuda_api.replaced(),
             in_place.moves_in_place(),
         ):
@@ -403,24 +404,12 @@ def simulating(
         _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building = previous
 
 
-# The tensor types that take PyTorch's foreach (multi-tensor) kernels in optimizers and gradient clipping: a GPU
-# runs Adam or clip_grad_norm_ as one operation over the parameters, and the simulated GPU's tensors take that
-# path too (PyTorch lists no tensor subclass). torch.optim deletes its submodules' names: found in sys.modules.
-_FOREACH_TYPES = [
-    sys.modules[name]._foreach_supported_types for name in ("torch.optim.optimizer", "torch.utils._foreach_utils")
-]
-
-
-@contextmanager
-def _foreach_paths() -> Iterator[None]:
-    added = [types for types in _FOREACH_TYPES if SimulatedTensor not in types]
-    for types in added:
-        types.append(SimulatedTensor)
-    try:
-        yield
-    finally:
-        for types in added:
-            types.remove(SimulatedTensor)
+def _foreach_path(module: str) -> Any:
+    """The tensor types of ``module`` that take PyTorch's foreach (multi-tensor) kernels, with the simulated GPU's:
+    a GPU runs Adam or clip_grad_norm_ as one operation over the parameters (PyTorch lists no tensor subclass).
+    torch.optim deletes its submodules' names: found in sys.modules."""
+    types = sys.modules[module]._foreach_supported_types
+    return mock.patch.object(sys.modules[module], "_foreach_supported_types", [*types, SimulatedTensor])
 
 
 def _as_written(model: Any = None, **options: Any) -> Any:
