@@ -16,6 +16,7 @@ import torch
 import torch._dynamo
 import torch.optim.optimizer
 import torch.utils._foreach_utils
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import BackwardHook
@@ -233,7 +234,7 @@ def _register_hook(mode, func, args, kwargs):
 def _moves(mode, func, args, kwargs):
     """``.to()`` and ``.cpu()``: an uninitialised parameter moves in place (``lazy``); a device tensor moved to the
     CPU is one the code made there."""
-    if lazy.is_lazy(args[0]):
+    if is_lazy(args[0]):
         _, placed_args, placed_kwargs = _placed(func, args, kwargs)
         done = lazy.moved(args[0], placed_args[1:] if func is torch.Tensor.to else ("cpu",), placed_kwargs)
         if done is not None:
