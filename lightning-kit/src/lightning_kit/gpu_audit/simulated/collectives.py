@@ -165,12 +165,6 @@ class SimulatedProcessGroup(dist.ProcessGroup):
         return self.recv(tensors, 0, tag)
 
     allreduce_coalesced, allgather_coalesced = allreduce, allgather
-    # The names torch 2.10 calls them by.
-    _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
         note("barrier", ())
