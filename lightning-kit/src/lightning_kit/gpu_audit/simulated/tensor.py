@@ -48,7 +48,7 @@ class SimulatedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> "SimulatedTensor":
-        return _wrapped(elem, cls)
+        return _wrapped(elem)
 
     @property
     def device(self) -> torch.device:
@@ -185,13 +185,10 @@ def _on_device(plan: "_Plan", args, kwargs, cpu_args, cpu_kwargs, held: int):
                 cpu_args = (*cpu_args[:position], _CPU, *cpu_args[position + 1 :])
             elif simulated:
                 cpu_kwargs["device"] = _CPU
-        compute = plan.compute
-        if compute is None:
-            compute = plan.compute = _on_the_cpu(func)
     except Exception as err:
         raise cannot_run(func, err) from err
     try:
-        out = compute(*cpu_args, **cpu_kwargs)
+        out = plan.compute(*cpu_args, **cpu_kwargs)
     except NotImplementedError as err:  # no CPU kernel for these tensors' layout or dtype: a GPU may have one
         if func.namespace != "aten":
             raise  # a library's own kernel, which refuses them itself
@@ -223,11 +220,11 @@ def _results(plan: "_Plan", out):
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = True) -> SimulatedTensor:
+def _wrapped(elem: torch.Tensor, counted: bool = True) -> SimulatedTensor:
     """``elem`` on the simulated GPU, its memory counted unless it is a view's (counted with its base)."""
     try:
         wrapper = _make_wrapper(
-            cls,
+            SimulatedTensor,
             elem.size(),
             strides=elem.stride(),
             storage_offset=elem.storage_offset(),
@@ -241,7 +238,7 @@ def _wrapped(elem: torch.Tensor, cls: type = SimulatedTensor, counted: bool = Tr
         # The compressed sparse layouts (CSR, CSC, BSR, BSC) have no strides, nor one storage, and a wrapper cannot
         # take their layout: it asks __torch_dispatch__ for its layout and strides, answered with elem's (_METADATA).
         wrapper = _make_wrapper(
-            cls,
+            SimulatedTensor,
             elem.size(),
             dtype=elem.dtype,
             device=_state.physical,
@@ -286,7 +283,7 @@ class _Plan:
         self.position = next(
             (n for n, argument in enumerate(arguments) if argument.name == "device" and not argument.kwarg_only), None
         )
-        self.compute = None  # _on_the_cpu(func), found at the first run: the checks alone may be all that runs
+        self.compute = _on_the_cpu(func)
         self.view = any(result.alias_info is not None and not result.alias_info.is_write for result in returns)
         self.inplace_view = torch.Tag.inplace_view in func.tags
         # The positions of the arguments an in-place or ``out=`` operation returns; None for other operations.
@@ -325,7 +322,7 @@ _METADATA = frozenset(
 
 def _wrap(out, counted: bool = True):
     if isinstance(out, torch.Tensor):
-        return _wrapped(out, SimulatedTensor, counted) if out.is_cpu else out
+        return _wrapped(out, counted) if out.is_cpu else out
     if type(out) in (list, tuple):
         return type(out)(_wrap(item, counted) for item in out)
     return out
