@@ -102,16 +102,10 @@ class _CodeChecks(TorchFunctionMode):
             raise
 
 
-_ORDINARY: dict[Any, bool] = {}  # {function: whether its device= and generator= arguments are all to check}
-
-
 def _ordinary(func) -> bool:
     """Whether ``func`` is none of those this mode handles, nor checked by its name (``.to``, ``.cuda``)."""
     try:
-        return _ORDINARY[func]
-    except KeyError:
-        ordinary = _ORDINARY[func] = not (func in _SPECIAL or getattr(func, "__name__", None) in ("cuda", "to"))
-        return ordinary
+        return not (func in _SPECIAL or getattr(func, "__name__", None) in ("cuda", "to"))
     except TypeError:  # a function that cannot be hashed: checked as any other
         return False
 
