@@ -29,7 +29,7 @@ _LISTS = {
     "AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE": "fp32_append_dtype",
     "AT_FORALL_PROMOTE": "promote",
 }
-# What autocast_mode.cpp registers for CUDA beside the shared lists (torch 2.10 to 2.14).
+# What autocast_mode.cpp registers for CUDA beside the shared lists (torch 2.13 to 2.14).
 _EXTRA = {
     "cudnn_convolution": "lower_precision_fp",
     "cudnn_convolution_transpose": "lower_precision_fp",

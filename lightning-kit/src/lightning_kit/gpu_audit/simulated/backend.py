@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.utils.backend_registration import _DummyPrivateUse1Hook, _setup_privateuseone_for_python_backend
 
 from . import autocast
 from .containment import contained
@@ -51,17 +52,12 @@ _BACKEND = types.SimpleNamespace(
 )
 
 
-def _hooks_class() -> type:
-    from torch.utils.backend_registration import _DummyPrivateUse1Hook
+class _Hooks(_DummyPrivateUse1Hook):
+    """With no primary context, the autograd engine keeps no stream of the device to restore after a backward
+    pass: a restore that calls Python from C++ code that must not raise (it aborts the process)."""
 
-    class Hooks(_DummyPrivateUse1Hook):
-        """With no primary context, the autograd engine keeps no stream of the device to restore after a backward
-        pass: a restore that calls Python from C++ code that must not raise (it aborts the process)."""
-
-        def has_primary_context(self, dev_id: int) -> bool:
-            return False
-
-    return Hooks
+    def has_primary_context(self, dev_id: int) -> bool:
+        return False
 
 
 def enable() -> None:
@@ -70,17 +66,11 @@ def enable() -> None:
     autograd engine's count of devices, made at the process's first backward pass, does not matter."""
     if _libraries:
         return
-    try:
-        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-    except ImportError as err:
-        raise SimulationUnavailableError(
-            f"the simulated GPU needs torch>=2.10 (its Python device backends); this is torch {torch.__version__}"
-        ) from err
     taken = torch._C._get_privateuse1_backend_name()
     if taken not in ("privateuseone", DEVICE_TYPE):
         raise SimulationUnavailableError(f"PyTorch's spare device type is already taken by {taken!r} in this process")
     if taken == "privateuseone":
-        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_BACKEND, hook=_hooks_class()())
+        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_BACKEND, hook=_Hooks())
     _SIMULATED[:] = [torch.device(DEVICE_TYPE, index) for index in range(DEVICE_COUNT)]
     _state.physical = _SIMULATED[0]
     _declared_rules()

@@ -16,6 +16,7 @@ import torch
 import torch._dynamo
 import torch.optim.optimizer
 import torch.utils._foreach_utils
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import BackwardHook
@@ -101,16 +102,10 @@ class _CodeChecks(TorchFunctionMode):
             raise
 
 
-_ORDINARY: dict[Any, bool] = {}  # {function: whether its device= and generator= arguments are all to check}
-
-
 def _ordinary(func) -> bool:
     """Whether ``func`` is none of those this mode handles, nor checked by its name (``.to``, ``.cuda``)."""
     try:
-        return _ORDINARY[func]
-    except KeyError:
-        ordinary = _ORDINARY[func] = not (func in _SPECIAL or getattr(func, "__name__", None) in ("cuda", "to"))
-        return ordinary
+        return not (func in _SPECIAL or getattr(func, "__name__", None) in ("cuda", "to"))
     except TypeError:  # a function that cannot be hashed: checked as any other
         return False
 
@@ -233,7 +228,7 @@ def _register_hook(mode, func, args, kwargs):
 def _moves(mode, func, args, kwargs):
     """``.to()`` and ``.cpu()``: an uninitialised parameter moves in place (``lazy``); a device tensor moved to the
     CPU is one the code made there."""
-    if lazy.is_lazy(args[0]):
+    if is_lazy(args[0]):
         _, placed_args, placed_kwargs = _placed(func, args, kwargs)
         done = lazy.moved(args[0], placed_args[1:] if func is torch.Tensor.to else ("cpu",), placed_kwargs)
         if done is not None:
@@ -398,7 +393,8 @@ def simulating(
             mock.patch.object(torch.autograd, "_engine_run_backward", _engine_run_checked),
             _CodeChecks(),
             own_indices(),
-            _foreach_paths(),
+            _foreach_path("torch.optim.optimizer"),
+            _foreach_path("torch.utils._foreach_utils"),
             cuda_api.replaced(),
             in_place.moves_in_place(),
             rnns_in_eval_refuse_backward(),
@@ -412,24 +408,12 @@ def simulating(
         _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building = previous
 
 
-# The tensor types that take PyTorch's foreach (multi-tensor) kernels in optimizers and gradient clipping: a GPU
-# runs Adam or clip_grad_norm_ as one operation over the parameters, and the simulated GPU's tensors take that
-# path too (PyTorch lists no tensor subclass). torch.optim deletes its submodules' names: found in sys.modules.
-_FOREACH_TYPES = [
-    sys.modules[name]._foreach_supported_types for name in ("torch.optim.optimizer", "torch.utils._foreach_utils")
-]
-
-
-@contextmanager
-def _foreach_paths() -> Iterator[None]:
-    added = [types for types in _FOREACH_TYPES if SimulatedTensor not in types]
-    for types in added:
-        types.append(SimulatedTensor)
-    try:
-        yield
-    finally:
-        for types in added:
-            types.remove(SimulatedTensor)
+def _foreach_path(module: str) -> Any:
+    """The tensor types of ``module`` that take PyTorch's foreach (multi-tensor) kernels, with the simulated GPU's:
+    a GPU runs Adam or clip_grad_norm_ as one operation over the parameters (PyTorch lists no tensor subclass).
+    torch.optim deletes its submodules' names: found in sys.modules."""
+    types = sys.modules[module]._foreach_supported_types
+    return mock.patch.object(sys.modules[module], "_foreach_supported_types", [*types, SimulatedTensor])
 
 
 def _as_written(model: Any = None, **options: Any) -> Any:

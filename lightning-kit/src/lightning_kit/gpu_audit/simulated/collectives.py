@@ -70,7 +70,7 @@ def _checked_only(operation: str, checked: int):
 class SimulatedProcessGroup(dist.ProcessGroup):
     """One rank of a DDP run on simulated GPUs: NCCL's device check, then the values every process would agree on."""
 
-    def __init__(self, rank: int, world_size: int, backend: str = BACKEND) -> None:
+    def __init__(self, store: Any, rank: int, world_size: int, timeout: Any, backend: str = BACKEND) -> None:
         super().__init__(rank, world_size)
         self._world_size, self._backend = world_size, backend
         self._group_name = self._group_desc = ""
@@ -166,12 +166,6 @@ class SimulatedProcessGroup(dist.ProcessGroup):
         return self.recv(tensors, 0, tag)
 
     allreduce_coalesced, allgather_coalesced = allreduce, allgather
-    # The names torch 2.10 calls them by.
-    _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
         note("barrier", ())
@@ -237,10 +231,6 @@ def _padding_gatherer(frame: Any) -> bool:
     return False
 
 
-def _creator(backend: str):
-    return lambda store, rank, world_size, timeout: SimulatedProcessGroup(rank, world_size, backend)
-
-
 def _new_group(original, ranks=None, timeout=None, backend=None, pg_options=None, *args: Any, **kwargs: Any):
     """``torch.distributed.new_group``, of a simulated backend: Gloo's rule for a ``gloo`` group, else NCCL's."""
     return original(ranks, timeout, HOST_BACKEND if "gloo" in str(backend).lower() else BACKEND, None, *args, **kwargs)
@@ -255,7 +245,9 @@ def process_group(rank: int, world_size: int) -> Iterator[None]:
         return
     for backend, devices in ((BACKEND, [DEVICE_TYPE]), (HOST_BACKEND, ["cpu", DEVICE_TYPE])):
         if not hasattr(dist.Backend, backend.upper()):
-            dist.Backend.register_backend(backend, _creator(backend), devices=devices)
+            dist.Backend.register_backend(
+                backend, functools.partial(SimulatedProcessGroup, backend=backend), devices=devices
+            )
     new_group = functools.partial(_new_group, dist.new_group)
     with (
         mock.patch.dict(os.environ, {"TORCH_DIST_INIT_BARRIER": "0"}),

@@ -302,17 +302,6 @@ def _of_the_simulated_gpu(function: Callable[..., Any], position: int = 0, name:
 _AUTOCAST = ("is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled", "set_autocast_dtype")
 
 
-def _autocast_replacements() -> list[tuple[Any, str, Any]]:
-    autocast, scaler, mode = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler, torch.amp.autocast_mode
-    return [
-        *((torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True)) for name in _AUTOCAST),
-        (autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1)),
-        (scaler, "__init__", _of_the_simulated_gpu(scaler.__init__, 1, "device", default=True)),
-        (torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)),
-        (mode, "is_autocast_available", _of_the_simulated_gpu(mode.is_autocast_available)),
-    ]
-
-
 def _answered(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -> list[tuple[Any, str, Any]]:
     """``(module, name, answer)`` for every public function of ``module`` (refused where ``answers`` has none) and
     each class ``answers`` has."""
@@ -334,7 +323,15 @@ def replaced() -> Iterator[None]:
     replacements += [(torch.cuda.nvtx, name, answer) for name, answer in NVTX.items()]
     replacements.append((torch.backends.cuda, "is_built", lambda: True))  # asked to choose a GPU path
     told = [(module, name, _told(getattr(module, name), answer)) for module, name, answer in replacements]
+    autocast, scaler, mode = torch.amp.autocast_mode.autocast, torch.amp.grad_scaler.GradScaler, torch.amp.autocast_mode
+    told += [
+        *((torch, name, _of_the_simulated_gpu(getattr(torch, name), default=True)) for name in _AUTOCAST),
+        (autocast, "__init__", _of_the_simulated_gpu(autocast.__init__, 1)),
+        (scaler, "__init__", _of_the_simulated_gpu(scaler.__init__, 1, "device", default=True)),
+        (torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(DEVICE_TYPE)),
+        (mode, "is_autocast_available", _of_the_simulated_gpu(mode.is_autocast_available)),
+    ]
     with contextlib.ExitStack() as stack:
-        for module, name, replacement in (*told, *_autocast_replacements()):
+        for module, name, replacement in told:
             stack.enter_context(mock.patch.object(module, name, replacement))
         yield

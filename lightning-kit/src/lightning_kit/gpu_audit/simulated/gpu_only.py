@@ -15,7 +15,6 @@ from .devices import NotSimulatedError
 _CPU_KEYS = ("CPU", "SparseCPU", "SparseCsrCPU")
 
 
-@functools.cache
 def _on_the_cpu(func) -> Callable[..., Any]:
     """``func``, or for an operation PyTorch runs only on GPUs, the same computation in CPU operations."""
     if func.namespace != "aten" or any(

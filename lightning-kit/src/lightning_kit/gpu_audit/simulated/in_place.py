@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from unittest import mock
 
 import torch
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import is_lazy
 
 _ledgers: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []  # each swaps_undone() block's, innermost last
 _OWN = ("elem", "_is_param", "_made_before")  # what a simulated tensor's own __dict__ holds, not the user's
@@ -54,7 +54,7 @@ def _apply_in_place(module: torch.nn.Module, fn, recurse: bool = True):
     if recurse:
         for child in module.children():
             child._apply(fn)
-    lazy = any(isinstance(param, UninitializedTensorMixin) for param in module._parameters.values())
+    lazy = any(is_lazy(param) for param in module._parameters.values())
     before = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(not lazy)
     try:

@@ -51,10 +51,6 @@ def _base(cls: type) -> type:
     return next(base for base in cls.__mro__ if base is not cls and issubclass(base, UninitializedTensorMixin))
 
 
-def is_lazy(value) -> bool:
-    return isinstance(value, UninitializedTensorMixin)
-
-
 def moved(tensor: torch.Tensor, args, kwargs) -> torch.Tensor | None:
     """``tensor.to(*args, **kwargs)`` of an uninitialised tensor between the CPU and the simulated GPU, in place;
     None where the move is another (to a dtype only, say): that one runs as PyTorch runs it."""

@@ -164,7 +164,7 @@ def _declared_rules() -> dict[str, str]:
 
 
 # Arguments that CUDA kernels read on the host, with the message of the check that refuses a GPU tensor. From
-# PyTorch's sources (torch 2.10 to 2.14, aten/src/ATen/native/): of the operations that take lengths, sizes,
+# PyTorch's sources (torch 2.13 to 2.14, aten/src/ATen/native/): of the operations that take lengths, sizes,
 # offsets or bounds as tensors, the others read them on the device, copy them to the host themselves, or run
 # on GPUs only. tests/test_host_arguments.py has a wrong and a right version of each.
 _PACKED = "'lengths' argument should be a 1D CPU int64 tensor, but got {dim}D {device} {dtype} tensor"  # for each
