@@ -909,6 +909,26 @@ class ReplicatePadding(Images):
         return F.pad(images, (1, 1, 1, 1), mode="replicate")
 
 
+class MaxEmbeddingBag(Probe):
+    """Bags of token ids, embedded by their largest value: the backward of max mode adds with atomics on CUDA."""
+
+    expected = bug("# max of each bag", kind="deterministic", said="embedding_bag_backward_cuda_max")
+    deterministic = True
+    mode = "max"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(16, 8, mode=self.mode)
+
+    def forward(self, features):
+        return self.net(self.bag(features.abs().mul(4).long().clamp(max=15)))  # max of each bag
+
+
+class MeanEmbeddingBag(MaxEmbeddingBag):
+    expected = PASSES
+    mode = "mean"
+
+
 class MaxPooling3d(Images):
     """3-d max pooling: its backward adds with atomics on CUDA."""
 

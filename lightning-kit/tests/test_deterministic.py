@@ -36,7 +36,7 @@ DOCUMENTED = {
     "torch.nn.ReflectionPad3d": {"reflection_pad3d_backward"},
     "torch.nn.NLLLoss": {"nll_loss2d_forward"},
     "torch.nn.CTCLoss": {"_ctc_loss_backward"},
-    "torch.nn.EmbeddingBag": {"_embedding_bag_dense_backward"},
+    "torch.nn.EmbeddingBag": {"_embedding_bag_backward", "_embedding_bag_dense_backward"},
     "torch.Tensor.put_": {"put_"},
     "torch.histc": {"histc"},
     "torch.bincount": {"bincount"},
@@ -100,3 +100,4 @@ def test_each_alert_names_an_operation_of_this_pytorch(key):
     packet = getattr(torch.ops.aten, name, None)
     assert packet is not None, key
     assert not overload or overload in packet.overloads(), (key, packet.overloads())
+

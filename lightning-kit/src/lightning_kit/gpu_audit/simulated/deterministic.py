@@ -95,7 +95,10 @@ ALERTS: dict[str, tuple[str, _Condition]] = {
         lambda arguments: arguments.get("reduction", 1) != 0,
     ),
     "_ctc_loss_backward": ("ctc_loss_backward_gpu", lambda arguments: not _cudnn_ctc(arguments)),
-    "_embedding_bag_dense_backward": ("embedding_bag_backward_cuda_max", lambda arguments: arguments["mode"] == 2),
+    **dict.fromkeys(  # the simulated GPU sees the first; CUDA's kernel is the second's
+        ("_embedding_bag_backward", "_embedding_bag_dense_backward"),
+        ("embedding_bag_backward_cuda_max", lambda arguments: arguments["mode"] == 2 and not arguments.get("sparse")),
+    ),
     "grid_sampler_2d_backward": ("grid_sampler_2d_backward_cuda", lambda arguments: not _cudnn_grid_sample(arguments)),
     "grid_sampler_3d_backward": ("grid_sampler_3d_backward_cuda", None),
     **dict.fromkeys(
