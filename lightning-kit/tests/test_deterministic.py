@@ -100,4 +100,3 @@ def test_each_alert_names_an_operation_of_this_pytorch(key):
     packet = getattr(torch.ops.aten, name, None)
     assert packet is not None, key
     assert not overload or overload in packet.overloads(), (key, packet.overloads())
-
