@@ -365,9 +365,8 @@ def _no_step(stage: str, model: L.LightningModule, data: Any) -> str:
 
 @contextmanager
 def _process_state_kept() -> Iterator[None]:
-    """Leave the random generators, the default device and Lightning's loggers' levels as found, and keep Lightning's
-    messages out of the report meanwhile: its advice for a full run does not apply to two batches."""
-    device = torch.get_default_device()
+    """Leave the random generators and Lightning's loggers' levels as found, and keep Lightning's messages out of the
+    report meanwhile: its advice for a full run does not apply to two batches."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -379,5 +378,3 @@ def _process_state_kept() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-        if torch.get_default_device() != device:  # the model's code set it (to the simulated GPU)
-            torch.set_default_device(None if device == torch.device("cpu") else device)

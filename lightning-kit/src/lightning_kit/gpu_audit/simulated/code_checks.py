@@ -380,6 +380,7 @@ def simulating(
         _state.is_user_code = is_user_code
     _state.user_files = {}
     discard()  # nothing of an earlier run is raised in this one
+    default_device = torch.get_default_device()
     try:
         # torch.compile cannot trace these tensors. Backward passes run on this thread (the engine counted its
         # device threads at the process's first backward pass, which may have come before the simulated GPU).
@@ -406,6 +407,8 @@ def simulating(
                 raise_kept()  # one kept in a backward pass that no call of ours saw return
     finally:
         _state.index, _state.is_user_code, _state.answering, _state.user_files, _state.building = previous
+        if torch.get_default_device() != default_device:  # the code set it (to the simulated GPU): as found
+            torch.set_default_device(None if default_device == torch.device("cpu") else default_device)
 
 
 def _foreach_path(module: str) -> Any:
