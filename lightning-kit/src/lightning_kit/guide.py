@@ -31,11 +31,11 @@ def rules(first: int, last: int | None = None) -> str:
     # A rule runs to the next heading of its level: the next rule's, or the section after the rules.
     sections = re.split(r"(?m)^(?=## )", text())
     numbered = {int(found[1]): section.rstrip() for section in sections if (found := _RULE.match(section))}
-    last = first if last is None else last
+    last, there = first if last is None else last, f"the guide has rules 1 to {max(numbered)}"
     if last < first:
-        raise ValueError(f"the range is reversed: give {last}-{first}")
+        raise ValueError(f"the range is reversed: give {last}-{first}; {there}")
     if first not in numbered or last not in numbered:
-        raise ValueError(f"the guide has rules 1 to {max(numbered)}")
+        raise ValueError(there)
     return "\n\n".join(section for number, section in numbered.items() if first <= number <= last) + "\n"
 
 
