@@ -17,12 +17,14 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -448,6 +450,16 @@ def postgres_url() -> Iterator[str]:
 
 
 # Image files for the tests of listing and decoding.
+def png_header(width: int, height: int) -> bytes:
+    """A PNG file that says it holds ``width`` x ``height`` pixels, with next to no data: a decompression bomb."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
 ORANGE = (200, 100, 50)
 
 

@@ -564,7 +564,7 @@ CASES = {
     "guide-rule-not-there": Case("guide", ["40"], "rules 1 to", 2),
     "guide-rule-0": Case("guide", ["0"], "rules 1 to", 2),
     "guide-not-a-rule": Case("guide", ["rm -rf"], "not a rule", 2),
-    "guide-range-backwards": Case("guide", ["9-2"], "rules 1 to", 2),
+    "guide-range-backwards": Case("guide", ["9-2"], "reversed: give 2-9; the guide has rules 1 to", 2),
     "lint-file-missing": Case("lint_placement", ["nowhere.py"], "nowhere.py"),
     "lint-a-fifo": Case("lint_placement", ["f.py"], "f.py", 1, fifo("f.py")),
     "lint-a-link-to-a-fifo": Case("lint_placement", ["l.py"], "l.py", 1, both(fifo("f.py"), link("l.py", "f.py"))),

@@ -47,3 +47,12 @@ def test_a_run_config_that_expands_without_bound_is_one_line_naming_it(in_tmp_pa
         main(["test", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     message = str(exit_info.value.code)
     assert message.startswith("error: ") and f"config.yaml: its aliases (*name) expand to over {MAX_VALUES}" in message
+
+
+@pytest.mark.parametrize("content", ["", "# only a comment\n"], ids=["empty", "comment"])
+def test_an_empty_config_file_is_said_to_be_empty(in_tmp_path, capsys, content):
+    """Not jsonargparse's 'Unexpected config: ' with nothing after it."""
+    config = in_tmp_path / "empty.yaml"
+    config.write_text(content)
+    message = refused(["--config", str(config)], capsys)
+    assert message.startswith(f"error: --config {config} is empty: "), message

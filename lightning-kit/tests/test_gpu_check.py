@@ -127,6 +127,12 @@ def test_the_project_is_found_in_its_folder_with_its_package_and_configuration(t
 def test_a_project_that_is_not_there_is_one_line(tmp_path):
     """No train.py for a project's command line, no configuration, a configuration that is not a file, a package
     without a bench command, two packages to choose from: each names its flag."""
+    for of_a_project in ((ProjectCLI,), ()):
+        with pytest.raises(UserError, match=r"^--project .*nope does not exist: give the project's folder"):
+            find_project(tmp_path / "nope", None, None, *of_a_project)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match=r"^--project .*file is not a folder: give the project's folder"):
+        find_project(tmp_path / "file", None, None)
     with pytest.raises(UserError, match=r"^--project .* holds no train\.py"):
         find_project(tmp_path, None, None, ProjectCLI)
     with pytest.raises(UserError, match=r"synthetic\.yaml is not there: run the check in the project's folder"):

@@ -29,7 +29,17 @@ def test_a_rule_or_a_range_prints_those_rules_whole_and_no_others(asked, first, 
     assert "## The audit" not in out  # the last rule ends where the next section starts
 
 
-@pytest.mark.parametrize(("asked", "said"), [("40", "rules 1 to 23"), ("x", "not a rule"), ("3-", "not a rule")])
+@pytest.mark.parametrize(
+    ("asked", "said"),
+    [
+        ("40", "rules 1 to 23"),
+        ("1-999", "rules 1 to 23"),
+        ("0-5", "rules 1 to 23"),
+        ("3-1", "the range is reversed: give 1-3"),
+        ("x", "not a rule"),
+        ("3-", "not a rule"),
+    ],
+)
 def test_a_rule_that_is_not_there_is_one_line_and_exit_status_2(asked, said, capsys):
     with pytest.raises(SystemExit) as stop:
         guide.main([asked])

@@ -9,11 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ORANGE, solid
+from conftest import ORANGE, png_header, solid
 from PIL import Image
 
 from lightning_kit.data import DataUnavailableError, image_decoding
-from lightning_kit.data.image_decoding import UnreadableImageError, channel_stats, load_images
+from lightning_kit.data.image_decoding import (
+    ImageTooLargeError,
+    UnreadableImageError,
+    channel_stats,
+    decode_image,
+    load_images,
+)
 from lightning_kit.data.image_files import list_labelled_images
 from lightning_kit.errors import ConfigError
 
@@ -230,3 +236,15 @@ def test_a_channel_that_never_varies_gets_the_deviation_of_one_level_not_zero():
     means, stds = channel_stats(images)
     assert means[1] == 0 and stds[1] == 1 / 255 and stds[2] == 1 / 255
     assert stds[0] > 1 / 255
+
+
+@pytest.mark.parametrize(
+    ("side", "said"),
+    [(10_000, "10000x10000"), (20_000, "400,000,000")],
+    ids=["under Pillow's limit", "over Pillow's limit"],
+)
+def test_an_image_over_max_pixels_names_that_limit_whatever_pillow_allows(side, said):
+    """Pillow refuses over twice its MAX_IMAGE_PIXELS itself, unsized: said as the caller's limit all the same."""
+    with pytest.raises(ImageTooLargeError) as refused:
+        decode_image(png_header(side, side), 32, 50_000_000)
+    assert str(refused.value) == f"an image of {said} pixels, more than 50,000,000"

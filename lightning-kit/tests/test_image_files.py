@@ -67,6 +67,13 @@ def test_predict_reads_a_file_a_list_or_a_folder(layout, tmp_path):
     assert unlabelled.files == tuple(layout / "cat" / name for name in ("a.jpg", "b.png", "deeper/c.PNG"))
 
 
+def test_a_list_saved_with_a_byte_order_mark_is_read(layout, tmp_path):
+    """Notepad saves UTF-8 with a byte order mark: it is no part of the first path."""
+    listing = tmp_path / "todo.txt"
+    listing.write_text("train/dog/z.jpeg\n", encoding="utf-8-sig")
+    assert list_images(listing, ("cat", "dog")).files == (layout / "dog" / "z.jpeg",)
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

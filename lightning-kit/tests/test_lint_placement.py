@@ -321,6 +321,21 @@ def test_it_runs_as_python_m_lightning_kit_lint_placement(in_tmp_path):
     assert (clean.returncode, clean.stdout, clean.stderr) == (0, "", "")
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_usage_and_exits_0(flag, capsys):
+    assert lint_placement.main([flag]) == 0
+    out, err = capsys.readouterr()
+    assert "python -m lightning_kit.lint_placement FILES..." in out and err == "", (out, err)
+
+
+def test_nothing_to_check_is_one_line_and_exit_2(in_tmp_path, capsys):
+    """No FILES, and neither src/ nor train.py here: said, so as not to read as a pass."""
+    assert lint_placement.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: nothing to check: ") and len(err.splitlines()) == 1, err
+    assert "src/" in err and "train.py" in err, err
+
+
 def test_invalid_python_is_one_line_naming_its_line(tmp_path, capsys):
     planted = tmp_path / "planted.py"
     planted.write_text("import torch\n\nx = (\n", encoding="utf-8")

@@ -14,13 +14,11 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 import zipfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from io import BytesIO
@@ -29,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HANG_GUARD_S, wait_until_healthy
+from conftest import HANG_GUARD_S, png_header, wait_until_healthy
 from conftest import _free_port as free_port
 from image_project.cli import ProjectCLI as ImageCLI
 from image_project.cli import main as train_image
@@ -205,16 +203,6 @@ def sample_files() -> dict[str, bytes]:
 IMAGE = (encoded(torch.zeros(32, 32, 3, dtype=torch.uint8)), "image/png")
 
 
-def png_header(width: int, height: int) -> bytes:
-    """A PNG file that says it holds ``width`` x ``height`` pixels, with next to no data: a decompression bomb."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-    return b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-
-
 def form(*files: tuple[str, bytes], boundary: str = "b0undary") -> tuple[bytes, str]:
     """A multipart form body holding ``files`` (named ``file``), and its Content-Type."""
     head = '--{}\r\nContent-Disposition: form-data; name="file"; filename="{}"\r\nContent-Type: image/png\r\n\r\n'
@@ -328,6 +316,8 @@ def test_a_bad_request_answers_its_4xx_and_the_server_keeps_serving(exported, se
     """Each bad request answers its 4xx with a JSON detail, never a 500; a good request is answered after it."""
     answered, _, answer = request(server, body, content_type)
     assert (answered, type(answer.get("detail"))) == (status, str), answer
+    if what in ("a decompression bomb", "more pixels than --max_pixels"):  # the server's limit, not Pillow's
+        assert answer["detail"].endswith(f", more than {MAX_PIXELS:,}: send a smaller image"), answer
     assert request(server, *GOOD[exported.project.task])[0] == 200
 
 

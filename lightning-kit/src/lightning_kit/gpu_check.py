@@ -84,6 +84,9 @@ def find_project(
 ) -> Project:
     """The project in ``folder``: its package (given, ``cli_class``'s, or found), configuration and training."""
     folder = Path(folder)
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise UserError(f"--project {folder} {what}: give the project's folder (where train.py is)")
     own = cli_class.own_package()
     has_train = (folder / "train.py").is_file()
     if not has_train and own is not None:

@@ -26,14 +26,17 @@ def text() -> str:
 
 
 def rules(first: int, last: int | None = None) -> str:
-    """Rules ``first`` to ``last`` (or ``first`` alone) of the guide; ValueError names the rules there are."""
+    """Rules ``first`` to ``last`` (or ``first`` alone) of the guide; ValueError for a reversed range or a rule not
+    there (naming the rules there are)."""
     # A rule runs to the next heading of its level: the next rule's, or the section after the rules.
     sections = re.split(r"(?m)^(?=## )", text())
-    numbered = [(int(found[1]), section.rstrip()) for section in sections if (found := _RULE.match(section))]
-    chosen = [section for number, section in numbered if first <= number <= (first if last is None else last)]
-    if not chosen:
-        raise ValueError(f"the guide has rules 1 to {numbered[-1][0]}")
-    return "\n\n".join(chosen) + "\n"
+    numbered = {int(found[1]): section.rstrip() for section in sections if (found := _RULE.match(section))}
+    last, there = first if last is None else last, f"the guide has rules 1 to {max(numbered)}"
+    if last < first:
+        raise ValueError(f"the range is reversed: give {last}-{first}; {there}")
+    if first not in numbered or last not in numbered:
+        raise ValueError(there)
+    return "\n\n".join(section for number, section in numbered.items() if first <= number <= last) + "\n"
 
 
 def cite(rules_cited: str) -> str:

@@ -3,7 +3,8 @@
     python -m lightning_kit.lint_placement FILES...   # no FILES: src/ and train.py of the current folder
 
 Each placement is printed as ``path:line: <what> — <the fix>``, citing the placement guide's rule (``python -m
-lightning_kit.guide``), and the exit status is 1; else 0.
+lightning_kit.guide``), and the exit status is 1; else 0. With no FILES and neither ``src/`` nor ``train.py`` here,
+nothing is checked: that is said in one line, exit status 2. ``--help`` prints this text.
 
 Found: ``.cuda()`` and ``.cpu()`` (also uncalled, or through ``getattr``); ``.to(...)`` a device (``"cuda"``, ``0``,
 ``device``, ``x.device``, ``torch.device(...)``); ``torch.device`` of an accelerator or an index; a device written into
@@ -399,11 +400,18 @@ def check(paths: list[Path], errors: list[str] | None = None) -> list[str]:
 
 @command
 def main(args: list[str] | None = None) -> int:
-    """Exit status 1 where a placement was found or a file could not be read, else 0; a folder: its files."""
+    """Exit status 1 where a placement was found or a file could not be read, 2 where there is nothing to check,
+    else 0; a folder: its files."""
     names = sys.argv[1:] if args is None else args
+    if "-h" in names or "--help" in names:
+        print(__doc__.strip())
+        return 0
     errors = [f"error: {name!r} holds a NUL character (\\0): no file is named so" for name in names if "\0" in name]
     names = [name for name in names if "\0" not in name]
     paths = [Path(name) for name in names] if names or errors else project_files(Path.cwd())
+    if not paths and not errors:
+        print(f"error: nothing to check: no FILES given, and no src/ or train.py in {Path.cwd()}", file=sys.stderr)
+        return 2
     found = {  # rglob does not follow links to folders, so a link back up does not loop
         path: sorted(p for p in path.rglob("*.py") if not p.is_dir()) if path.is_dir() else [path] for path in paths
     }

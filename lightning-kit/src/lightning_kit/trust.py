@@ -19,7 +19,7 @@ import yaml
 
 from .command_line import CONFIG_FLAGS, CommandLine
 from .config_files import SUFFIXES, is_config_file, read_config, read_config_file
-from .errors import UserError
+from .errors import ConfigError, UserError
 
 # The package of the command line running and its KitCLI.trusted_modules (check_command_line).
 _trusted: list[str] = []
@@ -86,6 +86,8 @@ def check_command_line(args: Iterable[str], trusted: Iterable[str]) -> tuple[lis
             continue
         if flag in CONFIG_FLAGS:
             configs[Path(value)] = read_config(Path(value))
+            if configs[Path(value)] is None:  # not jsonargparse's "Unexpected config: " with nothing after it
+                raise ConfigError(f"{flag} {value} is empty: give a YAML file of settings, one `key: value` a line")
         # Any other file jsonargparse would read: a whole group's or class's (--data: no dot), or a .yaml/.json.
         elif flag != "--ckpt_path" and not Path(value).is_dir() and ("." not in flag or value.endswith(SUFFIXES)):
             read_config_file(Path(value))  # too large, not text, or expanding without end: refused before being read

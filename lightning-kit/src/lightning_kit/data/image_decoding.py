@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -180,8 +181,12 @@ def decode_image(data: bytes, size: int, max_pixels: int) -> np.ndarray:
         return _decode(data, size, max_pixels)
     except ImageTooLargeError:
         raise
-    except Image.DecompressionBombError as err:  # over twice Pillow's own limit: refused by Image.open
-        raise ImageTooLargeError(_reason(err)) from err
+    except Image.DecompressionBombError as err:  # over twice Pillow's own limit: refused by Image.open, unsized
+        if max_pixels > 2 * Image.MAX_IMAGE_PIXELS:  # a max_pixels above what Pillow opens: Pillow's limit is the one
+            raise ImageTooLargeError(_reason(err)) from err
+        found = re.search(r"\((\d+) pixels\)", str(err))  # Pillow's "Image size (N pixels) exceeds limit of ..."
+        pixels = f"{int(found[1]):,}" if found else f"over {2 * Image.MAX_IMAGE_PIXELS:,}"
+        raise ImageTooLargeError(f"an image of {pixels} pixels, more than {max_pixels:,}") from err
     except Exception as err:  # corrupt files make decoders raise almost any type
         raise UnreadableImageError(_reason(err)) from err
 

@@ -224,7 +224,7 @@ def _read_list(list_file: Path) -> tuple[Path, ...]:
     """
     try:
         with open_regular(list_file) as file:
-            lines = file.read().decode("utf-8").splitlines()
+            lines = file.read().decode("utf-8-sig").splitlines()  # Notepad writes a BOM
     except (OSError, UnicodeDecodeError) as err:
         raise DataUnavailableError(f"{list_file} cannot be read as a UTF-8 list of images ({err})") from err
     files = []
