@@ -167,11 +167,12 @@ class Unreachable(Logger):
 
 
 class Misconfigured(Callback):
-    def __init__(self, mode: str = "min") -> None:
+    def __init__(self, mode: str = "min", token: str = "") -> None:
         raise ValueError(f"mode can be min or max, got {mode}")
 
 
 SECRET_URL = "postgresql://me:s3cret@127.0.0.1:1/db"
+TOKEN = ["--trainer.callbacks.token", "s3cret-token"]
 
 
 @pytest.mark.parametrize(
@@ -189,8 +190,9 @@ SECRET_URL = "postgresql://me:s3cret@127.0.0.1:1/db"
             f"error: --trainer.logger: {__name__}.Unreachable(url='postgresql://me:***@127.0.0.1:1/db') could not be",
         ),
         (
-            ["--trainer.callbacks+", f"{__name__}.Misconfigured", "--trainer.callbacks.mode", "foo"],
-            f"error: --trainer.callbacks: {__name__}.Misconfigured(mode='foo') could not be built: ValueError: mode",
+            ["--trainer.callbacks+", f"{__name__}.Misconfigured", "--trainer.callbacks.mode", "foo", *TOKEN],
+            f"error: --trainer.callbacks: {__name__}.Misconfigured(mode='foo', token=***) could not be built: "
+            "ValueError: mode can be min or max, got foo",
         ),
     ],
     ids=["flag", "config", "callback"],

@@ -27,7 +27,7 @@ from .errors import (
     exception_chain,
     nul_refusal,
 )
-from .passwords import scrubbed
+from .passwords import hidden, scrubbed
 from .upstream import jsonargparse as said
 
 
@@ -289,7 +289,7 @@ def noted_failure(failures: list[tuple[type, dict[str, Any], Exception]], config
         return err
     parameters = inspect.signature(cls).parameters
     given = ", ".join(
-        f"{name}={value!r}"
+        hidden(f"{name}={value!r}")  # a token=..., an api_key=..., a URL's password
         for name, value in kwargs.items()
         if name not in parameters or not _same(value, parameters[name].default)
     )
