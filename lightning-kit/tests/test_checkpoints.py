@@ -135,6 +135,19 @@ def test_last_is_the_run_lightning_numbered_last_whatever_the_clock_said(in_tmp_
     assert latest_checkpoint(RUNS) == newer
 
 
+def test_last_is_the_newest_run_among_runs_of_a_name_of_their_own_by_their_checkpoints_time(in_tmp_path):
+    """A run named by --trainer.logger.init_args.version (`same`, resumed into its folder) is as new as its newest
+    checkpoint: newer than a numbered run saved before it, older than one saved after it."""
+    named, numbered = RUNS / "same" / "checkpoints" / "last.ckpt", checkpoint(7)
+    for path in (named, numbered):
+        path.parent.mkdir(parents=True)
+        torch.save({"global_step": 3}, path)
+    for newer, older in ((named, numbered), (numbered, named)):
+        os.utime(older, ns=(0, 1_000_000_000 * 1_000_000_000))
+        os.utime(newer, ns=(0, 1_000_000_100 * 1_000_000_000))
+        assert latest_checkpoint(RUNS) == newer
+
+
 def test_a_checkpoint_names_the_model_class_and_another_class_is_refused_its_weights(tmp_path):
     """Every checkpoint of a run names its model's class (RunClasses); a model of another class built for it (a
     run's config.yaml edited since) is refused in one line, though its weights have the same shapes."""

@@ -68,6 +68,12 @@ def test_a_url_is_shown_without_its_password_in_any_form(url, kept):
         assert kept in shown, shown
 
 
+def test_a_url_without_its_scheme_is_shown_without_its_password():
+    """A URL mistyped without its ``scheme://`` is refused by the message that shows it: its password hidden."""
+    assert passwords.hidden("team:HushKx9q@db/studies?password=Kx9q") == "team:***@db/studies?password=***"
+    assert passwords.hidden("team@db/studies") == "team@db/studies"
+
+
 def test_a_url_without_a_password_is_shown_as_given():
     for url in ("sqlite:////tmp/a@b/study.db", "sqlite:///runs/study.db", "postgresql+psycopg://team@db:5432/studies"):
         assert passwords.hidden(url) == url

@@ -6,9 +6,13 @@ class path, ``GenericCLI``): what they refuse, they refuse in their constructor,
 run that fails for a reason that names no argument given, is a bug of its own and keeps its traceback.
 """
 
+from pathlib import Path
+
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -150,3 +154,73 @@ def test_a_run_that_fails_for_a_reason_that_names_no_argument_keeps_its_tracebac
     monkeypatch.setattr(Scorer, "training_step", failing_step)
     with pytest.raises(ValueError, match="the model's own bug"):
         kit_cli.main(kit_cli.GenericCLI, ["fit", *NAMED, *QUICK, "--data.batch_size", "4"])
+
+
+class Unreachable(Logger):
+    """A logger whose store cannot be reached: its constructor raises, naming the URL it was given."""
+
+    def __init__(self, url: str = "", retries: int = 3) -> None:
+        raise ConnectionError(f"cannot connect to {url}")
+
+    name = version = None
+    log_hyperparams = log_metrics = None
+
+
+class Misconfigured(Callback):
+    def __init__(self, mode: str = "min", token: str = "") -> None:
+        raise ValueError(f"mode can be min or max, got {mode}")
+
+
+SECRET_URL = "postgresql://me:s3cret@127.0.0.1:1/db"
+TOKEN = ["--trainer.callbacks.token", "s3cret-token"]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        # A flag alone, and a list of loggers in a config file, where jsonargparse tries each type of the union
+        # (Logger | Iterable[Logger] | bool) and kept only each type's message, in a traceback.
+        (
+            ["--trainer.logger", f"{__name__}.Unreachable", "--trainer.logger.url", SECRET_URL],
+            f"error: --trainer.logger: {__name__}.Unreachable(url='postgresql://me:***@127.0.0.1:1/db') could not be "
+            "built: ConnectionError: cannot connect to postgresql://me:***@127.0.0.1:1/db",
+        ),
+        (
+            ["--config", "loggers.yaml"],
+            f"error: --trainer.logger: {__name__}.Unreachable(url='postgresql://me:***@127.0.0.1:1/db') could not be",
+        ),
+        (
+            ["--trainer.callbacks+", f"{__name__}.Misconfigured", "--trainer.callbacks.mode", "foo", *TOKEN],
+            f"error: --trainer.callbacks: {__name__}.Misconfigured(mode='foo', token=***) could not be built: "
+            "ValueError: mode can be min or max, got foo",
+        ),
+    ],
+    ids=["flag", "config", "callback"],
+)
+def test_a_logger_or_callback_that_raises_as_it_is_built_is_one_line_naming_its_flag_with_no_password(
+    given, expected, in_tmp_path, capsys
+):
+    Path("loggers.yaml").write_text(
+        "trainer:\n  logger:\n    - class_path: lightning_kit.loggers.CSVAndTensorBoardLogger\n"
+        f"    - class_path: {__name__}.Unreachable\n      init_args:\n        url: {SECRET_URL}\n"
+    )
+    with pytest.raises(SystemExit) as stop:
+        kit_cli.main(kit_cli.GenericCLI, ["fit", *NAMED, *QUICK, *given])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 1 and err.strip().startswith(expected) and "\n" not in err.strip(), err[-3000:]
+    assert "s3cret" not in out + err and "Traceback" not in err
+    assert not any("s3cret" in path.read_text(errors="replace") for path in Path().rglob("*") if path.is_file()
+                   and path.name != "loggers.yaml")  # fmt: skip
+
+
+def test_mlflow_that_cannot_open_its_store_is_one_line_naming_the_logger(in_tmp_path, capsys):
+    """A store MLflow cannot open fails at once (a server it cannot reach, after its retries: Unreachable above)."""
+    pytest.importorskip("mlflow")
+    Path("not-a-folder").write_text("")
+    given = ["--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger"]
+    given += ["--trainer.logger.tracking_uri", f"sqlite:///{in_tmp_path}/not-a-folder/mlflow.db"]
+    with pytest.raises(SystemExit) as stop:
+        kit_cli.main(kit_cli.GenericCLI, ["fit", *NAMED, *QUICK, *given])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 1 and "\n" not in err, err[-3000:]
+    assert err.startswith("error: --trainer.logger: lightning.pytorch.loggers.mlflow.MLFlowLogger(tracking_uri="), err

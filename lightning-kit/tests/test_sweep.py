@@ -232,6 +232,7 @@ def test_a_bad_space_file_ends_in_one_line_naming_it(in_tmp_path, sweep_args, sp
         (["--trials", "0"], "argument --trials: invalid int from 1 to 1000000 value: '0'"),
         (["--trials", "2", "--sampler", "bayes"], "argument --sampler: invalid choice: 'bayes'"),
         (["--trials", "2", "--storage", "not a url"], "--storage 'not a url' is not a database URL"),
+        (["--trials", "2", "--storage", "me:s3cret@host"], "--storage 'me:***@host' is not a database URL"),
         (["--trials", "2", "--storage", "mysql+nosuchdriver://me@127.0.0.1/db"], "--storage mysql+nosuchdriver"),
         (["--trials", "2", "--storage", "postgresql+psycopg://me@127.0.0.1:9/db"], "--storage postgresql+psycopg"),
     ],

@@ -66,13 +66,23 @@ def latest_checkpoint(runs_root: str | Path, report=print) -> Path:
     if not candidates:
         raise CheckpointError(f"--ckpt_path last: no run under {runs_root}/ has a last.ckpt or on_exception.ckpt")
 
-    # The newest run by Lightning's numbering of its folders (version_3 after version_2), then by file time: a clock
-    # set back (a laptop's, a cluster node's) must not make an older run's checkpoint the newest.
+    # The newest run by the time of its newest checkpoint, but a run Lightning numbered later (version_3 after
+    # version_2) is newer whatever the clock said: a clock set back (a laptop's, a cluster node's) must not make an
+    # older run's checkpoint the newest. A run of a name of its own (--trainer.logger.init_args.version) has its time.
     def run_number(path: Path) -> int:
         found = _VERSION.fullmatch(path.parent.parent.name)
         return int(found[1]) if found else -1
 
-    for path in sorted(candidates, key=lambda path: (run_number(path), candidates[path]), reverse=True):
+    run_times: dict[Path, int] = {}
+    for path, time in candidates.items():
+        run_times[path.parent] = max(time, run_times.get(path.parent, time))
+    latest = 0
+    for path in sorted((path for path in candidates if run_number(path) >= 0), key=run_number):
+        latest = run_times[path.parent] = max(latest, run_times[path.parent])
+    newest_first = sorted(
+        candidates, key=lambda path: (run_times[path.parent], run_number(path), candidates[path]), reverse=True
+    )
+    for path in newest_first:
         try:
             check_file(path)
             # Memory-mapped: only the few values read here are loaded, not the weights.

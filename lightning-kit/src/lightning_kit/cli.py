@@ -55,6 +55,8 @@ from .parser import (
     check_run_arguments,
     constructor_failure,
     empty_split,
+    noted_failure,
+    noting_failures,
     run_refusal,
 )
 from .project import ProjectFile, project_file, read_project
@@ -208,14 +210,15 @@ class KitCLI(LightningCLI):
             CSVPredictionWriter.check_path(config.predictions.path, config.predictions.overwrite)
 
     def instantiate_classes(self) -> None:
-        try:
-            super().instantiate_classes()
-        except Exception as err:
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            failure = constructor_failure(err, config, self.fixed_model_class())
-            if failure is None:
-                raise
-            raise failure from err
+        with noting_failures() as failures:
+            try:
+                super().instantiate_classes()
+            except Exception as err:
+                config = self.config[self.subcommand] if self.subcommand else self.config
+                failure = constructor_failure(err, config, self.fixed_model_class()) or noted_failure(failures, config)
+                if failure is None:
+                    raise
+                raise failure from err
 
     def fixed_model_class(self) -> type | None:
         """The model's class where the configuration does not name one (``subclass_mode_model`` off)."""

@@ -6,12 +6,16 @@ import inspect
 import re
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.loggers import Logger
 
 from .arguments import SEED_MAX, TRAINER, check_trainer, is_integer
 from .errors import (
@@ -23,7 +27,7 @@ from .errors import (
     exception_chain,
     nul_refusal,
 )
-from .passwords import scrubbed
+from .passwords import hidden, scrubbed
 from .upstream import jsonargparse as said
 
 
@@ -67,7 +71,9 @@ class KitArgumentParser(LightningArgumentParser):
 
     def instantiate(self, namespace: Namespace, *args, **kwargs) -> Namespace:
         """Build the classes from plain numbers, not jsonargparse's bounded types (an ``int`` of the class
-        ``BatchSize``), which hyperparameters would keep and a checkpoint's ``weights_only`` load refuse."""
+        ``BatchSize``), which hyperparameters would keep and a checkpoint's ``weights_only`` load refuse. A logger or
+        a callback that raises as it is built is noted (``noting_failures``)."""
+        kwargs.setdefault("instantiators", [(_noted, Logger, True), (_noted, Callback, True)])
         return super().instantiate(_plain_numbers(namespace), *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
@@ -247,6 +253,63 @@ def constructor_failure(err: BaseException, config, model_class: type | None = N
     return RefusedArgumentError(
         f"--{key} ({cls.__module__}.{cls.__qualname__}) refused its arguments {_shown(given)}: {_reason(root)}"
     )
+
+
+# What the loggers and callbacks raised as they were built, while noted: jsonargparse, trying each type of a union
+# (the Trainer's ``logger: Logger | Iterable[Logger] | bool``), keeps only the message of each type's error.
+_failures: ContextVar[list[tuple[type, dict[str, Any], Exception]] | None] = ContextVar("failures", default=None)
+
+
+def _noted(cls: type, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return cls(*args, **kwargs)
+    except Exception as err:
+        if (failures := _failures.get()) is not None:
+            failures.append((cls, kwargs, err))
+        raise
+
+
+@contextmanager
+def noting_failures() -> Iterator[list[tuple[type, dict[str, Any], Exception]]]:
+    """The class, arguments and error of each logger and callback that raises as it is built, within."""
+    token = _failures.set([])
+    try:
+        yield _failures.get()
+    finally:
+        _failures.reset(token)
+
+
+def noted_failure(failures: list[tuple[type, dict[str, Any], Exception]], config) -> BaseException | None:
+    """One line for the last logger or callback of ``failures`` (``noting_failures``), naming its flag, the arguments
+    given it and its error; a mistake it said in one line itself, as it was; None where there is none."""
+    if not failures:
+        return None
+    cls, kwargs, err = failures[-1]
+    if isinstance(err, UserError):
+        return err
+    parameters = inspect.signature(cls).parameters
+    given = ", ".join(
+        hidden(f"{name}={value!r}")  # a token=..., an api_key=..., a URL's password
+        for name, value in kwargs.items()
+        if name not in parameters or not _same(value, parameters[name].default)
+    )
+    flag = _flag_of(cls, config, [])
+    return NotBuiltError(
+        f"{flag + ': ' if flag else ''}{cls.__module__}.{cls.__qualname__}({given}) could not be built: {_reason(err)}"
+    )
+
+
+def _flag_of(cls: type, node: Any, keys: list[str]) -> str | None:
+    """The flag of ``node``'s class spec (or a list's) that names ``cls``: ``--trainer.logger``."""
+    for item in node if isinstance(node, list) else [node]:
+        if not isinstance(item, Namespace) or len(keys) > 5:
+            continue
+        if _loaded_class(item.get("class_path")) is cls:
+            return f"--{'.'.join(keys)}"
+        for name, value in vars(item).items():
+            if (flag := _flag_of(cls, value, [*keys, name])) is not None:
+                return flag
+    return None
 
 
 def run_refusal(err: BaseException, config, stage: str, model_class: type | None = None) -> RefusedArgumentError | None:

@@ -26,7 +26,9 @@ _remembered: set[str] = set()
 def hidden(url: str) -> str:
     """``url`` with its password, and any secret query parameter, replaced by ``***``; any text is accepted."""
     text = str(url)
-    if "://" not in text:
+    if "://" not in text:  # no URL, or one mistyped (``user:secret@host``): a password in it is hidden all the same
+        head, mark, query = text.partition("?")
+        text = f"{_masked_authority(head)}{mark}{query}"
         return _mask_query(text) if "=" in text else text
     result = _by_pattern(text)
     for secret in _candidates(text):
@@ -77,11 +79,16 @@ def _by_pattern(text: str) -> str:
     """``scheme://user:***@rest``: the user information ends at the last ``@`` before the query."""
     scheme, _, rest = text.partition("://")
     authority, mark, query = rest.partition("?")
-    if not authority.startswith("/") and "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
-        user, colon, _ = userinfo.partition(":")
-        authority = f"{user}{':' + MASK if colon else ''}@{host}"
-    return f"{scheme}://{authority}{_mask_query(mark + query)}"
+    return f"{scheme}://{_masked_authority(authority)}{_mask_query(mark + query)}"
+
+
+def _masked_authority(authority: str) -> str:
+    """``user:***@host``: what lies between the user name and the last ``@`` of ``authority`` (and its path) masked."""
+    if authority.startswith("/") or "@" not in authority:
+        return authority
+    userinfo, _, host = authority.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    return f"{user}{':' + MASK if colon else ''}@{host}"
 
 
 def _mask_query(text: str) -> str:
