@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
-from jsonargparse import DefaultHelpFormatter, Namespace
+from jsonargparse import DefaultHelpFormatter, Namespace, add_instantiator
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
@@ -71,9 +71,7 @@ class KitArgumentParser(LightningArgumentParser):
 
     def instantiate(self, namespace: Namespace, *args, **kwargs) -> Namespace:
         """Build the classes from plain numbers, not jsonargparse's bounded types (an ``int`` of the class
-        ``BatchSize``), which hyperparameters would keep and a checkpoint's ``weights_only`` load refuse. A logger or
-        a callback that raises as it is built is noted (``noting_failures``)."""
-        kwargs.setdefault("instantiators", [(_noted, Logger, True), (_noted, Callback, True)])
+        ``BatchSize``), which hyperparameters would keep and a checkpoint's ``weights_only`` load refuse."""
         return super().instantiate(_plain_numbers(namespace), *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
@@ -267,6 +265,10 @@ def _noted(cls: type, *args: Any, **kwargs: Any) -> Any:
         if (failures := _failures.get()) is not None:
             failures.append((cls, kwargs, err))
         raise
+
+
+for _built in (Logger, Callback):  # jsonargparse's own hook (from 4.52), for every parser of the process alike
+    add_instantiator(_noted, _built, subclasses=True)
 
 
 @contextmanager
