@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch.nn.utils.rnn import PackedSequence
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import BackwardHook
 
 from .containment import in_backward, keep
@@ -124,9 +123,9 @@ def rnns_in_eval_refuse_backward() -> Iterator[None]:
 def _rnn_in_eval(module, _args, output) -> None:
     if not isinstance(module, torch.nn.RNNBase) or module.training or not torch.backends.cudnn.enabled:
         return
-    outputs = [tensor.data if isinstance(tensor, PackedSequence) else tensor for tensor in tree_flatten(output)[0]]
-    outputs = [tensor for tensor in outputs if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
-    if not outputs or outputs[0].device.type == "cpu" or outputs[0].dtype not in _CUDNN_RNN_DTYPES:
+    # A PackedSequence is a NamedTuple: flattened to its data and batch sizes.
+    outputs = [tensor for tensor in tree_leaves(output) if isinstance(tensor, torch.Tensor) and tensor.requires_grad]
+    if not outputs or outputs[0].device.type == "cpu" or not outputs[0].is_floating_point():
         return
     err = SimulatedDeviceError(
         "cudnn RNN backward can only be called in training mode",
@@ -141,6 +140,3 @@ def _rnn_in_eval(module, _args, output) -> None:
 
     for tensor in outputs:
         tensor.register_hook(refuse)
-
-
-_CUDNN_RNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
